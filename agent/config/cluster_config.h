@@ -1,0 +1,89 @@
+// ClusterConfig: the one configuration model shared by accel-launch and accel-agent, and the
+// table of its keys (name, type, default, doc). Values come from four sources; the highest
+// present one wins, key by key: a typed flag > an ACCEL_* environment variable > the config
+// file > the default (docs/configuration.md).
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "agent/common/status.h"
+
+namespace accel::config {
+
+enum class Source { kDefault, kFile, kEnv, kFlag };
+std::string_view source_name(Source s);
+
+// Where a value came from: "cluster.yaml:3:16", "ACCEL_NUM_PROCESSES", "--num-processes".
+struct Origin {
+  Source source = Source::kDefault;
+  std::string where;
+};
+
+enum class MixedPrecision { kNo, kFp16, kBf16 };
+std::string_view to_string(MixedPrecision m);
+
+// `nodes: "2"` or `nodes: "2:4"` (elastic: at least 2, at most 4 nodes).
+struct NodeRange {
+  int min = 1;
+  int max = 1;
+  bool operator==(const NodeRange&) const = default;
+};
+
+struct ClusterConfig {
+  int num_processes = 1;                 // worker processes on this node
+  NodeRange nodes;                       // how many nodes take part
+  int machine_rank = 0;                  // this node's rank (multi-node, HF style)
+  std::string main_process_ip = "127.0.0.1";
+  int main_process_port = 0;             // MASTER_PORT; 0 = pick a free one per attempt
+  int max_restarts = 0;                  // whole-group restarts after a failure
+  std::string log_dir;                   // empty: no log files
+  int tee = 3;                           // with log_dir: which streams still go to the console
+  MixedPrecision mixed_precision = MixedPrecision::kNo;
+  int gradient_accumulation_steps = 1;
+  bool use_cpu = false;
+  bool debug = false;
+  std::chrono::milliseconds stop_timeout{10'000};  // SIGTERM -> SIGKILL grace
+  int num_cpu_threads_per_process = 0;   // OMP_NUM_THREADS; 0 = 1 when >1 process, else inherit
+  std::string job_id;                    // empty: generated at launch
+  bool quiet = false;
+
+  // Keyed by config key; a key absent here still has its default.
+  std::map<std::string, Origin, std::less<>> origins;
+
+  [[nodiscard]] const Origin& origin(std::string_view key) const;
+};
+
+// One configuration key: its name, what it accepts, and how to read and write it as text.
+struct KeySpec {
+  std::string_view name;
+  std::string_view accepts;  // "an integer >= 1", "one of no, fp16, bf16", ...
+  std::string_view doc;
+  // Parses `text` into `cfg`. Returns an error message without location ("expected ..., got ...").
+  Status (*set)(ClusterConfig& cfg, std::string_view text);
+  std::string (*get)(const ClusterConfig& cfg);
+};
+
+const std::vector<KeySpec>& all_keys();
+const KeySpec* find_key(std::string_view name);
+// The valid key closest to `unknown` by edit distance (also matching '-' for '_').
+std::string nearest_key(std::string_view unknown);
+// ACCEL_ + the key in upper case: num_processes -> ACCEL_NUM_PROCESSES.
+std::string env_var_for(std::string_view key);
+
+// Sets `key` from text and records its origin. The error message names `where`, the key and
+// the problem; for an unknown key it suggests the nearest valid one.
+Status set_value(ClusterConfig& cfg, std::string_view key, std::string_view text, Origin origin);
+
+// Checks that need several keys at once (e.g. machine_rank < nodes.max).
+Status validate(const ClusterConfig& cfg);
+
+// Parsers shared with the CLI and tests.
+std::optional<std::chrono::milliseconds> parse_duration(std::string_view text);
+std::string format_duration(std::chrono::milliseconds d);
+
+}  // namespace accel::config

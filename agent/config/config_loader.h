@@ -1,0 +1,54 @@
+// Resolves a ClusterConfig from its four sources (defaults, a YAML file, ACCEL_* environment
+// variables, typed flags) and renders the result with where each value came from.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "agent/common/status.h"
+#include "agent/config/cluster_config.h"
+
+namespace accel::config {
+
+using EnvMap = std::map<std::string, std::string, std::less<>>;
+
+// A flag the user typed: key, its value as text, and the flag's spelling for messages.
+struct FlagValue {
+  std::string key;
+  std::string value;
+  std::string flag;  // "--num-processes"
+};
+
+struct ConfigSources {
+  std::optional<std::string> config_file;  // --config, if typed
+  EnvMap env;                              // the process environment
+  std::vector<FlagValue> flags;            // in the order typed; a later one wins
+};
+
+struct ResolvedConfig {
+  ClusterConfig config;
+  std::string file;         // the file that was read; empty if none
+  std::string file_reason;  // "--config", "ACCEL_CONFIG_FILE", "default location"
+  std::string default_path; // where the default file is looked for
+};
+
+// The default file: $ACCEL_HOME/config.yaml, else $XDG_CONFIG_HOME/accel/config.yaml, else
+// ~/.config/accel/config.yaml. Empty when none of HOME, XDG_CONFIG_HOME, ACCEL_HOME is set.
+std::string default_config_path(const EnvMap& env);
+
+// Reads one YAML file into `cfg`. Errors name the file, line, column and key.
+Status load_yaml_file(ClusterConfig& cfg, const std::string& path);
+// Same for YAML text; `name` stands for the file in messages (tests use this).
+Status load_yaml_text(ClusterConfig& cfg, const std::string& text, const std::string& name);
+
+// Applies defaults < file < environment < flags, then cross-key validation.
+Result<ResolvedConfig> resolve_config(const ConfigSources& sources);
+
+// YAML that can be saved and reused as a config file, each line commented with its origin.
+std::string render_config(const ResolvedConfig& resolved);
+
+EnvMap environment_snapshot();
+
+}  // namespace accel::config

@@ -1,0 +1,85 @@
+// Line assembly and prefixed console/log output for worker streams.
+#include "agent/supervisor/line_sink.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+
+namespace accel::supervisor {
+
+bool write_all(int fd, std::string_view data) {
+  while (!data.empty()) {
+    ssize_t n = ::write(fd, data.data(), data.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+  return true;
+}
+
+LineSink::LineSink(Options options) : options_(std::move(options)) {}
+
+void LineSink::feed(std::string_view bytes) {
+  while (!bytes.empty()) {
+    auto nl = bytes.find('\n');
+    if (nl == std::string_view::npos) {
+      partial_.append(bytes);
+      while (partial_.size() >= options_.max_line) {
+        emit(std::string_view(partial_).substr(0, options_.max_line));
+        partial_.erase(0, options_.max_line);
+      }
+      break;
+    }
+    if (partial_.empty()) {
+      emit(bytes.substr(0, nl));
+    } else {
+      partial_.append(bytes.substr(0, nl));
+      emit(partial_);
+      partial_.clear();
+    }
+    bytes.remove_prefix(nl + 1);
+  }
+  flush_batches();
+}
+
+void LineSink::finish() {
+  if (!partial_.empty()) {
+    emit(partial_);
+    partial_.clear();
+  }
+  flush_batches();
+}
+
+void LineSink::emit(std::string_view line) {
+  if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+  ++lines_;
+  if (options_.console_fd >= 0) {
+    console_batch_.append(options_.prefix);
+    console_batch_.append(line);
+    console_batch_.push_back('\n');
+  }
+  if (options_.log_fd >= 0) {
+    log_batch_.append(line);
+    log_batch_.push_back('\n');
+  }
+  if (options_.keep_last > 0) {
+    if (last_.size() == options_.keep_last) last_.pop_front();
+    last_.emplace_back(line);
+  }
+}
+
+void LineSink::flush_batches() {
+  // Why one write per batch: a write of whole lines is never split by another writer of ours.
+  if (!console_batch_.empty()) {
+    write_all(options_.console_fd, console_batch_);
+    console_batch_.clear();
+  }
+  if (!log_batch_.empty()) {
+    write_all(options_.log_fd, log_batch_);
+    log_batch_.clear();
+  }
+}
+
+}  // namespace accel::supervisor

@@ -1,0 +1,58 @@
+// Builds one worker's environment.
+#include "agent/supervisor/worker_env.h"
+
+namespace accel::supervisor {
+
+EnvMap build_worker_env(const EnvMap& base, const WorkerIdentity& id, const JobEnv& job,
+                        const std::string& error_file) {
+  EnvMap env = base;
+  auto set = [&env](const char* k, const std::string& v) { env[k] = v; };
+  auto num = [](int v) { return std::to_string(v); };
+
+  // torchrun's set (torch/distributed/elastic/agent/server/local_elastic_agent.py)
+  set("RANK", num(id.rank));
+  set("LOCAL_RANK", num(id.local_rank));
+  set("GROUP_RANK", num(id.group_rank));
+  set("ROLE_RANK", num(id.rank));
+  set("ROLE_NAME", "default");
+  set("LOCAL_WORLD_SIZE", num(id.local_world_size));
+  set("WORLD_SIZE", num(id.world_size));
+  set("GROUP_WORLD_SIZE", num(id.group_world_size));
+  set("ROLE_WORLD_SIZE", num(id.world_size));
+  set("MASTER_ADDR", job.master_addr);
+  set("MASTER_PORT", num(job.master_port));
+  set("TORCHELASTIC_RESTART_COUNT", num(job.restart_count));
+  set("TORCHELASTIC_MAX_RESTARTS", num(job.max_restarts));
+  set("TORCHELASTIC_RUN_ID", job.job_id);
+  // Why False: rank 0's worker hosts the TCPStore at MASTER_PORT; the launcher hosts none.
+  set("TORCHELASTIC_USE_AGENT_STORE", "False");
+  if (!env.contains("TORCH_NCCL_ASYNC_ERROR_HANDLING")) set("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
+  if (job.omp_num_threads > 0) {
+    set("OMP_NUM_THREADS", num(job.omp_num_threads));
+  } else if (id.local_world_size > 1 && !env.contains("OMP_NUM_THREADS")) {
+    set("OMP_NUM_THREADS", "1");
+  }
+
+  // HF Accelerate's
+  set("ACCELERATE_MIXED_PRECISION", job.mixed_precision);
+  set("ACCELERATE_USE_CPU", job.use_cpu ? "true" : "false");
+  set("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", num(job.gradient_accumulation_steps));
+  set("ACCELERATE_DEBUG_MODE", job.debug ? "true" : "false");
+
+  // accel's
+  set("ACCEL_JOB_ID", job.job_id);
+  set("ACCEL_RESTART_COUNT", num(job.restart_count));
+  set("ACCEL_MIXED_PRECISION", job.mixed_precision);
+  set("ACCEL_GRADIENT_ACCUMULATION_STEPS", num(job.gradient_accumulation_steps));
+  set("ACCEL_USE_CPU", job.use_cpu ? "true" : "false");
+  if (!error_file.empty()) {
+    set("ACCEL_ERROR_FILE", error_file);
+    set("TORCHELASTIC_ERROR_FILE", error_file);
+  } else {
+    env.erase("ACCEL_ERROR_FILE");
+    env.erase("TORCHELASTIC_ERROR_FILE");
+  }
+  return env;
+}
+
+}  // namespace accel::supervisor

@@ -1,0 +1,152 @@
+// accel-launch: parse flags, resolve the config, run the job's workers locally, exit with the
+// job's code.
+#include <unistd.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <random>
+
+#include "agent/config/config_loader.h"
+#include "agent/supervisor/line_sink.h"
+#include "agent/supervisor/local_job.h"
+#include "launcher/launch_cli.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using accel::supervisor::LogLevel;
+
+std::string generate_job_id() {
+  std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  ::localtime_r(&now, &tm);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
+  std::random_device rd;
+  char suffix[8];
+  std::snprintf(suffix, sizeof suffix, "%04x", rd() & 0xffffu);
+  return std::string(stamp) + "-" + suffix;
+}
+
+int fail(const std::string& message, int code = 2) {
+  std::string text = "accel-launch: error: " + message + "\n";
+  accel::supervisor::write_all(STDERR_FILENO, text);
+  return code;
+}
+
+// A private folder for the workers' error files when no log_dir keeps them.
+std::string make_temp_error_dir(const std::string& job_id) {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/accel-" + job_id + "-XXXXXX";
+  std::vector<char> buf(pattern.begin(), pattern.end());
+  buf.push_back('\0');
+  if (::mkdtemp(buf.data()) == nullptr) return {};
+  return buf.data();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::signal(SIGPIPE, SIG_IGN);  // a closed console must not kill the supervisor
+  std::vector<std::string> args(argv + 1, argv + argc);
+  auto parsed = accel::launcher::parse_launch_command(args);
+  if (!parsed.command) {
+    accel::supervisor::write_all(parsed.text_is_error ? STDERR_FILENO : STDOUT_FILENO, parsed.text);
+    return parsed.exit_code;
+  }
+  auto& cmd = *parsed.command;
+
+  accel::config::ConfigSources sources{cmd.config_file, accel::config::environment_snapshot(),
+                                       cmd.flags};
+  auto resolved = accel::config::resolve_config(sources);
+  if (!resolved) return fail(resolved.message());
+  if (cmd.print_config) {
+    std::cout << accel::config::render_config(*resolved) << std::flush;
+    return 0;
+  }
+  accel::config::ClusterConfig& cfg = resolved->config;
+  if (cfg.nodes.max > 1) {
+    return fail("nodes: " + std::to_string(cfg.nodes.max) +
+                ": multi-node jobs need the rendezvous coordinator, which this accel-launch does "
+                "not have yet; set nodes: 1");
+  }
+
+  auto argv_resolved = accel::launcher::resolve_command(cmd.program, sources.env);
+  if (!argv_resolved) return fail(argv_resolved.message(), 127);
+
+  auto logger = spdlog::stderr_color_mt("accel-launch");
+  logger->set_pattern("%^[accel-launch]%$ %v");
+  logger->set_level(cfg.quiet ? spdlog::level::warn : spdlog::level::info);
+
+  accel::supervisor::LocalJobOptions opts;
+  opts.job_id = cfg.job_id.empty() ? generate_job_id() : cfg.job_id;
+  opts.argv = *argv_resolved;
+  opts.num_processes = cfg.num_processes;
+  opts.max_restarts = cfg.max_restarts;
+  opts.env.master_addr = cfg.main_process_ip;
+  opts.env.master_port = cfg.main_process_port;
+  opts.env.mixed_precision = std::string(accel::config::to_string(cfg.mixed_precision));
+  opts.env.gradient_accumulation_steps = cfg.gradient_accumulation_steps;
+  opts.env.use_cpu = cfg.use_cpu;
+  opts.env.debug = cfg.debug;
+  opts.env.omp_num_threads = cfg.num_cpu_threads_per_process;
+  for (const auto& [k, v] : sources.env) opts.base_env.emplace(k, v);
+  opts.log_dir = cfg.log_dir;
+  opts.tee = cfg.tee;
+  opts.group.stop_timeout = cfg.stop_timeout;
+  bool temp_error_dir = cfg.log_dir.empty();
+  opts.error_dir = temp_error_dir ? make_temp_error_dir(opts.job_id)
+                                  : cfg.log_dir + "/" + opts.job_id;
+
+  boost::asio::io_context io;
+  accel::supervisor::LocalJob job(io, opts, [&](LogLevel level, const std::string& msg) {
+    switch (level) {
+      case LogLevel::kInfo: logger->info(msg); break;
+      case LogLevel::kWarn: logger->warn(msg); break;
+      case LogLevel::kError: logger->error(msg); break;
+    }
+  });
+
+  boost::asio::signal_set signals(io, SIGINT, SIGTERM, SIGHUP);
+  std::function<void()> arm_signals = [&] {
+    signals.async_wait([&](const boost::system::error_code& ec, int sig) {
+      if (ec) return;
+      if (sig == SIGHUP) {
+        logger->warn("received SIGHUP: ignored, the job keeps running (SIGTERM or Ctrl-C stop it)");
+      } else {
+        job.cancel(sig);
+      }
+      arm_signals();
+    });
+  };
+  arm_signals();
+
+  logger->info("job {}: {} x {}", opts.job_id, cfg.num_processes, opts.argv.front());
+  int exit_code = 0;
+  job.run([&](const accel::supervisor::JobResult& result) {
+    exit_code = result.exit_code;
+    if (result.exit_code != 0) {
+      accel::supervisor::write_all(STDERR_FILENO,
+                                   accel::supervisor::format_failure_summary(opts, result));
+    } else {
+      logger->info("job {} succeeded", opts.job_id);
+    }
+    boost::system::error_code ignored;
+    signals.cancel(ignored);
+    io.stop();
+  });
+  io.run();
+
+  if (temp_error_dir && !opts.error_dir.empty()) {
+    std::error_code ec;
+    fs::remove_all(opts.error_dir, ec);
+  }
+  return exit_code;
+}

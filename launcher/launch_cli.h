@@ -1,0 +1,32 @@
+// Command-line parsing for accel-launch (CLI11). Every long flag is also accepted with
+// underscores (--num_processes), as HF Accelerate and torchrun users type them. Only flags the
+// user typed become FlagValues: that is what makes "flag > env > file > default" hold per key.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "agent/config/config_loader.h"
+#include "launcher/program.h"
+
+namespace accel::launcher {
+
+struct LaunchCommand {
+  std::vector<config::FlagValue> flags;
+  std::optional<std::string> config_file;
+  bool print_config = false;
+  ProgramSpec program;
+};
+
+struct ParseOutcome {
+  std::optional<LaunchCommand> command;  // set: go on and launch
+  int exit_code = 0;                     // otherwise: exit with this...
+  std::string text;                      // ...after printing this (help, version, or an error)
+  bool text_is_error = false;
+};
+
+// `args` excludes argv[0].
+ParseOutcome parse_launch_command(const std::vector<std::string>& args);
+
+}  // namespace accel::launcher

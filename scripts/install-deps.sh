@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs every Debian 12 package accel needs to build, test and benchmark.
+# Idempotent: when everything is already installed it changes nothing and runs no apt-get.
+# Needs root (or sudo) for apt-get; non-interactive.
+set -euo pipefail
+
+packages=(
+  # toolchain
+  build-essential cmake ninja-build ccache pkg-config git
+  # control plane
+  libboost-dev libboost-filesystem-dev libboost-system-dev
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
+  libyaml-cpp-dev libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libsystemd-dev
+  # runtime: CPU libtorch + c10d/gloo; OpenBLAS (the reference BLAS is ~9x slower)
+  libtorch-dev libgloo-dev libopenblas0-pthread
+  # tests and benchmarks
+  libgtest-dev libgmock-dev python3 python3-torch python3-numpy procps psmisc
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "install-deps: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
+  SUDO=sudo
+fi
+
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
