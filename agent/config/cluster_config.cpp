@@ -136,10 +136,10 @@ Status set_log_dir(ClusterConfig& cfg, std::string_view text) {
 
 Status set_job_id(ClusterConfig& cfg, std::string_view text) {
   std::string_view t = trim(text);
-  bool ok = !t.empty() && t.size() <= 64 && t.front() != '.' &&
+  bool ok = t.empty() || (t.size() <= 64 && t.front() != '.' &&
             std::all_of(t.begin(), t.end(), [](unsigned char c) {
               return std::isalnum(c) || c == '-' || c == '_' || c == '.';
-            });
+            }));  // empty: generated at launch
   if (!ok) {
     return Status::error("expected 1-64 characters of [A-Za-z0-9._-] not starting with '.', got " +
                          quoted(t));
@@ -235,12 +235,12 @@ std::string format_duration(std::chrono::milliseconds d) {
 const std::vector<KeySpec>& all_keys() {
   using C = ClusterConfig;
   static const std::vector<KeySpec> kKeys = {
-      {"num_processes", "an integer >= 1",
+      {"num_processes", "an integer from 1 to 4096",
        "Worker processes to start on this node (torchrun's --nproc-per-node).",
        set_int<&C::num_processes, 1, 4096>, get_int<&C::num_processes>},
       {"nodes", "N or MIN:MAX", "How many nodes take part: a fixed count, or an elastic range.",
        set_nodes, get_nodes},
-      {"machine_rank", "an integer >= 0", "This node's rank when every node runs accel-launch.",
+      {"machine_rank", "an integer from 0 to 99999", "This node's rank when every node runs accel-launch.",
        set_int<&C::machine_rank, 0, 99999>, get_int<&C::machine_rank>},
       {"main_process_ip", "a host name or IP address",
        "MASTER_ADDR: where rank 0 listens for the process group's store.", set_host,
@@ -270,7 +270,7 @@ const std::vector<KeySpec>& all_keys() {
       {"stop_timeout", "a duration such as 10s or 500ms",
        "Grace between SIGTERM and SIGKILL when a worker group is stopped.", set_stop_timeout,
        get_stop_timeout},
-      {"num_cpu_threads_per_process", "an integer >= 0",
+      {"num_cpu_threads_per_process", "an integer from 0 to 4096",
        "OMP_NUM_THREADS for each worker; 0 = 1 when a node runs several workers.",
        set_int<&C::num_cpu_threads_per_process, 0, 4096>,
        get_int<&C::num_cpu_threads_per_process>},

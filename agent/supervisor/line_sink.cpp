@@ -53,6 +53,10 @@ void LineSink::finish() {
 }
 
 void LineSink::emit(std::string_view line) {
+  while (line.size() > options_.max_line) {
+    emit(line.substr(0, options_.max_line));
+    line.remove_prefix(options_.max_line);
+  }
   if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
   ++lines_;
   if (options_.console_fd >= 0) {

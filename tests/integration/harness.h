@@ -1,0 +1,166 @@
+// Helpers for integration tests: run accel-launch as a real process with its output captured,
+// signal it, and wait for it or for other pids with bounded timeouts.
+#pragma once
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;  // NOLINT
+
+namespace accel::testing {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+inline std::string read_file(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+inline std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream s(text);
+  for (std::string line; std::getline(s, line);) out.push_back(line);
+  return out;
+}
+
+// A fresh directory per test, removed afterwards.
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "accel-it-XXXXXX").string();
+    path_ = ::mkdtemp(pattern.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const fs::path& path() const { return path_; }
+  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  fs::path path_;
+};
+
+struct RunResult {
+  int exit_code = -1;   // when it exited
+  int term_signal = 0;  // when a signal ended it
+  bool timed_out = false;
+  std::string out;
+  std::string err;
+  std::chrono::milliseconds elapsed{0};
+};
+
+// True once `pid` (not necessarily our child) is gone, or false after `timeout`.
+inline bool wait_pid_gone(pid_t pid, std::chrono::milliseconds timeout) {
+  int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+  if (fd < 0) return errno == ESRCH;
+  pollfd p{fd, POLLIN, 0};
+  int rc = ::poll(&p, 1, static_cast<int>(timeout.count()));
+  ::close(fd);
+  return rc == 1;
+}
+
+inline bool pid_alive(pid_t pid) { return ::kill(pid, 0) == 0; }
+
+// Polls for a file to exist with at least `min_lines` lines (bounded).
+inline bool wait_for_file(const fs::path& p, std::chrono::milliseconds timeout, size_t min_lines = 1) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (fs::exists(p) && lines_of(read_file(p)).size() >= min_lines) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return false;
+}
+
+// accel-launch (ACCEL_LAUNCH_BIN) running with stdout/stderr into files of `dir`.
+class Launched {
+ public:
+  Launched(const TempDir& dir, const std::vector<std::string>& args,
+           const std::map<std::string, std::string>& extra_env = {})
+      : out_(dir / "launcher.out"), err_(dir / "launcher.err") {
+    std::vector<std::string> argv = {ACCEL_LAUNCH_BIN};
+    argv.insert(argv.end(), args.begin(), args.end());
+    std::map<std::string, std::string> env;
+    for (char** e = environ; *e != nullptr; ++e) {
+      std::string kv(*e);
+      auto eq = kv.find('=');
+      if (eq != std::string::npos && kv.rfind("ACCEL_", 0) != 0) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+    }
+    for (const auto& [k, v] : extra_env) env[k] = v;
+    env["HOME"] = dir.path().string();  // no user config file leaks into tests
+    std::vector<std::string> env_strings;
+    for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
+    std::vector<char*> cargv, cenv;
+    for (auto& a : argv) cargv.push_back(a.data());
+    cargv.push_back(nullptr);
+    for (auto& e : env_strings) cenv.push_back(e.data());
+    cenv.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 1, out_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&fa, 2, err_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    start_ = std::chrono::steady_clock::now();
+    if (::posix_spawn(&pid_, cargv[0], &fa, nullptr, cargv.data(), cenv.data()) != 0) pid_ = -1;
+    posix_spawn_file_actions_destroy(&fa);
+  }
+  ~Launched() {
+    if (pid_ > 0 && !reaped_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  pid_t pid() const { return pid_; }
+  void signal(int sig) const { ::kill(pid_, sig); }
+
+  // Waits for the launcher to end; SIGKILLs it after `timeout`.
+  RunResult wait(std::chrono::milliseconds timeout = 30s) {
+    RunResult r;
+    if (!wait_pid_gone(pid_, timeout)) {
+      r.timed_out = true;
+      ::kill(pid_, SIGKILL);
+    }
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    reaped_ = true;
+    r.elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::steady_clock::now() - start_);
+    if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
+    if (WIFSIGNALED(status)) r.term_signal = WTERMSIG(status);
+    r.out = read_file(out_);
+    r.err = read_file(err_);
+    return r;
+  }
+
+ private:
+  std::string out_, err_;
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+  std::chrono::steady_clock::time_point start_;
+};
+
+inline RunResult run_launcher(const TempDir& dir, const std::vector<std::string>& args,
+                              std::chrono::milliseconds timeout = 30s,
+                              const std::map<std::string, std::string>& extra_env = {}) {
+  Launched l(dir, args, extra_env);
+  return l.wait(timeout);
+}
+
+}  // namespace accel::testing

@@ -1,0 +1,316 @@
+// accel-launch end to end: real binary, real worker processes, real signals.
+#include <gtest/gtest.h>
+
+#include <regex>
+#include <set>
+
+#include "tests/integration/harness.h"
+
+namespace accel::testing {
+namespace {
+
+std::vector<std::string> sh(const std::string& script) { return {"--", "/bin/sh", "-c", script}; }
+
+std::vector<std::string> with(std::vector<std::string> opts, const std::vector<std::string>& tail) {
+  opts.insert(opts.end(), tail.begin(), tail.end());
+  return opts;
+}
+
+std::map<std::string, std::string> parse_env_file(const std::string& path) {
+  std::map<std::string, std::string> env;
+  for (const auto& line : lines_of(read_file(path))) {
+    auto eq = line.find('=');
+    if (eq != std::string::npos) env[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  return env;
+}
+
+TEST(Launcher, WorkerEnvironmentContract) {
+  TempDir dir;
+  auto r = run_launcher(dir, with({"-n", "3", "--job-id", "envjob", "--mixed-precision", "bf16",
+                                   "--gradient-accumulation-steps", "4", "--cpu"},
+                                  sh("env > " + dir.path().string() + "/env_$RANK")));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::set<std::string> ports;
+  std::set<std::string> error_files;
+  for (int rank = 0; rank < 3; ++rank) {
+    auto env = parse_env_file(dir / ("env_" + std::to_string(rank)));
+    std::string rs = std::to_string(rank);
+    EXPECT_EQ(env["RANK"], rs);
+    EXPECT_EQ(env["LOCAL_RANK"], rs);
+    EXPECT_EQ(env["ROLE_RANK"], rs);
+    EXPECT_EQ(env["GROUP_RANK"], "0");
+    EXPECT_EQ(env["WORLD_SIZE"], "3");
+    EXPECT_EQ(env["LOCAL_WORLD_SIZE"], "3");
+    EXPECT_EQ(env["GROUP_WORLD_SIZE"], "1");
+    EXPECT_EQ(env["ROLE_WORLD_SIZE"], "3");
+    EXPECT_EQ(env["ROLE_NAME"], "default");
+    EXPECT_EQ(env["MASTER_ADDR"], "127.0.0.1");
+    EXPECT_EQ(env["TORCHELASTIC_RESTART_COUNT"], "0");
+    EXPECT_EQ(env["TORCHELASTIC_MAX_RESTARTS"], "0");
+    EXPECT_EQ(env["TORCHELASTIC_RUN_ID"], "envjob");
+    EXPECT_EQ(env["TORCHELASTIC_USE_AGENT_STORE"], "False");
+    EXPECT_EQ(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "1");
+    EXPECT_EQ(env["OMP_NUM_THREADS"], "1");
+    EXPECT_EQ(env["ACCELERATE_MIXED_PRECISION"], "bf16");
+    EXPECT_EQ(env["ACCELERATE_USE_CPU"], "true");
+    EXPECT_EQ(env["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"], "4");
+    EXPECT_EQ(env["ACCEL_MIXED_PRECISION"], "bf16");
+    EXPECT_EQ(env["ACCEL_GRADIENT_ACCUMULATION_STEPS"], "4");
+    EXPECT_EQ(env["ACCEL_JOB_ID"], "envjob");
+    EXPECT_EQ(env["ACCEL_RESTART_COUNT"], "0");
+    EXPECT_EQ(env["ACCEL_ERROR_FILE"], env["TORCHELASTIC_ERROR_FILE"]);
+    EXPECT_FALSE(env["ACCEL_ERROR_FILE"].empty());
+    EXPECT_EQ(env["HOME"], dir.path().string());  // the launcher's environment is inherited
+    ports.insert(env["MASTER_PORT"]);
+    error_files.insert(env["ACCEL_ERROR_FILE"]);
+  }
+  ASSERT_EQ(ports.size(), 1u);
+  int port = std::stoi(*ports.begin());
+  EXPECT_GT(port, 0);
+  EXPECT_LT(port, 65536);
+  EXPECT_EQ(error_files.size(), 3u);
+}
+
+TEST(Launcher, ExitCodeIsTheRootCause) {
+  TempDir dir;
+  auto ok = run_launcher(dir, with({"-n", "2"}, sh("exit 0")));
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  auto bad = run_launcher(dir, with({"-n", "3", "--stop-timeout", "5s"},
+                                    sh("if [ $RANK = 2 ]; then echo 'boom on two' >&2; exit 7; fi; "
+                                       "exec sleep 30")));
+  EXPECT_EQ(bad.exit_code, 7) << bad.err;
+  EXPECT_LT(bad.elapsed, 10s);  // the sleepers were stopped, not waited for
+  EXPECT_NE(bad.err.find("FAILED with exit code 7"), std::string::npos) << bad.err;
+  EXPECT_TRUE(std::regex_search(bad.err, std::regex(R"(\* 2 +\d+ +exit code 7 .*<- root cause)")))
+      << bad.err;
+  EXPECT_NE(bad.err.find("stderr| boom on two"), std::string::npos) << bad.err;
+  EXPECT_TRUE(std::regex_search(bad.err, std::regex(R"(  0 +\d+ +SIGTERM \(signal 15\) .*\(stopped\))")))
+      << bad.err;
+}
+
+TEST(Launcher, ErrorFileMessageInSummary) {
+  TempDir dir;
+  auto r = run_launcher(
+      dir, with({"-n", "2"},
+                sh("if [ $RANK = 1 ]; then printf '%s' '{\"message\": {\"message\": \"ValueError: "
+                   "loss is nan\", \"extraInfo\": {\"py_callstack\": \"tb\"}}}' > "
+                   "\"$TORCHELASTIC_ERROR_FILE\"; exit 1; fi; exec sleep 30")));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("error: ValueError: loss is nan"), std::string::npos) << r.err;
+}
+
+TEST(Launcher, RestartsTheWholeGroupAndCountsAttempts) {
+  TempDir dir;
+  std::string d = dir.path().string();
+  // Rank 1 fails on attempts 0 and 1; attempt 2 succeeds.
+  auto r = run_launcher(
+      dir, with({"-n", "2", "--max-restarts", "3", "--stop-timeout", "5s"},
+                sh("touch " + d + "/ran_${TORCHELASTIC_RESTART_COUNT}_${ACCEL_RESTART_COUNT}_$RANK; "
+                   "if [ $RANK = 1 ] && [ $TORCHELASTIC_RESTART_COUNT -lt 2 ]; then exit 3; fi; "
+                   "if [ $RANK = 0 ] && [ $TORCHELASTIC_RESTART_COUNT -lt 2 ]; then exec sleep 30; fi")));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    for (int rank = 0; rank < 2; ++rank) {
+      std::string a = std::to_string(attempt);
+      EXPECT_TRUE(fs::exists(dir / ("ran_" + a + "_" + a + "_" + std::to_string(rank))))
+          << "attempt " << attempt << " rank " << rank << "\n" << r.err;
+    }
+  }
+  EXPECT_FALSE(fs::exists(dir / "ran_3_3_0"));
+  EXPECT_NE(r.err.find("restarting the worker group (restart 2 of 3)"), std::string::npos) << r.err;
+}
+
+TEST(Launcher, RestartBudgetRunsOut) {
+  TempDir dir;
+  auto r = run_launcher(dir, with({"-n", "2", "--max-restarts", "2"},
+                                  sh("touch " + dir.path().string() +
+                                     "/a_$TORCHELASTIC_RESTART_COUNT; [ $RANK = 0 ] && exit 4; exec sleep 30")));
+  EXPECT_EQ(r.exit_code, 4);
+  EXPECT_TRUE(fs::exists(dir / "a_2"));
+  EXPECT_FALSE(fs::exists(dir / "a_3"));
+  EXPECT_NE(r.err.find("after 3 attempts (max_restarts 2)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("attempt 0: rank 0 exit code 4"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("attempt 1: rank 0 exit code 4"), std::string::npos) << r.err;
+}
+
+TEST(Launcher, WorkerKilledWithSigkill) {
+  TempDir dir;
+  std::string d = dir.path().string();
+  Launched l(dir, with({"-n", "2", "--stop-timeout", "5s"}, sh("echo $$ > " + d + "/pid_$RANK; exec sleep 30")));
+  ASSERT_TRUE(wait_for_file(dir / "pid_1", 10s));
+  ASSERT_TRUE(wait_for_file(dir / "pid_0", 10s));
+  pid_t victim = std::stoi(read_file(dir / "pid_1"));
+  pid_t other = std::stoi(read_file(dir / "pid_0"));
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  auto r = l.wait(20s);
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r.err;
+  EXPECT_TRUE(std::regex_search(r.err, std::regex(R"(\* 1 +\d+ +SIGKILL \(signal 9\))"))) << r.err;
+  EXPECT_FALSE(pid_alive(other));
+}
+
+TEST(Launcher, WorkerIgnoringSigtermIsKilledAfterGrace) {
+  TempDir dir;
+  std::string d = dir.path().string();
+  auto r = run_launcher(
+      dir, with({"-n", "2", "--stop-timeout", "700ms"},
+                sh("if [ $RANK = 0 ]; then while [ ! -e " + d + "/ready ]; do sleep 0.05; done; exit 1; fi; "
+                   "trap '' TERM; echo $$ > " + d + "/stubborn; touch " + d + "/ready; "
+                   "exec sleep 60")),
+      20s);
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_GE(r.elapsed, 700ms);  // the grace was given...
+  EXPECT_LT(r.elapsed, 10s);    // ...and then SIGKILL, not a wait for sleep 60
+  EXPECT_TRUE(std::regex_search(r.err, std::regex(R"(  1 +\d+ +SIGKILL \(signal 9\))"))) << r.err;
+  pid_t stubborn = std::stoi(read_file(dir / "stubborn"));
+  EXPECT_FALSE(pid_alive(stubborn));
+}
+
+TEST(Launcher, LauncherSigkilledLeavesNoWorkers) {
+  TempDir dir;
+  std::string d = dir.path().string();
+  Launched l(dir, with({"-n", "3"}, sh("echo $$ > " + d + "/pid_$RANK; exec sleep 60")));
+  std::vector<pid_t> workers;
+  for (int rank = 0; rank < 3; ++rank) {
+    ASSERT_TRUE(wait_for_file(dir / ("pid_" + std::to_string(rank)), 10s));
+    workers.push_back(std::stoi(read_file(dir / ("pid_" + std::to_string(rank)))));
+  }
+  for (pid_t p : workers) ASSERT_TRUE(pid_alive(p));
+  l.signal(SIGKILL);
+  auto r = l.wait(10s);
+  EXPECT_EQ(r.term_signal, SIGKILL);
+  for (pid_t p : workers) EXPECT_TRUE(wait_pid_gone(p, 5s)) << "orphaned worker pid " << p;
+}
+
+void expect_signal_stops_job(int sig, int expected_exit) {
+  TempDir dir;
+  std::string d = dir.path().string();
+  Launched l(dir, with({"-n", "2"}, sh("echo $$ > " + d + "/pid_$RANK; exec sleep 60")));
+  std::vector<pid_t> workers;
+  for (int rank = 0; rank < 2; ++rank) {
+    ASSERT_TRUE(wait_for_file(dir / ("pid_" + std::to_string(rank)), 10s));
+    workers.push_back(std::stoi(read_file(dir / ("pid_" + std::to_string(rank)))));
+  }
+  l.signal(sig);
+  auto r = l.wait(15s);
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, expected_exit) << r.err;
+  EXPECT_NE(r.err.find("stopped by " + std::string(sig == SIGINT ? "SIGINT" : "SIGTERM")),
+            std::string::npos) << r.err;
+  for (pid_t p : workers) EXPECT_TRUE(wait_pid_gone(p, 1s)) << "worker pid " << p << " survived";
+}
+
+TEST(Launcher, CtrlCStopsEveryWorker) { expect_signal_stops_job(SIGINT, 130); }
+TEST(Launcher, SigtermStopsEveryWorker) { expect_signal_stops_job(SIGTERM, 143); }
+
+TEST(Launcher, SighupDoesNotKillTheJob) {
+  TempDir dir;
+  std::string d = dir.path().string();
+  Launched l(dir, with({"-n", "2"}, sh("touch " + d + "/up_$RANK; while [ ! -e " + d +
+                                       "/go ]; do sleep 0.05; done; echo finished")));
+  ASSERT_TRUE(wait_for_file(dir / "up_0", 10s, 0));
+  ASSERT_TRUE(wait_for_file(dir / "up_1", 10s, 0));
+  l.signal(SIGHUP);
+  std::ofstream(dir / "go") << "";
+  auto r = l.wait(15s);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("SIGHUP: ignored"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("[rank 0] finished"), std::string::npos);
+  EXPECT_NE(r.out.find("[rank 1] finished"), std::string::npos);
+}
+
+TEST(Launcher, HeavyOutputFromFourWorkersIsNeverInterleaved) {
+  TempDir dir;
+  const int kLines = 20000;
+  std::string pad(120, 'x');
+  auto r = run_launcher(
+      dir, with({"-n", "4"},
+                sh("i=0; while [ $i -lt " + std::to_string(kLines) + " ]; do echo \"r=$RANK i=$i " +
+                   pad + "\"; i=$((i+1)); done; echo \"r=$RANK done\" >&2")),
+      120s);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::regex line_re(R"(\[rank (\d)\] r=(\d) i=(\d+) x{120})");
+  std::vector<int> next(4, 0);
+  size_t bad = 0;
+  for (const auto& line : lines_of(r.out)) {
+    std::smatch m;
+    if (!std::regex_match(line, m, line_re) || m[1] != m[2]) {
+      if (++bad < 5) ADD_FAILURE() << "malformed line: " << line.substr(0, 200);
+      continue;
+    }
+    int rank = std::stoi(m[1]);
+    EXPECT_EQ(std::stoi(m[3]), next[rank]) << "rank " << rank << " out of order";
+    next[rank] = std::stoi(m[3]) + 1;
+  }
+  EXPECT_EQ(bad, 0u);
+  for (int rank = 0; rank < 4; ++rank) EXPECT_EQ(next[rank], kLines) << "rank " << rank;
+  for (int rank = 0; rank < 4; ++rank) {
+    std::string done = "[rank " + std::to_string(rank) + "] r=" + std::to_string(rank) + " done";
+    EXPECT_NE(r.err.find(done), std::string::npos);  // stderr stays on stderr
+    EXPECT_EQ(r.out.find(done), std::string::npos);
+  }
+}
+
+TEST(Launcher, LogDirAndTee) {
+  TempDir dir;
+  std::string logs = dir / "logs";
+  auto r = run_launcher(dir, with({"-n", "2", "--log-dir", logs, "--tee", "0", "--job-id", "lj"},
+                                  sh("echo out-$RANK; echo err-$RANK >&2")));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.find("out-"), std::string::npos) << "tee 0 keeps the console clean";
+  for (int rank = 0; rank < 2; ++rank) {
+    std::string log = read_file(logs + "/lj/attempt_0/rank_" + std::to_string(rank) + ".log");
+    EXPECT_NE(log.find("out-" + std::to_string(rank) + "\n"), std::string::npos) << log;
+    EXPECT_NE(log.find("err-" + std::to_string(rank) + "\n"), std::string::npos) << log;
+    EXPECT_EQ(log.find("[rank"), std::string::npos) << "log files are unprefixed";
+  }
+  auto tee = run_launcher(dir, with({"-n", "1", "--log-dir", logs, "--tee", "1", "--job-id", "lj2"},
+                                    sh("echo out; echo err >&2")));
+  EXPECT_NE(tee.out.find("[rank 0] out"), std::string::npos);
+  EXPECT_EQ(tee.err.find("[rank 0] err"), std::string::npos);
+}
+
+TEST(Launcher, BadConfigAndFlagsAreClearErrors) {
+  TempDir dir;
+  std::ofstream(dir / "c.yaml") << "num_processes: 2\nnodes: \"4:2\"\n";
+  auto r = run_launcher(dir, {"--config", dir / "c.yaml", "/bin/true"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, "accel-launch: error: " + (dir / "c.yaml") +
+                       ":2:8: nodes: minimum 4 is larger than maximum 2 in '4:2' (write MIN:MAX)\n");
+  auto flag = run_launcher(dir, {"-n", "-3", "/bin/true"});
+  EXPECT_EQ(flag.exit_code, 2);
+  EXPECT_NE(flag.err.find("num_processes: expected an integer from 1 to 4096, got '-3'"),
+            std::string::npos) << flag.err;
+  auto env = run_launcher(dir, {"/bin/true"}, 30s, {{"ACCEL_MAIN_PROCESS_PORT", "70000"}});
+  EXPECT_EQ(env.exit_code, 2);
+  EXPECT_NE(env.err.find("environment variable ACCEL_MAIN_PROCESS_PORT"), std::string::npos);
+  auto missing = run_launcher(dir, {"-n", "2", "no-such-program-xyz"});
+  EXPECT_EQ(missing.exit_code, 127);
+  EXPECT_NE(missing.err.find("'no-such-program-xyz' not found on PATH"), std::string::npos);
+}
+
+TEST(Launcher, PrintConfigShowsOrigins) {
+  TempDir dir;
+  std::ofstream(dir / "c.yaml") << "max_restarts: 2\nnum_processes: 8\n";
+  auto r = run_launcher(dir, {"--config", dir / "c.yaml", "--num_processes", "3", "--print-config"},
+                        30s, {{"ACCEL_TEE", "1"}});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(num_processes: 3 +# flag --num-processes)"))) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(max_restarts: 2 +# .*c\.yaml:1:15)"))) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(tee: 1 +# environment variable ACCEL_TEE)"))) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(log_dir: "" +# default)"))) << r.out;
+}
+
+TEST(Launcher, PythonTorchDistributedAllReduce) {
+  TempDir dir;
+  auto r = run_launcher(dir, {"-n", "2", ACCEL_TEST_WORKERS_DIR "/allreduce.py"}, 180s,
+                        {{"PYTHON_EXEC", "/usr/bin/python3"}});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("[rank 0] rank 0/2 allreduce=3"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[rank 1] rank 1/2 allreduce=3"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace accel::testing

@@ -1,0 +1,146 @@
+// WorkerGroup with real processes: exits seen at once, output drained first, stop escalation,
+// process-group cleanup, spawn errors.
+#include <gtest/gtest.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include <csignal>
+
+#include "agent/supervisor/worker_group.h"
+#include "tests/integration/harness.h"
+
+namespace accel::supervisor {
+namespace {
+
+using accel::testing::TempDir;
+using namespace std::chrono_literals;
+
+WorkerSpec shell(int rank, const std::string& script) {
+  WorkerSpec s;
+  s.rank = rank;
+  s.local_rank = rank;
+  s.argv = {"/bin/sh", "-c", script};
+  s.env = {{"PATH", "/usr/bin:/bin"}, {"RANK", std::to_string(rank)}};
+  s.stdout_to_console = false;
+  s.stderr_to_console = false;
+  return s;
+}
+
+// Runs the io_context until `done` or a bound, so a bug fails the test instead of hanging it.
+void run_until(boost::asio::io_context& io, const bool& done, std::chrono::seconds bound = 20s) {
+  auto deadline = std::chrono::steady_clock::now() + bound;
+  while (!done && std::chrono::steady_clock::now() < deadline) io.run_one_for(100ms);
+  ASSERT_TRUE(done) << "timed out";
+}
+
+TEST(WorkerGroup, ReportsExitsWithOutputDrained) {
+  boost::asio::io_context io;
+  WorkerGroup group(io, {});
+  std::vector<WorkerExit> exits;
+  bool done = false;
+  ASSERT_TRUE(group.start({shell(0, "i=0; while [ $i -lt 500 ]; do echo line $i >&2; i=$((i+1)); done; exit 5"),
+                           shell(1, "kill -USR1 $$")},
+                          [&](const WorkerExit& e) {
+                            exits.push_back(e);
+                            done = exits.size() == 2;
+                          }).is_ok());
+  run_until(io, done);
+  std::sort(exits.begin(), exits.end(), [](auto& a, auto& b) { return a.rank < b.rank; });
+  EXPECT_FALSE(exits[0].signaled);
+  EXPECT_EQ(exits[0].exit_code, 5);
+  EXPECT_EQ(exits[0].status_code(), 5);
+  ASSERT_FALSE(exits[0].stderr_tail.empty());
+  EXPECT_EQ(exits[0].stderr_tail.back(), "line 499");  // read before the exit was reported
+  EXPECT_TRUE(exits[1].signaled);
+  EXPECT_EQ(exits[1].signal, SIGUSR1);
+  EXPECT_EQ(exits[1].status_code(), 128 + SIGUSR1);
+  EXPECT_EQ(exits[1].describe(), "SIGUSR1 (signal 10)");
+  EXPECT_FALSE(exits[1].during_stop);
+}
+
+TEST(WorkerGroup, StopEscalatesToSigkill) {
+  TempDir dir;
+  boost::asio::io_context io;
+  WorkerGroupOptions opts;
+  opts.stop_timeout = 300ms;
+  WorkerGroup group(io, opts);
+  std::vector<WorkerExit> exits;
+  ASSERT_TRUE(group.start({shell(0, "exec sleep 60"),
+                           shell(1, "trap '' TERM; touch " + (dir / "ready") + "; exec sleep 60")},
+                          [&](const WorkerExit& e) { exits.push_back(e); }).is_ok());
+  ASSERT_TRUE(accel::testing::wait_for_file(dir / "ready", 10s, 0));
+  EXPECT_EQ(group.running(), 2u);
+  bool stopped = false;
+  StopReport report;
+  auto t0 = std::chrono::steady_clock::now();
+  group.stop(SIGTERM, [&](const StopReport& r) {
+    report = r;
+    stopped = true;
+  });
+  run_until(io, stopped);
+  auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_TRUE(report.escalated_to_sigkill);
+  EXPECT_TRUE(report.unkillable.empty());
+  EXPECT_GE(took, 300ms);
+  EXPECT_LT(took, 5s);
+  ASSERT_EQ(exits.size(), 2u);
+  for (const auto& e : exits) {
+    EXPECT_TRUE(e.during_stop);
+    EXPECT_EQ(e.signal, e.rank == 0 ? SIGTERM : SIGKILL) << "rank " << e.rank;
+  }
+  EXPECT_EQ(group.running(), 0u);
+}
+
+TEST(WorkerGroup, StopKillsTheWorkersOwnChildren) {
+  TempDir dir;
+  boost::asio::io_context io;
+  WorkerGroup group(io, {});
+  std::string child_pid = dir / "child";
+  ASSERT_TRUE(group.start({shell(0, "sleep 60 & echo $! > " + child_pid + "; wait")},
+                          [](const WorkerExit&) {}).is_ok());
+  ASSERT_TRUE(accel::testing::wait_for_file(child_pid, 10s));
+  pid_t grandchild = std::stoi(accel::testing::read_file(child_pid));
+  bool stopped = false;
+  group.stop(SIGTERM, [&](const StopReport&) { stopped = true; });
+  run_until(io, stopped);
+  EXPECT_TRUE(accel::testing::wait_pid_gone(grandchild, 5s));
+}
+
+TEST(WorkerGroup, SpawnErrorNamesTheRankAndKillsTheOthers) {
+  boost::asio::io_context io;
+  WorkerGroup group(io, {});
+  WorkerSpec bad = shell(1, "");
+  bad.argv = {"/nonexistent/program"};
+  Status s = group.start({shell(0, "exec sleep 60"), bad}, [](const WorkerExit&) {});
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("rank 1: cannot start /nonexistent/program"), std::string::npos)
+      << s.message();
+  for (pid_t p : group.pids()) {
+    if (p > 0) {
+      EXPECT_TRUE(accel::testing::wait_pid_gone(p, 2s));
+    }
+  }
+}
+
+TEST(WorkerGroup, WorkersHaveTheirOwnProcessGroupAndNullStdin) {
+  TempDir dir;
+  boost::asio::io_context io;
+  WorkerGroup group(io, {});
+  bool done = false;
+  std::string out = dir / "ids";
+  ASSERT_TRUE(group.start({shell(0, "echo $$ $(ps -o pgid= -p $$) > " + out +
+                                        "; readlink /proc/$$/fd/0 >> " + out)},
+                          [&](const WorkerExit&) { done = true; }).is_ok());
+  run_until(io, done);
+  auto lines = accel::testing::lines_of(accel::testing::read_file(out));
+  ASSERT_EQ(lines.size(), 2u);
+  std::istringstream ids(lines[0]);
+  int pid = 0, pgid = 0;
+  ids >> pid >> pgid;
+  EXPECT_EQ(pid, pgid);
+  EXPECT_EQ(lines[1], "/dev/null");
+}
+
+}  // namespace
+}  // namespace accel::supervisor

@@ -1,0 +1,102 @@
+// accel-launch's command line: flags to config keys, underscores, program forms.
+#include <gtest/gtest.h>
+
+#include "launcher/launch_cli.h"
+
+namespace accel::launcher {
+namespace {
+
+LaunchCommand parse_ok(const std::vector<std::string>& args) {
+  ParseOutcome out = parse_launch_command(args);
+  EXPECT_TRUE(out.command.has_value()) << out.text;
+  return out.command.value_or(LaunchCommand{});
+}
+
+std::string flag_value(const LaunchCommand& cmd, const std::string& key) {
+  for (const auto& f : cmd.flags) {
+    if (f.key == key) return f.value;
+  }
+  return "<absent>";
+}
+
+TEST(LaunchCli, OnlyTypedFlagsBecomeValues) {
+  LaunchCommand cmd = parse_ok({"-n", "2", "./train", "--epochs", "3"});
+  ASSERT_EQ(cmd.flags.size(), 1u);
+  EXPECT_EQ(cmd.flags[0].key, "num_processes");
+  EXPECT_EQ(cmd.flags[0].value, "2");
+  EXPECT_EQ(cmd.flags[0].flag, "--num-processes");
+  EXPECT_EQ(cmd.program.program, "./train");
+  EXPECT_EQ(cmd.program.args, (std::vector<std::string>{"--epochs", "3"}));
+}
+
+TEST(LaunchCli, UnderscoresAndDashesAreTheSame) {
+  LaunchCommand a = parse_ok({"--num_processes", "3", "--max_restarts=2", "--mixed_precision",
+                              "bf16", "--log_dir", "/tmp/l", "--cpu", "prog"});
+  EXPECT_EQ(flag_value(a, "num_processes"), "3");
+  EXPECT_EQ(flag_value(a, "max_restarts"), "2");
+  EXPECT_EQ(flag_value(a, "mixed_precision"), "bf16");
+  EXPECT_EQ(flag_value(a, "log_dir"), "/tmp/l");
+  EXPECT_EQ(flag_value(a, "use_cpu"), "true");
+  EXPECT_EQ(a.program.program, "prog");
+  LaunchCommand b = parse_ok({"--gradient-accumulation-steps=4", "--main-process-port", "0", "p"});
+  EXPECT_EQ(flag_value(b, "gradient_accumulation_steps"), "4");
+  EXPECT_EQ(flag_value(b, "main_process_port"), "0");
+}
+
+TEST(LaunchCli, TorchrunSpellingsAreAliases) {
+  LaunchCommand cmd = parse_ok({"--nproc_per_node", "2", "--master_port", "29501", "--nnodes",
+                                "1", "--run_id", "abc", "p"});
+  EXPECT_EQ(flag_value(cmd, "num_processes"), "2");
+  EXPECT_EQ(flag_value(cmd, "main_process_port"), "29501");
+  EXPECT_EQ(flag_value(cmd, "nodes"), "1");
+  EXPECT_EQ(flag_value(cmd, "job_id"), "abc");
+}
+
+TEST(LaunchCli, ProgramArgumentsAreNotOurs) {
+  // Flags after PROGRAM belong to it, even ones accel-launch also has.
+  LaunchCommand cmd = parse_ok({"-n", "2", "train.py", "-n", "7", "--cpu", "--num_processes=9"});
+  EXPECT_EQ(flag_value(cmd, "num_processes"), "2");
+  EXPECT_EQ(flag_value(cmd, "use_cpu"), "<absent>");
+  EXPECT_EQ(cmd.program.program, "train.py");
+  EXPECT_EQ(cmd.program.args, (std::vector<std::string>{"-n", "7", "--cpu", "--num_processes=9"}));
+}
+
+TEST(LaunchCli, ModuleAndDoubleDash) {
+  LaunchCommand m = parse_ok({"-n", "2", "-m", "pkg.train", "--lr", "3e-4"});
+  ASSERT_TRUE(m.program.module.has_value());
+  EXPECT_EQ(*m.program.module, "pkg.train");
+  EXPECT_EQ(m.program.args, (std::vector<std::string>{"--lr", "3e-4"}));
+  LaunchCommand m2 = parse_ok({"--module=pkg.x", "a"});
+  EXPECT_EQ(*m2.program.module, "pkg.x");
+  LaunchCommand d = parse_ok({"--no-python", "--", "-weird-name", "x"});
+  EXPECT_TRUE(d.program.no_python);
+  EXPECT_EQ(d.program.program, "-weird-name");
+  EXPECT_EQ(d.program.args, (std::vector<std::string>{"x"}));
+}
+
+TEST(LaunchCli, ConfigAndPrintConfig) {
+  LaunchCommand cmd = parse_ok({"--config_file", "c.yaml", "--print-config"});
+  ASSERT_TRUE(cmd.config_file.has_value());
+  EXPECT_EQ(*cmd.config_file, "c.yaml");
+  EXPECT_TRUE(cmd.print_config);
+  EXPECT_TRUE(cmd.program.program.empty());
+}
+
+TEST(LaunchCli, HelpVersionAndErrors) {
+  ParseOutcome help = parse_launch_command({"--help"});
+  EXPECT_FALSE(help.command);
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_NE(help.text.find("Examples:"), std::string::npos);
+  EXPECT_NE(help.text.find("--num-processes"), std::string::npos);
+  ParseOutcome version = parse_launch_command({"--version"});
+  EXPECT_EQ(version.exit_code, 0);
+  EXPECT_EQ(version.text.rfind("accel-launch ", 0), 0u);
+  ParseOutcome bad = parse_launch_command({"--num-procs", "2", "prog"});
+  EXPECT_FALSE(bad.command);
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_TRUE(bad.text_is_error);
+  EXPECT_NE(bad.text.find("--num-procs"), std::string::npos) << bad.text;
+}
+
+}  // namespace
+}  // namespace accel::launcher
