@@ -73,11 +73,17 @@ int main(int argc, char** argv) {
   }
   accel::config::ClusterConfig& cfg = resolved->config;
   if (cfg.nodes.max > 1) {
-    return fail("nodes: " + std::to_string(cfg.nodes.max) +
+    std::string nodes = cfg.nodes.min == cfg.nodes.max
+                            ? std::to_string(cfg.nodes.max)
+                            : std::to_string(cfg.nodes.min) + ":" + std::to_string(cfg.nodes.max);
+    return fail("nodes: " + nodes +
                 ": multi-node jobs need the rendezvous coordinator, which this accel-launch does "
                 "not have yet; set nodes: 1");
   }
 
+  if (cmd.program.program.empty() && !cmd.program.module) {
+    return fail("no PROGRAM given: accel-launch [OPTIONS] PROGRAM [ARGS...] (see --help)");
+  }
   auto argv_resolved = accel::launcher::resolve_command(cmd.program, sources.env);
   if (!argv_resolved) return fail(argv_resolved.message(), 127);
 

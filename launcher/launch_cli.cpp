@@ -28,8 +28,8 @@ Docs: docs/launch.md, docs/configuration.md, docs/worker-environment.md.
 struct KeyedOption {
   std::string key;
   CLI::Option* option;
-  std::string* value;    // for options with a value
-  bool flag_value;       // for boolean flags: "true" when present
+  std::string* value;  // for options with a value
+  bool* flag;          // for boolean flags (--cpu, --cpu=false)
 };
 
 // Splits args into [launcher options] and [PROGRAM args...], normalizing --long_names.
@@ -112,12 +112,14 @@ ParseOutcome parse_launch_command(const std::vector<std::string>& args) {
     std::string* slot = &values[key];
     CLI::Option* o = app.add_option(names, *slot, help)->multi_option_policy(
         CLI::MultiOptionPolicy::TakeLast);
-    keyed.push_back({key, o, slot, false});
+    keyed.push_back({key, o, slot, nullptr});
     return o;
   };
+  std::map<std::string, bool> flags;
   auto flag = [&](const std::string& names, const std::string& key, const std::string& help) {
-    CLI::Option* o = app.add_flag(names, help);
-    keyed.push_back({key, o, nullptr, true});
+    bool* slot = &flags[key];
+    CLI::Option* o = app.add_flag(names, *slot, help);
+    keyed.push_back({key, o, nullptr, slot});
     return o;
   };
 
@@ -185,7 +187,7 @@ ParseOutcome parse_launch_command(const std::vector<std::string>& args) {
   for (const auto& k : keyed) {
     if (k.option->count() == 0) continue;
     std::string spelling = "--" + k.option->get_lnames().front();
-    cmd.flags.push_back({k.key, k.flag_value ? "true" : *k.value, spelling});
+    cmd.flags.push_back({k.key, k.flag ? (*k.flag ? "true" : "false") : *k.value, spelling});
   }
   if (config_opt->count() > 0) cmd.config_file = config_file;
   cmd.print_config = print_config;

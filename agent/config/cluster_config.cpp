@@ -302,7 +302,17 @@ std::string nearest_key(std::string_view unknown) {
       best = &k;
     }
   }
-  return best ? std::string(best->name) : std::string();
+  // Why a bound: 'compute_environment' is no typo of 'stop_timeout'; suggest only real neighbours.
+  if (best == nullptr || best_distance > std::max<size_t>(3, norm.size() / 3)) return {};
+  return std::string(best->name);
+}
+
+std::string unknown_key_message(std::string_view key) {
+  std::string near = nearest_key(key);
+  if (!near.empty()) return "unknown key '" + std::string(key) + "' (did you mean '" + near + "'?)";
+  std::string all;
+  for (const auto& k : all_keys()) all += (all.empty() ? "" : ", ") + std::string(k.name);
+  return "unknown key '" + std::string(key) + "' (valid keys: " + all + ")";
 }
 
 std::string env_var_for(std::string_view key) {
@@ -314,8 +324,7 @@ std::string env_var_for(std::string_view key) {
 Status set_value(ClusterConfig& cfg, std::string_view key, std::string_view text, Origin origin) {
   const KeySpec* spec = find_key(key);
   if (spec == nullptr) {
-    return Status::error(origin.where + ": unknown key '" + std::string(key) +
-                         "' (did you mean '" + nearest_key(key) + "'?)");
+    return Status::error(origin.where + ": " + unknown_key_message(key));
   }
   if (Status s = spec->set(cfg, text); !s) {
     return Status::error(origin.where + ": " + std::string(key) + ": " + s.message());

@@ -70,8 +70,11 @@ struct KeySpec {
 
 const std::vector<KeySpec>& all_keys();
 const KeySpec* find_key(std::string_view name);
-// The valid key closest to `unknown` by edit distance (also matching '-' for '_').
+// The valid key closest to `unknown` by edit distance (also matching '-' for '_'); empty when
+// no key is close enough to be a likely typo.
 std::string nearest_key(std::string_view unknown);
+// "unknown key 'x' (did you mean 'y'?)", or the list of valid keys when none is near.
+std::string unknown_key_message(std::string_view key);
 // ACCEL_ + the key in upper case: num_processes -> ACCEL_NUM_PROCESSES.
 std::string env_var_for(std::string_view key);
 

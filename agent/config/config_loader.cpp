@@ -44,8 +44,7 @@ Status load_root(ClusterConfig& cfg, const YAML::Node& root, const std::string& 
     const std::string key = key_node.Scalar();
     const KeySpec* spec = find_key(key);
     if (spec == nullptr) {
-      return Status::error(at(name, key_node.Mark()) + ": unknown key '" + key +
-                           "' (did you mean '" + nearest_key(key) + "'?)");
+      return Status::error(at(name, key_node.Mark()) + ": " + unknown_key_message(key));
     }
     if (!value.IsScalar()) {
       YAML::Mark mark = value.IsNull() ? key_node.Mark() : value.Mark();

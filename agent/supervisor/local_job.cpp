@@ -29,6 +29,15 @@ std::string clock_time(std::chrono::system_clock::time_point t) {
   return out;
 }
 
+std::vector<std::string> split_lines(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty()) out.push_back(line);
+  }
+  return out;
+}
+
 std::string attempt_dir(const std::string& root, int attempt) {
   return root + "/attempt_" + std::to_string(attempt);
 }
@@ -130,7 +139,11 @@ void LocalJob::on_worker_exit(const WorkerExit& exit) {
   record.exits.push_back(exit);
   if (stopping_) return;  // a worker we are stopping
   if (exit.success()) {
-    if (++successes_ == static_cast<size_t>(options_.num_processes)) finish();
+    if (++successes_ == static_cast<size_t>(options_.num_processes)) {
+      // Every worker is done; whatever they left running in their process groups goes too.
+      stopping_ = true;
+      group_->stop(SIGTERM, [this](const StopReport&) { finish(); });
+    }
     return;
   }
   record.root_cause = record.exits.size() - 1;
@@ -237,7 +250,12 @@ std::string format_failure_summary(const LocalJobOptions& options, const JobResu
                   e.describe().c_str(), clock_time(e.time).c_str(), note.c_str());
     out << row;
     if (root) {
-      if (last.root_cause_error) out << "         error: " << last.root_cause_error->message << "\n";
+      if (last.root_cause_error) {
+        out << "         error: " << last.root_cause_error->message << "\n";
+        auto stack = split_lines(last.root_cause_error->stack);
+        size_t from = stack.size() > 6 ? stack.size() - 6 : 0;
+        for (size_t l = from; l < stack.size(); ++l) out << "         stack| " << stack[l] << "\n";
+      }
       for (const auto& line : e.stderr_tail) out << "         stderr| " << line << "\n";
     }
   }

@@ -27,6 +27,8 @@ EnvMap build_worker_env(const EnvMap& base, const WorkerIdentity& id, const JobE
   // Why False: rank 0's worker hosts the TCPStore at MASTER_PORT; the launcher hosts none.
   set("TORCHELASTIC_USE_AGENT_STORE", "False");
   if (!env.contains("TORCH_NCCL_ASYNC_ERROR_HANDLING")) set("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
+  // PyTorch < 2.2 (Debian's 1.13 included) reads the old name; torchrun 1.13 sets it too.
+  if (!env.contains("NCCL_ASYNC_ERROR_HANDLING")) set("NCCL_ASYNC_ERROR_HANDLING", "1");
   if (job.omp_num_threads > 0) {
     set("OMP_NUM_THREADS", num(job.omp_num_threads));
   } else if (id.local_world_size > 1 && !env.contains("OMP_NUM_THREADS")) {

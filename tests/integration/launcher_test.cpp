@@ -286,9 +286,23 @@ TEST(Launcher, BadConfigAndFlagsAreClearErrors) {
   auto env = run_launcher(dir, {"/bin/true"}, 30s, {{"ACCEL_MAIN_PROCESS_PORT", "70000"}});
   EXPECT_EQ(env.exit_code, 2);
   EXPECT_NE(env.err.find("environment variable ACCEL_MAIN_PROCESS_PORT"), std::string::npos);
+  auto none = run_launcher(dir, {"-n", "2"});
+  EXPECT_EQ(none.exit_code, 2);
+  EXPECT_NE(none.err.find("no PROGRAM given"), std::string::npos) << none.err;
   auto missing = run_launcher(dir, {"-n", "2", "no-such-program-xyz"});
   EXPECT_EQ(missing.exit_code, 127);
   EXPECT_NE(missing.err.find("'no-such-program-xyz' not found on PATH"), std::string::npos);
+}
+
+TEST(Launcher, ChildrenLeftBehindBySuccessfulWorkersAreStopped) {
+  TempDir dir;
+  auto r = run_launcher(dir, with({"-n", "2"}, sh("sleep 60 & echo $! > " + dir.path().string() +
+                                                  "/bg_$RANK; exit 0")));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (int rank = 0; rank < 2; ++rank) {
+    pid_t bg = std::stoi(read_file(dir / ("bg_" + std::to_string(rank))));
+    EXPECT_TRUE(wait_pid_gone(bg, 5s)) << "background child of rank " << rank << " survived";
+  }
 }
 
 TEST(Launcher, PrintConfigShowsOrigins) {

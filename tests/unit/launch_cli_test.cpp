@@ -43,6 +43,12 @@ TEST(LaunchCli, UnderscoresAndDashesAreTheSame) {
   EXPECT_EQ(flag_value(b, "main_process_port"), "0");
 }
 
+TEST(LaunchCli, BooleanFlagsTakeAValue) {
+  LaunchCommand off = parse_ok({"--cpu=false", "--debug", "p"});
+  EXPECT_EQ(flag_value(off, "use_cpu"), "false");
+  EXPECT_EQ(flag_value(off, "debug"), "true");
+}
+
 TEST(LaunchCli, TorchrunSpellingsAreAliases) {
   LaunchCommand cmd = parse_ok({"--nproc_per_node", "2", "--master_port", "29501", "--nnodes",
                                 "1", "--run_id", "abc", "p"});
