@@ -256,7 +256,10 @@ std::string format_failure_summary(const LocalJobOptions& options, const JobResu
         size_t from = stack.size() > 6 ? stack.size() - 6 : 0;
         for (size_t l = from; l < stack.size(); ++l) out << "         stack| " << stack[l] << "\n";
       }
-      for (const auto& line : e.stderr_tail) out << "         stderr| " << line << "\n";
+      bool has_stack = last.root_cause_error && !last.root_cause_error->stack.empty();
+      if (!has_stack) {  // the error file's stack already says what stderr would repeat
+        for (const auto& line : e.stderr_tail) out << "         stderr| " << line << "\n";
+      }
     }
   }
   for (size_t a = 0; a + 1 < result.attempts.size(); ++a) {
