@@ -25,6 +25,17 @@ std::map<std::string, std::string> parse_env_file(const std::string& path) {
   return env;
 }
 
+// The pids that workers wrote to <dir>/pid_<rank>; fewer if some never wrote within 10 s.
+std::vector<pid_t> worker_pids(const TempDir& dir, int n) {
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < n; ++rank) {
+    std::string file = dir / ("pid_" + std::to_string(rank));
+    if (!wait_for_file(file, 10s)) break;
+    pids.push_back(std::stoi(read_file(file)));
+  }
+  return pids;
+}
+
 TEST(Launcher, WorkerEnvironmentContract) {
   TempDir dir;
   auto r = run_launcher(dir, with({"-n", "3", "--job-id", "envjob", "--mixed-precision", "bf16",
@@ -172,11 +183,8 @@ TEST(Launcher, LauncherSigkilledLeavesNoWorkers) {
   TempDir dir;
   std::string d = dir.path().string();
   Launched l(dir, with({"-n", "3"}, sh("echo $$ > " + d + "/pid_$RANK; exec sleep 60")));
-  std::vector<pid_t> workers;
-  for (int rank = 0; rank < 3; ++rank) {
-    ASSERT_TRUE(wait_for_file(dir / ("pid_" + std::to_string(rank)), 10s));
-    workers.push_back(std::stoi(read_file(dir / ("pid_" + std::to_string(rank)))));
-  }
+  std::vector<pid_t> workers = worker_pids(dir, 3);
+  ASSERT_EQ(workers.size(), 3u);
   for (pid_t p : workers) ASSERT_TRUE(pid_alive(p));
   l.signal(SIGKILL);
   auto r = l.wait(10s);
@@ -188,11 +196,8 @@ void expect_signal_stops_job(int sig, int expected_exit) {
   TempDir dir;
   std::string d = dir.path().string();
   Launched l(dir, with({"-n", "2"}, sh("echo $$ > " + d + "/pid_$RANK; exec sleep 60")));
-  std::vector<pid_t> workers;
-  for (int rank = 0; rank < 2; ++rank) {
-    ASSERT_TRUE(wait_for_file(dir / ("pid_" + std::to_string(rank)), 10s));
-    workers.push_back(std::stoi(read_file(dir / ("pid_" + std::to_string(rank)))));
-  }
+  std::vector<pid_t> workers = worker_pids(dir, 2);
+  ASSERT_EQ(workers.size(), 2u);
   l.signal(sig);
   auto r = l.wait(15s);
   EXPECT_FALSE(r.timed_out);
