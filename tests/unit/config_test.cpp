@@ -263,6 +263,15 @@ TEST_F(ConfigSourcesTest, ExplicitFileMustExist) {
   EXPECT_NE(r.message().find("(from ACCEL_CONFIG_FILE)"), std::string::npos);
 }
 
+TEST(ConfigExamples, ShippedClusterYamlLoads) {
+  ClusterConfig cfg;
+  Status s = load_yaml_file(cfg, ACCEL_SOURCE_DIR "/configs/cluster.yaml");
+  ASSERT_TRUE(s.is_ok()) << s.message();
+  EXPECT_EQ(cfg.num_processes, 2);
+  EXPECT_EQ(cfg.max_restarts, 3);
+  EXPECT_EQ(cfg.mixed_precision, MixedPrecision::kNo);
+}
+
 TEST_F(ConfigSourcesTest, RenderShowsValuesAndOrigins) {
   std::string file = write("c.yaml", "nodes: 1:1\nlog_dir: /tmp/x y\n");
   ConfigSources src;
