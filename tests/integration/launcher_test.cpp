@@ -114,11 +114,12 @@ TEST(Launcher, ErrorFileMessageInSummary) {
 TEST(Launcher, RestartsTheWholeGroupAndCountsAttempts) {
   TempDir dir;
   std::string d = dir.path().string();
-  // Rank 1 fails on attempts 0 and 1; attempt 2 succeeds.
+  // Rank 1 fails on attempts 0 and 1 (once rank 0 has recorded its start); attempt 2 succeeds.
   auto r = run_launcher(
       dir, with({"-n", "2", "--max-restarts", "3", "--stop-timeout", "5s"},
-                sh("touch " + d + "/ran_${TORCHELASTIC_RESTART_COUNT}_${ACCEL_RESTART_COUNT}_$RANK; "
-                   "if [ $RANK = 1 ] && [ $TORCHELASTIC_RESTART_COUNT -lt 2 ]; then exit 3; fi; "
+                sh("c=$TORCHELASTIC_RESTART_COUNT; touch " + d + "/ran_${c}_${ACCEL_RESTART_COUNT}_$RANK; "
+                   "if [ $RANK = 1 ] && [ $c -lt 2 ]; then "
+                   "while [ ! -e " + d + "/ran_${c}_${c}_0 ]; do sleep 0.02; done; exit 3; fi; "
                    "if [ $RANK = 0 ] && [ $TORCHELASTIC_RESTART_COUNT -lt 2 ]; then exec sleep 30; fi")));
   EXPECT_EQ(r.exit_code, 0) << r.err;
   for (int attempt = 0; attempt < 3; ++attempt) {
