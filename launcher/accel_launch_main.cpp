@@ -7,7 +7,9 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <cerrno>
 #include <csignal>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -41,10 +43,14 @@ int fail(const std::string& message, int code = 2) {
   return code;
 }
 
+std::string temp_root() {
+  const char* tmp = std::getenv("TMPDIR");
+  return tmp && *tmp ? tmp : "/tmp";
+}
+
 // A private folder for the workers' error files when no log_dir keeps them.
 std::string make_temp_error_dir(const std::string& job_id) {
-  const char* tmp = std::getenv("TMPDIR");
-  std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/accel-" + job_id + "-XXXXXX";
+  std::string pattern = temp_root() + "/accel-" + job_id + "-XXXXXX";
   std::vector<char> buf(pattern.begin(), pattern.end());
   buf.push_back('\0');
   if (::mkdtemp(buf.data()) == nullptr) return {};
@@ -110,6 +116,11 @@ int main(int argc, char** argv) {
   bool temp_error_dir = cfg.log_dir.empty();
   opts.error_dir = temp_error_dir ? make_temp_error_dir(opts.job_id)
                                   : cfg.log_dir + "/" + opts.job_id;
+  if (opts.error_dir.empty()) {
+    logger->warn("cannot create a folder for the workers' error files in {} ({}); failures will "
+                 "be reported without their error messages",
+                 temp_root(), std::strerror(errno));
+  }
 
   boost::asio::io_context io;
   accel::supervisor::LocalJob job(io, opts, [&](LogLevel level, const std::string& msg) {

@@ -139,11 +139,7 @@ void LocalJob::on_worker_exit(const WorkerExit& exit) {
   record.exits.push_back(exit);
   if (stopping_) return;  // a worker we are stopping
   if (exit.success()) {
-    if (++successes_ == static_cast<size_t>(options_.num_processes)) {
-      // Every worker is done; whatever they left running in their process groups goes too.
-      stopping_ = true;
-      group_->stop(SIGTERM, [this](const StopReport&) { finish(); });
-    }
+    if (++successes_ == static_cast<size_t>(options_.num_processes)) finish();
     return;
   }
   record.root_cause = record.exits.size() - 1;
@@ -250,14 +246,13 @@ std::string format_failure_summary(const LocalJobOptions& options, const JobResu
                   e.describe().c_str(), clock_time(e.time).c_str(), note.c_str());
     out << row;
     if (root) {
-      if (last.root_cause_error) {
-        out << "         error: " << last.root_cause_error->message << "\n";
-        auto stack = split_lines(last.root_cause_error->stack);
+      const auto& error = last.root_cause_error;
+      if (error) out << "         error: " << error->message << "\n";
+      if (error && !error->stack.empty()) {  // it says what stderr's tail would repeat
+        auto stack = split_lines(error->stack);
         size_t from = stack.size() > 6 ? stack.size() - 6 : 0;
         for (size_t l = from; l < stack.size(); ++l) out << "         stack| " << stack[l] << "\n";
-      }
-      bool has_stack = last.root_cause_error && !last.root_cause_error->stack.empty();
-      if (!has_stack) {  // the error file's stack already says what stderr would repeat
+      } else {
         for (const auto& line : e.stderr_tail) out << "         stderr| " << line << "\n";
       }
     }

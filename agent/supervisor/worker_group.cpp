@@ -204,6 +204,11 @@ void on_pidfd_readable(const std::shared_ptr<State>& st, Worker* w) {
   drain(w->err);
   const auto& tail = w->err.sink->last_lines();
   exit.stderr_tail.assign(tail.begin(), tail.end());
+  if (st->running() == 0) {
+    // The last worker is gone: what the workers left behind in their groups goes too, however
+    // they ended (success included), before anyone is told the group is done.
+    signal_groups(*st, SIGKILL, /*include_exited=*/true);
+  }
   if (st->on_exit) st->on_exit(exit);
   if (st->stopping && st->running() == 0) finish_stop(st);
 }

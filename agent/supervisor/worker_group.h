@@ -4,7 +4,9 @@
 // the process that spawned it), stdin from /dev/null, stdout/stderr through pipes into
 // LineSinks. Exits are seen at once through a pidfd per worker, not by polling. Stopping is
 // signal -> stop_timeout -> SIGKILL -> kill_timeout, and never waits longer than that: a worker
-// that survives SIGKILL (D state) is reported, not waited for.
+// that survives SIGKILL (D state) is reported, not waited for. When the last worker has exited,
+// for whatever reason, anything still in the workers' process groups (children they left
+// behind) is SIGKILLed.
 //
 // Thread: everything runs on the io_context passed in, which must be run by one long-lived
 // thread. Why: PR_SET_PDEATHSIG fires when the *thread* that forked the worker exits.

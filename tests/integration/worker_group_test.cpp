@@ -107,6 +107,22 @@ TEST(WorkerGroup, StopKillsTheWorkersOwnChildren) {
   EXPECT_TRUE(accel::testing::wait_pid_gone(grandchild, 5s));
 }
 
+TEST(WorkerGroup, ChildrenLeftBehindGoWhenTheLastWorkerExits) {
+  TempDir dir;
+  boost::asio::io_context io;
+  WorkerGroup group(io, {});
+  bool done = false;
+  std::string bg = dir / "bg";
+  ASSERT_TRUE(group.start({shell(0, "sleep 60 & echo $! > " + bg + "; exit 0")},
+                          [&](const WorkerExit& e) {
+                            EXPECT_TRUE(e.success());
+                            done = true;
+                          }).is_ok());
+  run_until(io, done);
+  pid_t left_behind = std::stoi(accel::testing::read_file(bg));
+  EXPECT_TRUE(accel::testing::wait_pid_gone(left_behind, 5s));
+}
+
 TEST(WorkerGroup, SpawnErrorNamesTheRankAndKillsTheOthers) {
   boost::asio::io_context io;
   WorkerGroup group(io, {});

@@ -185,8 +185,8 @@ TEST_F(ConfigSourcesTest, FlagBeatsEnvBeatsFileBeatsDefault) {
 }
 
 TEST_F(ConfigSourcesTest, AFlagEqualToTheDefaultStillWins) {
-  // HF Accelerate's bug: flags with non-null defaults never lose to the file, and never win
-  // when typed with the default value. Presence is what counts here.
+  // HF Accelerate's bug: a flag with a non-null default is never taken from the file. Here
+  // presence decides: absent, the file wins; typed, the flag wins even at the default value.
   std::string file = write("c.yaml", "max_restarts: 5\n");
   ConfigSources src;
   src.config_file = file;
