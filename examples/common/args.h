@@ -1,0 +1,80 @@
+// A small flag parser for the example programs: --name VALUE, --name=VALUE, --help.
+#pragma once
+
+#include <cstdlib>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace accel::examples {
+
+class Args {
+ public:
+  Args(std::string program, std::string about) : program_(std::move(program)), about_(std::move(about)) {}
+
+  // Declares a flag with its default (as text) and help.
+  Args& flag(const std::string& name, const std::string& fallback, const std::string& help) {
+    order_.push_back(name);
+    values_[name] = fallback;
+    help_[name] = help;
+    return *this;
+  }
+
+  // Parses argv; prints help and exits 0 for --help, prints an error and exits 2 otherwise.
+  void parse(int argc, char** argv) {
+    for (int i = 1; i < argc; ++i) {
+      std::string arg = argv[i];
+      if (arg == "--help" || arg == "-h") {
+        usage(std::cout);
+        std::exit(0);
+      }
+      if (arg.rfind("--", 0) != 0) fail("unexpected argument '" + arg + "'");
+      std::string name = arg.substr(2), value;
+      auto eq = name.find('=');
+      if (eq != std::string::npos) {
+        value = name.substr(eq + 1);
+        name = name.substr(0, eq);
+      } else {
+        if (i + 1 >= argc) fail("--" + name + " needs a value");
+        value = argv[++i];
+      }
+      for (auto& c : name) if (c == '_') c = '-';
+      if (!values_.count(name)) fail("unknown flag --" + name);
+      values_[name] = value;
+    }
+  }
+
+  std::string str(const std::string& name) const { return values_.at(name); }
+  long integer(const std::string& name) const {
+    char* end = nullptr;
+    long v = std::strtol(values_.at(name).c_str(), &end, 10);
+    if (*end != '\0' || values_.at(name).empty()) fail("--" + name + " expects an integer, got '" + values_.at(name) + "'");
+    return v;
+  }
+  double real(const std::string& name) const {
+    char* end = nullptr;
+    double v = std::strtod(values_.at(name).c_str(), &end);
+    if (*end != '\0' || values_.at(name).empty()) fail("--" + name + " expects a number, got '" + values_.at(name) + "'");
+    return v;
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& message) const {
+    std::cerr << program_ << ": " << message << " (see --help)\n";
+    std::exit(2);
+  }
+  void usage(std::ostream& out) const {
+    out << "usage: " << program_ << " [flags]\n\n" << about_ << "\n\nflags:\n";
+    for (const auto& name : order_) {
+      out << "  --" << name << " (default " << values_.at(name) << ")\n      " << help_.at(name) << "\n";
+    }
+    out << "\nRun it on N processes with: accel-launch -n N " << program_ << " [flags]\n";
+  }
+
+  std::string program_, about_;
+  std::vector<std::string> order_;
+  std::map<std::string, std::string> values_, help_;
+};
+
+}  // namespace accel::examples

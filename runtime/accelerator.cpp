@@ -1,0 +1,173 @@
+// Accelerator: prepare, backward, gradient sync scopes, optimizer and scheduler gating.
+#include "accel/accelerator.h"
+
+#include <torch/torch.h>
+
+#include "runtime/comm.h"
+#include "runtime/env.h"
+#include "runtime/grad_sync.h"
+
+namespace accel {
+
+// --- PreparedOptimizer / PreparedScheduler ---------------------------------------------------
+
+void PreparedOptimizer::step() {
+  skipped_ = !state_->sync_gradients();
+  if (!skipped_) optimizer_->step();
+}
+
+void PreparedOptimizer::zero_grad() {
+  if (state_->sync_gradients()) optimizer_->zero_grad();
+}
+
+void PreparedScheduler::step() {
+  if (!step_with_optimizer_) {
+    scheduler_->step();
+    return;
+  }
+  if (!state_->sync_gradients()) return;
+  for (int i = 0; i < steps_per_call_; ++i) scheduler_->step();
+}
+
+// --- scopes ------------------------------------------------------------------------------------
+
+SyncScope::SyncScope(std::vector<std::shared_ptr<GradSync>> syncs, bool require_sync) : syncs_(std::move(syncs)) {
+  for (auto& s : syncs_) {
+    previous_.push_back(s ? s->require_sync() : true);
+    if (s) s->set_require_sync(require_sync);
+  }
+}
+
+SyncScope::~SyncScope() {
+  for (std::size_t i = 0; i < syncs_.size(); ++i) {
+    if (syncs_[i]) syncs_[i]->set_require_sync(previous_[i]);
+  }
+}
+
+ProcessOrder::ProcessOrder(Accelerator& acc, bool first)
+    : acc_(acc), first_(first), uncaught_(std::uncaught_exceptions()) {
+  if (!first_) acc_.wait_for_everyone();
+}
+
+ProcessOrder::~ProcessOrder() noexcept(false) {
+  // Why: a barrier while unwinding would turn one error into a hang or a terminate; the other
+  // ranks get a collective timeout that names the barrier instead.
+  if (first_ && std::uncaught_exceptions() == uncaught_) acc_.wait_for_everyone();
+}
+
+// --- Accelerator ---------------------------------------------------------------------------------
+
+Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(options)) {
+  state_ = State::shared({options_.cpu, options_.collective_timeout});
+  std::string which = "option mixed_precision";
+  if (options_.mixed_precision) mixed_precision_ = *options_.mixed_precision;
+  else if (auto v = env::first_of({"ACCEL_MIXED_PRECISION", "ACCELERATE_MIXED_PRECISION"}, &which)) mixed_precision_ = *v;
+  if (mixed_precision_ != "no") {
+    if (mixed_precision_ == "fp16" || mixed_precision_ == "bf16") {
+      throw ConfigError("accel: " + which + "=" + mixed_precision_ +
+                        ": mixed precision is not in this version of libaccel yet; use \"no\"");
+    }
+    throw ConfigError("accel: " + which + "=\"" + mixed_precision_ + "\": expected no, fp16 or bf16");
+  }
+  int steps = options_.gradient_accumulation_steps.value_or(static_cast<int>(
+      env::integer({"ACCEL_GRADIENT_ACCUMULATION_STEPS", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS"}, 1, 1, 1 << 20)));
+  set_gradient_accumulation_steps(steps);
+  gradient_state_->set_sync_with_dataloader(options_.sync_with_dataloader);
+}
+
+Accelerator::~Accelerator() = default;
+
+void Accelerator::set_gradient_accumulation_steps(int steps) {
+  if (steps < 1) {
+    throw ConfigError("accel: gradient_accumulation_steps must be at least 1, got " + std::to_string(steps));
+  }
+  gradient_state_->set_num_steps(steps);
+}
+
+void Accelerator::register_model(torch::nn::Module& model) {
+  if (options_.device_placement) model.to(device());
+  prepared_[&model] = true;
+  if (!use_distributed()) return;
+  std::vector<torch::Tensor> trainable;
+  for (auto& p : model.parameters()) {
+    if (p.requires_grad()) trainable.push_back(p);
+  }
+  GradSyncOptions opts;
+  opts.bucket_cap_bytes = options_.bucket_cap_bytes;
+  opts.first_bucket_cap_bytes = std::min(opts.first_bucket_cap_bytes, options_.bucket_cap_bytes);
+  auto sync = GradSync::create(state_->comm(), std::move(trainable), opts);
+  sync->broadcast_parameters();
+  torch::NoGradGuard no_grad;
+  for (auto& b : model.buffers()) {
+    auto buffer = b;
+    state_->comm().broadcast(buffer, 0);
+  }
+  syncs_[&model] = std::move(sync);
+}
+
+std::shared_ptr<GradSync> Accelerator::sync_of(const torch::nn::Module* model) const {
+  if (!prepared_.count(model)) {
+    throw UsageError("accel: no_sync/accumulate got a model that was not passed to prepare()");
+  }
+  auto it = syncs_.find(model);
+  return it == syncs_.end() ? nullptr : it->second;
+}
+
+PreparedOptimizer Accelerator::prepare_optimizer(std::shared_ptr<torch::optim::Optimizer> optimizer) {
+  if (!optimizer) throw UsageError("accel: prepare() got a null optimizer");
+  return PreparedOptimizer(std::move(optimizer), gradient_state_);
+}
+
+DataLoader Accelerator::prepare_data_loader(const DataLoader& loader) {
+  ShardOptions shard;
+  shard.num_processes = static_cast<std::size_t>(num_processes());
+  shard.process_index = static_cast<std::size_t>(process_index());
+  shard.split_batches = options_.split_batches;
+  shard.even_batches = options_.even_batches;
+  shard.device = options_.device_placement ? device() : torch::Device(torch::kCPU);
+  return loader.shard(shard, gradient_state_);
+}
+
+PreparedScheduler Accelerator::prepare_scheduler(std::shared_ptr<torch::optim::LRScheduler> scheduler) {
+  if (!scheduler) throw UsageError("accel: prepare() got a null scheduler");
+  int steps = options_.split_batches ? 1 : num_processes();
+  return PreparedScheduler(std::move(scheduler), gradient_state_, steps, options_.step_scheduler_with_optimizer);
+}
+
+bool Accelerator::begin_accumulation_step() {
+  auto& gs = *gradient_state_;
+  if (gs.sync_with_dataloader() && gs.end_of_dataloader()) {
+    gs.set_step(0);
+    gs.set_sync_gradients(true);
+  } else {
+    gs.set_step(gs.step() + 1);
+    gs.set_sync_gradients(gs.step() % gs.num_steps() == 0);
+  }
+  return gs.sync_gradients() || (use_distributed() && options_.sync_each_batch);
+}
+
+void Accelerator::backward(const torch::Tensor& loss) {
+  if (!loss.defined()) throw UsageError("accel: backward() got an undefined loss tensor");
+  if (gradient_state_->num_steps() > 1) {
+    (loss / gradient_state_->num_steps()).backward();
+  } else {
+    loss.backward();
+  }
+}
+
+double Accelerator::clip_grad_norm_(const std::vector<torch::Tensor>& parameters, double max_norm, double norm_type) {
+  return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type);
+}
+
+void Accelerator::clip_grad_value_(const std::vector<torch::Tensor>& parameters, double clip_value) {
+  torch::nn::utils::clip_grad_value_(parameters, clip_value);
+}
+
+void Accelerator::free_memory() {
+  syncs_.clear();
+  prepared_.clear();
+  gradient_state_->set_step(0);
+  gradient_state_->set_sync_gradients(true);
+}
+
+}  // namespace accel

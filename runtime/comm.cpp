@@ -1,0 +1,187 @@
+// Collectives with one timeout, sequence numbers and a desync report on failure.
+#include "runtime/comm.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "accel/error.h"
+
+namespace accel {
+namespace {
+
+// Why: after a failure every rank publishes where it is, so the error can say "rank 1 is in
+// allreduce #7" instead of only "timed out". Bounded, because the peer may be dead.
+constexpr std::chrono::milliseconds kDesyncWait{2000};
+
+std::size_t nbytes(const at::Tensor& t) { return t.numel() * t.element_size(); }
+
+std::string desync_key(int rank) { return "accel/desync/" + std::to_string(rank); }
+
+}  // namespace
+
+std::string format_duration(std::chrono::milliseconds d) {
+  std::ostringstream out;
+  double s = d.count() / 1000.0;
+  if (s >= 120) out << s / 60 << " min";
+  else out << s << " s";
+  return out.str();
+}
+
+Comm::Comm(int rank, int world_size, std::chrono::milliseconds timeout, c10::intrusive_ptr<c10d::Store> store,
+           c10::intrusive_ptr<c10d::ProcessGroup> group)
+    : rank_(rank), world_size_(world_size), timeout_(timeout), store_(std::move(store)), group_(std::move(group)) {
+  const char* trace = std::getenv("ACCEL_TRACE_COLLECTIVES");
+  trace_ = trace != nullptr && *trace != '\0' && std::string(trace) != "0";
+}
+
+Comm::Pending Comm::start(const char* op, std::size_t bytes) {
+  Pending p;
+  p.op = op;
+  p.seq = seq_.fetch_add(1);
+  p.bytes = bytes;
+  p.started = std::chrono::steady_clock::now();
+  if (trace_) std::fprintf(stderr, "accel: rank %d %s #%llu %zu bytes\n", rank_, op, static_cast<unsigned long long>(p.seq), bytes);
+  return p;
+}
+
+std::string Comm::desync_report(const Pending& pending) {
+  if (!store_) return "";
+  std::ostringstream mine;
+  mine << pending.op << " #" << pending.seq;
+  std::string text = mine.str();
+  try {
+    store_->set(desync_key(rank_), std::vector<uint8_t>(text.begin(), text.end()));
+  } catch (const std::exception&) {
+    return " (the job's store is unreachable, so where the other ranks are is unknown)";
+  }
+  std::ostringstream out;
+  auto deadline = std::chrono::steady_clock::now() + kDesyncWait;
+  std::vector<int> silent;
+  for (int r = 0; r < world_size_; ++r) {
+    if (r == rank_) continue;
+    try {
+      while (!store_->check({desync_key(r)}) && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      if (store_->check({desync_key(r)})) {
+        auto v = store_->get(desync_key(r));
+        out << "; rank " << r << " failed in " << std::string(v.begin(), v.end());
+      } else {
+        silent.push_back(r);
+      }
+    } catch (const std::exception&) {
+      silent.push_back(r);
+    }
+  }
+  if (!silent.empty()) {
+    out << "; rank";
+    if (silent.size() > 1) out << "s";
+    for (std::size_t i = 0; i < silent.size(); ++i) out << (i ? "," : " ") << silent[i];
+    out << " did not report (still in another collective, busy, or dead)";
+  }
+  return out.str();
+}
+
+void Comm::fail(const Pending& pending, const std::string& cause) {
+  auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                                      pending.started);
+  bool timed_out = elapsed >= timeout_ * 9 / 10;
+  std::ostringstream msg;
+  msg << "accel: " << pending.op << " #" << pending.seq << " (" << pending.bytes << " bytes) on rank " << rank_
+      << " of " << world_size_;
+  if (timed_out) {
+    msg << " timed out after " << format_duration(timeout_)
+        << " (ACCEL_COLLECTIVE_TIMEOUT): a rank skipped it, called a different collective, or hangs";
+  } else {
+    msg << " failed after " << format_duration(elapsed) << ": " << cause;
+  }
+  msg << desync_report(pending);
+  if (timed_out) msg << ". c10d said: " << cause;
+  throw CollectiveError(msg.str());
+}
+
+Comm::Pending Comm::allreduce_async(at::Tensor& tensor, c10d::ReduceOp op) {
+  Pending p = start("allreduce", nbytes(tensor));
+  if (world_size_ == 1) return p;
+  std::vector<at::Tensor> tensors{tensor};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = op;
+  opts.timeout = timeout_;
+  try {
+    p.work = group_->allreduce(tensors, opts);
+  } catch (const std::exception& e) {
+    fail(p, e.what());
+  }
+  return p;
+}
+
+void Comm::wait(Pending& pending) {
+  if (!pending.work) return;
+  try {
+    pending.work->wait();
+  } catch (const std::exception& e) {
+    pending.work.reset();
+    fail(pending, e.what());
+  }
+  pending.work.reset();
+}
+
+void Comm::allreduce(at::Tensor& tensor, c10d::ReduceOp op) {
+  Pending p = allreduce_async(tensor, op);
+  wait(p);
+}
+
+void Comm::broadcast(at::Tensor& tensor, int root) {
+  Pending p = start("broadcast", nbytes(tensor));
+  if (world_size_ == 1) return;
+  std::vector<at::Tensor> tensors{tensor};
+  c10d::BroadcastOptions opts;
+  opts.rootRank = root;
+  opts.timeout = timeout_;
+  try {
+    p.work = group_->broadcast(tensors, opts);
+  } catch (const std::exception& e) {
+    fail(p, e.what());
+  }
+  wait(p);
+}
+
+void Comm::allgather(at::Tensor& output, const at::Tensor& input) {
+  Pending p = start("allgather", nbytes(input));
+  if (world_size_ == 1) {
+    output.copy_(input);
+    return;
+  }
+  std::vector<std::vector<at::Tensor>> outputs(1);
+  const int64_t n = input.dim() == 0 ? 1 : input.size(0);
+  for (int r = 0; r < world_size_; ++r) {
+    outputs[0].push_back(input.dim() == 0 ? output.select(0, r) : output.narrow(0, r * n, n));
+  }
+  std::vector<at::Tensor> inputs{input.contiguous()};
+  c10d::AllgatherOptions opts;
+  opts.timeout = timeout_;
+  try {
+    p.work = group_->allgather(outputs, inputs, opts);
+  } catch (const std::exception& e) {
+    fail(p, e.what());
+  }
+  wait(p);
+}
+
+void Comm::barrier() {
+  Pending p = start("barrier", 0);
+  if (world_size_ == 1) return;
+  c10d::BarrierOptions opts;
+  opts.timeout = timeout_;
+  try {
+    p.work = group_->barrier(opts);
+  } catch (const std::exception& e) {
+    fail(p, e.what());
+  }
+  wait(p);
+}
+
+}  // namespace accel

@@ -1,0 +1,67 @@
+// Comm: every collective libaccel issues goes through here, so each one carries the job's single
+// timeout, a sequence number and a name that appear in the error when it fails or hangs.
+// Thread: any thread may issue collectives, but all ranks must issue them in the same order
+// (c10d's rule); sequence numbers are per process and count in that order.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace accel {
+
+class Comm {
+ public:
+  // A collective in flight. Pass it to wait() exactly once.
+  struct Pending {
+    c10::intrusive_ptr<c10d::Work> work;
+    const char* op = "";
+    std::uint64_t seq = 0;
+    std::size_t bytes = 0;
+    std::chrono::steady_clock::time_point started;
+  };
+
+  // A single process: every collective is the identity and nothing is created.
+  Comm() = default;
+  // `store` holds the desync keys; `group` runs the collectives.
+  Comm(int rank, int world_size, std::chrono::milliseconds timeout, c10::intrusive_ptr<c10d::Store> store,
+       c10::intrusive_ptr<c10d::ProcessGroup> group);
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  Pending allreduce_async(at::Tensor& tensor, c10d::ReduceOp op);
+  void wait(Pending& pending);
+
+  void allreduce(at::Tensor& tensor, c10d::ReduceOp op);
+  void broadcast(at::Tensor& tensor, int root);
+  // `output` is [world_size * n, ...] for an `input` of [n, ...]; rank r's part lands at r*n.
+  void allgather(at::Tensor& output, const at::Tensor& input);
+  void barrier();
+
+  // Counts collectives issued so far (the next one gets this number).
+  std::uint64_t next_sequence() const { return seq_.load(); }
+
+ private:
+  Pending start(const char* op, std::size_t bytes);
+  [[noreturn]] void fail(const Pending& pending, const std::string& cause);
+  std::string desync_report(const Pending& pending);
+
+  int rank_ = 0;
+  int world_size_ = 1;
+  std::chrono::milliseconds timeout_{std::chrono::minutes(30)};
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  std::atomic<std::uint64_t> seq_{0};
+  bool trace_ = false;  // ACCEL_TRACE_COLLECTIVES=1: one stderr line per collective
+};
+
+// "2.5 s", "30 min": for messages.
+std::string format_duration(std::chrono::milliseconds d);
+
+}  // namespace accel

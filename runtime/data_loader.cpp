@@ -1,0 +1,346 @@
+// DataLoader: epochs of batches from a Dataset or IterableDataset, sharded per ShardOptions, built
+// ahead by background threads, always one batch ahead so end_of_dataloader is known in time.
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "accel/data.h"
+#include "accel/error.h"
+#include "runtime/batch_shard.h"
+
+namespace accel {
+
+Batch Batch::to(torch::Device device, bool non_blocking) const {
+  Batch out;
+  if (input.defined()) out.input = input.to(device, non_blocking);
+  if (target.defined()) out.target = target.to(device, non_blocking);
+  return out;
+}
+
+TensorDataset::TensorDataset(torch::Tensor inputs, torch::Tensor targets)
+    : inputs_(std::move(inputs)), targets_(std::move(targets)) {
+  if (!inputs_.defined() || inputs_.dim() == 0) throw DataError("accel: TensorDataset needs inputs with a dim 0");
+  if (targets_.defined() && (targets_.dim() == 0 || targets_.size(0) != inputs_.size(0))) {
+    throw DataError("accel: TensorDataset inputs have " + std::to_string(inputs_.size(0)) + " rows but targets have " +
+                    (targets_.dim() == 0 ? std::string("none") : std::to_string(targets_.size(0))));
+  }
+}
+
+std::size_t TensorDataset::size() const { return static_cast<std::size_t>(inputs_.size(0)); }
+
+Example TensorDataset::get(std::size_t index) const {
+  auto i = static_cast<int64_t>(index);
+  return {inputs_[i], targets_.defined() ? targets_[i] : torch::Tensor()};
+}
+
+Batch default_collate(std::vector<Example>&& examples) {
+  if (examples.empty()) throw DataError("accel: default_collate got an empty batch");
+  std::vector<torch::Tensor> inputs, targets;
+  inputs.reserve(examples.size());
+  for (auto& e : examples) {
+    inputs.push_back(std::move(e.input));
+    if (e.target.defined()) targets.push_back(std::move(e.target));
+  }
+  if (!targets.empty() && targets.size() != inputs.size()) {
+    throw DataError("accel: default_collate: some examples have a target and some do not");
+  }
+  Batch b;
+  b.input = torch::stack(inputs);
+  if (!targets.empty()) b.target = torch::stack(targets);
+  return b;
+}
+
+struct DataLoader::Impl {
+  std::shared_ptr<const Dataset> map_dataset;
+  std::shared_ptr<const IterableDataset> stream_dataset;
+  DataLoaderOptions options;
+  ShardOptions shard;
+  std::shared_ptr<GradientState> gradient_state;
+  int64_t epoch = 0;
+  std::shared_ptr<LoaderPosition> position = std::make_shared<LoaderPosition>();
+
+  ShardSpec spec() const {
+    return {options.batch_size, options.drop_last, shard.num_processes, shard.process_index, shard.split_batches,
+            shard.even_batches};
+  }
+  Batch collate(std::vector<Example>&& examples) const {
+    Batch b = options.collate ? options.collate(std::move(examples)) : default_collate(std::move(examples));
+    return shard.device.is_cpu() ? b : b.to(shard.device, shard.non_blocking);
+  }
+};
+
+// One pass over the data. Produces batches in order, in the caller's thread or in workers.
+// Invariant: `current` is the batch handed out; `ahead` the next one (or none at the end).
+class DataLoader::Pass {
+ public:
+  explicit Pass(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {
+    impl_->position->end_of_dataloader = false;
+    if (impl_->map_dataset) {
+      std::size_t n = impl_->map_dataset->size();
+      std::vector<int64_t> order(n);
+      if (impl_->options.shuffle) {
+        auto gen = at::make_generator<at::CPUGeneratorImpl>(impl_->options.seed + static_cast<uint64_t>(impl_->epoch));
+        auto perm = torch::randperm(static_cast<int64_t>(n), gen, torch::kLong);
+        auto acc = perm.accessor<int64_t, 1>();
+        for (std::size_t i = 0; i < n; ++i) order[i] = acc[static_cast<int64_t>(i)];
+      } else {
+        for (std::size_t i = 0; i < n; ++i) order[i] = static_cast<int64_t>(i);
+      }
+      batches_ = shard_batches(order, impl_->spec());
+      impl_->position->remainder = shard_remainder(n, impl_->spec());
+    } else {
+      stream_ = impl_->stream_dataset->stream(impl_->epoch);
+      slice_ = stream_slice(impl_->spec());
+      impl_->position->remainder = -1;
+    }
+    impl_->position->even_batches = impl_->shard.even_batches;
+    if (impl_->gradient_state) impl_->gradient_state->push_loader(impl_->position);
+    start_workers();
+    ahead_ = produce_next();
+    advance();
+  }
+
+  ~Pass() {
+    stop_workers();
+    finish();
+  }
+
+  bool done() const { return !current_; }
+  Batch& current() { return *current_; }
+
+  void advance() {
+    current_ = std::move(ahead_);
+    ahead_.reset();
+    if (!current_) {
+      finish();
+      return;
+    }
+    ahead_ = produce_next();
+    impl_->position->end_of_dataloader = !ahead_;
+    // Why: a stream learns how many real samples its last buffer had only when it gets there.
+    if (!ahead_ && impl_->stream_dataset) impl_->position->remainder = tail_remainder_;
+  }
+
+ private:
+  void finish() {
+    if (finished_) return;
+    finished_ = true;
+    if (impl_->gradient_state) impl_->gradient_state->pop_loader(impl_->position.get());
+    if (!current_ && !ahead_ && consumed_all_) ++impl_->epoch;
+  }
+
+  // Map-style batch k, built from its indices.
+  Batch build(std::size_t k) const {
+    std::vector<Example> examples;
+    examples.reserve(batches_[k].size());
+    for (int64_t i : batches_[k]) examples.push_back(impl_->map_dataset->get(static_cast<std::size_t>(i)));
+    return impl_->collate(std::move(examples));
+  }
+
+  // Next stream batch: read one global buffer, keep this rank's slice; pad the short tail.
+  std::optional<Batch> build_stream() {
+    if (stream_done_) return std::nullopt;
+    std::vector<Example> buffer;
+    while (buffer.size() < slice_.buffer_size) {
+      auto e = stream_();
+      if (!e) break;
+      buffer.push_back(std::move(*e));
+    }
+    if (buffer.size() < slice_.buffer_size) {
+      stream_done_ = true;
+      if (buffer.empty() || impl_->options.drop_last) return std::nullopt;
+      if (impl_->shard.num_processes == 1) return impl_->collate(std::move(buffer));
+      tail_remainder_ = static_cast<int64_t>(buffer.size());
+      if (first_buffer_.empty()) first_buffer_ = buffer;
+      std::size_t i = 0;
+      while (buffer.size() < slice_.buffer_size) buffer.push_back(first_buffer_[i++ % first_buffer_.size()]);
+    } else if (first_buffer_.empty() && !impl_->options.drop_last) {
+      first_buffer_ = buffer;
+    }
+    std::vector<Example> mine(buffer.begin() + static_cast<std::ptrdiff_t>(slice_.begin),
+                              buffer.begin() + static_cast<std::ptrdiff_t>(slice_.end));
+    return impl_->collate(std::move(mine));
+  }
+
+  std::size_t total() const { return batches_.size(); }
+
+  std::optional<Batch> produce_next() {
+    std::optional<Batch> out;
+    if (workers_.empty()) {
+      if (impl_->map_dataset) {
+        if (next_ < total()) out = build(next_++);
+      } else {
+        out = build_stream();
+      }
+    } else {
+      out = take_from_workers();
+    }
+    if (!out) consumed_all_ = true;
+    return out;
+  }
+
+  // --- background prefetch -------------------------------------------------------------------
+  // Map-style: workers claim batch numbers in order and may finish out of order; the consumer
+  // takes them in order. Streams: one worker reads ahead. At most `window_` batches are built
+  // and not yet taken.
+  void start_workers() {
+    std::size_t n = impl_->options.num_workers;
+    if (n == 0) return;
+    if (!impl_->map_dataset) n = 1;
+    window_ = std::max<std::size_t>(1, impl_->options.num_workers * std::max<std::size_t>(1, impl_->options.prefetch_factor));
+    for (std::size_t i = 0; i < n; ++i) workers_.emplace_back([this] { worker_loop(); });
+  }
+
+  void stop_workers() {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
+    workers_.clear();
+  }
+
+  void worker_loop() {
+    for (;;) {
+      std::size_t k;
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return stopping_ || (next_ < taken_ + window_ && !exhausted_); });
+        if (stopping_ || exhausted_) return;
+        if (impl_->map_dataset && next_ >= total()) {
+          exhausted_ = true;
+          cv_.notify_all();
+          return;
+        }
+        k = next_++;
+      }
+      std::optional<Batch> batch;
+      std::exception_ptr error;
+      try {
+        batch = impl_->map_dataset ? std::optional<Batch>(build(k)) : build_stream();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      std::lock_guard lock(mu_);
+      if (error) ready_[k] = Slot{std::nullopt, error};
+      else if (batch) ready_[k] = Slot{std::move(batch), nullptr};
+      else exhausted_ = true;
+      if (!batch && !impl_->map_dataset) end_at_ = k;
+      cv_.notify_all();
+    }
+  }
+
+  std::optional<Batch> take_from_workers() {
+    std::unique_lock lock(mu_);
+    std::size_t k = taken_;
+    cv_.wait(lock, [&] {
+      return ready_.count(k) || (impl_->map_dataset ? k >= total() : end_at_ <= k);
+    });
+    auto it = ready_.find(k);
+    if (it == ready_.end()) return std::nullopt;
+    Slot slot = std::move(it->second);
+    ready_.erase(it);
+    ++taken_;
+    cv_.notify_all();
+    if (slot.error) std::rethrow_exception(slot.error);
+    return std::move(slot.batch);
+  }
+
+  struct Slot {
+    std::optional<Batch> batch;
+    std::exception_ptr error;
+  };
+
+  std::shared_ptr<Impl> impl_;
+  IndexBatches batches_;
+  ExampleStream stream_;
+  StreamSlice slice_{};
+  std::vector<Example> first_buffer_;
+  bool stream_done_ = false;
+  int64_t tail_remainder_ = -1;  // written by whoever builds stream batches, read after the end
+  std::optional<Batch> current_, ahead_;
+  bool finished_ = false;
+  bool consumed_all_ = false;
+
+  std::mutex mu_;  // guards next_, taken_, ready_, exhausted_, end_at_, stopping_
+  std::condition_variable cv_;
+  std::vector<std::thread> workers_;
+  std::size_t next_ = 0, taken_ = 0, window_ = 1;
+  std::size_t end_at_ = SIZE_MAX;
+  std::map<std::size_t, Slot> ready_;
+  bool exhausted_ = false, stopping_ = false;
+};
+
+DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options)
+    : impl_(std::make_shared<Impl>()) {
+  if (!dataset) throw DataError("accel: DataLoader got a null dataset");
+  if (options.batch_size == 0) throw DataError("accel: DataLoader batch_size must be at least 1");
+  impl_->map_dataset = std::move(dataset);
+  impl_->options = std::move(options);
+}
+
+DataLoader::DataLoader(std::shared_ptr<const IterableDataset> dataset, DataLoaderOptions options)
+    : impl_(std::make_shared<Impl>()) {
+  if (!dataset) throw DataError("accel: DataLoader got a null dataset");
+  if (options.batch_size == 0) throw DataError("accel: DataLoader batch_size must be at least 1");
+  if (options.shuffle) {
+    throw DataError("accel: shuffle=true needs random access; an IterableDataset shuffles its own stream per epoch");
+  }
+  impl_->stream_dataset = std::move(dataset);
+  impl_->options = std::move(options);
+}
+
+DataLoader DataLoader::shard(const ShardOptions& shard, std::shared_ptr<GradientState> gradient_state) const {
+  auto impl = std::make_shared<Impl>();
+  impl->map_dataset = impl_->map_dataset;
+  impl->stream_dataset = impl_->stream_dataset;
+  impl->options = impl_->options;
+  impl->shard = shard;
+  impl->gradient_state = std::move(gradient_state);
+  impl->epoch = impl_->epoch;
+  (void)impl->spec();
+  stream_slice(impl->spec());  // validates split_batches divisibility now, not at the first batch
+  return DataLoader(std::move(impl));
+}
+
+DataLoader::Iterator DataLoader::begin() { return Iterator(std::make_shared<Pass>(impl_)); }
+
+Batch& DataLoader::Iterator::operator*() const { return pass_->current(); }
+
+DataLoader::Iterator& DataLoader::Iterator::operator++() {
+  pass_->advance();
+  return *this;
+}
+
+bool DataLoader::Iterator::operator==(std::default_sentinel_t) const { return !pass_ || pass_->done(); }
+
+std::size_t DataLoader::size() const {
+  if (!impl_->map_dataset) throw DataError("accel: an IterableDataset has no length");
+  std::vector<int64_t> order(impl_->map_dataset->size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+  return shard_batches(order, impl_->spec()).size();
+}
+
+void DataLoader::set_epoch(int64_t epoch) { impl_->epoch = epoch; }
+int64_t DataLoader::epoch() const { return impl_->epoch; }
+bool DataLoader::end_of_dataloader() const { return impl_->position->end_of_dataloader; }
+int64_t DataLoader::remainder() const { return impl_->position->remainder; }
+std::size_t DataLoader::batch_size() const {
+  return impl_->shard.split_batches ? impl_->options.batch_size / impl_->shard.num_processes
+                                    : impl_->options.batch_size;
+}
+std::size_t DataLoader::total_batch_size() const {
+  return impl_->shard.split_batches ? impl_->options.batch_size
+                                    : impl_->options.batch_size * impl_->shard.num_processes;
+}
+const DataLoaderOptions& DataLoader::options() const { return impl_->options; }
+const ShardOptions& DataLoader::shard_options() const { return impl_->shard; }
+
+}  // namespace accel

@@ -1,0 +1,108 @@
+// Terminate and fatal-signal handlers that record why a worker died.
+#include "runtime/error_file.h"
+
+#include <c10/util/Backtrace.h>
+#include <cxxabi.h>
+#include <fcntl.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <exception>
+#include <fstream>
+#include <mutex>
+
+namespace accel {
+namespace {
+
+std::once_flag g_installed;
+char g_path[4096];  // Why: a fatal-signal handler may not allocate; the path is copied here up front.
+
+std::string demangle(const char* name) {
+  int status = 0;
+  char* out = abi::__cxa_demangle(name, nullptr, nullptr, &status);
+  std::string result = status == 0 && out ? out : name;
+  std::free(out);
+  return result;
+}
+
+[[noreturn]] void on_terminate() {
+  std::string message = "std::terminate called without an active exception";
+  std::string type = "std::terminate";
+  if (auto eptr = std::current_exception()) {
+    if (auto* t = abi::__cxa_current_exception_type()) type = demangle(t->name());
+    try {
+      std::rethrow_exception(eptr);
+    } catch (const c10::Error& e) {
+      message = e.what_without_backtrace();
+    } catch (const std::exception& e) {
+      message = e.what();
+    } catch (...) {
+      message = "an exception that is not a std::exception";
+    }
+  }
+  std::fprintf(stderr, "accel: uncaught %s: %s\n", type.c_str(), message.c_str());
+  std::fflush(stderr);
+  if (g_path[0] != '\0') write_error_file(g_path, message, type, c10::get_backtrace(1));
+  std::signal(SIGABRT, SIG_DFL);
+  std::abort();
+}
+
+void on_fatal_signal(int sig) {
+  // Async-signal-safe: open/write/close, then die of the same signal.
+  if (g_path[0] != '\0') {
+    int fd = ::open(g_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      const char* name = sig == SIGSEGV ? "SIGSEGV" : sig == SIGBUS ? "SIGBUS" : sig == SIGFPE ? "SIGFPE" : "SIGILL";
+      char buf[256];
+      std::size_t n = 0;
+      auto put = [&](const char* s) {
+        while (*s && n + 1 < sizeof buf) buf[n++] = *s++;
+      };
+      put("{\"message\":\"fatal signal ");
+      put(name);
+      put("\",\"type\":\"signal\",\"stack\":\"\"}\n");
+      ssize_t ignored = ::write(fd, buf, n);
+      (void)ignored;
+      ::close(fd);
+    }
+  }
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);
+}
+
+}  // namespace
+
+void write_error_file(const std::string& path, const std::string& message, const std::string& type,
+                      const std::string& stack) {
+  nlohmann::json j;
+  j["message"] = message;
+  j["type"] = type;
+  j["stack"] = stack;
+  j["time"] = static_cast<long long>(std::time(nullptr));
+  if (const char* rank = std::getenv("RANK")) j["rank"] = rank;
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    if (!out) return;
+  }
+  std::rename(tmp.c_str(), path.c_str());
+}
+
+void install_error_handlers() {
+  std::call_once(g_installed, [] {
+    const char* path = std::getenv("ACCEL_ERROR_FILE");
+    if (path == nullptr || *path == '\0') path = std::getenv("TORCHELASTIC_ERROR_FILE");
+    if (path == nullptr || std::strlen(path) >= sizeof g_path) return;
+    std::strcpy(g_path, path);
+    std::set_terminate(on_terminate);
+    for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL}) std::signal(sig, on_fatal_signal);
+  });
+}
+
+}  // namespace accel

@@ -1,0 +1,8 @@
+// libaccel's public API in one include.
+#pragma once
+
+#include "accel/accelerator.h"
+#include "accel/data.h"
+#include "accel/error.h"
+#include "accel/gradient_state.h"
+#include "accel/state.h"

@@ -1,0 +1,307 @@
+// accel::Accelerator: the API training programs are written against (HF Accelerate's, in C++).
+// Construct one, prepare() the model, optimizer, loader and scheduler, call backward(loss), and
+// the same program runs on 1 or N processes with the result of 1 process on the global batch.
+// Thread: one training thread per process; collectives must be called by every rank in order.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/schedulers/lr_scheduler.h>
+
+#include <chrono>
+#include <cstddef>
+#include <exception>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <unordered_map>
+#include <vector>
+
+#include "accel/data.h"
+#include "accel/error.h"
+#include "accel/gradient_state.h"
+#include "accel/state.h"
+
+namespace accel {
+
+class GradSync;
+
+enum class ReduceOp { kSum, kMean, kMax, kMin };
+
+struct AcceleratorOptions {
+  // Unset: ACCEL_MIXED_PRECISION / ACCELERATE_MIXED_PRECISION, else "no".
+  std::optional<std::string> mixed_precision{};
+  // Unset: ACCEL_GRADIENT_ACCUMULATION_STEPS / ACCELERATE_GRADIENT_ACCUMULATION_STEPS, else 1.
+  std::optional<int> gradient_accumulation_steps{};
+  // Unset: ACCEL_USE_CPU / ACCELERATE_USE_CPU, else false.
+  std::optional<bool> cpu{};
+  // Unset: ACCEL_COLLECTIVE_TIMEOUT, else 30 min. Applies to every collective and the store.
+  std::optional<std::chrono::milliseconds> collective_timeout{};
+  bool device_placement = true;   // prepare() moves models and batches to device()
+  bool split_batches = false;     // a loader's batch_size is global and split between processes
+  bool even_batches = true;       // pad the last round so every rank gets as many full batches
+  bool sync_with_dataloader = true;  // the end of a loader always ends an accumulation window
+  bool sync_each_batch = false;      // all-reduce on every micro-step even when accumulating
+  bool step_scheduler_with_optimizer = true;
+  std::size_t bucket_cap_bytes = 25u << 20;  // gradient all-reduce bucket size (DDP's 25 MB)
+};
+
+// An optimizer whose step()/zero_grad() act only on gradient-synchronizing steps.
+class PreparedOptimizer {
+ public:
+  PreparedOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer, std::shared_ptr<GradientState> state)
+      : optimizer_(std::move(optimizer)), state_(std::move(state)) {}
+  void step();
+  void zero_grad();
+  torch::optim::Optimizer& inner() const { return *optimizer_; }
+  torch::optim::Optimizer* operator->() const { return optimizer_.get(); }
+  const std::shared_ptr<torch::optim::Optimizer>& shared() const { return optimizer_; }
+  // True when the last step() did nothing (an accumulation micro-step).
+  bool step_was_skipped() const { return skipped_; }
+
+ private:
+  std::shared_ptr<torch::optim::Optimizer> optimizer_;
+  std::shared_ptr<GradientState> state_;
+  bool skipped_ = false;
+};
+
+// A learning-rate scheduler stepped as HF Accelerate steps it: only on synchronizing steps, and
+// num_processes times per step unless batches are split (each step saw num_processes batches).
+class PreparedScheduler {
+ public:
+  PreparedScheduler(std::shared_ptr<torch::optim::LRScheduler> scheduler, std::shared_ptr<GradientState> state,
+                    int steps_per_call, bool step_with_optimizer)
+      : scheduler_(std::move(scheduler)), state_(std::move(state)), steps_per_call_(steps_per_call),
+        step_with_optimizer_(step_with_optimizer) {}
+  void step();
+  torch::optim::LRScheduler& inner() const { return *scheduler_; }
+
+ private:
+  std::shared_ptr<torch::optim::LRScheduler> scheduler_;
+  std::shared_ptr<GradientState> state_;
+  int steps_per_call_;
+  bool step_with_optimizer_;
+};
+
+class Accelerator;
+
+// RAII: holds gradient sync off (no_sync) or decided by the accumulation window (accumulate) for
+// some models, and restores it when it goes out of scope.
+class [[nodiscard]] SyncScope {
+ public:
+  SyncScope(std::vector<std::shared_ptr<GradSync>> syncs, bool require_sync);
+  ~SyncScope();
+  SyncScope(const SyncScope&) = delete;
+  SyncScope& operator=(const SyncScope&) = delete;
+
+ private:
+  std::vector<std::shared_ptr<GradSync>> syncs_;
+  std::vector<bool> previous_;
+};
+
+// RAII: the main (or local main) process runs the scope first, the others after it.
+class [[nodiscard]] ProcessOrder {
+ public:
+  ProcessOrder(Accelerator& acc, bool first);
+  ~ProcessOrder() noexcept(false);
+  ProcessOrder(const ProcessOrder&) = delete;
+  ProcessOrder& operator=(const ProcessOrder&) = delete;
+
+ private:
+  Accelerator& acc_;
+  bool first_;
+  int uncaught_;
+};
+
+namespace detail {
+template <class T> struct SharedModule : std::false_type {};
+template <class M>
+struct SharedModule<std::shared_ptr<M>> : std::bool_constant<std::is_base_of_v<torch::nn::Module, M>> {};
+template <class T> struct SharedOptimizer : std::false_type {};
+template <class O>
+struct SharedOptimizer<std::shared_ptr<O>> : std::bool_constant<std::is_base_of_v<torch::optim::Optimizer, O>> {};
+template <class T> struct SharedScheduler : std::false_type {};
+template <class S>
+struct SharedScheduler<std::shared_ptr<S>> : std::bool_constant<std::is_base_of_v<torch::optim::LRScheduler, S>> {};
+template <class T>
+concept ModuleHolderType = requires { typename T::ContainedType; } &&
+                           std::is_base_of_v<torch::nn::ModuleHolder<typename T::ContainedType>, T>;
+template <class T> inline constexpr bool kAlwaysFalse = false;
+}  // namespace detail
+
+class Accelerator {
+ public:
+  explicit Accelerator(AcceleratorOptions options = {});
+  ~Accelerator();
+  Accelerator(const Accelerator&) = delete;
+  Accelerator& operator=(const Accelerator&) = delete;
+
+  // --- who am I ----------------------------------------------------------------------------
+  torch::Device device() const { return state_->device(); }
+  int process_index() const { return state_->process_index(); }
+  int local_process_index() const { return state_->local_process_index(); }
+  int num_processes() const { return state_->num_processes(); }
+  bool is_main_process() const { return state_->is_main_process(); }
+  bool is_local_main_process() const { return state_->is_local_main_process(); }
+  bool is_last_process() const { return state_->is_last_process(); }
+  bool use_distributed() const { return state_->use_distributed(); }
+  DistributedType distributed_type() const { return state_->distributed_type(); }
+  const std::string& mixed_precision() const { return mixed_precision_; }
+  const AcceleratorOptions& options() const { return options_; }
+  State& state() { return *state_; }
+  GradientState& gradient_state() { return *gradient_state_; }
+
+  // --- prepare -----------------------------------------------------------------------------
+  // Models (std::shared_ptr<M> or a module holder such as torch::nn::Linear), optimizers
+  // (std::shared_ptr<torch::optim::X>), DataLoaders and LR schedulers, in any order; returns them
+  // prepared, in the same order (one object: that object; several: a tuple for structured bindings).
+  template <class... Ts>
+  auto prepare(Ts&&... objects) {
+    static_assert(sizeof...(Ts) > 0, "accel::Accelerator::prepare needs at least one object");
+    if constexpr (sizeof...(Ts) == 1) return prepare_one(std::forward<Ts>(objects)...);
+    else return std::tuple{prepare_one(std::forward<Ts>(objects))...};
+  }
+  template <class M>
+  std::shared_ptr<M> prepare_model(std::shared_ptr<M> model) {
+    register_model(*model);
+    return model;
+  }
+  PreparedOptimizer prepare_optimizer(std::shared_ptr<torch::optim::Optimizer> optimizer);
+  DataLoader prepare_data_loader(const DataLoader& loader);
+  PreparedScheduler prepare_scheduler(std::shared_ptr<torch::optim::LRScheduler> scheduler);
+
+  // --- training step -----------------------------------------------------------------------
+  // loss / gradient_accumulation_steps, then backward; gradients of prepared models are averaged
+  // over processes by the time it returns (on synchronizing steps).
+  void backward(const torch::Tensor& loss);
+  // No gradient all-reduce inside the scope: gradients accumulate locally.
+  template <class... Ms>
+  SyncScope no_sync(const Ms&... models) {
+    return SyncScope({sync_of(module_of(models))...}, false);
+  }
+  // Counts a micro-step; inside the scope gradients sync only at the end of the accumulation
+  // window (every gradient_accumulation_steps micro-steps, and at the end of the loader).
+  template <class... Ms>
+  SyncScope accumulate(const Ms&... models) {
+    bool sync = begin_accumulation_step();
+    return SyncScope({sync_of(module_of(models))...}, sync);
+  }
+  bool sync_gradients() const { return gradient_state_->sync_gradients(); }
+  int gradient_accumulation_steps() const { return gradient_state_->num_steps(); }
+  void set_gradient_accumulation_steps(int steps);
+  int64_t step() const { return gradient_state_->step(); }
+
+  // Global gradient norm of `parameters` clipped to max_norm; returns the norm before clipping.
+  double clip_grad_norm_(const std::vector<torch::Tensor>& parameters, double max_norm, double norm_type = 2.0);
+  template <class M>
+  double clip_grad_norm_(const M& model, double max_norm, double norm_type = 2.0) {
+    return clip_grad_norm_(module_of(model)->parameters(), max_norm, norm_type);
+  }
+  void clip_grad_value_(const std::vector<torch::Tensor>& parameters, double clip_value);
+  template <class M>
+  void clip_grad_value_(const M& model, double clip_value) {
+    clip_grad_value_(module_of(model)->parameters(), clip_value);
+  }
+
+  // --- collectives (every rank must call them, in the same order) --------------------------
+  // Concatenates every rank's tensor along dim 0 (same shape on every rank; ACCEL_DEBUG checks).
+  torch::Tensor gather(const torch::Tensor& tensor);
+  // gather() for evaluation: sizes may differ between ranks, and the samples the loader
+  // duplicated to even out the last round are dropped, so each sample is counted once.
+  torch::Tensor gather_for_metrics(const torch::Tensor& tensor);
+  torch::Tensor reduce(const torch::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
+  // Rank `from`'s tensor on every rank (others pass a tensor of the same shape and dtype).
+  torch::Tensor broadcast(const torch::Tensor& tensor, int from = 0);
+  // Pads `tensor` along `dim` to the largest size any rank has.
+  torch::Tensor pad_across_processes(const torch::Tensor& tensor, int64_t dim = 0, double pad_index = 0,
+                                     bool pad_first = false);
+  std::vector<std::string> gather_object(const std::string& object);
+  std::string broadcast_object(const std::string& object, int from = 0);
+  void wait_for_everyone();
+  ProcessOrder main_process_first() { return ProcessOrder(*this, is_main_process()); }
+  ProcessOrder local_main_process_first() { return ProcessOrder(*this, is_local_main_process()); }
+  // Early stopping: any rank sets, every rank sees it at the next check (a collective).
+  void set_trigger() { trigger_ = true; }
+  bool check_trigger();
+
+  // --- process control ---------------------------------------------------------------------
+  template <class F> void on_main_process(F&& f) { if (is_main_process()) std::forward<F>(f)(); }
+  template <class F> void on_local_main_process(F&& f) { if (is_local_main_process()) std::forward<F>(f)(); }
+  template <class F> void on_last_process(F&& f) { if (is_last_process()) std::forward<F>(f)(); }
+  template <class F> void on_process(int index, F&& f) { if (process_index() == index) std::forward<F>(f)(); }
+  // Prints once per machine (the local main process), arguments separated by spaces.
+  template <class... Args>
+  void print(const Args&... args) {
+    if (!is_local_main_process()) return;
+    std::ostringstream out;
+    int i = 0;
+    ((out << (i++ ? " " : "") << args), ...);
+    out << '\n';
+    std::cout << out.str() << std::flush;
+  }
+  // This rank's contiguous share of `items` (the first len % n ranks get one more); with
+  // apply_padding every rank gets as many, padded with the last item.
+  template <class T>
+  std::vector<T> split_between_processes(const std::vector<T>& items, bool apply_padding = false) const {
+    auto [begin, end, width] = split_range(items.size());
+    std::vector<T> out;
+    if (begin >= items.size()) {
+      if (!items.empty()) out.push_back(items.back());
+    } else {
+      out.assign(items.begin() + static_cast<std::ptrdiff_t>(begin), items.begin() + static_cast<std::ptrdiff_t>(end));
+    }
+    if (apply_padding) {
+      while (!out.empty() && out.size() < width) out.push_back(out.back());
+    }
+    return out;
+  }
+  torch::Tensor split_between_processes(const torch::Tensor& items, bool apply_padding = false) const;
+
+  template <class M> M unwrap_model(const M& model) const { return model; }
+  // Forgets prepared models (their gradients stop syncing) and resets the step counter.
+  void free_memory();
+
+ private:
+  template <class T>
+  auto prepare_one(T&& object) {
+    using D = std::decay_t<T>;
+    if constexpr (detail::SharedModule<D>::value) return prepare_model(object);
+    else if constexpr (detail::ModuleHolderType<D>) {
+      register_model(*object.ptr());
+      return object;
+    } else if constexpr (detail::SharedOptimizer<D>::value) return prepare_optimizer(object);
+    else if constexpr (std::is_same_v<D, DataLoader>) return prepare_data_loader(object);
+    else if constexpr (detail::SharedScheduler<D>::value) return prepare_scheduler(object);
+    else static_assert(detail::kAlwaysFalse<D>,
+                       "accel::Accelerator::prepare takes std::shared_ptr<Module>, module holders, "
+                       "std::shared_ptr<Optimizer>, accel::DataLoader and std::shared_ptr<LRScheduler>");
+  }
+  template <class M> static const torch::nn::Module* module_of(const std::shared_ptr<M>& m) { return m.get(); }
+  template <class M>
+    requires detail::ModuleHolderType<M>
+  static const torch::nn::Module* module_of(const M& m) { return m.ptr().get(); }
+  static const torch::nn::Module* module_of(const torch::nn::Module& m) { return &m; }
+
+  void register_model(torch::nn::Module& model);
+  std::shared_ptr<GradSync> sync_of(const torch::nn::Module* model) const;
+  bool begin_accumulation_step();
+  std::tuple<std::size_t, std::size_t, std::size_t> split_range(std::size_t n) const;
+  torch::Tensor gather_uneven(const torch::Tensor& tensor);
+  void check_same_shape(const torch::Tensor& tensor, const char* op);
+
+  AcceleratorOptions options_;
+  std::shared_ptr<State> state_;
+  std::shared_ptr<GradientState> gradient_state_ = std::make_shared<GradientState>();
+  std::string mixed_precision_ = "no";
+  std::unordered_map<const torch::nn::Module*, std::shared_ptr<GradSync>> syncs_;
+  std::unordered_map<const torch::nn::Module*, bool> prepared_;
+  bool trigger_ = false;
+};
+
+}  // namespace accel

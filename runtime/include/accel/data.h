@@ -1,0 +1,140 @@
+// Data sets and the DataLoader: batching, seeded shuffling, collation, background prefetch, and
+// (through Accelerator::prepare) sharding between processes with HF Accelerate's semantics.
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <iterator>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "accel/gradient_state.h"
+
+namespace accel {
+
+// One sample. `target` may be undefined (language-model inputs, unlabeled data).
+struct Example {
+  torch::Tensor input;
+  torch::Tensor target;
+};
+
+// A collated batch; `input`/`target` are stacked along a new dim 0.
+struct Batch {
+  torch::Tensor input;
+  torch::Tensor target;
+  int64_t size() const { return input.defined() ? input.size(0) : 0; }
+  Batch to(torch::Device device, bool non_blocking = false) const;
+};
+
+// Random access. Thread: get() is called from the loader's prefetch threads at once; make it
+// thread-safe (reading tensors is).
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual std::size_t size() const = 0;
+  virtual Example get(std::size_t index) const = 0;
+};
+
+// Rows of `inputs` (and `targets`) along dim 0.
+class TensorDataset : public Dataset {
+ public:
+  explicit TensorDataset(torch::Tensor inputs, torch::Tensor targets = {});
+  std::size_t size() const override;
+  Example get(std::size_t index) const override;
+
+ private:
+  torch::Tensor inputs_, targets_;
+};
+
+// Yields examples one at a time until it returns nullopt.
+using ExampleStream = std::function<std::optional<Example>()>;
+
+// A stream with no random access (a file read line by line, a generator). Every rank reads the
+// whole stream and keeps its slice of each global batch (HF's IterableDatasetShard).
+class IterableDataset {
+ public:
+  virtual ~IterableDataset() = default;
+  // A fresh pass; `epoch` lets a stream reshuffle its shards per epoch.
+  virtual ExampleStream stream(int64_t epoch) const = 0;
+};
+
+using Collate = std::function<Batch(std::vector<Example>&&)>;
+// Stacks inputs and (if defined) targets.
+Batch default_collate(std::vector<Example>&& examples);
+
+struct DataLoaderOptions {
+  std::size_t batch_size = 1;      // per process (global when the Accelerator splits batches)
+  bool shuffle = false;
+  uint64_t seed = 0;               // epoch e shuffles with seed + e: every rank draws one order
+  bool drop_last = false;
+  std::size_t num_workers = 0;     // background threads that build batches; 0: the iterating thread
+  std::size_t prefetch_factor = 2; // batches in flight per worker
+  Collate collate{};               // empty: default_collate
+};
+
+// How a prepared loader is cut between processes (Accelerator::prepare fills this in).
+struct ShardOptions {
+  std::size_t num_processes = 1;
+  std::size_t process_index = 0;
+  bool split_batches = false;
+  bool even_batches = true;
+  torch::Device device{torch::kCPU};
+  bool non_blocking = false;
+};
+
+// A handle: copies share one loader. Iterate with range-for; one pass at a time.
+class DataLoader {
+  struct Impl;
+  class Pass;
+
+ public:
+  DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options);
+  DataLoader(std::shared_ptr<const IterableDataset> dataset, DataLoaderOptions options);
+
+  // A new loader over the same data set that yields this rank's share and reports its position
+  // to `gradient_state` (may be null).
+  DataLoader shard(const ShardOptions& shard, std::shared_ptr<GradientState> gradient_state = nullptr) const;
+
+  class Iterator {
+   public:
+    using iterator_category = std::input_iterator_tag;
+    using value_type = Batch;
+    using difference_type = std::ptrdiff_t;
+    Iterator() = default;
+    Batch& operator*() const;
+    Batch* operator->() const { return &**this; }
+    Iterator& operator++();
+    void operator++(int) { ++*this; }
+    bool operator==(std::default_sentinel_t) const;
+
+   private:
+    friend class DataLoader;
+    explicit Iterator(std::shared_ptr<Pass> pass) : pass_(std::move(pass)) {}
+    std::shared_ptr<Pass> pass_;
+  };
+
+  // Starts a pass over epoch epoch() (and advances epoch() when the pass ends).
+  Iterator begin();
+  std::default_sentinel_t end() const { return {}; }
+
+  // Batches this rank yields per epoch; throws DataError for an iterable data set.
+  std::size_t size() const;
+  // The epoch the next pass uses for shuffling (HF: set_epoch / iteration).
+  void set_epoch(int64_t epoch);
+  int64_t epoch() const;
+  bool end_of_dataloader() const;
+  int64_t remainder() const;
+  std::size_t batch_size() const;        // per process
+  std::size_t total_batch_size() const;  // over all processes
+  const DataLoaderOptions& options() const;
+  const ShardOptions& shard_options() const;
+
+ private:
+  explicit DataLoader(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace accel

@@ -1,0 +1,127 @@
+// accel::State: the worker environment and the process group built from it.
+#include "accel/state.h"
+
+#include <torch/cuda.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <mutex>
+
+#include "accel/error.h"
+#include "runtime/comm.h"
+#include "runtime/env.h"
+#include "runtime/error_file.h"
+
+namespace accel {
+namespace {
+
+// HF Accelerate's (and torch's) default for non-NCCL groups; one value for every collective.
+constexpr std::chrono::milliseconds kDefaultCollectiveTimeout = std::chrono::minutes(30);
+
+std::mutex g_state_mu;               // guards g_state
+std::weak_ptr<State> g_state;        // the process's State while any Accelerator holds it
+std::optional<StateOptions> g_first;  // options of the first creation, to detect disagreement
+
+std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& master_addr, bool single_node) {
+  if (auto ifname = env::first_of({"GLOO_SOCKET_IFNAME"})) {
+    return c10d::ProcessGroupGloo::createDeviceForInterface(*ifname);
+  }
+  // Why: all ranks on one machine talk over loopback; hostname resolution may point elsewhere.
+  if (single_node) return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  (void)master_addr;
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+}  // namespace
+
+std::string to_string(DistributedType type) {
+  switch (type) {
+    case DistributedType::kNo: return "NO";
+    case DistributedType::kMultiCpu: return "MULTI_CPU";
+    case DistributedType::kMultiGpu: return "MULTI_GPU";
+  }
+  return "?";
+}
+
+std::shared_ptr<State> State::shared(const StateOptions& options) {
+  std::lock_guard lock(g_state_mu);
+  if (auto existing = g_state.lock()) {
+    if ((options.cpu && options.cpu != g_first->cpu) ||
+        (options.collective_timeout && options.collective_timeout != g_first->collective_timeout)) {
+      throw ConfigError(
+          "accel: a second Accelerator asked for different cpu/collective_timeout options than the first; "
+          "all Accelerators of a process share one process group");
+    }
+    return existing;
+  }
+  auto state = std::make_shared<State>(options);
+  g_state = state;
+  g_first = options;
+  return state;
+}
+
+State::State(const StateOptions& options) {
+  install_error_handlers();
+  world_size_ = static_cast<int>(env::integer({"WORLD_SIZE"}, 1, 1, 1 << 20));
+  rank_ = static_cast<int>(env::integer({"RANK"}, 0, 0, world_size_ - 1));
+  local_world_size_ = static_cast<int>(env::integer({"LOCAL_WORLD_SIZE"}, world_size_, 1, world_size_));
+  local_rank_ = static_cast<int>(env::integer({"LOCAL_RANK"}, rank_ % local_world_size_, 0, local_world_size_ - 1));
+  node_rank_ = static_cast<int>(env::integer({"GROUP_RANK"}, rank_ / local_world_size_, 0, world_size_ - 1));
+  debug_ = env::boolean({"ACCEL_DEBUG", "ACCELERATE_DEBUG_MODE"}, false);
+  cpu_ = options.cpu.value_or(env::boolean({"ACCEL_USE_CPU", "ACCELERATE_USE_CPU"}, false));
+  timeout_ = options.collective_timeout.value_or(
+      env::duration({"ACCEL_COLLECTIVE_TIMEOUT"}, kDefaultCollectiveTimeout));
+
+  // Why: this build of libtorch decides the device; a CUDA build with a GPU and no --cpu uses it.
+  bool cuda = !cpu_ && torch::cuda::is_available();
+  device_ = cuda ? torch::Device(torch::kCUDA, local_rank_ % std::max<int>(1, torch::cuda::device_count()))
+                 : torch::Device(torch::kCPU);
+  if (world_size_ == 1) {
+    comm_ = std::make_unique<Comm>();
+    return;
+  }
+  if (cuda) {
+    throw ConfigError(
+        "accel: this libaccel was built without NCCL support, but a GPU is visible; run with --cpu "
+        "(ACCEL_USE_CPU=1) or rebuild against a CUDA libtorch");
+  }
+  type_ = DistributedType::kMultiCpu;
+
+  auto addr = env::first_of({"MASTER_ADDR"});
+  auto port = env::integer({"MASTER_PORT"}, -1, 1, 65535);
+  if (!addr || port < 0) {
+    throw ConfigError("accel: WORLD_SIZE=" + std::to_string(world_size_) +
+                      " but MASTER_ADDR/MASTER_PORT are not set; start workers with accel-launch, or set both");
+  }
+  c10d::TCPStoreOptions store_opts;
+  store_opts.port = static_cast<std::uint16_t>(port);
+  store_opts.isServer = rank_ == 0;
+  store_opts.numWorkers = static_cast<std::size_t>(world_size_);
+  store_opts.waitWorkers = false;
+  store_opts.timeout = timeout_;
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    store = c10::make_intrusive<c10d::TCPStore>(*addr, store_opts);
+  } catch (const std::exception& e) {
+    throw CollectiveError("accel: rank " + std::to_string(rank_) + " could not " +
+                          (rank_ == 0 ? "start" : "reach") + " the job's store at " + *addr + ":" +
+                          std::to_string(port) + " within " + format_duration(timeout_) + ": " + e.what());
+  }
+  auto gloo_opts = c10d::ProcessGroupGloo::Options::create(timeout_);
+  gloo_opts->devices.push_back(gloo_device(*addr, local_world_size_ == world_size_));
+  c10::intrusive_ptr<c10d::ProcessGroup> group;
+  try {
+    auto pg_store = c10::make_intrusive<c10d::PrefixStore>("accel/pg", store);
+    group = c10::make_intrusive<c10d::ProcessGroupGloo>(pg_store, rank_, world_size_, gloo_opts);
+  } catch (const std::exception& e) {
+    throw CollectiveError("accel: rank " + std::to_string(rank_) + " could not connect to the other " +
+                          std::to_string(world_size_ - 1) + " rank(s) within " + format_duration(timeout_) +
+                          ": " + e.what());
+  }
+  comm_ = std::make_unique<Comm>(rank_, world_size_, timeout_, store, group);
+}
+
+State::~State() = default;
+
+}  // namespace accel
