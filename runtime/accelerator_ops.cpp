@@ -43,7 +43,9 @@ void Accelerator::check_same_shape(const torch::Tensor& tensor, const char* op) 
 }
 
 torch::Tensor Accelerator::gather(const torch::Tensor& tensor) {
-  if (!use_distributed()) return tensor;
+  // Why: a 0-dim tensor gathers to [num_processes] on every world size, 1 included, so code
+  // written on one process keeps its shapes on N.
+  if (!use_distributed()) return tensor.dim() == 0 ? tensor.reshape({1}) : tensor;
   if (state_->debug()) check_same_shape(tensor, "gather");
   auto input = tensor.contiguous();
   std::vector<int64_t> sizes = input.sizes().vec();

@@ -1,0 +1,183 @@
+// libaccel across real processes: runtime_worker under the real accel-launch, on 1, 2 and 3
+// processes (collectives, sharding, gather_for_metrics counts, training equivalence, hangs).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <regex>
+
+#include "tests/integration/harness.h"
+
+namespace accel::testing {
+namespace {
+
+std::vector<std::string> worker(int n, std::vector<std::string> args) {
+  std::vector<std::string> argv{"-n", std::to_string(n), "--", RUNTIME_WORKER_BIN};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return argv;
+}
+
+RunResult run_worker(const TempDir& dir, int n, std::vector<std::string> args,
+                     std::map<std::string, std::string> env = {}) {
+  env["ACCEL_TEST_DIR"] = dir.path().string();
+  env["OMP_NUM_THREADS"] = "1";
+  return run_launcher(dir, worker(n, std::move(args)), 120s, env);
+}
+
+#define EXPECT_JOB_OK(r) \
+  EXPECT_EQ((r).exit_code, 0) << "stdout:\n" << (r).out << "\nstderr:\n" << (r).err
+
+// "[rank 0] SHARD rank 1: [2,3] [6,7]" -> {"[2,3] [6,7]" for rank 1}
+std::vector<std::string> shard_lines(const std::string& out, int n) {
+  std::vector<std::string> rows(static_cast<std::size_t>(n));
+  std::regex re(R"(SHARD rank (\d+):\s*(.*)$)");
+  for (const auto& line : lines_of(out)) {
+    std::smatch m;
+    if (std::regex_search(line, m, re)) rows[std::stoul(m[1])] = m[2];
+  }
+  return rows;
+}
+
+TEST(Runtime, EveryCollectiveOnTwoAndThreeProcesses) {
+  for (int n : {1, 2, 3}) {
+    TempDir dir;
+    auto r = run_worker(dir, n, {"collectives"});
+    EXPECT_JOB_OK(r);
+    EXPECT_NE(r.out.find("OK collectives on " + std::to_string(n) + " processes"), std::string::npos) << r.out;
+  }
+}
+
+// reference/accelerate.md §5: 2 processes over range(9), row by row.
+TEST(Runtime, ShardingTableOfHfAccelerate) {
+  struct Row {
+    std::string batch, mode, rank0, rank1;
+  };
+  const std::vector<Row> table{
+      {"2", "even", "[0,1] [4,5] [8,0]", "[2,3] [6,7] [1,2]"},
+      {"2", "uneven", "[0,1] [4,5] [8]", "[2,3] [6,7]"},
+      {"2", "drop_last", "[0,1] [4,5]", "[2,3] [6,7]"},
+      {"5", "even", "[0,1,2,3,4]", "[5,6,7,8,0]"},
+      {"5", "uneven", "[0,1,2,3,4]", "[5,6,7,8]"},
+      {"4", "split", "[0,1] [4,5] [8,0]", "[2,3] [6,7] [1,2]"},
+  };
+  for (const auto& row : table) {
+    TempDir dir;
+    auto r = run_worker(dir, 2, {"shard", "9", row.batch, row.mode});
+    EXPECT_JOB_OK(r);
+    auto rows = shard_lines(r.out, 2);
+    EXPECT_EQ(rows[0], row.rank0) << "bs=" << row.batch << " " << row.mode;
+    EXPECT_EQ(rows[1], row.rank1) << "bs=" << row.batch << " " << row.mode;
+  }
+  TempDir dir;
+  auto bad = run_worker(dir, 2, {"shard", "9", "5", "split"});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE((bad.out + bad.err).find("split_batches needs a batch size that divides evenly"), std::string::npos)
+      << bad.out << bad.err;
+}
+
+TEST(Runtime, ShardingOnThreeProcesses) {
+  TempDir dir;
+  auto r = run_worker(dir, 3, {"shard", "10", "2", "even"});
+  EXPECT_JOB_OK(r);
+  auto rows = shard_lines(r.out, 3);
+  // Rounds of 6: [0..5], then [6,7] [8,9] and a third batch cycled from the start.
+  EXPECT_EQ(rows[0], "[0,1] [6,7]");
+  EXPECT_EQ(rows[1], "[2,3] [8,9]");
+  EXPECT_EQ(rows[2], "[4,5] [0,1]");
+}
+
+TEST(Runtime, GatherForMetricsCountsEverySampleOnce) {
+  struct Case {
+    int n;
+    std::string size, batch, mode, kind;
+  };
+  const std::vector<Case> cases{
+      {2, "9", "2", "even", "map"},   {3, "9", "2", "even", "map"},    {3, "10", "4", "even", "map"},
+      {2, "9", "5", "uneven", "map"}, {3, "11", "2", "uneven", "map"}, {2, "4", "3", "even", "map"},
+      {2, "9", "2", "even", "stream"}, {3, "10", "3", "even", "stream"}, {3, "2", "2", "even", "stream"},
+  };
+  for (const auto& c : cases) {
+    TempDir dir;
+    auto r = run_worker(dir, c.n, {"metrics", c.size, c.batch, c.mode, c.kind});
+    EXPECT_JOB_OK(r) << " n=" << c.n << " size=" << c.size << " bs=" << c.batch << " " << c.mode << " " << c.kind;
+    EXPECT_NE(r.out.find("METRICS count " + c.size), std::string::npos) << r.out;
+  }
+}
+
+std::vector<double> read_weights(const std::string& path) {
+  std::vector<double> w;
+  for (const auto& line : lines_of(read_file(path))) w.push_back(std::stod(line));
+  return w;
+}
+
+double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double d = 0;
+  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) d = std::max(d, std::abs(a[i] - b[i]));
+  return d;
+}
+
+// N processes on a global batch G train to the weights of 1 process on batch G. The only
+// difference is the float32 summation order of the gradient mean (one mean over G versus a mean
+// of N means): ~1e-7 relative per step. 20 AdamW steps with lr 1e-2 move each weight by at most
+// 20 * lr = 0.2, and AdamW's update is at most lr per step whatever the gradient's error, so a
+// 1e-5 bound is 50x the worst step-count * lr * eps estimate and still catches a wrong average
+// (a missing 1/N, a dropped bucket or a skipped sync moves weights by >1e-3).
+constexpr double kTolerance = 1e-5;
+
+TEST(Runtime, TwoAndThreeProcessesTrainLikeOneProcessOnTheGlobalBatch) {
+  TempDir dir;
+  auto one = run_worker(dir, 1, {"train", dir / "w1", "12", "20", "plain"});
+  EXPECT_JOB_OK(one);
+  auto reference = read_weights(dir / "w1");
+  ASSERT_GT(reference.size(), 100u);
+  for (int n : {2, 3}) {
+    std::string file = dir / ("w" + std::to_string(n));
+    auto r = run_worker(dir, n, {"train", file, "12", "20", "plain"});
+    EXPECT_JOB_OK(r);
+    EXPECT_LT(max_abs_diff(reference, read_weights(file)), kTolerance) << n << " processes";
+  }
+}
+
+TEST(Runtime, AccumulationAndNoSyncTrainLikeTheGlobalBatch) {
+  TempDir dir;
+  auto one = run_worker(dir, 1, {"train", dir / "w1", "12", "10", "plain"});
+  EXPECT_JOB_OK(one);
+  auto reference = read_weights(dir / "w1");
+  for (std::string mode : {"accumulate", "no_sync"}) {
+    for (int n : {1, 2, 3}) {
+      std::string file = dir / (mode + std::to_string(n));
+      auto r = run_worker(dir, n, {"train", file, "12", "10", mode});
+      EXPECT_JOB_OK(r) << mode << " n=" << n;
+      EXPECT_LT(max_abs_diff(reference, read_weights(file)), kTolerance) << mode << " on " << n << " processes";
+    }
+  }
+}
+
+TEST(Runtime, RankThatSkipsABarrierFailsWithinTheTimeoutNamingIt) {
+  TempDir dir;
+  auto r = run_worker(dir, 2, {"mismatch", "sleep"}, {{"ACCEL_COLLECTIVE_TIMEOUT", "2s"}});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_LT(r.elapsed, 20s) << "the healthy rank must fail at the 2 s timeout, not wait for the sleeper";
+  // The summary names the collective, its number and the timeout, and where the peer was.
+  EXPECT_NE(r.err.find("barrier #"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("timed out after 2 s"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("rank 1 did not report"), std::string::npos) << r.err;
+}
+
+TEST(Runtime, RankThatCallsAnotherCollectiveFailsNamingBoth) {
+  TempDir dir;
+  auto r = run_worker(dir, 2, {"mismatch", "other_collective"}, {{"ACCEL_COLLECTIVE_TIMEOUT", "3s"}});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_LT(r.elapsed, 20s);
+  std::string all = r.out + r.err;
+  // Whichever rank times out first reports its own collective and where the other one was.
+  EXPECT_TRUE(all.find("barrier #1 (0 bytes) on rank 0 of 2 timed out after 3 s") != std::string::npos ||
+              all.find("allreduce #1 (4000 bytes) on rank 1 of 2 timed out after 3 s") != std::string::npos)
+      << all;
+  EXPECT_TRUE(all.find("rank 1 failed in allreduce #1") != std::string::npos ||
+              all.find("rank 0 failed in barrier #1") != std::string::npos)
+      << all;
+}
+
+}  // namespace
+}  // namespace accel::testing

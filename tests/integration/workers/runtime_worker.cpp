@@ -1,0 +1,303 @@
+// A libaccel worker for the multi-process tests, run under accel-launch. Each mode checks its
+// own results against values computed independently here and exits 1 with a message on the
+// first mismatch; modes that need a cross-run comparison write files for the test to compare.
+//   runtime_worker collectives
+//   runtime_worker shard SIZE BATCH {even|uneven|drop_last|split}
+//   runtime_worker metrics SIZE BATCH {even|uneven} [stream]
+//   runtime_worker train OUT_FILE GLOBAL_BATCH STEPS {plain|accumulate|no_sync}
+//   runtime_worker mismatch {sleep|other_collective}
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include "accel/accel.h"
+
+namespace {
+
+int g_rank = 0;
+
+#define REQUIRE(cond, what)                                                                  \
+  do {                                                                                     \
+    if (!(cond)) {                                                                         \
+      std::fprintf(stderr, "CHECK FAILED on rank %d (line %d): %s: %s\n", g_rank, __LINE__, \
+                   #cond, std::string(what).c_str());                                     \
+      std::exit(1);                                                                        \
+    }                                                                                      \
+  } while (0)
+
+std::string str(const torch::Tensor& t) {
+  std::ostringstream out;
+  out << t.flatten().to(torch::kDouble);
+  return out.str();
+}
+
+int collectives(accel::Accelerator& acc) {
+  const int n = acc.num_processes(), r = acc.process_index();
+  // gather: rank r contributes [r*10, r*10+1]; a 0-dim tensor gathers to [n].
+  auto mine = torch::tensor({r * 10, r * 10 + 1}, torch::kLong);
+  auto all = acc.gather(mine);
+  std::vector<int64_t> expected;
+  for (int k = 0; k < n; ++k) expected.insert(expected.end(), {k * 10, k * 10 + 1});
+  REQUIRE(torch::equal(all, torch::tensor(expected)), "gather " + str(all));
+  auto scalars = acc.gather(torch::tensor(static_cast<double>(r)));
+  REQUIRE(scalars.dim() == 1 && scalars.size(0) == n && scalars[n - 1].item<double>() == n - 1, "gather scalar " + str(scalars));
+  // 2-D gather keeps the trailing shape.
+  auto rows = acc.gather(torch::full({2, 3}, r, torch::kFloat));
+  REQUIRE(rows.sizes() == torch::IntArrayRef({2 * n, 3}) && rows[2 * n - 1][2].item<float>() == n - 1, "gather 2-D");
+
+  // reduce: values 1..n.
+  auto v = torch::tensor({static_cast<double>(r + 1), -static_cast<double>(r + 1)});
+  double sum = n * (n + 1) / 2.0;
+  REQUIRE(torch::allclose(acc.reduce(v, accel::ReduceOp::kSum), torch::tensor({sum, -sum})), "reduce sum");
+  REQUIRE(torch::allclose(acc.reduce(v, accel::ReduceOp::kMean), torch::tensor({sum / n, -sum / n})), "reduce mean");
+  REQUIRE(torch::allclose(acc.reduce(v, accel::ReduceOp::kMax), torch::tensor({1.0 * n, -1.0})), "reduce max");
+  REQUIRE(torch::allclose(acc.reduce(v, accel::ReduceOp::kMin), torch::tensor({1.0, -1.0 * n})), "reduce min");
+  REQUIRE(v[0].item<double>() == r + 1, "reduce must not modify its input");
+  auto int_mean = acc.reduce(torch::tensor({r}, torch::kLong), accel::ReduceOp::kMean);
+  REQUIRE(std::abs(int_mean.item<double>() - (n - 1) / 2.0) < 1e-12, "integer mean " + str(int_mean));
+
+  // broadcast from the last rank.
+  auto b = acc.broadcast(torch::full({3}, static_cast<float>(r)), n - 1);
+  REQUIRE(torch::equal(b, torch::full({3}, static_cast<float>(n - 1))), "broadcast " + str(b));
+
+  // pad_across_processes: rank r has r+1 rows.
+  auto uneven = torch::full({r + 1, 2}, r + 1, torch::kLong);
+  auto padded = acc.pad_across_processes(uneven, 0, -1);
+  REQUIRE(padded.size(0) == n && padded[r][0].item<int64_t>() == r + 1, "pad rows " + str(padded));
+  if (r + 1 < n) REQUIRE(padded[n - 1][0].item<int64_t>() == -1, "pad value " + str(padded));
+  auto padded_first = acc.pad_across_processes(uneven, 0, -1, true);
+  REQUIRE(padded_first[n - 1][1].item<int64_t>() == r + 1, "pad_first keeps data at the end " + str(padded_first));
+  if (r + 1 < n) REQUIRE(padded_first[0][0].item<int64_t>() == -1, "pad_first pads the front");
+  // Uneven gather through gather_for_metrics outside a loader: sizes exchanged, nothing dropped.
+  acc.gradient_state();  // (no active loader: even_batches() is true, so pad first)
+  auto gathered = acc.gather(acc.pad_across_processes(uneven, 0, -1));
+  REQUIRE(gathered.size(0) == n * n, "gather of padded tensors");
+
+  // gather_object / broadcast_object with uneven (and empty) strings.
+  std::string me = r == 0 ? std::string() : std::string(static_cast<std::size_t>(r * 3), static_cast<char>('a' + r));
+  auto objects = acc.gather_object(me);
+  REQUIRE(static_cast<int>(objects.size()) == n, "gather_object count");
+  for (int k = 0; k < n; ++k) {
+    std::string want = k == 0 ? std::string() : std::string(static_cast<std::size_t>(k * 3), static_cast<char>('a' + k));
+    REQUIRE(objects[static_cast<std::size_t>(k)] == want, "gather_object[" + std::to_string(k) + "]");
+  }
+  auto text = acc.broadcast_object(r == n - 1 ? std::string("from the last rank\n\0bytes", 25) : std::string("x"), n - 1);
+  REQUIRE(text == std::string("from the last rank\n\0bytes", 25), "broadcast_object");
+
+  // split_between_processes: 7 items; the first 7 % n ranks get one more.
+  std::vector<int> items{0, 1, 2, 3, 4, 5, 6};
+  auto part = acc.split_between_processes(items);
+  int base = 7 / n, extra = 7 % n;
+  int begin = r * base + std::min(r, extra);
+  int len = base + (r < extra ? 1 : 0);
+  REQUIRE(static_cast<int>(part.size()) == len && (len == 0 || part.front() == begin), "split_between_processes");
+  auto padded_part = acc.split_between_processes(items, true);
+  REQUIRE(static_cast<int>(padded_part.size()) == base + (extra > 0 ? 1 : 0), "split padded size");
+  REQUIRE(padded_part.back() == begin + len - 1, "split pads with its own last item");
+  auto tpart = acc.split_between_processes(torch::arange(7), true);
+  REQUIRE(tpart.size(0) == base + (extra > 0 ? 1 : 0) && tpart[0].item<int64_t>() == begin, "split tensor");
+
+  // Trigger: only the last rank sets it; every rank sees it once.
+  REQUIRE(!acc.check_trigger(), "trigger before set");
+  if (acc.is_last_process()) acc.set_trigger();
+  REQUIRE(acc.check_trigger(), "trigger set by the last rank");
+  REQUIRE(!acc.check_trigger(), "trigger resets");
+
+  // main_process_first: the main process writes a marker that the others must see.
+  static std::string marker = std::string(std::getenv("ACCEL_TEST_DIR") ? std::getenv("ACCEL_TEST_DIR") : "/tmp") +
+                              "/main_first_" + std::getenv("MASTER_PORT");
+  {
+    auto order = acc.main_process_first();
+    if (acc.is_main_process()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      std::ofstream(marker) << "done";
+    } else {
+      REQUIRE(std::ifstream(marker).good(), "main_process_first: main had not finished first");
+    }
+  }
+  acc.wait_for_everyone();
+  if (acc.is_main_process()) std::remove(marker.c_str());
+  acc.print("OK collectives on", n, "processes");
+  return 0;
+}
+
+accel::AcceleratorOptions options_for(const std::string& mode) {
+  accel::AcceleratorOptions o;
+  o.even_batches = mode != "uneven";
+  o.split_batches = mode == "split";
+  return o;
+}
+
+int shard(int argc, char** argv) {
+  REQUIRE(argc >= 5, "shard SIZE BATCH MODE");
+  auto size = std::stol(argv[2]);
+  auto bs = static_cast<std::size_t>(std::stol(argv[3]));
+  std::string mode = argv[4];
+  accel::Accelerator acc(options_for(mode));
+  g_rank = acc.process_index();
+  accel::DataLoader loader(std::make_shared<accel::TensorDataset>(torch::arange(size)),
+                           {.batch_size = bs, .drop_last = mode == "drop_last"});
+  auto dl = acc.prepare(loader);
+  std::ostringstream out;
+  out << "SHARD rank " << acc.process_index() << ":";
+  std::size_t count = 0;
+  for (auto& batch : dl) {
+    out << " [";
+    for (int64_t i = 0; i < batch.input.size(0); ++i) out << (i ? "," : "") << batch.input[i].item<int64_t>();
+    out << "]";
+    ++count;
+  }
+  REQUIRE(count == dl.size(), "size() says " + std::to_string(dl.size()) + " but the pass yielded " + std::to_string(count));
+  // Print in rank order so the test reads one line per rank.
+  auto lines = acc.gather_object(out.str());
+  if (acc.is_main_process()) {
+    for (const auto& l : lines) std::printf("%s\n", l.c_str());
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+// Streams 0..size-1 one example at a time.
+class Counter : public accel::IterableDataset {
+ public:
+  explicit Counter(int64_t size) : size_(size) {}
+  accel::ExampleStream stream(int64_t) const override {
+    auto next = std::make_shared<int64_t>(0);
+    int64_t size = size_;
+    return [next, size]() -> std::optional<accel::Example> {
+      if (*next >= size) return std::nullopt;
+      return accel::Example{torch::tensor((*next)++), {}};
+    };
+  }
+
+ private:
+  int64_t size_;
+};
+
+int metrics(int argc, char** argv) {
+  REQUIRE(argc >= 5, "metrics SIZE BATCH MODE [stream]");
+  auto size = std::stol(argv[2]);
+  auto bs = static_cast<std::size_t>(std::stol(argv[3]));
+  std::string mode = argv[4];
+  bool stream = argc > 5 && std::string(argv[5]) == "stream";
+  accel::Accelerator acc(options_for(mode));
+  g_rank = acc.process_index();
+  accel::DataLoaderOptions opts{.batch_size = bs, .num_workers = 2};
+  auto loader = stream ? accel::DataLoader(std::make_shared<Counter>(size), opts)
+                       : accel::DataLoader(std::make_shared<accel::TensorDataset>(torch::arange(size)), opts);
+  auto dl = acc.prepare(loader);
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    std::vector<torch::Tensor> seen;
+    for (auto& batch : dl) seen.push_back(acc.gather_for_metrics(batch.input));
+    auto all = seen.empty() ? torch::empty({0}, torch::kLong) : torch::cat(seen);
+    REQUIRE(all.size(0) == size, "gather_for_metrics counted " + std::to_string(all.size(0)) + " samples of " + std::to_string(size));
+    auto sorted = std::get<0>(all.sort());
+    REQUIRE(torch::equal(sorted, torch::arange(size)), "each sample exactly once: " + str(sorted));
+  }
+  acc.print("METRICS count", size);
+  return 0;
+}
+
+// The equivalence model: a 2-layer MLP with fixed initial weights (seeded on every rank alike).
+struct NetImpl : torch::nn::Module {
+  NetImpl() : fc1(register_module("fc1", torch::nn::Linear(6, 16))), fc2(register_module("fc2", torch::nn::Linear(16, 2))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return fc2->forward(torch::tanh(fc1->forward(x))); }
+  torch::nn::Linear fc1, fc2;
+};
+
+int train(int argc, char** argv) {
+  REQUIRE(argc >= 6, "train OUT GLOBAL_BATCH STEPS MODE");
+  std::string out_file = argv[2];
+  auto global = std::stol(argv[3]);
+  auto steps = std::stol(argv[4]);
+  std::string mode = argv[5];
+  accel::AcceleratorOptions opts;
+  if (mode == "accumulate") opts.gradient_accumulation_steps = 2;
+  accel::Accelerator acc(opts);
+  g_rank = acc.process_index();
+  const int n = acc.num_processes();
+  const long micro = mode == "plain" ? 1 : 2;  // micro-steps per optimizer step
+  REQUIRE(global % (n * micro) == 0, "global batch must divide by processes x micro-steps");
+  torch::manual_seed(1234);
+  // Different seeds per rank before this point would not matter: prepare() broadcasts rank 0.
+  auto x = torch::randn({global * steps, 6});
+  auto y = torch::randn({global * steps, 2});
+  torch::manual_seed(99 + acc.process_index());  // ranks start from different weights on purpose
+  auto model = std::make_shared<NetImpl>();
+  auto opt = std::make_shared<torch::optim::AdamW>(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  accel::DataLoader loader(std::make_shared<accel::TensorDataset>(x, y),
+                           {.batch_size = static_cast<std::size_t>(global / (n * micro)), .shuffle = true, .seed = 7});
+  auto [m, o, dl] = acc.prepare(model, opt, loader);
+  long micro_step = 0;
+  for (auto& batch : dl) {
+    if (mode == "no_sync" && micro_step % 2 == 0) {
+      auto scope = acc.no_sync(m);
+      acc.backward(torch::mse_loss(m->forward(batch.input), batch.target) / 2);
+    } else if (mode == "no_sync") {
+      acc.backward(torch::mse_loss(m->forward(batch.input), batch.target) / 2);
+      opt->step();
+      opt->zero_grad();
+    } else {
+      auto scope = acc.accumulate(m);
+      acc.backward(torch::mse_loss(m->forward(batch.input), batch.target));
+      o.step();
+      o.zero_grad();
+    }
+    ++micro_step;
+  }
+  REQUIRE(micro_step == steps * micro, "micro-steps " + std::to_string(micro_step));
+  // Every rank must hold the same weights; rank 0 writes them.
+  std::vector<torch::Tensor> flat;
+  for (auto& p : m->parameters()) flat.push_back(p.detach().reshape({-1}));
+  auto weights = torch::cat(flat);
+  auto spread = acc.reduce(weights, accel::ReduceOp::kMax) - acc.reduce(weights, accel::ReduceOp::kMin);
+  REQUIRE(spread.abs().max().item<float>() == 0.0f, "ranks disagree on the weights");
+  if (acc.is_main_process()) {
+    std::ofstream out(out_file);
+    out.precision(9);
+    for (int64_t i = 0; i < weights.size(0); ++i) out << weights[i].item<float>() << "\n";
+  }
+  acc.wait_for_everyone();
+  return 0;
+}
+
+int mismatch(accel::Accelerator& acc, const std::string& how) {
+  acc.wait_for_everyone();
+  if (acc.process_index() == 1) {
+    if (how == "sleep") {
+      std::this_thread::sleep_for(std::chrono::seconds(60));  // skipped the barrier and hangs
+    } else {
+      acc.reduce(torch::ones({1000}));  // skipped the barrier and called another collective
+    }
+  } else {
+    acc.wait_for_everyone();
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: runtime_worker MODE ...\n");
+    return 2;
+  }
+  std::string mode = argv[1];
+  g_rank = std::getenv("RANK") ? std::atoi(std::getenv("RANK")) : 0;
+  if (mode == "collectives") {
+    accel::Accelerator acc;
+    return collectives(acc);
+  }
+  if (mode == "shard") return shard(argc, argv);
+  if (mode == "metrics") return metrics(argc, argv);
+  if (mode == "train") return train(argc, argv);
+  if (mode == "mismatch" && argc > 2) {
+    accel::Accelerator acc;
+    return mismatch(acc, argv[2]);
+  }
+  std::fprintf(stderr, "runtime_worker: unknown mode %s\n", mode.c_str());
+  return 2;
+}

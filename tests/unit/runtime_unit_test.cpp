@@ -1,0 +1,327 @@
+// libaccel in one process: sharding arithmetic, the DataLoader, accumulation semantics, the
+// environment and error-file contracts. No process groups, no sleeps.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <set>
+
+#include "accel/accel.h"
+#include "runtime/batch_shard.h"
+#include "runtime/env.h"
+#include "runtime/error_file.h"
+
+namespace accel {
+namespace {
+
+std::vector<int64_t> range(int64_t n) {
+  std::vector<int64_t> v(static_cast<std::size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = i;
+  return v;
+}
+
+std::string show(const IndexBatches& batches) {
+  std::string out;
+  for (const auto& b : batches) {
+    out += out.empty() ? "[" : " [";
+    for (std::size_t i = 0; i < b.size(); ++i) out += (i ? "," : "") + std::to_string(b[i]);
+    out += "]";
+  }
+  return out;
+}
+
+std::string shard(int64_t n, ShardSpec spec, std::size_t rank) {
+  spec.process_index = rank;
+  return show(shard_batches(range(n), spec));
+}
+
+// reference/accelerate.md §5, 2 processes over range(9).
+TEST(BatchShard, HfTableRowByRow) {
+  ShardSpec even{.batch_size = 2, .num_processes = 2};
+  EXPECT_EQ(shard(9, even, 0), "[0,1] [4,5] [8,0]");
+  EXPECT_EQ(shard(9, even, 1), "[2,3] [6,7] [1,2]");
+  ShardSpec uneven{.batch_size = 2, .num_processes = 2, .even_batches = false};
+  EXPECT_EQ(shard(9, uneven, 0), "[0,1] [4,5] [8]");
+  EXPECT_EQ(shard(9, uneven, 1), "[2,3] [6,7]");
+  ShardSpec drop{.batch_size = 2, .drop_last = true, .num_processes = 2};
+  EXPECT_EQ(shard(9, drop, 0), "[0,1] [4,5]");
+  EXPECT_EQ(shard(9, drop, 1), "[2,3] [6,7]");
+  ShardSpec five{.batch_size = 5, .num_processes = 2};
+  EXPECT_EQ(shard(9, five, 0), "[0,1,2,3,4]");
+  EXPECT_EQ(shard(9, five, 1), "[5,6,7,8,0]");
+  ShardSpec five_uneven{.batch_size = 5, .num_processes = 2, .even_batches = false};
+  EXPECT_EQ(shard(9, five_uneven, 0), "[0,1,2,3,4]");
+  EXPECT_EQ(shard(9, five_uneven, 1), "[5,6,7,8]");
+  ShardSpec split{.batch_size = 4, .num_processes = 2, .split_batches = true};
+  EXPECT_EQ(shard(9, split, 0), "[0,1] [4,5] [8,0]");
+  EXPECT_EQ(shard(9, split, 1), "[2,3] [6,7] [1,2]");
+  ShardSpec bad_split{.batch_size = 5, .num_processes = 2, .split_batches = true};
+  EXPECT_THROW(shard_batches(range(9), bad_split), DataError);
+}
+
+TEST(BatchShard, EvenBatchesGiveEveryRankTheSameCountAndCoverEverySample) {
+  for (std::size_t n : {2u, 3u, 4u}) {
+    for (std::size_t bs : {1u, 2u, 3u, 5u}) {
+      for (int64_t size : {1, 2, 7, 9, 10, 24, 31}) {
+        std::set<int64_t> covered;
+        std::size_t count = SIZE_MAX;
+        for (std::size_t r = 0; r < n; ++r) {
+          auto batches = shard_batches(range(size), {.batch_size = bs, .num_processes = n, .process_index = r});
+          if (count == SIZE_MAX) count = batches.size();
+          EXPECT_EQ(batches.size(), count) << "n=" << n << " bs=" << bs << " size=" << size;
+          for (const auto& b : batches) {
+            EXPECT_EQ(b.size(), bs);
+            covered.insert(b.begin(), b.end());
+          }
+        }
+        EXPECT_EQ(covered.size(), static_cast<std::size_t>(size)) << "n=" << n << " bs=" << bs << " size=" << size;
+        // The duplicated tail is exactly what the remainder says to drop.
+        auto rem = shard_remainder(static_cast<std::size_t>(size), {.batch_size = bs, .num_processes = n});
+        std::size_t total = count * n * bs;
+        std::size_t expected_dupes = rem > 0 ? n * bs - static_cast<std::size_t>(rem) : 0;
+        EXPECT_EQ(total - static_cast<std::size_t>(size), expected_dupes)
+            << "n=" << n << " bs=" << bs << " size=" << size;
+      }
+    }
+  }
+}
+
+TEST(BatchShard, RemainderFollowsHf) {
+  EXPECT_EQ(shard_remainder(9, {.batch_size = 2, .num_processes = 2}), 1);  // [8,0,1,2] -> [8]
+  EXPECT_EQ(shard_remainder(9, {.batch_size = 4, .num_processes = 2, .split_batches = true}), 1);
+  EXPECT_EQ(shard_remainder(8, {.batch_size = 2, .num_processes = 2}), 0);
+  EXPECT_EQ(shard_remainder(9, {.batch_size = 2, .drop_last = true, .num_processes = 2}), -1);
+  EXPECT_EQ(shard_remainder(9, {.batch_size = 2, .num_processes = 2, .even_batches = false}), -1);
+}
+
+TEST(DataLoader, BatchesShuffleWithSeedPlusEpochAndCountsEpochs) {
+  auto ds = std::make_shared<TensorDataset>(torch::arange(10), torch::arange(10) * 2);
+  DataLoader dl(ds, {.batch_size = 4, .shuffle = true, .seed = 5});
+  auto pass = [&] {
+    std::vector<int64_t> seen;
+    std::vector<bool> ends;
+    for (auto& b : dl) {
+      EXPECT_TRUE(torch::equal(b.target, b.input * 2));
+      for (int64_t i = 0; i < b.size(); ++i) seen.push_back(b.input[i].item<int64_t>());
+      ends.push_back(dl.end_of_dataloader());
+    }
+    EXPECT_EQ(ends, (std::vector<bool>{false, false, true}));
+    return seen;
+  };
+  auto first = pass();
+  EXPECT_EQ(dl.epoch(), 1);
+  auto second = pass();
+  EXPECT_EQ(std::set<int64_t>(first.begin(), first.end()).size(), 10u);
+  EXPECT_NE(first, second) << "epoch 1 must reshuffle";
+  dl.set_epoch(0);
+  EXPECT_EQ(pass(), first) << "seed + epoch reproduces the order";
+  DataLoader other(ds, {.batch_size = 4, .shuffle = true, .seed = 5});
+  EXPECT_EQ([&] {
+    std::vector<int64_t> seen;
+    for (auto& b : other)
+      for (int64_t i = 0; i < b.size(); ++i) seen.push_back(b.input[i].item<int64_t>());
+    return seen;
+  }(), first) << "a second loader (another rank) draws the same order";
+}
+
+TEST(DataLoader, PrefetchThreadsYieldTheSameBatchesInOrder) {
+  auto ds = std::make_shared<TensorDataset>(torch::randn({103, 3}), torch::arange(103));
+  DataLoader plain(ds, {.batch_size = 7, .shuffle = true, .seed = 1});
+  DataLoader threaded(ds, {.batch_size = 7, .shuffle = true, .seed = 1, .num_workers = 3, .prefetch_factor = 2});
+  std::vector<torch::Tensor> a, b;
+  for (auto& x : plain) a.push_back(x.target);
+  for (auto& x : threaded) b.push_back(x.target);
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i]));
+  EXPECT_EQ(threaded.epoch(), 1);
+}
+
+class Failing : public Dataset {
+ public:
+  std::size_t size() const override { return 20; }
+  Example get(std::size_t i) const override {
+    if (i == 13) throw DataError("sample 13 is corrupt");
+    return {torch::tensor(static_cast<int64_t>(i)), {}};
+  }
+};
+
+TEST(DataLoader, AnErrorInAWorkerThreadReachesTheLoop) {
+  for (std::size_t workers : {0u, 2u}) {
+    DataLoader dl(std::make_shared<Failing>(), {.batch_size = 4, .num_workers = workers});
+    std::size_t batches = 0;
+    try {
+      for (auto& b : dl) {
+        (void)b;
+        ++batches;
+      }
+      FAIL() << "no error";
+    } catch (const DataError& e) {
+      EXPECT_STREQ(e.what(), "sample 13 is corrupt");
+    }
+    EXPECT_LE(batches, 3u);
+    EXPECT_EQ(dl.epoch(), 0) << "an interrupted pass does not count as an epoch";
+  }
+}
+
+TEST(DataLoader, BreakingOutEarlyStopsThreads) {
+  DataLoader dl(std::make_shared<TensorDataset>(torch::arange(1000)), {.batch_size = 1, .num_workers = 2});
+  int k = 0;
+  for (auto& b : dl) {
+    (void)b;
+    if (++k == 3) break;
+  }
+  EXPECT_EQ(k, 3);
+}
+
+class Stream : public IterableDataset {
+ public:
+  explicit Stream(int64_t n) : n_(n) {}
+  ExampleStream stream(int64_t) const override {
+    auto i = std::make_shared<int64_t>(0);
+    int64_t n = n_;
+    return [i, n]() -> std::optional<Example> {
+      if (*i >= n) return std::nullopt;
+      return Example{torch::tensor((*i)++), {}};
+    };
+  }
+
+ private:
+  int64_t n_;
+};
+
+std::string stream_pass(DataLoader& dl) {
+  std::string out;
+  for (auto& b : dl) {
+    out += out.empty() ? "[" : " [";
+    for (int64_t i = 0; i < b.size(); ++i) out += (i ? "," : "") + std::to_string(b.input[i].item<int64_t>());
+    out += "]";
+  }
+  return out;
+}
+
+TEST(DataLoader, IterableShardKeepsItsSliceAndPadsTheTail) {
+  DataLoader base(std::make_shared<Stream>(9), {.batch_size = 2});
+  auto r0 = base.shard({.num_processes = 2, .process_index = 0});
+  auto r1 = base.shard({.num_processes = 2, .process_index = 1});
+  EXPECT_EQ(stream_pass(r0), "[0,1] [4,5] [8,0]");
+  EXPECT_EQ(stream_pass(r1), "[2,3] [6,7] [1,2]");
+  EXPECT_EQ(r0.remainder(), 1) << "the last buffer had one real sample";
+  EXPECT_EQ(stream_pass(base), "[0,1] [2,3] [4,5] [6,7] [8]") << "one process: no padding";
+  DataLoader threaded(std::make_shared<Stream>(9), {.batch_size = 2, .num_workers = 1});
+  auto t1 = threaded.shard({.num_processes = 2, .process_index = 1});
+  EXPECT_EQ(stream_pass(t1), "[2,3] [6,7] [1,2]");
+  EXPECT_THROW(DataLoader(std::make_shared<Stream>(3), {.shuffle = true}), DataError);
+}
+
+TEST(DataLoader, BadOptionsAreClearErrors) {
+  auto ds = std::make_shared<TensorDataset>(torch::arange(4));
+  EXPECT_THROW(DataLoader(ds, {.batch_size = 0}), DataError);
+  EXPECT_THROW(DataLoader(std::shared_ptr<const Dataset>(), {}), DataError);
+  try {
+    TensorDataset(torch::zeros({3, 2}), torch::zeros({4}));
+    FAIL();
+  } catch (const DataError& e) {
+    EXPECT_STREQ(e.what(), "accel: TensorDataset inputs have 3 rows but targets have 4");
+  }
+}
+
+// HF §6: 10 batches with 4 accumulation steps sync at 4, 8 and 10, and the count restarts.
+TEST(Accelerator, AccumulationSyncsAtWindowEndsAndAtTheEndOfTheLoader) {
+  Accelerator acc({.gradient_accumulation_steps = 4});
+  auto model = torch::nn::Linear(2, 1);
+  auto opt = std::make_shared<torch::optim::SGD>(model->parameters(), 0.1);
+  DataLoader loader(std::make_shared<TensorDataset>(torch::randn({10, 2}), torch::randn({10, 1})), {.batch_size = 1});
+  auto [m, o, dl] = acc.prepare(model, opt, loader);
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    std::vector<int> synced;
+    int i = 0;
+    for (auto& b : dl) {
+      ++i;
+      auto scope = acc.accumulate(m);
+      acc.backward(torch::mse_loss(m->forward(b.input), b.target));
+      o.step();
+      if (acc.sync_gradients()) synced.push_back(i);
+      EXPECT_EQ(o.step_was_skipped(), !acc.sync_gradients());
+      o.zero_grad();
+    }
+    EXPECT_EQ(synced, (std::vector<int>{4, 8, 10})) << "epoch " << epoch;
+  }
+}
+
+TEST(Accelerator, BackwardScalesTheLossByTheAccumulationSteps) {
+  Accelerator acc({.gradient_accumulation_steps = 4});
+  auto w = torch::ones({1}, torch::requires_grad());
+  acc.backward((w * 8).sum());
+  EXPECT_DOUBLE_EQ(w.grad().item<double>(), 2.0);
+}
+
+TEST(Accelerator, SingleProcessCollectivesAreIdentities) {
+  Accelerator acc;
+  EXPECT_EQ(acc.num_processes(), 1);
+  EXPECT_TRUE(acc.is_main_process() && acc.is_local_main_process() && acc.is_last_process());
+  EXPECT_EQ(acc.distributed_type(), DistributedType::kNo);
+  auto t = torch::arange(5);
+  EXPECT_TRUE(torch::equal(acc.gather(t), t));
+  EXPECT_TRUE(torch::equal(acc.reduce(t, ReduceOp::kMax), t));
+  EXPECT_EQ(acc.gather_object("x"), std::vector<std::string>{"x"});
+  EXPECT_EQ(acc.split_between_processes(std::vector<int>{1, 2, 3}), (std::vector<int>{1, 2, 3}));
+  acc.wait_for_everyone();
+  { auto first = acc.main_process_first(); }
+  acc.set_trigger();
+  EXPECT_TRUE(acc.check_trigger());
+  EXPECT_FALSE(acc.check_trigger());
+}
+
+TEST(Accelerator, MisuseIsAClearError) {
+  Accelerator acc;
+  auto model = torch::nn::Linear(2, 1);
+  EXPECT_THROW((void)acc.no_sync(model), UsageError);
+  EXPECT_THROW(acc.backward(torch::Tensor()), UsageError);
+  EXPECT_THROW(acc.set_gradient_accumulation_steps(0), ConfigError);
+  EXPECT_THROW(acc.broadcast(torch::ones({1}), 3), UsageError);
+  try {
+    Accelerator bf16({.mixed_precision = "bf16"});
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("mixed_precision=bf16"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(Accelerator({.mixed_precision = "fp8x"}), ConfigError);
+}
+
+TEST(Env, DurationsAndIntegersNameTheVariable) {
+  EXPECT_EQ(env::parse_duration("30m", "x"), std::chrono::minutes(30));
+  EXPECT_EQ(env::parse_duration("2s", "x"), std::chrono::seconds(2));
+  EXPECT_EQ(env::parse_duration("1.5", "x"), std::chrono::milliseconds(1500));
+  EXPECT_EQ(env::parse_duration("250ms", "x"), std::chrono::milliseconds(250));
+  try {
+    env::parse_duration("soon", "environment variable ACCEL_COLLECTIVE_TIMEOUT");
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_STREQ(e.what(), "accel: environment variable ACCEL_COLLECTIVE_TIMEOUT=\"soon\": expected a positive "
+                           "duration such as 30m, 90s, 500ms or a number of seconds");
+  }
+  EXPECT_THROW(env::parse_duration("-1s", "x"), ConfigError);
+  ::setenv("ACCEL_UNIT_TEST_INT", "12x", 1);
+  try {
+    env::integer({"ACCEL_UNIT_TEST_INT"}, 0, 0, 100);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_STREQ(e.what(), "accel: environment variable ACCEL_UNIT_TEST_INT=\"12x\": expected an integer in [0, 100]");
+  }
+  ::unsetenv("ACCEL_UNIT_TEST_INT");
+}
+
+TEST(ErrorFile, WritesTheFormatTheLauncherReads) {
+  std::string path = ::testing::TempDir() + "/accel_error_file_test.json";
+  write_error_file(path, "boom \"quoted\"", "std::runtime_error", "frame #0");
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_NE(text.find("\"message\":\"boom \\\"quoted\\\"\""), std::string::npos) << text;
+  EXPECT_NE(text.find("\"type\":\"std::runtime_error\""), std::string::npos) << text;
+  EXPECT_NE(text.find("\"stack\":\"frame #0\""), std::string::npos) << text;
+  std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace accel
