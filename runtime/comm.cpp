@@ -31,11 +31,20 @@ std::string format_duration(std::chrono::milliseconds d) {
 }
 
 Comm::Comm(int rank, int world_size, std::chrono::milliseconds timeout, c10::intrusive_ptr<c10d::Store> store,
-           c10::intrusive_ptr<c10d::ProcessGroup> group)
-    : rank_(rank), world_size_(world_size), timeout_(timeout), store_(std::move(store)), group_(std::move(group)) {
+           c10::intrusive_ptr<c10d::ProcessGroup> group, std::unique_ptr<ShmGroup> shm)
+    : rank_(rank), world_size_(world_size), timeout_(timeout), store_(std::move(store)), group_(std::move(group)),
+      shm_(std::move(shm)) {
   const char* trace = std::getenv("ACCEL_TRACE_COLLECTIVES");
   trace_ = trace != nullptr && *trace != '\0' && std::string(trace) != "0";
 }
+
+Comm::~Comm() = default;
+
+namespace {
+bool shm_reduces(c10d::ReduceOp op) {
+  return op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::MAX || op == c10d::ReduceOp::MIN;
+}
+}  // namespace
 
 Comm::Pending Comm::start(const char* op, std::size_t bytes) {
   Pending p;
@@ -106,6 +115,15 @@ void Comm::fail(const Pending& pending, const std::string& cause) {
 Comm::Pending Comm::allreduce_async(at::Tensor& tensor, c10d::ReduceOp op) {
   Pending p = start("allreduce", nbytes(tensor));
   if (world_size_ == 1) return p;
+  if (shm_ && ShmGroup::can_reduce(tensor) && shm_reduces(op)) {
+    // Why synchronous: local shared-memory reduction takes microseconds; overlap buys nothing.
+    try {
+      shm_->allreduce(tensor, op, {p.op, p.seq, p.bytes});
+    } catch (const std::exception& e) {
+      fail(p, e.what());
+    }
+    return p;
+  }
   std::vector<at::Tensor> tensors{tensor};
   c10d::AllreduceOptions opts;
   opts.reduceOp = op;
@@ -137,6 +155,14 @@ void Comm::allreduce(at::Tensor& tensor, c10d::ReduceOp op) {
 void Comm::broadcast(at::Tensor& tensor, int root) {
   Pending p = start("broadcast", nbytes(tensor));
   if (world_size_ == 1) return;
+  if (shm_ && ShmGroup::can_move(tensor)) {
+    try {
+      shm_->broadcast(tensor, root, {p.op, p.seq, p.bytes});
+    } catch (const std::exception& e) {
+      fail(p, e.what());
+    }
+    return;
+  }
   std::vector<at::Tensor> tensors{tensor};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
@@ -153,6 +179,14 @@ void Comm::allgather(at::Tensor& output, const at::Tensor& input) {
   Pending p = start("allgather", nbytes(input));
   if (world_size_ == 1) {
     output.copy_(input);
+    return;
+  }
+  if (shm_ && ShmGroup::can_move(input) && ShmGroup::can_move(output)) {
+    try {
+      shm_->allgather(output, input, {p.op, p.seq, p.bytes});
+    } catch (const std::exception& e) {
+      fail(p, e.what());
+    }
     return;
   }
   std::vector<std::vector<at::Tensor>> outputs(1);
@@ -174,6 +208,14 @@ void Comm::allgather(at::Tensor& output, const at::Tensor& input) {
 void Comm::barrier() {
   Pending p = start("barrier", 0);
   if (world_size_ == 1) return;
+  if (shm_) {
+    try {
+      shm_->barrier({p.op, p.seq, p.bytes});
+    } catch (const std::exception& e) {
+      fail(p, e.what());
+    }
+    return;
+  }
   c10d::BarrierOptions opts;
   opts.timeout = timeout_;
   try {

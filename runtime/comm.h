@@ -10,7 +10,10 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
+
+#include "runtime/shm_group.h"
 
 namespace accel {
 
@@ -28,8 +31,11 @@ class Comm {
   // A single process: every collective is the identity and nothing is created.
   Comm() = default;
   // `store` holds the desync keys; `group` runs the collectives.
+  // `shm` (may be null) carries the collectives it can between local ranks; gloo the rest.
   Comm(int rank, int world_size, std::chrono::milliseconds timeout, c10::intrusive_ptr<c10d::Store> store,
-       c10::intrusive_ptr<c10d::ProcessGroup> group);
+       c10::intrusive_ptr<c10d::ProcessGroup> group, std::unique_ptr<ShmGroup> shm = nullptr);
+  ~Comm();
+  bool uses_shared_memory() const { return shm_ != nullptr; }
 
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
@@ -57,6 +63,7 @@ class Comm {
   std::chrono::milliseconds timeout_{std::chrono::minutes(30)};
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  std::unique_ptr<ShmGroup> shm_;
   std::atomic<std::uint64_t> seq_{0};
   bool trace_ = false;  // ACCEL_TRACE_COLLECTIVES=1: one stderr line per collective
 };

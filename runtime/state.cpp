@@ -6,6 +6,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <cstdio>
 #include <mutex>
 
 #include "accel/error.h"
@@ -119,7 +120,16 @@ State::State(const StateOptions& options) {
                           std::to_string(world_size_ - 1) + " rank(s) within " + format_duration(timeout_) +
                           ": " + e.what());
   }
-  comm_ = std::make_unique<Comm>(rank_, world_size_, timeout_, store, group);
+  std::unique_ptr<ShmGroup> shm;
+  // Shared memory between the ranks of one machine (all of them, for now); gloo otherwise.
+  if (local_world_size_ == world_size_ && env::boolean({"ACCEL_SHM_COLLECTIVES"}, true)) {
+    std::string why;
+    shm = ShmGroup::create(*store, *group, rank_, world_size_, timeout_, &why);
+    if (!shm && rank_ == 0) {
+      std::fprintf(stderr, "accel: shared-memory collectives are off (%s); using gloo\n", why.c_str());
+    }
+  }
+  comm_ = std::make_unique<Comm>(rank_, world_size_, timeout_, store, group, std::move(shm));
 }
 
 State::~State() = default;

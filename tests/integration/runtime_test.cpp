@@ -37,12 +37,15 @@ std::vector<std::string> shard_lines(const std::string& out, int n) {
   return rows;
 }
 
+// Both transports: shared memory between local ranks (the default) and gloo alone.
 TEST(Runtime, EveryCollectiveOnTwoAndThreeProcesses) {
-  for (int n : {1, 2, 3}) {
-    TempDir dir;
-    auto r = run_worker(dir, n, {"collectives"});
-    EXPECT_JOB_OK(r);
-    EXPECT_NE(r.out.find("OK collectives on " + std::to_string(n) + " processes"), std::string::npos) << r.out;
+  for (std::string shm : {"1", "0"}) {
+    for (int n : {1, 2, 3}) {
+      TempDir dir;
+      auto r = run_worker(dir, n, {"collectives"}, {{"ACCEL_SHM_COLLECTIVES", shm}});
+      EXPECT_JOB_OK(r) << " ACCEL_SHM_COLLECTIVES=" << shm;
+      EXPECT_NE(r.out.find("OK collectives on " + std::to_string(n) + " processes"), std::string::npos) << r.out;
+    }
   }
 }
 
@@ -130,11 +133,13 @@ TEST(Runtime, TwoAndThreeProcessesTrainLikeOneProcessOnTheGlobalBatch) {
   EXPECT_JOB_OK(one);
   auto reference = read_weights(dir / "w1");
   ASSERT_GT(reference.size(), 100u);
-  for (int n : {2, 3}) {
-    std::string file = dir / ("w" + std::to_string(n));
-    auto r = run_worker(dir, n, {"train", file, "12", "20", "plain"});
-    EXPECT_JOB_OK(r);
-    EXPECT_LT(max_abs_diff(reference, read_weights(file)), kTolerance) << n << " processes";
+  for (std::string shm : {"1", "0"}) {
+    for (int n : {2, 3}) {
+      std::string file = dir / ("w" + std::to_string(n) + "_" + shm);
+      auto r = run_worker(dir, n, {"train", file, "12", "20", "plain"}, {{"ACCEL_SHM_COLLECTIVES", shm}});
+      EXPECT_JOB_OK(r);
+      EXPECT_LT(max_abs_diff(reference, read_weights(file)), kTolerance) << n << " processes, shm " << shm;
+    }
   }
 }
 
@@ -164,18 +169,34 @@ TEST(Runtime, RankThatSkipsABarrierFailsWithinTheTimeoutNamingIt) {
   EXPECT_NE(r.err.find("rank 1 did not report"), std::string::npos) << r.err;
 }
 
-TEST(Runtime, RankThatCallsAnotherCollectiveFailsNamingBoth) {
+// Gloo cannot tell two collectives apart: both ranks wait for the timeout, then each names its own
+// collective and the other rank's (the desync report).
+TEST(Runtime, RankThatCallsAnotherCollectiveOverGlooTimesOutNamingBoth) {
   TempDir dir;
-  auto r = run_worker(dir, 2, {"mismatch", "other_collective"}, {{"ACCEL_COLLECTIVE_TIMEOUT", "3s"}});
+  auto r = run_worker(dir, 2, {"mismatch", "other_collective"},
+                      {{"ACCEL_COLLECTIVE_TIMEOUT", "3s"}, {"ACCEL_SHM_COLLECTIVES", "0"}});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_LT(r.elapsed, 20s);
   std::string all = r.out + r.err;
-  // Whichever rank times out first reports its own collective and where the other one was.
   EXPECT_TRUE(all.find("barrier #1 (0 bytes) on rank 0 of 2 timed out after 3 s") != std::string::npos ||
               all.find("allreduce #1 (4000 bytes) on rank 1 of 2 timed out after 3 s") != std::string::npos)
       << all;
   EXPECT_TRUE(all.find("rank 1 failed in allreduce #1") != std::string::npos ||
               all.find("rank 0 failed in barrier #1") != std::string::npos)
+      << all;
+}
+
+// Shared memory records each rank's call: the mismatch fails at once, long before the timeout.
+TEST(Runtime, RankThatCallsAnotherCollectiveOverSharedMemoryFailsAtOnce) {
+  TempDir dir;
+  auto r = run_worker(dir, 2, {"mismatch", "other_collective"}, {{"ACCEL_COLLECTIVE_TIMEOUT", "60s"}});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_LT(r.elapsed, 20s) << "must not wait for the 60 s timeout";
+  std::string all = r.out + r.err;
+  EXPECT_TRUE(all.find("mismatched collectives: rank 1 called allreduce #1 (4000 bytes) while this rank called "
+                       "barrier #1 (0 bytes)") != std::string::npos ||
+              all.find("mismatched collectives: rank 0 called barrier #1 (0 bytes) while this rank called "
+                       "allreduce #1 (4000 bytes)") != std::string::npos)
       << all;
 }
 

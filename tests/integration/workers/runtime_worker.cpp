@@ -6,6 +6,7 @@
 //   runtime_worker metrics SIZE BATCH {even|uneven} [stream]
 //   runtime_worker train OUT_FILE GLOBAL_BATCH STEPS {plain|accumulate|no_sync}
 //   runtime_worker mismatch {sleep|other_collective}
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -47,6 +48,32 @@ int collectives(accel::Accelerator& acc) {
   // 2-D gather keeps the trailing shape.
   auto rows = acc.gather(torch::full({2, 3}, r, torch::kFloat));
   REQUIRE(rows.sizes() == torch::IntArrayRef({2 * n, 3}) && rows[2 * n - 1][2].item<float>() == n - 1, "gather 2-D");
+
+  // Random payloads of several sizes (some larger than a shared-memory slot, so chunked):
+  // every rank can compute every other rank's tensor from its seed, hence the exact answer.
+  for (int64_t numel : {1L, 1000L, 1L << 20, 3L * (1 << 20) + 7}) {
+    auto of_rank = [&](int k) {
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 + k);
+      return torch::randn({numel}, gen);
+    };
+    auto expected_sum = of_rank(0);
+    auto expected_max = of_rank(0);
+    std::vector<torch::Tensor> parts{of_rank(0)};
+    for (int k = 1; k < n; ++k) {
+      expected_sum = expected_sum + of_rank(k);
+      expected_max = torch::maximum(expected_max, of_rank(k));
+      parts.push_back(of_rank(k));
+    }
+    auto got = acc.reduce(of_rank(r), accel::ReduceOp::kSum);
+    REQUIRE(torch::allclose(got, expected_sum, 1e-5, 1e-5), "reduce sum of " + std::to_string(numel) + " floats");
+    REQUIRE(torch::equal(acc.reduce(of_rank(r), accel::ReduceOp::kMax), expected_max), "reduce max of random floats");
+    REQUIRE(torch::equal(acc.gather(of_rank(r)), torch::cat(parts)), "gather of " + std::to_string(numel) + " floats");
+    auto root = acc.broadcast(of_rank(r), n - 1);
+    REQUIRE(torch::equal(root, of_rank(n - 1)), "broadcast of " + std::to_string(numel) + " floats");
+    // Every rank must hold bitwise the same sum (gradients must not drift apart between ranks).
+    auto spread = acc.reduce(got, accel::ReduceOp::kMax) - acc.reduce(got, accel::ReduceOp::kMin);
+    REQUIRE(spread.abs().max().item<float>() == 0.0f, "ranks disagree on a sum");
+  }
 
   // reduce: values 1..n.
   auto v = torch::tensor({static_cast<double>(r + 1), -static_cast<double>(r + 1)});

@@ -1,0 +1,267 @@
+// Shared-memory collectives between local ranks (see shm_group.h).
+#include "runtime/shm_group.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <vector>
+
+namespace accel {
+namespace {
+
+constexpr uint64_t kMagic = 0x616363656c73686dULL;  // "accelshm"
+// Why: /dev/shm is often small in containers (64 MiB by default in Docker); 8 MiB of slots per
+// set over all ranks keeps the segment at ~16 MiB whatever the process count.
+constexpr std::size_t kSlotBudgetBytes = 8u << 20;
+constexpr std::size_t kMinSlotBytes = 256u << 10;
+constexpr int kSpinsBeforeYield = 2000;
+
+// Why two call records: a rank may publish generation g+1's call while a slower rank still checks
+// generation g's; records alternate by parity like the slots.
+struct alignas(64) RankControl {
+  std::atomic<uint64_t> arrived;
+  std::atomic<uint64_t> call_seq[2];
+  std::atomic<uint64_t> call_word[2];  // op code << 56 | payload bytes
+};
+
+const char* const kOps[] = {"?", "allreduce", "broadcast", "allgather", "barrier"};
+
+uint64_t op_code(const char* op) {
+  for (uint64_t i = 1; i < 5; ++i)
+    if (std::strcmp(op, kOps[i]) == 0) return i;
+  return 0;
+}
+
+std::string describe(uint64_t word, uint64_t seq) {
+  uint64_t code = word >> 56;
+  return std::string(kOps[code < 5 ? code : 0]) + " #" + std::to_string(seq) + " (" +
+         std::to_string(word & ((1ULL << 56) - 1)) + " bytes)";
+}
+
+struct Header {
+  uint64_t magic;
+  uint64_t world;
+  uint64_t slot_bytes;
+};
+
+std::size_t controls_offset() { return 64; }
+std::size_t data_offset(int world) {
+  return (controls_offset() + sizeof(RankControl) * static_cast<std::size_t>(world) + 4095) / 4096 * 4096;
+}
+
+RankControl* controls(void* base) { return reinterpret_cast<RankControl*>(static_cast<char*>(base) + controls_offset()); }
+
+std::size_t nbytes(const at::Tensor& t) { return static_cast<std::size_t>(t.numel()) * t.element_size(); }
+
+template <class T>
+void reduce_into(T* out, const T* const* in, int n, std::size_t count, c10d::ReduceOp op) {
+  // Rank order on every rank: identical results everywhere.
+  switch (op) {
+    case c10d::ReduceOp::SUM:
+      std::memcpy(out, in[0], count * sizeof(T));
+      for (int r = 1; r < n; ++r)
+        for (std::size_t i = 0; i < count; ++i) out[i] += in[r][i];
+      break;
+    case c10d::ReduceOp::MAX:
+      std::memcpy(out, in[0], count * sizeof(T));
+      for (int r = 1; r < n; ++r)
+        for (std::size_t i = 0; i < count; ++i) out[i] = std::max(out[i], in[r][i]);
+      break;
+    case c10d::ReduceOp::MIN:
+      std::memcpy(out, in[0], count * sizeof(T));
+      for (int r = 1; r < n; ++r)
+        for (std::size_t i = 0; i < count; ++i) out[i] = std::min(out[i], in[r][i]);
+      break;
+    default:
+      throw std::runtime_error("shared-memory allreduce supports sum, max and min");
+  }
+}
+
+}  // namespace
+
+bool ShmGroup::can_move(const at::Tensor& t) { return t.device().is_cpu() && t.is_contiguous(); }
+
+bool ShmGroup::can_reduce(const at::Tensor& t) {
+  auto s = t.scalar_type();
+  return can_move(t) && (s == at::kFloat || s == at::kDouble || s == at::kInt || s == at::kLong);
+}
+
+std::unique_ptr<ShmGroup> ShmGroup::create(c10d::Store& store, c10d::ProcessGroup& group, int rank, int world,
+                                           std::chrono::milliseconds timeout, std::string* why) {
+  const std::size_t slot = std::max(kMinSlotBytes, kSlotBudgetBytes / static_cast<std::size_t>(world) / 4096 * 4096);
+  const std::size_t size = data_offset(world) + 2 * static_cast<std::size_t>(world) * slot;
+  std::string name;
+  int fd = -1;
+  if (rank == 0) {
+    std::random_device rd;
+    name = "/accel-" + std::to_string(::getpid()) + "-" + std::to_string(rd());
+    fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    // posix_fallocate, not ftruncate alone: a full /dev/shm must fail here, not SIGBUS later.
+    if (fd < 0 || ::posix_fallocate(fd, 0, static_cast<off_t>(size)) != 0) {
+      *why = "cannot create " + std::to_string(size >> 20) + " MiB in /dev/shm (" + std::strerror(errno) + ")";
+      if (fd >= 0) {
+        ::close(fd);
+        ::shm_unlink(name.c_str());
+      }
+      name = "";  // tells the others to fall back too
+    }
+    store.set("accel/shm/name", std::vector<uint8_t>(name.begin(), name.end()));
+  } else {
+    auto v = store.get("accel/shm/name");
+    name.assign(v.begin(), v.end());
+    if (name.empty()) {
+      *why = "rank 0 could not create the shared-memory segment";
+    } else {
+      fd = ::shm_open(name.c_str(), O_RDWR, 0600);
+      if (fd < 0) *why = "cannot open " + name + " (" + std::strerror(errno) + ")";
+    }
+  }
+  void* base = MAP_FAILED;
+  if (fd >= 0) {
+    base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ::close(fd);
+    if (base == MAP_FAILED) *why = std::string("mmap failed (") + std::strerror(errno) + ")";
+  }
+  // Everyone agrees on the outcome before anyone uses the segment (or unlinks it).
+  auto ok = at::full({1}, base != MAP_FAILED ? 1 : 0, at::kInt);
+  std::vector<at::Tensor> tensors{ok};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = c10d::ReduceOp::MIN;
+  group.allreduce(tensors, opts)->wait();
+  if (rank == 0 && !name.empty()) ::shm_unlink(name.c_str());
+  if (ok.item<int>() == 0) {
+    if (base != MAP_FAILED) ::munmap(base, size);
+    if (why->empty()) *why = "another rank could not map the shared-memory segment";
+    return nullptr;
+  }
+  if (rank == 0) {
+    auto* h = static_cast<Header*>(base);
+    h->magic = kMagic;
+    h->world = static_cast<uint64_t>(world);
+    h->slot_bytes = slot;
+  }
+  return std::unique_ptr<ShmGroup>(new ShmGroup(rank, world, base, size, slot, timeout));
+}
+
+ShmGroup::ShmGroup(int rank, int world, void* base, std::size_t size, std::size_t slot_bytes,
+                   std::chrono::milliseconds timeout)
+    : rank_(rank), world_(world), base_(base), size_(size), slot_bytes_(slot_bytes), timeout_(timeout) {}
+
+ShmGroup::~ShmGroup() { ::munmap(base_, size_); }
+
+char* ShmGroup::slot(uint64_t generation, int rank) const {
+  std::size_t set = generation % 2;
+  return static_cast<char*>(base_) + data_offset(world_) +
+         (set * static_cast<std::size_t>(world_) + static_cast<std::size_t>(rank)) * slot_bytes_;
+}
+
+uint64_t ShmGroup::arrive_and_wait(const Call& call) {
+  uint64_t g = ++generation_;
+  RankControl* ctl = controls(base_);
+  const std::size_t parity = g % 2;
+  const uint64_t word = op_code(call.op) << 56 | (call.bytes & ((1ULL << 56) - 1));
+  ctl[rank_].call_seq[parity].store(call.seq, std::memory_order_relaxed);
+  ctl[rank_].call_word[parity].store(word, std::memory_order_relaxed);
+  ctl[rank_].arrived.store(g, std::memory_order_release);
+  auto deadline = std::chrono::steady_clock::now() + timeout_;
+  for (int r = 0; r < world_; ++r) {
+    int spins = 0;
+    while (ctl[r].arrived.load(std::memory_order_acquire) < g) {
+      if (++spins < kSpinsBeforeYield) {
+        __builtin_ia32_pause();
+        continue;
+      }
+      // Why: with more ranks than cores, spinning would starve the rank we are waiting for.
+      ::sched_yield();
+      if ((spins & 1023) == 0 && std::chrono::steady_clock::now() > deadline) {
+        throw std::runtime_error("local rank " + std::to_string(r) +
+                                 " did not reach this collective in shared memory");
+      }
+    }
+  }
+  for (int r = 0; r < world_; ++r) {
+    uint64_t their_word = ctl[r].call_word[parity].load(std::memory_order_relaxed);
+    uint64_t their_seq = ctl[r].call_seq[parity].load(std::memory_order_relaxed);
+    if (their_word != word || their_seq != call.seq) {
+      throw std::runtime_error("mismatched collectives: rank " + std::to_string(r) + " called " +
+                               describe(their_word, their_seq) + " while this rank called " +
+                               describe(word, call.seq));
+    }
+  }
+  return g;
+}
+
+void ShmGroup::allreduce(at::Tensor& tensor, c10d::ReduceOp op, const Call& call) {
+  const std::size_t elem = tensor.element_size();
+  const std::size_t per_chunk = slot_bytes_ / elem;
+  const auto total = static_cast<std::size_t>(tensor.numel());
+  char* data = static_cast<char*>(tensor.data_ptr());
+  std::vector<const void*> in(static_cast<std::size_t>(world_));
+  if (total == 0) return;  // same shape on every rank: all of them skip
+  for (std::size_t begin = 0; begin < total; begin += per_chunk) {
+    std::size_t count = std::min(per_chunk, total - begin);
+    uint64_t next = generation_ + 1;
+    std::memcpy(slot(next, rank_), data + begin * elem, count * elem);
+    arrive_and_wait(call);
+    for (int r = 0; r < world_; ++r) in[static_cast<std::size_t>(r)] = slot(next, r);
+    void* out = data + begin * elem;
+    switch (tensor.scalar_type()) {
+      case at::kFloat:
+        reduce_into(static_cast<float*>(out), reinterpret_cast<const float* const*>(in.data()), world_, count, op);
+        break;
+      case at::kDouble:
+        reduce_into(static_cast<double*>(out), reinterpret_cast<const double* const*>(in.data()), world_, count, op);
+        break;
+      case at::kInt:
+        reduce_into(static_cast<int32_t*>(out), reinterpret_cast<const int32_t* const*>(in.data()), world_, count, op);
+        break;
+      case at::kLong:
+        reduce_into(static_cast<int64_t*>(out), reinterpret_cast<const int64_t* const*>(in.data()), world_, count, op);
+        break;
+      default:
+        throw std::runtime_error("shared-memory allreduce got an unsupported dtype");
+    }
+  }
+}
+
+void ShmGroup::broadcast(at::Tensor& tensor, int root, const Call& call) {
+  const std::size_t total = nbytes(tensor);
+  if (total == 0) return;
+  char* data = static_cast<char*>(tensor.data_ptr());
+  std::size_t begin = 0;
+  do {
+    std::size_t count = std::min(slot_bytes_, total - begin);
+    uint64_t next = generation_ + 1;
+    if (rank_ == root) std::memcpy(slot(next, root), data + begin, count);
+    arrive_and_wait(call);
+    if (rank_ != root) std::memcpy(data + begin, slot(next, root), count);
+    begin += count;
+  } while (begin < total);
+}
+
+void ShmGroup::allgather(at::Tensor& output, const at::Tensor& input, const Call& call) {
+  const std::size_t total = nbytes(input);
+  if (total == 0) return;
+  const char* src = static_cast<const char*>(input.data_ptr());
+  char* dst = static_cast<char*>(output.data_ptr());
+  std::size_t begin = 0;
+  do {
+    std::size_t count = std::min(slot_bytes_, total - begin);
+    uint64_t next = generation_ + 1;
+    std::memcpy(slot(next, rank_), src + begin, count);
+    arrive_and_wait(call);
+    for (int r = 0; r < world_; ++r) std::memcpy(dst + static_cast<std::size_t>(r) * total + begin, slot(next, r), count);
+    begin += count;
+  } while (begin < total);
+}
+
+void ShmGroup::barrier(const Call& call) { arrive_and_wait(call); }
+
+}  // namespace accel
