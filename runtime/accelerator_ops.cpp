@@ -82,13 +82,12 @@ torch::Tensor Accelerator::gather_for_metrics(const torch::Tensor& tensor) {
 }
 
 torch::Tensor Accelerator::reduce(const torch::Tensor& tensor, ReduceOp op) {
-  auto out = tensor.clone();
-  if (!use_distributed()) return out;
+  if (!use_distributed()) return tensor.clone();
   c10d::ReduceOp c10d_op = c10d::ReduceOp::SUM;
   if (op == ReduceOp::kMax) c10d_op = c10d::ReduceOp::MAX;
   if (op == ReduceOp::kMin) c10d_op = c10d::ReduceOp::MIN;
   if (state_->debug()) check_same_shape(tensor, "reduce");
-  state_->comm().allreduce(out, c10d_op);
+  auto out = state_->comm().allreduce_copy(tensor.contiguous(), c10d_op);
   if (op == ReduceOp::kMean) {
     if (out.is_floating_point()) out.div_(num_processes());
     else out = out.to(torch::kDouble).div_(num_processes());

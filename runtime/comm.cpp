@@ -112,6 +112,9 @@ void Comm::fail(const Pending& pending, const std::string& cause) {
   throw CollectiveError(msg.str());
 }
 
+// Why no per-call timeout: the group was created with the job's timeout, and setting one per call
+// (AllreduceOptions::timeout) makes gloo's small allreduce ~5x slower (2.8 ms vs 0.5 ms for 4 KiB,
+// measured with bench/train/bench_collectives).
 Comm::Pending Comm::allreduce_async(at::Tensor& tensor, c10d::ReduceOp op) {
   Pending p = start("allreduce", nbytes(tensor));
   if (world_size_ == 1) return p;
@@ -127,7 +130,6 @@ Comm::Pending Comm::allreduce_async(at::Tensor& tensor, c10d::ReduceOp op) {
   std::vector<at::Tensor> tensors{tensor};
   c10d::AllreduceOptions opts;
   opts.reduceOp = op;
-  opts.timeout = timeout_;
   try {
     p.work = group_->allreduce(tensors, opts);
   } catch (const std::exception& e) {
@@ -152,6 +154,24 @@ void Comm::allreduce(at::Tensor& tensor, c10d::ReduceOp op) {
   wait(p);
 }
 
+at::Tensor Comm::allreduce_copy(const at::Tensor& input, c10d::ReduceOp op) {
+  if (world_size_ > 1 && shm_ && ShmGroup::can_reduce(input) && shm_reduces(op)) {
+    // Why: out of place through shared memory, the result is written once; a clone would cost a
+    // read and a write of the whole tensor more.
+    Pending p = start("allreduce", nbytes(input));
+    at::Tensor out = at::empty_like(input);
+    try {
+      shm_->allreduce(out, op, {p.op, p.seq, p.bytes}, &input);
+    } catch (const std::exception& e) {
+      fail(p, e.what());
+    }
+    return out;
+  }
+  at::Tensor out = input.clone();
+  allreduce(out, op);
+  return out;
+}
+
 void Comm::broadcast(at::Tensor& tensor, int root) {
   Pending p = start("broadcast", nbytes(tensor));
   if (world_size_ == 1) return;
@@ -166,7 +186,6 @@ void Comm::broadcast(at::Tensor& tensor, int root) {
   std::vector<at::Tensor> tensors{tensor};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
-  opts.timeout = timeout_;
   try {
     p.work = group_->broadcast(tensors, opts);
   } catch (const std::exception& e) {
@@ -196,7 +215,6 @@ void Comm::allgather(at::Tensor& output, const at::Tensor& input) {
   }
   std::vector<at::Tensor> inputs{input.contiguous()};
   c10d::AllgatherOptions opts;
-  opts.timeout = timeout_;
   try {
     p.work = group_->allgather(outputs, inputs, opts);
   } catch (const std::exception& e) {
@@ -217,7 +235,6 @@ void Comm::barrier() {
     return;
   }
   c10d::BarrierOptions opts;
-  opts.timeout = timeout_;
   try {
     p.work = group_->barrier(opts);
   } catch (const std::exception& e) {

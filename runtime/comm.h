@@ -45,6 +45,8 @@ class Comm {
   void wait(Pending& pending);
 
   void allreduce(at::Tensor& tensor, c10d::ReduceOp op);
+  // The reduction of every rank's `input` as a new tensor; `input` is left as it is.
+  at::Tensor allreduce_copy(const at::Tensor& input, c10d::ReduceOp op);
   void broadcast(at::Tensor& tensor, int root);
   // `output` is [world_size * n, ...] for an `input` of [n, ...]; rank r's part lands at r*n.
   void allgather(at::Tensor& output, const at::Tensor& input);

@@ -39,6 +39,14 @@ Example TensorDataset::get(std::size_t index) const {
   return {inputs_[i], targets_.defined() ? targets_[i] : torch::Tensor()};
 }
 
+std::optional<Batch> TensorDataset::get_batch(const std::vector<int64_t>& indices) const {
+  auto index = torch::tensor(indices, torch::kLong);
+  Batch b;
+  b.input = inputs_.index_select(0, index);
+  if (targets_.defined()) b.target = targets_.index_select(0, index);
+  return b;
+}
+
 Batch default_collate(std::vector<Example>&& examples) {
   if (examples.empty()) throw DataError("accel: default_collate got an empty batch");
   std::vector<torch::Tensor> inputs, targets;
@@ -70,9 +78,9 @@ struct DataLoader::Impl {
             shard.even_batches};
   }
   Batch collate(std::vector<Example>&& examples) const {
-    Batch b = options.collate ? options.collate(std::move(examples)) : default_collate(std::move(examples));
-    return shard.device.is_cpu() ? b : b.to(shard.device, shard.non_blocking);
+    return place(options.collate ? options.collate(std::move(examples)) : default_collate(std::move(examples)));
   }
+  Batch place(Batch b) const { return shard.device.is_cpu() ? b : b.to(shard.device, shard.non_blocking); }
 };
 
 // One pass over the data. Produces batches in order, in the caller's thread or in workers.
@@ -137,6 +145,9 @@ class DataLoader::Pass {
 
   // Map-style batch k, built from its indices.
   Batch build(std::size_t k) const {
+    if (!impl_->options.collate) {
+      if (auto fast = impl_->map_dataset->get_batch(batches_[k])) return impl_->place(std::move(*fast));
+    }
     std::vector<Example> examples;
     examples.reserve(batches_[k].size());
     for (int64_t i : batches_[k]) examples.push_back(impl_->map_dataset->get(static_cast<std::size_t>(i)));

@@ -48,7 +48,9 @@ class ShmGroup {
 
   // Throw std::runtime_error when a peer does not arrive within the timeout, or arrives in a
   // different collective (the message names both).
-  void allreduce(at::Tensor& tensor, c10d::ReduceOp op, const Call& call);
+  // Reduces into `tensor`; with `source`, the local contribution is read from there instead
+  // (out of place: `tensor` may be uninitialized memory of the same shape and dtype).
+  void allreduce(at::Tensor& tensor, c10d::ReduceOp op, const Call& call, const at::Tensor* source = nullptr);
   void broadcast(at::Tensor& tensor, int root, const Call& call);
   void allgather(at::Tensor& output, const at::Tensor& input, const Call& call);
   void barrier(const Call& call);

@@ -325,3 +325,22 @@ TEST(ErrorFile, WritesTheFormatTheLauncherReads) {
 
 }  // namespace
 }  // namespace accel
+
+namespace accel {
+namespace {
+
+TEST(DataLoader, CustomCollateSeesEveryExample) {
+  auto ds = std::make_shared<TensorDataset>(torch::arange(6), torch::arange(6));
+  DataLoader dl(ds, {.batch_size = 4, .collate = [](std::vector<Example>&& examples) {
+                       Batch b;
+                       b.input = torch::full({1}, static_cast<int64_t>(examples.size()));
+                       b.target = torch::zeros({1});
+                       return b;
+                     }});
+  std::vector<int64_t> sizes;
+  for (auto& b : dl) sizes.push_back(b.input.item<int64_t>());
+  EXPECT_EQ(sizes, (std::vector<int64_t>{4, 2}));
+}
+
+}  // namespace
+}  // namespace accel

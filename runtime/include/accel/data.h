@@ -36,6 +36,12 @@ class Dataset {
   virtual ~Dataset() = default;
   virtual std::size_t size() const = 0;
   virtual Example get(std::size_t index) const = 0;
+  // Optional fast path: a whole batch at once (used when the loader has no custom collate).
+  // The default returns nullopt and the loader calls get() per index, then collates.
+  virtual std::optional<Batch> get_batch(const std::vector<int64_t>& indices) const {
+    (void)indices;
+    return std::nullopt;
+  }
 };
 
 // Rows of `inputs` (and `targets`) along dim 0.
@@ -44,6 +50,7 @@ class TensorDataset : public Dataset {
   explicit TensorDataset(torch::Tensor inputs, torch::Tensor targets = {});
   std::size_t size() const override;
   Example get(std::size_t index) const override;
+  std::optional<Batch> get_batch(const std::vector<int64_t>& indices) const override;
 
  private:
   torch::Tensor inputs_, targets_;

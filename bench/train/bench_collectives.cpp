@@ -1,0 +1,84 @@
+// bench_collectives: the cost of Accelerator::gather and ::reduce against calling c10d's
+// ProcessGroupGloo directly, 4 KiB .. 64 MiB of float32, in the same processes. Run under
+// accel-launch -n 2; the direct calls have the Accelerator's semantics (reduce leaves its input
+// and returns a new tensor: clone + allreduce; gather returns one tensor: allgather + cat). Rank 0 prints one JSON line per (op, size) with median milliseconds.
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+
+#include "accel/accel.h"
+
+namespace {
+
+double median_ms(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main() {
+  accel::Accelerator acc;
+  const int n = acc.num_processes(), rank = acc.process_index();
+  if (n < 2) {
+    std::fprintf(stderr, "bench_collectives: run it with accel-launch -n 2\n");
+    return 2;
+  }
+  // A second, plain gloo group on the job's store: what a user calling c10d directly gets.
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<std::uint16_t>(std::atoi(std::getenv("MASTER_PORT")));
+  so.isServer = false;
+  auto store = c10::make_intrusive<c10d::TCPStore>(std::getenv("MASTER_ADDR"), so);
+  auto opts = c10d::ProcessGroupGloo::Options::create();
+  opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(c10::make_intrusive<c10d::PrefixStore>("bench/direct", store),
+                                                          rank, n, opts);
+  auto sync = [&] { gloo->barrier()->wait(); };
+
+  for (int64_t bytes : {4L << 10, 64L << 10, 1L << 20, 16L << 20, 64L << 20}) {
+    const int64_t numel = bytes / 4;
+    const int iters = bytes <= (1 << 20) ? 60 : bytes <= (16 << 20) ? 12 : 6;
+    auto t = torch::randn({numel});
+    std::vector<double> direct_gather, accel_gather, direct_reduce, accel_reduce;
+    auto time = [&](std::vector<double>& into, auto&& fn) {
+      sync();
+      auto start = std::chrono::steady_clock::now();
+      fn();
+      into.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    };
+    for (int i = 0; i < iters + 2; ++i) {
+      time(direct_gather, [&] {
+        std::vector<std::vector<at::Tensor>> outs(1);
+        for (int r = 0; r < n; ++r) outs[0].push_back(torch::empty({numel}));
+        std::vector<at::Tensor> ins{t};
+        gloo->allgather(outs, ins)->wait();
+        auto all = torch::cat(outs[0]);
+      });
+      time(accel_gather, [&] { auto all = acc.gather(t); });
+      // Same semantics as Accelerator::reduce: the input stays, the sum is a new tensor.
+      time(direct_reduce, [&] {
+        std::vector<at::Tensor> ts{t.clone()};
+        gloo->allreduce(ts)->wait();
+      });
+      time(accel_reduce, [&] { auto sum = acc.reduce(t); });
+    }
+    auto drop_warmup = [](std::vector<double> v) { return std::vector<double>(v.begin() + 2, v.end()); };
+    if (rank == 0) {
+      std::printf("{\"op\": \"gather\", \"bytes\": %lld, \"c10d_ms\": %.3f, \"accel_ms\": %.3f}\n",
+                  static_cast<long long>(bytes), median_ms(drop_warmup(direct_gather)),
+                  median_ms(drop_warmup(accel_gather)));
+      std::printf("{\"op\": \"reduce\", \"bytes\": %lld, \"c10d_ms\": %.3f, \"accel_ms\": %.3f}\n",
+                  static_cast<long long>(bytes), median_ms(drop_warmup(direct_reduce)),
+                  median_ms(drop_warmup(accel_reduce)));
+      std::fflush(stdout);
+    }
+  }
+  acc.wait_for_everyone();
+  return 0;
+}

@@ -1,0 +1,61 @@
+// bench_train: steps/s of model T (10->64->1, batch 8) or model M (784->2048->2048->10, batch 64),
+// AdamW, on libaccel; run under accel-launch -n 1|2. The same loop as ddp_bench.py: a fixed set of
+// pre-generated batches, forward, loss, accelerator.backward, step, zero_grad. Rank 0 prints one
+// JSON line.
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include "accel/accel.h"
+#include "examples/common/args.h"
+
+int main(int argc, char** argv) {
+  accel::examples::Args args("bench_train", "Times training steps of model T or M on libaccel.");
+  args.flag("model", "T", "T (10->64->1, batch 8) or M (784->2048->2048->10, batch 64)")
+      .flag("steps", "2000", "timed steps")
+      .flag("warmup", "100", "untimed steps first");
+  args.parse(argc, argv);
+  const bool big = args.str("model") == "M";
+  if (!big && args.str("model") != "T") {
+    std::fprintf(stderr, "bench_train: --model must be T or M\n");
+    return 2;
+  }
+  torch::manual_seed(0);
+  accel::Accelerator acc;
+  const int64_t in = big ? 784 : 10, hidden = big ? 2048 : 64, out = big ? 10 : 1, batch = big ? 64 : 8;
+  torch::nn::Sequential model = big ? torch::nn::Sequential(torch::nn::Linear(in, hidden), torch::nn::ReLU(),
+                                                            torch::nn::Linear(hidden, hidden), torch::nn::ReLU(),
+                                                            torch::nn::Linear(hidden, out))
+                                    : torch::nn::Sequential(torch::nn::Linear(in, hidden), torch::nn::ReLU(),
+                                                            torch::nn::Linear(hidden, out));
+  auto opt = std::make_shared<torch::optim::AdamW>(model->parameters(), torch::optim::AdamWOptions(1e-3));
+  auto [m, o] = acc.prepare(model, opt);
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
+  for (int i = 0; i < 16; ++i) {
+    auto x = torch::randn({batch, in});
+    auto y = big ? torch::randint(out, {batch}, torch::kLong) : torch::randn({batch, 1});
+    batches.emplace_back(x, y);
+  }
+  auto step = [&](int64_t i) {
+    auto& [x, y] = batches[static_cast<std::size_t>(i % 16)];
+    auto pred = m->forward(x);
+    auto loss = big ? torch::cross_entropy_loss(pred, y) : torch::mse_loss(pred, y);
+    acc.backward(loss);
+    o.step();
+    o.zero_grad();
+  };
+  for (int64_t i = 0; i < args.integer("warmup"); ++i) step(i);
+  acc.wait_for_everyone();
+  const int64_t steps = args.integer("steps");
+  auto start = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < steps; ++i) step(i);
+  acc.wait_for_everyone();
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (acc.is_main_process()) {
+    double sps = static_cast<double>(steps) / seconds;
+    std::printf("{\"steps_per_s\": %.2f, \"samples_per_s\": %.1f, \"processes\": %d}\n", sps,
+                sps * static_cast<double>(batch) * acc.num_processes(), acc.num_processes());
+  }
+  return 0;
+}

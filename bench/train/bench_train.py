@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""Training throughput and collective cost: libaccel against PyTorch DDP and c10d gloo, in one run.
+
+Prints Markdown tables (medians over --runs runs) and checks the issue's targets:
+  model T (10->64->1, b=8) 2 processes: accel >= 2x Python DDP steps/s
+  model M (784->2048->2048->10, b=64) 2 processes: accel >= 1.0x Python DDP steps/s
+  scaling efficiency (2-process samples/s over 2x 1-process) at least DDP's, per model
+  gather/reduce wrapper overhead over calling c10d gloo directly <= 5% at >= 1 MiB
+Usage, from the repo root after scripts/build.sh:
+
+    python3 bench/train/bench_train.py [--runs 3] [--build build]
+
+Both sides run 1 thread per process (OMP_NUM_THREADS=1) on whatever BLAS libblas.so.3 points
+to (printed). DDP is Debian's python3-torch 1.13 under torchrun (--redirects 9:0 --tee 9:0, see
+shared/reference/anchors-measured.md); its 1-process figure is the same loop without DDP.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+PYTHON = "/usr/bin/python3"
+HERE = os.path.dirname(os.path.abspath(__file__))
+STEPS = {"T": (2000, 100), "M": (150, 15)}
+
+
+def run_json(cmd, env_extra=None, many=False):
+    env = dict(os.environ, OMP_NUM_THREADS="1", **(env_extra or {}))
+    env.pop("ACCEL_CONFIG_FILE", None)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        sys.exit(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    rows = []
+    for line in proc.stdout.splitlines():
+        start = line.find("{")
+        if start >= 0:
+            rows.append(json.loads(line[start:]))
+    if not rows:
+        sys.exit(f"no result from: {' '.join(cmd)}\n{proc.stdout[-2000:]}")
+    return rows if many else rows[0]
+
+
+def accel_train(build, model, n):
+    steps, warmup = STEPS[model]
+    return run_json([f"{build}/bin/accel-launch", "-n", str(n), "--", f"{build}/bin/bench_train", "--model", model,
+                     "--steps", str(steps), "--warmup", str(warmup)])
+
+
+def ddp_train(model, n):
+    steps, warmup = STEPS[model]
+    script = [os.path.join(HERE, "ddp_bench.py"), "--model", model, "--steps", str(steps), "--warmup", str(warmup)]
+    if n == 1:
+        return run_json([PYTHON] + script)
+    return run_json([PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n),
+                     "--monitor_interval", "0.1", "--redirects", "9:0", "--tee", "9:0"] + script)
+
+
+def blas():
+    try:
+        return os.path.realpath("/etc/alternatives/libblas.so.3-x86_64-linux-gnu")
+    except OSError:
+        return "unknown"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--build", default="build")
+    a = p.parse_args()
+    print(f"BLAS: {blas()}; {os.cpu_count()} CPUs; medians of {a.runs} runs\n")
+
+    results = {}
+    for model in ("T", "M"):
+        for n in (1, 2):
+            for side, fn in (("accel", lambda: accel_train(a.build, model, n)), ("ddp", lambda: ddp_train(model, n))):
+                runs = [fn() for _ in range(a.runs)]
+                results[(model, n, side)] = (statistics.median(r["steps_per_s"] for r in runs),
+                                             statistics.median(r["samples_per_s"] for r in runs))
+    print("| model | processes | accel steps/s | accel samples/s | DDP steps/s | DDP samples/s | accel / DDP |")
+    print("|---|---|---|---|---|---|---|")
+    for model in ("T", "M"):
+        for n in (1, 2):
+            acc, ddp = results[(model, n, "accel")], results[(model, n, "ddp")]
+            print(f"| {model} | {n} | {acc[0]:.1f} | {acc[1]:.0f} | {ddp[0]:.1f} | {ddp[1]:.0f} | {acc[0] / ddp[0]:.2f}x |")
+
+    checks = []
+    for model, target in (("T", 2.0), ("M", 1.0)):
+        ratio = results[(model, 2, "accel")][0] / results[(model, 2, "ddp")][0]
+        checks.append((f"model {model}, 2 processes: accel/DDP steps/s >= {target}", f"{ratio:.2f}x", ratio >= target))
+        eff = {side: results[(model, 2, side)][1] / (2 * results[(model, 1, side)][1]) for side in ("accel", "ddp")}
+        checks.append((f"model {model}: scaling efficiency >= DDP's", f"{eff['accel']:.0%} vs {eff['ddp']:.0%}",
+                       eff["accel"] >= eff["ddp"]))
+
+    print("\nCollectives, 2 processes, float32, median ms per call (c10d = ProcessGroupGloo called directly):\n")
+    over_gloo = run_json([f"{a.build}/bin/accel-launch", "-n", "2", "--", f"{a.build}/bin/bench_collectives"],
+                         {"ACCEL_SHM_COLLECTIVES": "0"}, many=True)
+    default = run_json([f"{a.build}/bin/accel-launch", "-n", "2", "--", f"{a.build}/bin/bench_collectives"], many=True)
+    print("| op | size | c10d gloo | accel over gloo | overhead | accel (shared memory) | speed-up |")
+    print("|---|---|---|---|---|---|---|")
+    for g, d in zip(over_gloo, default):
+        size = g["bytes"]
+        label = f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
+        overhead = g["accel_ms"] / g["c10d_ms"] - 1
+        print(f"| {g['op']} | {label} | {g['c10d_ms']:.3f} | {g['accel_ms']:.3f} | {overhead:+.1%} | "
+              f"{d['accel_ms']:.3f} | {d['c10d_ms'] / d['accel_ms']:.1f}x |")
+        if size >= 1 << 20:
+            checks.append((f"{g['op']} {label}: wrapper overhead over gloo <= 5%", f"{overhead:+.1%}", overhead <= 0.05))
+
+    print("\n| target | measured | met |")
+    print("|---|---|---|")
+    for name, value, ok in checks:
+        print(f"| {name} | {value} | {'yes' if ok else 'NO'} |")
+
+
+if __name__ == "__main__":
+    main()
