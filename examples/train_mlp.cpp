@@ -23,7 +23,8 @@ int main(int argc, char** argv) {
       .flag("batch-size", "8", "batch size per process")
       .flag("samples", "4096", "size of the synthetic data set")
       .flag("lr", "0.001", "AdamW learning rate")
-      .flag("seed", "0", "seed for the data, the initial weights and the shuffle order");
+      .flag("seed", "0", "seed for the data, the initial weights and the shuffle order")
+      .flag("log-every", "64", "print the main process's running loss every this many steps (0: never)");
   args.parse(argc, argv);
 
   accel::Accelerator acc;
@@ -42,6 +43,7 @@ int main(int argc, char** argv) {
 
   acc.print("train_mlp:", acc.num_processes(), "process(es),", dl.size(), "steps per epoch, global batch",
             dl.total_batch_size());
+  const int64_t log_every = args.integer("log-every");
   for (int64_t epoch = 0; epoch < args.integer("epochs"); ++epoch) {
     auto start = std::chrono::steady_clock::now();
     auto total = torch::zeros({}, torch::kDouble);
@@ -53,6 +55,10 @@ int main(int argc, char** argv) {
       o.zero_grad();
       total += loss.detach().to(torch::kDouble);
       ++steps;
+      if (log_every > 0 && steps % log_every == 0) {
+        acc.print("  epoch", epoch, "step", std::to_string(steps) + "/" + std::to_string(dl.size()), "loss",
+                  (total / steps).item<double>(), "(main process)");
+      }
     }
     auto mean = acc.reduce(total / std::max<int64_t>(steps, 1), accel::ReduceOp::kMean);
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -106,6 +106,7 @@ int main(int argc, char** argv) {
   opts.env.master_port = cfg.main_process_port;
   opts.env.mixed_precision = std::string(accel::config::to_string(cfg.mixed_precision));
   opts.env.gradient_accumulation_steps = cfg.gradient_accumulation_steps;
+  opts.env.collective_timeout = accel::config::format_duration(cfg.collective_timeout);
   opts.env.use_cpu = cfg.use_cpu;
   opts.env.debug = cfg.debug;
   opts.env.omp_num_threads = cfg.num_cpu_threads_per_process;

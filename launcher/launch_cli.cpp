@@ -145,6 +145,8 @@ ParseOutcome parse_launch_command(const std::vector<std::string>& args) {
   flag("--debug", "debug", "Set ACCELERATE_DEBUG_MODE=true for the workers");
   opt("--stop-timeout", "stop_timeout",
       "Grace between SIGTERM and SIGKILL when stopping workers (default 10s)")->type_name("DURATION");
+  opt("--collective-timeout", "collective_timeout",
+      "Bound on every collective in the workers (default 30m)")->type_name("DURATION");
   opt("--num-cpu-threads-per-process", "num_cpu_threads_per_process",
       "OMP_NUM_THREADS per worker (default: 1 when several workers)")->type_name("N");
   opt("--job-id,--run-id", "job_id", "Name of the job (default: generated)")->type_name("ID");

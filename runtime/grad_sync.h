@@ -1,8 +1,9 @@
 // GradSync: DDP's gradient synchronization for one model. Parameters are grouped into buckets in
 // reverse registration order (about backward order); when every gradient of a bucket has been
 // accumulated (a post hook on each parameter's AccumulateGrad node) the bucket is all-reduced
-// asynchronously while backward goes on; the end of backward waits for all buckets and writes
-// the averaged gradients back. Buckets are launched strictly in index order on every rank, so the
+// asynchronously while backward goes on; the end of backward waits for all buckets and averages
+// them in place. Each .grad aliases its bucket's storage (DDP's gradient_as_bucket_view), so
+// autograd accumulates straight into the buffer that is all-reduced. Buckets are launched strictly in index order on every rank, so the
 // collectives match even when ranks finish gradients in a different order.
 // Thread: hooks run on the autograd engine's thread (the caller's, on CPU); everything else on
 // the training thread. Backward passes do not overlap.
@@ -60,6 +61,8 @@ class GradSync : public std::enable_shared_from_this<GradSync> {
   void on_grad_ready(std::size_t param);
   void launch_ready_buckets();
   void launch(Bucket& bucket);
+  void attach_grad(Bucket& bucket, std::size_t k);
+  bool is_attached(const Bucket& bucket, std::size_t k) const;
   void reset_round();
 
   Comm& comm_;

@@ -5,6 +5,10 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef ACCEL_WITH_NCCL
+#include <c10/cuda/CUDAFunctions.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 
 #include <cstdio>
 #include <mutex>
@@ -82,12 +86,14 @@ State::State(const StateOptions& options) {
     comm_ = std::make_unique<Comm>();
     return;
   }
+#ifndef ACCEL_WITH_NCCL
   if (cuda) {
     throw ConfigError(
         "accel: this libaccel was built without NCCL support, but a GPU is visible; run with --cpu "
         "(ACCEL_USE_CPU=1) or rebuild against a CUDA libtorch");
   }
-  type_ = DistributedType::kMultiCpu;
+#endif
+  type_ = cuda ? DistributedType::kMultiGpu : DistributedType::kMultiCpu;
 
   auto addr = env::first_of({"MASTER_ADDR"});
   auto port = env::integer({"MASTER_PORT"}, -1, 1, 65535);
@@ -109,12 +115,24 @@ State::State(const StateOptions& options) {
                           (rank_ == 0 ? "start" : "reach") + " the job's store at " + *addr + ":" +
                           std::to_string(port) + " within " + format_duration(timeout_) + ": " + e.what());
   }
-  auto gloo_opts = c10d::ProcessGroupGloo::Options::create(timeout_);
-  gloo_opts->devices.push_back(gloo_device(*addr, local_world_size_ == world_size_));
   c10::intrusive_ptr<c10d::ProcessGroup> group;
   try {
     auto pg_store = c10::make_intrusive<c10d::PrefixStore>("accel/pg", store);
-    group = c10::make_intrusive<c10d::ProcessGroupGloo>(pg_store, rank_, world_size_, gloo_opts);
+#ifdef ACCEL_WITH_NCCL
+    // Compiled only against a CUDA libtorch (CMake: CAFFE2_USE_CUDA); gradients and collectives of
+    // CUDA tensors go through NCCL, with the same single timeout.
+    if (cuda) {
+      c10::cuda::set_device(static_cast<c10::DeviceIndex>(device_.index()));
+      auto nccl_opts = c10d::ProcessGroupNCCL::Options::create();
+      nccl_opts->timeout = timeout_;
+      group = c10::make_intrusive<c10d::ProcessGroupNCCL>(pg_store, rank_, world_size_, nccl_opts);
+    }
+#endif
+    if (!group) {
+      auto gloo_opts = c10d::ProcessGroupGloo::Options::create(timeout_);
+      gloo_opts->devices.push_back(gloo_device(*addr, local_world_size_ == world_size_));
+      group = c10::make_intrusive<c10d::ProcessGroupGloo>(pg_store, rank_, world_size_, gloo_opts);
+    }
   } catch (const std::exception& e) {
     throw CollectiveError("accel: rank " + std::to_string(rank_) + " could not connect to the other " +
                           std::to_string(world_size_ - 1) + " rank(s) within " + format_duration(timeout_) +

@@ -160,6 +160,17 @@ Status set_stop_timeout(ClusterConfig& cfg, std::string_view text) {
 
 std::string get_stop_timeout(const ClusterConfig& cfg) { return format_duration(cfg.stop_timeout); }
 
+Status set_collective_timeout(ClusterConfig& cfg, std::string_view text) {
+  auto d = parse_duration(text);
+  if (!d || d->count() <= 0) {
+    return Status::error("expected a positive duration such as 30m, 90s or 500ms, got " + quoted(trim(text)));
+  }
+  cfg.collective_timeout = *d;
+  return Status::ok();
+}
+
+std::string get_collective_timeout(const ClusterConfig& cfg) { return format_duration(cfg.collective_timeout); }
+
 size_t edit_distance(std::string_view a, std::string_view b) {
   std::vector<size_t> row(b.size() + 1);
   for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
@@ -270,6 +281,9 @@ const std::vector<KeySpec>& all_keys() {
       {"stop_timeout", "a duration such as 10s or 500ms",
        "Grace between SIGTERM and SIGKILL when a worker group is stopped.", set_stop_timeout,
        get_stop_timeout},
+      {"collective_timeout", "a duration such as 30m or 90s",
+       "Bound on every collective and the rendezvous store in the workers (ACCEL_COLLECTIVE_TIMEOUT).",
+       set_collective_timeout, get_collective_timeout},
       {"num_cpu_threads_per_process", "an integer from 0 to 4096",
        "OMP_NUM_THREADS for each worker; 0 = 1 when a node runs several workers.",
        set_int<&C::num_cpu_threads_per_process, 0, 4096>,

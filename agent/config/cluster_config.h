@@ -48,6 +48,7 @@ struct ClusterConfig {
   bool use_cpu = false;
   bool debug = false;
   std::chrono::milliseconds stop_timeout{10'000};  // SIGTERM -> SIGKILL grace
+  std::chrono::milliseconds collective_timeout{30 * 60'000};  // every collective (ACCEL_COLLECTIVE_TIMEOUT)
   int num_cpu_threads_per_process = 0;   // OMP_NUM_THREADS; 0 = 1 when >1 process, else inherit
   std::string job_id;                    // empty: generated at launch
   bool quiet = false;

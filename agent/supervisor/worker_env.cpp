@@ -47,6 +47,7 @@ EnvMap build_worker_env(const EnvMap& base, const WorkerIdentity& id, const JobE
   set("ACCEL_MIXED_PRECISION", job.mixed_precision);
   set("ACCEL_GRADIENT_ACCUMULATION_STEPS", num(job.gradient_accumulation_steps));
   set("ACCEL_USE_CPU", job.use_cpu ? "true" : "false");
+  set("ACCEL_COLLECTIVE_TIMEOUT", job.collective_timeout);
   if (!error_file.empty()) {
     set("ACCEL_ERROR_FILE", error_file);
     set("TORCHELASTIC_ERROR_FILE", error_file);

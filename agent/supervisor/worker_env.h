@@ -30,6 +30,7 @@ struct JobEnv {
   int gradient_accumulation_steps = 1;
   bool use_cpu = false;
   bool debug = false;
+  std::string collective_timeout = "30m";  // ACCEL_COLLECTIVE_TIMEOUT, as libaccel parses it
   int omp_num_threads = 0;  // 0: 1 when local_world_size > 1 and unset in `base`, else inherit
 };
 

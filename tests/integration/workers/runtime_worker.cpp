@@ -4,7 +4,7 @@
 //   runtime_worker collectives
 //   runtime_worker shard SIZE BATCH {even|uneven|drop_last|split}
 //   runtime_worker metrics SIZE BATCH {even|uneven} [stream]
-//   runtime_worker train OUT_FILE GLOBAL_BATCH STEPS {plain|accumulate|no_sync}
+//   runtime_worker train OUT_FILE GLOBAL_BATCH STEPS {plain|set_to_none|accumulate|no_sync}
 //   runtime_worker mismatch {sleep|other_collective}
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
@@ -246,7 +246,7 @@ int train(int argc, char** argv) {
   accel::Accelerator acc(opts);
   g_rank = acc.process_index();
   const int n = acc.num_processes();
-  const long micro = mode == "plain" ? 1 : 2;  // micro-steps per optimizer step
+  const long micro = mode == "plain" || mode == "set_to_none" ? 1 : 2;  // micro-steps per optimizer step
   REQUIRE(global % (n * micro) == 0, "global batch must divide by processes x micro-steps");
   torch::manual_seed(1234);
   // Different seeds per rank before this point would not matter: prepare() broadcasts rank 0.
@@ -267,6 +267,11 @@ int train(int argc, char** argv) {
       acc.backward(torch::mse_loss(m->forward(batch.input), batch.target) / 2);
       opt->step();
       opt->zero_grad();
+    } else if (mode == "set_to_none") {
+      // Gradients dropped after each step (torch 2.x's zero_grad default): sync must re-attach them.
+      acc.backward(torch::mse_loss(m->forward(batch.input), batch.target));
+      o.step();
+      for (auto& p : m->parameters()) p.mutable_grad() = torch::Tensor();
     } else {
       auto scope = acc.accumulate(m);
       acc.backward(torch::mse_loss(m->forward(batch.input), batch.target));
