@@ -26,6 +26,7 @@ class Comm {
     std::uint64_t seq = 0;
     std::size_t bytes = 0;
     std::chrono::steady_clock::time_point started;
+    at::Tensor divide;  // divided by world_size after the wait (gloo path of an average)
   };
 
   // A single process: every collective is the identity and nothing is created.
@@ -41,7 +42,8 @@ class Comm {
   int world_size() const { return world_size_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
 
-  Pending allreduce_async(at::Tensor& tensor, c10d::ReduceOp op);
+  // With `average`, the sum is divided by world_size() by the time wait() returns.
+  Pending allreduce_async(at::Tensor& tensor, c10d::ReduceOp op, bool average = false);
   void wait(Pending& pending);
 
   void allreduce(at::Tensor& tensor, c10d::ReduceOp op);

@@ -117,7 +117,7 @@ void GradSync::launch(Bucket& bucket) {
     if (p.grad().defined()) slot.copy_(p.grad().reshape({-1}));
     else slot.zero_();  // unused in this forward: contributes zero, as DDP's find_unused does
   }
-  bucket.work = comm_.allreduce_async(bucket.flat, c10d::ReduceOp::SUM);
+  bucket.work = comm_.allreduce_async(bucket.flat, c10d::ReduceOp::SUM, /*average=*/true);
   bucket.launched = true;
 }
 
@@ -131,12 +131,10 @@ void GradSync::finalize() {
   if (!round_active_) return;
   // Buckets with parameters that got no gradient are launched now, still in index order.
   while (next_to_launch_ < buckets_.size()) launch(buckets_[next_to_launch_++]);
-  const double scale = 1.0 / comm_.world_size();
   try {
     torch::NoGradGuard no_grad;
     for (auto& bucket : buckets_) {
-      comm_.wait(bucket.work);
-      bucket.flat.mul_(scale);
+      comm_.wait(bucket.work);  // averaged by now
       for (std::size_t k = 0; k < bucket.params.size(); ++k) {
         if (!is_attached(bucket, k)) {
           params_[bucket.params[k]].mutable_grad() = torch::Tensor();  // attach_grad copies nothing then

@@ -73,10 +73,32 @@ void combine(T* __restrict__ out, const T* const* in, int n, std::size_t count, 
   }
 }
 
+// Sum then scale, in the same pass as the last addition (gradient averaging). The sum is rounded
+// before the multiply, exactly as a separate mul_ would do.
 template <class T>
-void reduce_into(void* out, const std::vector<const void*>& slots, int n, std::size_t count, c10d::ReduceOp op) {
+void sum_scaled(T* __restrict__ out, const T* const* in, int n, std::size_t count, T scale) {
+  if (n == 2) {
+    const T* __restrict__ a = in[0];
+    const T* __restrict__ b = in[1];
+    for (std::size_t i = 0; i < count; ++i) {
+      T s = a[i] + b[i];
+      out[i] = s * scale;
+    }
+    return;
+  }
+  combine(out, in, n, count, [](T x, T y) { return x + y; });
+  for (std::size_t i = 0; i < count; ++i) out[i] *= scale;
+}
+
+template <class T>
+void reduce_into(void* out, const std::vector<const void*>& slots, int n, std::size_t count, c10d::ReduceOp op,
+                 double scale) {
   auto* o = static_cast<T*>(out);
   auto in = reinterpret_cast<const T* const*>(slots.data());
+  if (op == c10d::ReduceOp::SUM && scale != 1.0) {
+    sum_scaled(o, in, n, count, static_cast<T>(scale));
+    return;
+  }
   switch (op) {
     case c10d::ReduceOp::SUM: combine(o, in, n, count, [](T x, T y) { return x + y; }); break;
     case c10d::ReduceOp::MAX: combine(o, in, n, count, [](T x, T y) { return x < y ? y : x; }); break;
@@ -199,7 +221,8 @@ uint64_t ShmGroup::arrive_and_wait(const Call& call) {
   return g;
 }
 
-void ShmGroup::allreduce(at::Tensor& tensor, c10d::ReduceOp op, const Call& call, const at::Tensor* source) {
+void ShmGroup::allreduce(at::Tensor& tensor, c10d::ReduceOp op, const Call& call, const at::Tensor* source,
+                         double scale) {
   const std::size_t elem = tensor.element_size();
   const std::size_t per_chunk = slot_bytes_ / elem;
   const auto total = static_cast<std::size_t>(tensor.numel());
@@ -215,10 +238,10 @@ void ShmGroup::allreduce(at::Tensor& tensor, c10d::ReduceOp op, const Call& call
     for (int r = 0; r < world_; ++r) in[static_cast<std::size_t>(r)] = slot(next, r);
     void* out = data + begin * elem;
     switch (tensor.scalar_type()) {
-      case at::kFloat: reduce_into<float>(out, in, world_, count, op); break;
-      case at::kDouble: reduce_into<double>(out, in, world_, count, op); break;
-      case at::kInt: reduce_into<int32_t>(out, in, world_, count, op); break;
-      case at::kLong: reduce_into<int64_t>(out, in, world_, count, op); break;
+      case at::kFloat: reduce_into<float>(out, in, world_, count, op, scale); break;
+      case at::kDouble: reduce_into<double>(out, in, world_, count, op, scale); break;
+      case at::kInt: reduce_into<int32_t>(out, in, world_, count, op, scale); break;
+      case at::kLong: reduce_into<int64_t>(out, in, world_, count, op, scale); break;
       default: throw std::runtime_error("shared-memory allreduce got an unsupported dtype");
     }
   }

@@ -50,7 +50,10 @@ class ShmGroup {
   // different collective (the message names both).
   // Reduces into `tensor`; with `source`, the local contribution is read from there instead
   // (out of place: `tensor` may be uninitialized memory of the same shape and dtype).
-  void allreduce(at::Tensor& tensor, c10d::ReduceOp op, const Call& call, const at::Tensor* source = nullptr);
+  // A sum is multiplied by `scale` in the same pass (float types; gradient averaging).
+  void allreduce(at::Tensor& tensor, c10d::ReduceOp op, const Call& call, const at::Tensor* source = nullptr,
+                 double scale = 1.0);
+  static bool can_scale(const at::Tensor& t) { return t.is_floating_point(); }
   void broadcast(at::Tensor& tensor, int root, const Call& call);
   void allgather(at::Tensor& output, const at::Tensor& input, const Call& call);
   void barrier(const Call& call);
