@@ -46,29 +46,47 @@ int main() {
     const int iters = bytes <= (1 << 20) ? 60 : bytes <= (16 << 20) ? 12 : 6;
     auto t = torch::randn({numel});
     std::vector<double> direct_gather, accel_gather, direct_reduce, accel_reduce;
-    auto time = [&](std::vector<double>& into, auto&& fn) {
-      sync();
-      auto start = std::chrono::steady_clock::now();
-      fn();
-      into.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    // Each path runs its own loop and synchronizes through its own group before every call.
+    auto time = [&](std::vector<double>& into, auto&& barrier, auto&& fn) {
+      for (int i = 0; i < iters + 2; ++i) {
+        barrier();
+        auto start = std::chrono::steady_clock::now();
+        fn();
+        into.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+      }
     };
-    for (int i = 0; i < iters + 2; ++i) {
-      time(direct_gather, [&] {
-        std::vector<std::vector<at::Tensor>> outs(1);
-        for (int r = 0; r < n; ++r) outs[0].push_back(torch::empty({numel}));
-        std::vector<at::Tensor> ins{t};
-        gloo->allgather(outs, ins)->wait();
-        auto all = torch::cat(outs[0]);
-      });
-      time(accel_gather, [&] { auto all = acc.gather(t); });
-      // Same semantics as Accelerator::reduce: the input stays, the sum is a new tensor.
-      time(direct_reduce, [&] {
-        std::vector<at::Tensor> ts{t.clone()};
-        gloo->allreduce(ts)->wait();
-      });
-      time(accel_reduce, [&] { auto sum = acc.reduce(t); });
-    }
-    auto drop_warmup = [](std::vector<double> v) { return std::vector<double>(v.begin() + 2, v.end()); };
+    auto accel_sync = [&] { acc.wait_for_everyone(); };
+    auto gather_direct = [&] {
+      std::vector<std::vector<at::Tensor>> outs(1);
+      for (int r = 0; r < n; ++r) outs[0].push_back(torch::empty({numel}));
+      std::vector<at::Tensor> ins{t};
+      gloo->allgather(outs, ins)->wait();
+      auto all = torch::cat(outs[0]);
+    };
+    auto gather_accel = [&] { auto all = acc.gather(t); };
+    // Same semantics as Accelerator::reduce: the input stays, the sum is a new tensor.
+    auto reduce_direct = [&] {
+      std::vector<at::Tensor> ts{t.clone()};
+      gloo->allreduce(ts)->wait();
+    };
+    auto reduce_accel = [&] { auto sum = acc.reduce(t); };
+    // A-B-B-A: whichever path runs first after the other was measured to pay more for waking
+    // gloo's threads (up to ~2 ms on a small call); this order gives both the same share.
+    time(direct_gather, sync, gather_direct);
+    time(accel_gather, accel_sync, gather_accel);
+    time(accel_gather, accel_sync, gather_accel);
+    time(direct_gather, sync, gather_direct);
+    time(direct_reduce, sync, reduce_direct);
+    time(accel_reduce, accel_sync, reduce_accel);
+    time(accel_reduce, accel_sync, reduce_accel);
+    time(direct_reduce, sync, reduce_direct);
+    // The first two calls of each loop are warm-up.
+    auto drop_warmup = [&](const std::vector<double>& v) {
+      std::vector<double> out;
+      for (std::size_t i = 0; i < v.size(); ++i)
+        if (i % static_cast<std::size_t>(iters + 2) >= 2) out.push_back(v[i]);
+      return out;
+    };
     if (rank == 0) {
       std::printf("{\"op\": \"gather\", \"bytes\": %lld, \"c10d_ms\": %.3f, \"accel_ms\": %.3f}\n",
                   static_cast<long long>(bytes), median_ms(drop_warmup(direct_gather)),
