@@ -11,6 +11,7 @@
 #include <cstring>
 #include <random>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 namespace accel {
@@ -22,6 +23,8 @@ constexpr uint64_t kMagic = 0x616363656c73686dULL;  // "accelshm"
 constexpr std::size_t kSlotBudgetBytes = 8u << 20;
 constexpr std::size_t kMinSlotBytes = 256u << 10;
 constexpr int kSpinsBeforeYield = 2000;
+constexpr std::chrono::milliseconds kYieldPhase{2};
+constexpr std::chrono::microseconds kSleepQuantum{100};
 
 // Why two call records: a rank may publish generation g+1's call while a slower rank still checks
 // generation g's; records alternate by parity like the slots.
@@ -193,19 +196,26 @@ uint64_t ShmGroup::arrive_and_wait(const Call& call) {
   ctl[rank_].call_seq[parity].store(call.seq, std::memory_order_relaxed);
   ctl[rank_].call_word[parity].store(word, std::memory_order_relaxed);
   ctl[rank_].arrived.store(g, std::memory_order_release);
-  auto deadline = std::chrono::steady_clock::now() + timeout_;
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + timeout_;
   for (int r = 0; r < world_; ++r) {
     int spins = 0;
     while (ctl[r].arrived.load(std::memory_order_acquire) < g) {
+      // Three phases: spin (a peer a few microseconds behind), yield (more ranks than cores),
+      // then sleep, so a rank waiting for a peer in a long computation does not burn a core.
       if (++spins < kSpinsBeforeYield) {
         __builtin_ia32_pause();
         continue;
       }
-      // Why: with more ranks than cores, spinning would starve the rank we are waiting for.
-      ::sched_yield();
-      if ((spins & 1023) == 0 && std::chrono::steady_clock::now() > deadline) {
+      auto now = std::chrono::steady_clock::now();
+      if (now > deadline) {
         throw std::runtime_error("local rank " + std::to_string(r) +
                                  " did not reach this collective in shared memory");
+      }
+      if (now - start < kYieldPhase) {
+        ::sched_yield();
+      } else {
+        std::this_thread::sleep_for(kSleepQuantum);
       }
     }
   }

@@ -344,3 +344,33 @@ TEST(DataLoader, CustomCollateSeesEveryExample) {
 
 }  // namespace
 }  // namespace accel
+
+namespace accel {
+namespace {
+
+double lr_of(torch::optim::Optimizer& opt) { return opt.param_groups()[0].options().get_lr(); }
+
+// HF: the scheduler steps only on synchronizing steps (and num_processes times; 1 here).
+TEST(Accelerator, SchedulerStepsOnlyWithTheOptimizer) {
+  Accelerator acc({.gradient_accumulation_steps = 2});
+  auto model = torch::nn::Linear(2, 1);
+  auto opt = std::make_shared<torch::optim::SGD>(model->parameters(), 1.0);
+  auto sched = std::make_shared<torch::optim::StepLR>(*opt, /*step_size=*/1, /*gamma=*/0.5);
+  DataLoader loader(std::make_shared<TensorDataset>(torch::randn({8, 2}), torch::randn({8, 1})), {.batch_size = 1});
+  auto [m, o, dl, s] = acc.prepare(model, opt, loader, sched);
+  std::vector<double> lrs;
+  for (auto& b : dl) {
+    auto scope = acc.accumulate(m);
+    acc.backward(torch::mse_loss(m->forward(b.input), b.target));
+    o.step();
+    s.step();
+    o.zero_grad();
+    lrs.push_back(lr_of(*opt));
+  }
+  // Steps at micro-steps 2, 4, 6, 8 only. libtorch's StepLR leaves the rate alone on its first
+  // step (step_count_ 0), so the halvings land after micro-steps 4, 6 and 8.
+  EXPECT_EQ(lrs, (std::vector<double>{1.0, 1.0, 1.0, 0.5, 0.5, 0.25, 0.25, 0.125}));
+}
+
+}  // namespace
+}  // namespace accel
