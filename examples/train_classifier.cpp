@@ -48,6 +48,7 @@ int main(int argc, char** argv) {
       .flag("seed", "0", "seed for the data, weights and shuffle order")
       .flag("require-accuracy", "0", "exit 1 unless the final accuracy reaches this (0..1)");
   args.parse(argc, argv);
+  const int64_t epochs = args.integer("epochs");
 
   accel::Accelerator acc;
   const auto seed = static_cast<uint64_t>(args.integer("seed"));
@@ -65,7 +66,7 @@ int main(int argc, char** argv) {
   auto [m, o, train_dl, eval_dl] = acc.prepare(model, opt, train, eval);
 
   double accuracy = 0;
-  for (int64_t epoch = 0; epoch < args.integer("epochs"); ++epoch) {
+  for (int64_t epoch = 0; epoch < epochs; ++epoch) {
     m->train();
     auto total = torch::zeros({}, torch::kDouble);
     int64_t steps = 0;

@@ -74,6 +74,8 @@ int main(int argc, char** argv) {
       .flag("sample-chars", "200", "characters to sample at the end")
       .flag("seed", "0", "seed for the corpus, weights, shuffle and sampling");
   args.parse(argc, argv);
+  const int64_t epochs = args.integer("epochs");
+  const int64_t sample_chars = args.integer("sample-chars");
 
   accel::Accelerator acc;
   const auto seed = static_cast<uint64_t>(args.integer("seed"));
@@ -123,7 +125,7 @@ int main(int argc, char** argv) {
   acc.print("train_lm:", text.size(), "characters,", vocab, "symbols,", inputs.size(0), "windows,",
             acc.num_processes(), "process(es)");
 
-  for (int64_t epoch = 0; epoch < args.integer("epochs"); ++epoch) {
+  for (int64_t epoch = 0; epoch < epochs; ++epoch) {
     auto total = torch::zeros({}, torch::kDouble);
     int64_t steps = 0;
     for (auto& batch : dl) {
@@ -148,7 +150,7 @@ int main(int argc, char** argv) {
     m->eval();
     auto gen = at::make_generator<at::CPUGeneratorImpl>(seed + 1);
     std::string sample(1, text[0]);
-    for (int64_t i = 0; i < args.integer("sample-chars"); ++i) {
+    for (int64_t i = 0; i < sample_chars; ++i) {
       std::string context = sample.substr(sample.size() > static_cast<std::size_t>(block) ? sample.size() - block : 0);
       auto x = torch::empty({1, static_cast<int64_t>(context.size())}, torch::kLong);
       for (std::size_t k = 0; k < context.size(); ++k) x[0][static_cast<int64_t>(k)] = id_of[static_cast<unsigned char>(context[k])];

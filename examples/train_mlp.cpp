@@ -26,6 +26,8 @@ int main(int argc, char** argv) {
       .flag("seed", "0", "seed for the data, the initial weights and the shuffle order")
       .flag("log-every", "64", "print the main process's running loss every this many steps (0: never)");
   args.parse(argc, argv);
+  const int64_t epochs = args.integer("epochs");
+  const int64_t log_every = args.integer("log-every");
 
   accel::Accelerator acc;
   const auto seed = static_cast<uint64_t>(args.integer("seed"));
@@ -43,8 +45,7 @@ int main(int argc, char** argv) {
 
   acc.print("train_mlp:", acc.num_processes(), "process(es),", dl.size(), "steps per epoch, global batch",
             dl.total_batch_size());
-  const int64_t log_every = args.integer("log-every");
-  for (int64_t epoch = 0; epoch < args.integer("epochs"); ++epoch) {
+  for (int64_t epoch = 0; epoch < epochs; ++epoch) {
     auto start = std::chrono::steady_clock::now();
     auto total = torch::zeros({}, torch::kDouble);
     int64_t steps = 0;

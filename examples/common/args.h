@@ -17,6 +17,7 @@ class Args {
   Args& flag(const std::string& name, const std::string& fallback, const std::string& help) {
     order_.push_back(name);
     values_[name] = fallback;
+    defaults_[name] = fallback;
     help_[name] = help;
     return *this;
   }
@@ -42,6 +43,11 @@ class Args {
       for (auto& c : name) if (c == '_') c = '-';
       if (!values_.count(name)) fail("unknown flag --" + name);
       values_[name] = value;
+    }
+    // A flag whose default is a number takes only numbers: say so now, before any work starts.
+    for (const auto& name : order_) {
+      if (is_integer(defaults_.at(name))) (void)integer(name);
+      else if (is_real(defaults_.at(name))) (void)real(name);
     }
   }
 
@@ -74,7 +80,18 @@ class Args {
 
   std::string program_, about_;
   std::vector<std::string> order_;
-  std::map<std::string, std::string> values_, help_;
+  static bool is_integer(const std::string& v) {
+    char* end = nullptr;
+    std::strtol(v.c_str(), &end, 10);
+    return !v.empty() && *end == '\0';
+  }
+  static bool is_real(const std::string& v) {
+    char* end = nullptr;
+    std::strtod(v.c_str(), &end);
+    return !v.empty() && *end == '\0';
+  }
+
+  std::map<std::string, std::string> values_, help_, defaults_;
 };
 
 }  // namespace accel::examples
