@@ -148,10 +148,15 @@ bool Accelerator::begin_accumulation_step() {
 
 void Accelerator::backward(const torch::Tensor& loss) {
   if (!loss.defined()) throw UsageError("accel: backward() got an undefined loss tensor");
-  if (gradient_state_->num_steps() > 1) {
-    (loss / gradient_state_->num_steps()).backward();
-  } else {
-    loss.backward();
+  try {
+    if (gradient_state_->num_steps() > 1) {
+      (loss / gradient_state_->num_steps()).backward();
+    } else {
+      loss.backward();
+    }
+  } catch (...) {
+    for (auto& [model, sync] : syncs_) sync->abort_round();
+    throw;
   }
 }
 

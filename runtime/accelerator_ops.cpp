@@ -29,10 +29,10 @@ void Accelerator::check_same_shape(const torch::Tensor& tensor, const char* op) 
   // Why: a shape mismatch in gloo is a hang or garbage; in debug mode we pay one more small
   // collective per call to name the ranks instead (HF Accelerate's debug mode does the same).
   constexpr int64_t kMaxDims = 8;
-  auto mine = shape_of(tensor, kMaxDims);
-  auto all = torch::empty({num_processes() * (kMaxDims + 1)}, torch::kLong);
+  auto mine = shape_of(tensor, kMaxDims).to(device());
+  auto all = torch::empty({num_processes() * (kMaxDims + 1)}, torch::dtype(torch::kLong).device(device()));
   state_->comm().allgather(all, mine);
-  all = all.view({num_processes(), kMaxDims + 1});
+  all = all.view({num_processes(), kMaxDims + 1}).cpu();
   for (int r = 0; r < num_processes(); ++r) {
     if (!torch::equal(all[r], all[0])) {
       throw CollectiveError(std::string("accel: ") + op + ": rank 0 has shape " + describe(all[0]) + " but rank " +
@@ -58,8 +58,8 @@ torch::Tensor Accelerator::gather(const torch::Tensor& tensor) {
 
 torch::Tensor Accelerator::gather_uneven(const torch::Tensor& tensor) {
   auto input = tensor.dim() == 0 ? tensor.reshape({1}) : tensor.contiguous();
-  auto sizes = torch::empty({num_processes()}, torch::kLong);
-  state_->comm().allgather(sizes, torch::full({1}, input.size(0), torch::kLong));
+  auto sizes = torch::empty({num_processes()}, torch::dtype(torch::kLong).device(device()));
+  state_->comm().allgather(sizes, torch::full({1}, input.size(0), torch::dtype(torch::kLong).device(device())));
   int64_t largest = sizes.max().item<int64_t>();
   auto padded = pad_across_processes(input, 0, 0, false);
   auto all = gather(padded);
@@ -111,8 +111,8 @@ torch::Tensor Accelerator::pad_across_processes(const torch::Tensor& tensor, int
                                                 bool pad_first) {
   if (dim < 0) dim += tensor.dim();
   if (!use_distributed() || dim < 0 || dim >= tensor.dim()) return tensor;
-  auto sizes = torch::empty({num_processes()}, torch::kLong);
-  state_->comm().allgather(sizes, torch::full({1}, tensor.size(dim), torch::kLong));
+  auto sizes = torch::empty({num_processes()}, torch::dtype(torch::kLong).device(device()));
+  state_->comm().allgather(sizes, torch::full({1}, tensor.size(dim), torch::dtype(torch::kLong).device(device())));
   int64_t largest = sizes.max().item<int64_t>();
   if (largest == tensor.size(dim)) return tensor;
   auto shape = tensor.sizes().vec();
@@ -126,9 +126,11 @@ torch::Tensor Accelerator::pad_across_processes(const torch::Tensor& tensor, int
 std::vector<std::string> Accelerator::gather_object(const std::string& object) {
   if (!use_distributed()) return {object};
   auto bytes = torch::from_blob(const_cast<char*>(object.data()), {static_cast<int64_t>(object.size())}, torch::kUInt8);
-  auto all = gather_uneven(bytes.clone());
-  auto lengths = torch::empty({num_processes()}, torch::kLong);
-  state_->comm().allgather(lengths, torch::full({1}, static_cast<int64_t>(object.size()), torch::kLong));
+  auto all = gather_uneven(bytes.to(device(), /*non_blocking=*/false, /*copy=*/true)).cpu();
+  auto lengths = torch::empty({num_processes()}, torch::dtype(torch::kLong).device(device()));
+  state_->comm().allgather(lengths, torch::full({1}, static_cast<int64_t>(object.size()),
+                                                torch::dtype(torch::kLong).device(device())));
+  lengths = lengths.cpu();
   std::vector<std::string> out;
   const char* data = reinterpret_cast<const char*>(all.data_ptr<uint8_t>());
   int64_t offset = 0;
@@ -142,19 +144,23 @@ std::vector<std::string> Accelerator::gather_object(const std::string& object) {
 
 std::string Accelerator::broadcast_object(const std::string& object, int from) {
   if (!use_distributed()) return object;
-  auto length = torch::full({1}, static_cast<int64_t>(object.size()), torch::kLong);
+  auto length = torch::full({1}, static_cast<int64_t>(object.size()), torch::dtype(torch::kLong).device(device()));
   length = broadcast(length, from);
   int64_t n = length.item<int64_t>();
   auto bytes = torch::zeros({n}, torch::kUInt8);
   if (process_index() == from && n > 0) std::memcpy(bytes.data_ptr<uint8_t>(), object.data(), static_cast<std::size_t>(n));
-  if (n > 0) state_->comm().broadcast(bytes, from);
+  if (n > 0) {
+    bytes = bytes.to(device());
+    state_->comm().broadcast(bytes, from);
+    bytes = bytes.cpu();
+  }
   return std::string(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()), static_cast<std::size_t>(n));
 }
 
 void Accelerator::wait_for_everyone() { state_->comm().barrier(); }
 
 bool Accelerator::check_trigger() {
-  auto flag = torch::full({1}, trigger_ ? 1 : 0, torch::kLong);
+  auto flag = torch::full({1}, trigger_ ? 1 : 0, torch::dtype(torch::kLong).device(device()));
   if (use_distributed()) state_->comm().allreduce(flag, c10d::ReduceOp::SUM);
   bool fired = flag.item<int64_t>() > 0;
   if (fired) trigger_ = false;
@@ -178,7 +184,7 @@ torch::Tensor Accelerator::split_between_processes(const torch::Tensor& items, b
                           ? items.narrow(0, std::max<int64_t>(n - 1, 0), std::min<int64_t>(n, 1))
                           : items.narrow(0, static_cast<int64_t>(begin), static_cast<int64_t>(end - begin));
   if (apply_padding && out.size(0) > 0 && static_cast<std::size_t>(out.size(0)) < width) {
-    auto last = out.narrow(0, out.size(0) - 1, 1);
+    auto last = items.narrow(0, n - 1, 1);  // HF pads tensors with the last item of all
     std::vector<int64_t> reps(static_cast<std::size_t>(items.dim()), 1);
     reps[0] = static_cast<int64_t>(width) - out.size(0);
     out = torch::cat({out, last.repeat(reps)});

@@ -41,6 +41,12 @@ Comm::Comm(int rank, int world_size, std::chrono::milliseconds timeout, c10::int
 Comm::~Comm() = default;
 
 namespace {
+// What else must match between ranks for a shared-memory call: dtype, root, reduce op.
+uint64_t detail(const at::Tensor& t, int root, c10d::ReduceOp op) {
+  return static_cast<uint64_t>(t.scalar_type()) | static_cast<uint64_t>(root) << 16 |
+         static_cast<uint64_t>(op.op_) << 48;
+}
+
 bool shm_reduces(c10d::ReduceOp op) {
   return op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::MAX || op == c10d::ReduceOp::MIN;
 }
@@ -122,7 +128,7 @@ Comm::Pending Comm::allreduce_async(at::Tensor& tensor, c10d::ReduceOp op, bool 
     // Why synchronous: local shared-memory reduction takes microseconds; overlap buys nothing.
     try {
       double scale = average && ShmGroup::can_scale(tensor) ? 1.0 / world_size_ : 1.0;
-      shm_->allreduce(tensor, op, {p.op, p.seq, p.bytes}, nullptr, scale);
+      shm_->allreduce(tensor, op, {p.op, p.seq, p.bytes, detail(tensor, 0, op)}, nullptr, scale);
       if (average && scale == 1.0) tensor.div_(world_size_);
     } catch (const std::exception& e) {
       fail(p, e.what());
@@ -168,7 +174,7 @@ at::Tensor Comm::allreduce_copy(const at::Tensor& input, c10d::ReduceOp op) {
     Pending p = start("allreduce", nbytes(input));
     at::Tensor out = at::empty_like(input);
     try {
-      shm_->allreduce(out, op, {p.op, p.seq, p.bytes}, &input);
+      shm_->allreduce(out, op, {p.op, p.seq, p.bytes, detail(input, 0, op)}, &input);
     } catch (const std::exception& e) {
       fail(p, e.what());
     }
@@ -184,7 +190,7 @@ void Comm::broadcast(at::Tensor& tensor, int root) {
   if (world_size_ == 1) return;
   if (shm_ && ShmGroup::can_move(tensor)) {
     try {
-      shm_->broadcast(tensor, root, {p.op, p.seq, p.bytes});
+      shm_->broadcast(tensor, root, {p.op, p.seq, p.bytes, detail(tensor, root, c10d::ReduceOp::SUM)});
     } catch (const std::exception& e) {
       fail(p, e.what());
     }
@@ -209,7 +215,7 @@ void Comm::allgather(at::Tensor& output, const at::Tensor& input) {
   }
   if (shm_ && ShmGroup::can_move(input) && ShmGroup::can_move(output)) {
     try {
-      shm_->allgather(output, input, {p.op, p.seq, p.bytes});
+      shm_->allgather(output, input, {p.op, p.seq, p.bytes, detail(input, 0, c10d::ReduceOp::SUM)});
     } catch (const std::exception& e) {
       fail(p, e.what());
     }

@@ -109,9 +109,17 @@ class DataLoader::Pass {
     }
     impl_->position->even_batches = impl_->shard.even_batches;
     if (impl_->gradient_state) impl_->gradient_state->push_loader(impl_->position);
-    start_workers();
-    ahead_ = produce_next();
-    advance();
+    try {
+      start_workers();
+      ahead_ = produce_next();
+      advance();
+    } catch (...) {
+      // Why: ~Pass does not run for a constructor that throws; threads must not outlive it,
+      // and the gradient state must not keep pointing at this pass.
+      stop_workers();
+      finish();
+      throw;
+    }
   }
 
   ~Pass() {
@@ -243,7 +251,7 @@ class DataLoader::Pass {
       if (error) ready_[k] = Slot{std::nullopt, error};
       else if (batch) ready_[k] = Slot{std::move(batch), nullptr};
       else exhausted_ = true;
-      if (!batch && !impl_->map_dataset) end_at_ = k;
+      if (!error && !batch && !impl_->map_dataset) end_at_ = k;
       cv_.notify_all();
     }
   }

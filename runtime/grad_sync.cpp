@@ -71,6 +71,7 @@ void GradSync::attach_grad(Bucket& bucket, std::size_t k) {
 }
 
 bool GradSync::is_attached(const Bucket& bucket, std::size_t k) const {
+  if (params_[bucket.params[k]].numel() == 0) return true;  // nothing to sync
   const auto& g = params_[bucket.params[k]].grad();
   return g.defined() && g.data_ptr() == bucket.flat.narrow(0, bucket.offsets[k], 1).data_ptr();
 }
@@ -93,6 +94,8 @@ void GradSync::install_hooks() {
 
 void GradSync::on_grad_ready(std::size_t param) {
   if (!require_sync_) return;
+  // Why a lock: CPU and CUDA gradients of one model are accumulated on different engine threads.
+  std::lock_guard lock(mu_);
   if (!round_active_) {
     round_active_ = true;
     std::weak_ptr<GradSync> weak = weak_from_this();
@@ -127,7 +130,13 @@ void GradSync::launch_ready_buckets() {
   }
 }
 
+void GradSync::abort_round() {
+  std::lock_guard lock(mu_);
+  reset_round();
+}
+
 void GradSync::finalize() {
+  std::lock_guard lock(mu_);
   if (!round_active_) return;
   // Buckets with parameters that got no gradient are launched now, still in index order.
   while (next_to_launch_ < buckets_.size()) launch(buckets_[next_to_launch_++]);

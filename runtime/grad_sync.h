@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "runtime/comm.h"
@@ -46,6 +47,10 @@ class GradSync : public std::enable_shared_from_this<GradSync> {
 
   std::size_t num_buckets() const { return buckets_.size(); }
 
+  // Forgets a round whose backward threw before it finished (the engine then drops finalize);
+  // otherwise the next backward would find its parameters already counted and never sync.
+  void abort_round();
+
  private:
   struct Bucket {
     std::vector<std::size_t> params;  // indices into params_
@@ -74,6 +79,7 @@ class GradSync : public std::enable_shared_from_this<GradSync> {
   std::size_t next_to_launch_ = 0;
   bool round_active_ = false;
   bool require_sync_ = true;
+  std::mutex mu_;  // guards the round state (ready_, buckets_' counters, next_to_launch_, round_active_)
 };
 
 }  // namespace accel

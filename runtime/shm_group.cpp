@@ -31,7 +31,8 @@ constexpr std::chrono::microseconds kSleepQuantum{100};
 struct alignas(64) RankControl {
   std::atomic<uint64_t> arrived;
   std::atomic<uint64_t> call_seq[2];
-  std::atomic<uint64_t> call_word[2];  // op code << 56 | payload bytes
+  std::atomic<uint64_t> call_word[2];    // op code << 56 | payload bytes
+  std::atomic<uint64_t> call_detail[2];  // dtype, root, reduce op
 };
 
 const char* const kOps[] = {"?", "allreduce", "broadcast", "allgather", "barrier"};
@@ -130,11 +131,13 @@ std::unique_ptr<ShmGroup> ShmGroup::create(c10d::Store& store, c10d::ProcessGrou
     name = "/accel-" + std::to_string(::getpid()) + "-" + std::to_string(rd());
     fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     // posix_fallocate, not ftruncate alone: a full /dev/shm must fail here, not SIGBUS later.
-    if (fd < 0 || ::posix_fallocate(fd, 0, static_cast<off_t>(size)) != 0) {
-      *why = "cannot create " + std::to_string(size >> 20) + " MiB in /dev/shm (" + std::strerror(errno) + ")";
+    int err = fd < 0 ? errno : ::posix_fallocate(fd, 0, static_cast<off_t>(size));
+    if (err != 0) {
+      *why = "cannot create " + std::to_string(size >> 20) + " MiB in /dev/shm (" + std::strerror(err) + ")";
       if (fd >= 0) {
         ::close(fd);
         ::shm_unlink(name.c_str());
+        fd = -1;
       }
       name = "";  // tells the others to fall back too
     }
@@ -195,6 +198,7 @@ uint64_t ShmGroup::arrive_and_wait(const Call& call) {
   const uint64_t word = op_code(call.op) << 56 | (call.bytes & ((1ULL << 56) - 1));
   ctl[rank_].call_seq[parity].store(call.seq, std::memory_order_relaxed);
   ctl[rank_].call_word[parity].store(word, std::memory_order_relaxed);
+  ctl[rank_].call_detail[parity].store(call.detail, std::memory_order_relaxed);
   ctl[rank_].arrived.store(g, std::memory_order_release);
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + timeout_;
@@ -226,6 +230,11 @@ uint64_t ShmGroup::arrive_and_wait(const Call& call) {
       throw std::runtime_error("mismatched collectives: rank " + std::to_string(r) + " called " +
                                describe(their_word, their_seq) + " while this rank called " +
                                describe(word, call.seq));
+    }
+    if (ctl[r].call_detail[parity].load(std::memory_order_relaxed) != call.detail) {
+      throw std::runtime_error("mismatched collectives: rank " + std::to_string(r) + " called " +
+                               describe(word, call.seq) +
+                               " with another dtype, root or reduce op than this rank");
     }
   }
   return g;

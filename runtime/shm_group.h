@@ -44,6 +44,7 @@ class ShmGroup {
     const char* op;
     uint64_t seq;
     uint64_t bytes;
+    uint64_t detail = 0;  // dtype, root and reduce op: must match too (see Comm::call_of)
   };
 
   // Throw std::runtime_error when a peer does not arrive within the timeout, or arrives in a

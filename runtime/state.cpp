@@ -140,7 +140,8 @@ State::State(const StateOptions& options) {
   }
   std::unique_ptr<ShmGroup> shm;
   // Shared memory between the ranks of one machine (all of them, for now); gloo otherwise.
-  if (local_world_size_ == world_size_ && env::boolean({"ACCEL_SHM_COLLECTIVES"}, true)) {
+  // Not with NCCL: its group takes CUDA tensors only, and NCCL has its own intra-node transport.
+  if (!cuda && local_world_size_ == world_size_ && env::boolean({"ACCEL_SHM_COLLECTIVES"}, true)) {
     std::string why;
     shm = ShmGroup::create(*store, *group, rank_, world_size_, timeout_, &why);
     if (!shm && rank_ == 0) {

@@ -171,6 +171,17 @@ TEST(Runtime, RankThatSkipsABarrierFailsWithinTheTimeoutNamingIt) {
   EXPECT_NE(r.err.find("rank 1 did not report"), std::string::npos) << r.err;
 }
 
+// Same op and byte count, another dtype: shared memory still refuses to mix them.
+TEST(Runtime, SameSizeCollectiveWithAnotherDtypeFailsOverSharedMemory) {
+  TempDir dir;
+  auto r = run_worker(dir, 2, {"mismatch", "dtype"}, {{"ACCEL_COLLECTIVE_TIMEOUT", "60s"}});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_LT(r.elapsed, 20s);
+  EXPECT_NE((r.out + r.err).find("allreduce #1 (8 bytes) with another dtype, root or reduce op than this rank"),
+            std::string::npos)
+      << r.out << r.err;
+}
+
 // Gloo cannot tell two collectives apart: both ranks wait for the timeout, then each names its own
 // collective and the other rank's (the desync report).
 TEST(Runtime, RankThatCallsAnotherCollectiveOverGlooTimesOutNamingBoth) {

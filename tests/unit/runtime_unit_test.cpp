@@ -164,6 +164,26 @@ TEST(DataLoader, AnErrorInAWorkerThreadReachesTheLoop) {
   }
 }
 
+class FailsFirst : public Dataset {
+ public:
+  std::size_t size() const override { return 8; }
+  Example get(std::size_t i) const override {
+    if (i == 0) throw DataError("sample 0 is corrupt");
+    return {torch::tensor(static_cast<int64_t>(i)), {}};
+  }
+};
+
+// The first batch is built while the pass starts: its error must not leave threads behind
+// (std::terminate) nor a stale loader position on the gradient state.
+TEST(DataLoader, AnErrorInTheFirstBatchIsThrownCleanly) {
+  auto gs = std::make_shared<GradientState>();
+  for (std::size_t workers : {0u, 2u}) {
+    DataLoader dl = DataLoader(std::make_shared<FailsFirst>(), {.batch_size = 2, .num_workers = workers}).shard({}, gs);
+    EXPECT_THROW(for (auto& b : dl) (void)b, DataError);
+    EXPECT_FALSE(gs->in_dataloader());
+  }
+}
+
 TEST(DataLoader, BreakingOutEarlyStopsThreads) {
   DataLoader dl(std::make_shared<TensorDataset>(torch::arange(1000)), {.batch_size = 1, .num_workers = 2});
   int k = 0;

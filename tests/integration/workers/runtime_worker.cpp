@@ -5,7 +5,7 @@
 //   runtime_worker shard SIZE BATCH {even|uneven|drop_last|split}
 //   runtime_worker metrics SIZE BATCH {even|uneven} [stream]
 //   runtime_worker train OUT_FILE GLOBAL_BATCH STEPS {plain|set_to_none|accumulate|no_sync}
-//   runtime_worker mismatch {sleep|other_collective}
+//   runtime_worker mismatch {sleep|other_collective|dtype}
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
@@ -126,6 +126,7 @@ int collectives(accel::Accelerator& acc) {
   REQUIRE(padded_part.back() == begin + len - 1, "split pads with its own last item");
   auto tpart = acc.split_between_processes(torch::arange(7), true);
   REQUIRE(tpart.size(0) == base + (extra > 0 ? 1 : 0) && tpart[0].item<int64_t>() == begin, "split tensor");
+  if (len < tpart.size(0)) REQUIRE(tpart[-1].item<int64_t>() == 6, "HF pads a tensor share with the last item of all");
 
   // Trigger: only the last rank sets it; every rank sees it once.
   REQUIRE(!acc.check_trigger(), "trigger before set");
@@ -301,9 +302,13 @@ int mismatch(accel::Accelerator& acc, const std::string& how) {
   if (acc.process_index() == 1) {
     if (how == "sleep") {
       std::this_thread::sleep_for(std::chrono::seconds(60));  // skipped the barrier and hangs
+    } else if (how == "dtype") {
+      acc.reduce(torch::ones({1}, torch::kLong));  // 8 bytes, like rank 0's, but int64
     } else {
       acc.reduce(torch::ones({1000}));  // skipped the barrier and called another collective
     }
+  } else if (how == "dtype") {
+    acc.reduce(torch::ones({2}, torch::kFloat));  // 8 bytes of float32
   } else {
     acc.wait_for_everyone();
   }
