@@ -160,6 +160,16 @@ TEST(Runtime, AccumulationAndNoSyncTrainLikeTheGlobalBatch) {
   }
 }
 
+// A backward that throws after some gradient hooks fired leaves no half-open sync round behind.
+TEST(Runtime, GradientsStillSyncAfterABackwardThatThrew) {
+  for (std::string shm : {"1", "0"}) {
+    TempDir dir;
+    auto r = run_worker(dir, 2, {"backward_throws"}, {{"ACCEL_SHM_COLLECTIVES", shm}});
+    EXPECT_JOB_OK(r) << " ACCEL_SHM_COLLECTIVES=" << shm;
+    EXPECT_NE(r.out.find("OK backward_throws"), std::string::npos) << r.out;
+  }
+}
+
 TEST(Runtime, RankThatSkipsABarrierFailsWithinTheTimeoutNamingIt) {
   TempDir dir;
   auto r = run_worker(dir, 2, {"mismatch", "sleep"}, {{"ACCEL_COLLECTIVE_TIMEOUT", "4s"}});

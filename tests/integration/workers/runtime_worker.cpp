@@ -6,6 +6,7 @@
 //   runtime_worker metrics SIZE BATCH {even|uneven} [stream]
 //   runtime_worker train OUT_FILE GLOBAL_BATCH STEPS {plain|set_to_none|accumulate|no_sync}
 //   runtime_worker mismatch {sleep|other_collective|dtype}
+//   runtime_worker backward_throws
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
@@ -297,6 +298,46 @@ int train(int argc, char** argv) {
   return 0;
 }
 
+// Identity forward, throwing backward: a backward pass that fails halfway, after some gradient
+// hooks have fired.
+struct Boom : torch::autograd::Function<Boom> {
+  static torch::Tensor forward(torch::autograd::AutogradContext*, const torch::Tensor& x) { return x.clone(); }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*, torch::autograd::variable_list) {
+    throw std::runtime_error("boom in backward");
+  }
+};
+
+// After a backward that threw (and was caught on every rank), gradients must sync again.
+int backward_throws() {
+  accel::Accelerator acc;
+  g_rank = acc.process_index();
+  torch::manual_seed(5);
+  auto model = std::make_shared<NetImpl>();
+  auto opt = std::make_shared<torch::optim::SGD>(model->parameters(), 0.1);
+  auto [m, o] = acc.prepare(model, opt);
+  torch::manual_seed(100 + acc.process_index());  // every rank trains on different data
+  try {
+    auto hidden = Boom::apply(torch::tanh(m->fc1->forward(torch::randn({4, 6}))));
+    acc.backward(m->fc2->forward(hidden).pow(2).mean());
+    REQUIRE(false, "backward should have thrown");
+  } catch (const std::runtime_error& e) {
+    REQUIRE(std::string(e.what()).find("boom in backward") != std::string::npos, e.what());
+  }
+  o.zero_grad();
+  for (int step = 0; step < 5; ++step) {
+    acc.backward(torch::mse_loss(m->forward(torch::randn({4, 6})), torch::randn({4, 2})));
+    o.step();
+    o.zero_grad();
+  }
+  std::vector<torch::Tensor> flat;
+  for (auto& p : m->parameters()) flat.push_back(p.detach().reshape({-1}));
+  auto weights = torch::cat(flat);
+  auto spread = acc.reduce(weights, accel::ReduceOp::kMax) - acc.reduce(weights, accel::ReduceOp::kMin);
+  REQUIRE(spread.abs().max().item<float>() == 0.0f, "ranks diverged: gradients stopped syncing after the failed backward");
+  acc.print("OK backward_throws");
+  return 0;
+}
+
 int mismatch(accel::Accelerator& acc, const std::string& how) {
   acc.wait_for_everyone();
   if (acc.process_index() == 1) {
@@ -331,6 +372,7 @@ int main(int argc, char** argv) {
   if (mode == "shard") return shard(argc, argv);
   if (mode == "metrics") return metrics(argc, argv);
   if (mode == "train") return train(argc, argv);
+  if (mode == "backward_throws") return backward_throws();
   if (mode == "mismatch" && argc > 2) {
     accel::Accelerator acc;
     return mismatch(acc, argv[2]);
