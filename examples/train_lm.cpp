@@ -2,7 +2,9 @@
 // corpus the program generates from a seeded grammar; prints the loss and samples text.
 #include <torch/torch.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -86,7 +88,7 @@ int main(int argc, char** argv) {
   } else {
     std::ifstream in(args.str("text"), std::ios::binary);
     if (!in) {
-      std::cerr << "train_lm: cannot read --text " << args.str("text") << "\n";
+      std::cerr << "train_lm: cannot read --text " << args.str("text") << ": " << std::strerror(errno) << "\n";
       return 2;
     }
     text.assign(std::istreambuf_iterator<char>(in), {});

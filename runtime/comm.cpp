@@ -126,24 +126,18 @@ Comm::Pending Comm::allreduce_async(at::Tensor& tensor, c10d::ReduceOp op, bool 
   if (world_size_ == 1) return p;
   if (shm_ && ShmGroup::can_reduce(tensor) && shm_reduces(op)) {
     // Why synchronous: local shared-memory reduction takes microseconds; overlap buys nothing.
-    try {
+    guarded(p, [&] {
       double scale = average && ShmGroup::can_scale(tensor) ? 1.0 / world_size_ : 1.0;
       shm_->allreduce(tensor, op, {p.op, p.seq, p.bytes, detail(tensor, 0, op)}, nullptr, scale);
       if (average && scale == 1.0) tensor.div_(world_size_);
-    } catch (const std::exception& e) {
-      fail(p, e.what());
-    }
+    });
     return p;
   }
   std::vector<at::Tensor> tensors{tensor};
   if (average) p.divide = tensor;
   c10d::AllreduceOptions opts;
   opts.reduceOp = op;
-  try {
-    p.work = group_->allreduce(tensors, opts);
-  } catch (const std::exception& e) {
-    fail(p, e.what());
-  }
+  guarded(p, [&] { p.work = group_->allreduce(tensors, opts); });
   return p;
 }
 
@@ -173,11 +167,7 @@ at::Tensor Comm::allreduce_copy(const at::Tensor& input, c10d::ReduceOp op) {
     // read and a write of the whole tensor more.
     Pending p = start("allreduce", nbytes(input));
     at::Tensor out = at::empty_like(input);
-    try {
-      shm_->allreduce(out, op, {p.op, p.seq, p.bytes, detail(input, 0, op)}, &input);
-    } catch (const std::exception& e) {
-      fail(p, e.what());
-    }
+    guarded(p, [&] { shm_->allreduce(out, op, {p.op, p.seq, p.bytes, detail(input, 0, op)}, &input); });
     return out;
   }
   at::Tensor out = input.clone();
@@ -189,21 +179,13 @@ void Comm::broadcast(at::Tensor& tensor, int root) {
   Pending p = start("broadcast", nbytes(tensor));
   if (world_size_ == 1) return;
   if (shm_ && ShmGroup::can_move(tensor)) {
-    try {
-      shm_->broadcast(tensor, root, {p.op, p.seq, p.bytes, detail(tensor, root, c10d::ReduceOp::SUM)});
-    } catch (const std::exception& e) {
-      fail(p, e.what());
-    }
+    guarded(p, [&] { shm_->broadcast(tensor, root, {p.op, p.seq, p.bytes, detail(tensor, root, c10d::ReduceOp::SUM)}); });
     return;
   }
   std::vector<at::Tensor> tensors{tensor};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
-  try {
-    p.work = group_->broadcast(tensors, opts);
-  } catch (const std::exception& e) {
-    fail(p, e.what());
-  }
+  guarded(p, [&] { p.work = group_->broadcast(tensors, opts); });
   wait(p);
 }
 
@@ -214,11 +196,7 @@ void Comm::allgather(at::Tensor& output, const at::Tensor& input) {
     return;
   }
   if (shm_ && ShmGroup::can_move(input) && ShmGroup::can_move(output)) {
-    try {
-      shm_->allgather(output, input, {p.op, p.seq, p.bytes, detail(input, 0, c10d::ReduceOp::SUM)});
-    } catch (const std::exception& e) {
-      fail(p, e.what());
-    }
+    guarded(p, [&] { shm_->allgather(output, input, {p.op, p.seq, p.bytes, detail(input, 0, c10d::ReduceOp::SUM)}); });
     return;
   }
   std::vector<std::vector<at::Tensor>> outputs(1);
@@ -228,11 +206,7 @@ void Comm::allgather(at::Tensor& output, const at::Tensor& input) {
   }
   std::vector<at::Tensor> inputs{input.contiguous()};
   c10d::AllgatherOptions opts;
-  try {
-    p.work = group_->allgather(outputs, inputs, opts);
-  } catch (const std::exception& e) {
-    fail(p, e.what());
-  }
+  guarded(p, [&] { p.work = group_->allgather(outputs, inputs, opts); });
   wait(p);
 }
 
@@ -240,19 +214,11 @@ void Comm::barrier() {
   Pending p = start("barrier", 0);
   if (world_size_ == 1) return;
   if (shm_) {
-    try {
-      shm_->barrier({p.op, p.seq, p.bytes});
-    } catch (const std::exception& e) {
-      fail(p, e.what());
-    }
+    guarded(p, [&] { shm_->barrier({p.op, p.seq, p.bytes}); });
     return;
   }
   c10d::BarrierOptions opts;
-  try {
-    p.work = group_->barrier(opts);
-  } catch (const std::exception& e) {
-    fail(p, e.what());
-  }
+  guarded(p, [&] { p.work = group_->barrier(opts); });
   wait(p);
 }
 

@@ -60,6 +60,15 @@ class Comm {
  private:
   Pending start(const char* op, std::size_t bytes);
   [[noreturn]] void fail(const Pending& pending, const std::string& cause);
+  // Runs `call`; an exception from it becomes fail(): a CollectiveError naming the collective.
+  template <class F>
+  void guarded(const Pending& pending, F&& call) {
+    try {
+      std::forward<F>(call)();
+    } catch (const std::exception& e) {
+      fail(pending, e.what());
+    }
+  }
   std::string desync_report(const Pending& pending);
 
   int rank_ = 0;
