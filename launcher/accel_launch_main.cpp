@@ -87,6 +87,18 @@ int main(int argc, char** argv) {
                 "not have yet; set nodes: 1");
   }
 
+  std::string checkpoint_dir;
+  if (!cfg.checkpoint_dir.empty()) {
+    // Why absolute: workers may change directory; all ranks and restarts must agree on the path.
+    std::error_code ec;
+    fs::path abs = fs::absolute(cfg.checkpoint_dir, ec);
+    if (ec) {
+      return fail(cfg.origin("checkpoint_dir").where + ": checkpoint_dir: cannot make '" +
+                  cfg.checkpoint_dir + "' absolute: " + ec.message());
+    }
+    checkpoint_dir = abs.string();
+  }
+
   if (cmd.program.program.empty() && !cmd.program.module) {
     return fail("no PROGRAM given: accel-launch [OPTIONS] PROGRAM [ARGS...] (see --help)");
   }
@@ -107,6 +119,8 @@ int main(int argc, char** argv) {
   opts.env.mixed_precision = std::string(accel::config::to_string(cfg.mixed_precision));
   opts.env.gradient_accumulation_steps = cfg.gradient_accumulation_steps;
   opts.env.collective_timeout = accel::config::format_duration(cfg.collective_timeout);
+  opts.env.checkpoint_dir = checkpoint_dir;
+  opts.env.checkpoint_interval = cfg.checkpoint_interval;
   opts.env.use_cpu = cfg.use_cpu;
   opts.env.debug = cfg.debug;
   opts.env.omp_num_threads = cfg.num_cpu_threads_per_process;

@@ -147,6 +147,12 @@ ParseOutcome parse_launch_command(const std::vector<std::string>& args) {
       "Grace between SIGTERM and SIGKILL when stopping workers (default 10s)")->type_name("DURATION");
   opt("--collective-timeout", "collective_timeout",
       "Bound on every collective in the workers (default 30m)")->type_name("DURATION");
+  opt("--checkpoint-dir", "checkpoint_dir",
+      "Save checkpoints in DIR and resume from them after a restart (default: none)")
+      ->type_name("DIR");
+  opt("--checkpoint-interval", "checkpoint_interval",
+      "Save a checkpoint every N optimizer steps; 0: only on save_state() (default 0)")
+      ->type_name("N");
   opt("--num-cpu-threads-per-process", "num_cpu_threads_per_process",
       "OMP_NUM_THREADS per worker (default: 1 when several workers)")->type_name("N");
   opt("--job-id,--run-id", "job_id", "Name of the job (default: generated)")->type_name("ID");

@@ -134,6 +134,11 @@ Status set_log_dir(ClusterConfig& cfg, std::string_view text) {
   return Status::ok();
 }
 
+Status set_checkpoint_dir(ClusterConfig& cfg, std::string_view text) {
+  cfg.checkpoint_dir = std::string(trim(text));
+  return Status::ok();
+}
+
 Status set_job_id(ClusterConfig& cfg, std::string_view text) {
   std::string_view t = trim(text);
   bool ok = t.empty() || (t.size() <= 64 && t.front() != '.' &&
@@ -170,6 +175,12 @@ Status set_collective_timeout(ClusterConfig& cfg, std::string_view text) {
 }
 
 std::string get_collective_timeout(const ClusterConfig& cfg) { return format_duration(cfg.collective_timeout); }
+
+// "c.yaml:2:15: machine_rank", or just the key when it has its default.
+std::string where_key(const ClusterConfig& cfg, std::string_view key) {
+  const Origin& o = cfg.origin(key);
+  return o.where.empty() ? std::string(key) : o.where + ": " + std::string(key);
+}
 
 size_t edit_distance(std::string_view a, std::string_view b) {
   std::vector<size_t> row(b.size() + 1);
@@ -284,6 +295,14 @@ const std::vector<KeySpec>& all_keys() {
       {"collective_timeout", "a duration such as 30m or 90s",
        "Bound on every collective and the rendezvous store in the workers (ACCEL_COLLECTIVE_TIMEOUT).",
        set_collective_timeout, get_collective_timeout},
+      {"checkpoint_dir", "a directory",
+       "Folder where libaccel saves checkpoints (checkpoints/checkpoint_<n> inside it) and from "
+       "which a restarted group resumes by itself (ACCEL_CHECKPOINT_DIR); empty: none.",
+       set_checkpoint_dir, get_string<&C::checkpoint_dir>},
+      {"checkpoint_interval", "an integer >= 0",
+       "Save a checkpoint every N optimizer steps; 0 = only when the program calls save_state() "
+       "(ACCEL_CHECKPOINT_INTERVAL).",
+       set_int<&C::checkpoint_interval, 0, INT_MAX>, get_int<&C::checkpoint_interval>},
       {"num_cpu_threads_per_process", "an integer from 0 to 4096",
        "OMP_NUM_THREADS for each worker; 0 = 1 when a node runs several workers.",
        set_int<&C::num_cpu_threads_per_process, 0, 4096>,
@@ -349,11 +368,14 @@ Status set_value(ClusterConfig& cfg, std::string_view key, std::string_view text
 
 Status validate(const ClusterConfig& cfg) {
   if (cfg.machine_rank >= cfg.nodes.max) {
-    const Origin& o = cfg.origin("machine_rank");
-    std::string where = o.where.empty() ? "machine_rank" : o.where + ": machine_rank";
-    return Status::error(where + ": " + std::to_string(cfg.machine_rank) +
+    return Status::error(where_key(cfg, "machine_rank") + ": " + std::to_string(cfg.machine_rank) +
                          " is not below the number of nodes (" + std::to_string(cfg.nodes.max) +
                          "); machine ranks run from 0 to nodes - 1");
+  }
+  if (cfg.checkpoint_interval > 0 && cfg.checkpoint_dir.empty()) {
+    return Status::error(where_key(cfg, "checkpoint_interval") + ": " +
+                         std::to_string(cfg.checkpoint_interval) +
+                         " needs checkpoint_dir (where to save)");
   }
   return Status::ok();
 }

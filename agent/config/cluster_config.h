@@ -49,6 +49,8 @@ struct ClusterConfig {
   bool debug = false;
   std::chrono::milliseconds stop_timeout{10'000};  // SIGTERM -> SIGKILL grace
   std::chrono::milliseconds collective_timeout{30 * 60'000};  // every collective (ACCEL_COLLECTIVE_TIMEOUT)
+  std::string checkpoint_dir;            // empty: no checkpoints (ACCEL_CHECKPOINT_DIR, made absolute)
+  int checkpoint_interval = 0;           // optimizer steps per checkpoint; 0 = only save_state()
   int num_cpu_threads_per_process = 0;   // OMP_NUM_THREADS; 0 = 1 when >1 process, else inherit
   std::string job_id;                    // empty: generated at launch
   bool quiet = false;
@@ -83,7 +85,8 @@ std::string env_var_for(std::string_view key);
 // the problem; for an unknown key it suggests the nearest valid one.
 Status set_value(ClusterConfig& cfg, std::string_view key, std::string_view text, Origin origin);
 
-// Checks that need several keys at once (e.g. machine_rank < nodes.max).
+// Checks that need several keys at once (machine_rank < nodes.max; checkpoint_interval > 0
+// needs a checkpoint_dir).
 Status validate(const ClusterConfig& cfg);
 
 // Parsers shared with the CLI and tests.

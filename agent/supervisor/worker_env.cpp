@@ -48,6 +48,17 @@ EnvMap build_worker_env(const EnvMap& base, const WorkerIdentity& id, const JobE
   set("ACCEL_GRADIENT_ACCUMULATION_STEPS", num(job.gradient_accumulation_steps));
   set("ACCEL_USE_CPU", job.use_cpu ? "true" : "false");
   set("ACCEL_COLLECTIVE_TIMEOUT", job.collective_timeout);
+  // Why erase: the config already read these from the launcher's environment; a flag or file
+  // that turned checkpointing off must not be undone by the inherited variable.
+  auto set_or_erase = [&](const char* k, bool on, const std::string& v) {
+    if (on) {
+      set(k, v);
+    } else {
+      env.erase(k);
+    }
+  };
+  set_or_erase("ACCEL_CHECKPOINT_DIR", !job.checkpoint_dir.empty(), job.checkpoint_dir);
+  set_or_erase("ACCEL_CHECKPOINT_INTERVAL", job.checkpoint_interval > 0, num(job.checkpoint_interval));
   if (!error_file.empty()) {
     set("ACCEL_ERROR_FILE", error_file);
     set("TORCHELASTIC_ERROR_FILE", error_file);

@@ -31,13 +31,16 @@ struct JobEnv {
   bool use_cpu = false;
   bool debug = false;
   std::string collective_timeout = "30m";  // ACCEL_COLLECTIVE_TIMEOUT, as libaccel parses it
+  std::string checkpoint_dir{};  // ACCEL_CHECKPOINT_DIR, an absolute path; empty: unset
+  int checkpoint_interval = 0;   // ACCEL_CHECKPOINT_INTERVAL when > 0; otherwise unset
   int omp_num_threads = 0;  // 0: 1 when local_world_size > 1 and unset in `base`, else inherit
 };
 
 // `base` (the launcher's own environment) plus the contract's variables. Variables of the
 // contract always override `base`, except TORCH_NCCL_ASYNC_ERROR_HANDLING and OMP_NUM_THREADS,
 // which the user may set (torchrun's rules). `error_file` is where the worker reports a fatal
-// error (ACCEL_ERROR_FILE and TORCHELASTIC_ERROR_FILE); empty leaves both unset.
+// error (ACCEL_ERROR_FILE and TORCHELASTIC_ERROR_FILE); empty leaves both unset. Likewise an
+// empty checkpoint_dir or a zero checkpoint_interval removes its variable inherited from `base`.
 EnvMap build_worker_env(const EnvMap& base, const WorkerIdentity& id, const JobEnv& job,
                         const std::string& error_file);
 

@@ -36,6 +36,8 @@ stop_timeout: 1500ms
 num_cpu_threads_per_process: 2
 job_id: my-job.1
 quiet: false
+checkpoint_dir: ck/run 1
+checkpoint_interval: 50
 )", "cluster.yaml").is_ok());
   EXPECT_EQ(cfg.num_processes, 4);
   EXPECT_EQ(cfg.nodes, (NodeRange{2, 3}));
@@ -53,6 +55,9 @@ quiet: false
   EXPECT_EQ(cfg.num_cpu_threads_per_process, 2);
   EXPECT_EQ(cfg.job_id, "my-job.1");
   EXPECT_FALSE(cfg.quiet);
+  EXPECT_EQ(cfg.checkpoint_dir, "ck/run 1");  // kept relative here; the launcher makes it absolute
+  EXPECT_EQ(cfg.checkpoint_interval, 50);
+  EXPECT_EQ(cfg.origin("checkpoint_interval").where, "cluster.yaml:19:22");
   EXPECT_EQ(cfg.origin("num_processes").source, Source::kFile);
   EXPECT_EQ(cfg.origin("num_processes").where, "cluster.yaml:2:16");
   EXPECT_EQ(cfg.origin("quiet").source, Source::kFile);
@@ -65,6 +70,9 @@ TEST(ConfigYaml, EmptyFileMeansDefaults) {
   EXPECT_EQ(cfg.num_processes, 1);
   EXPECT_EQ(cfg.main_process_port, 0);
   EXPECT_EQ(cfg.origin("num_processes").source, Source::kDefault);
+  EXPECT_EQ(cfg.checkpoint_dir, "");
+  EXPECT_EQ(cfg.checkpoint_interval, 0);
+  EXPECT_TRUE(validate(cfg).is_ok());
 }
 
 TEST(ConfigYaml, NegativeProcessCount) {
@@ -114,6 +122,12 @@ TEST(ConfigYaml, WrongTypes) {
             "got 'two'");
   EXPECT_EQ(load_error("max_restarts:\n"),
             "cluster.yaml:1:1: max_restarts: expected an integer >= 0, got nothing");
+  EXPECT_EQ(load_error("checkpoint_interval: -5\n"),
+            "cluster.yaml:1:22: checkpoint_interval: expected an integer >= 0, got '-5'");
+  EXPECT_EQ(load_error("checkpoint_interval: 2.5\n"),
+            "cluster.yaml:1:22: checkpoint_interval: expected an integer >= 0, got '2.5'");
+  EXPECT_EQ(load_error("checkpoint_interval: often\n"),
+            "cluster.yaml:1:22: checkpoint_interval: expected an integer >= 0, got 'often'");
   EXPECT_EQ(load_error("job_id: ../etc\n"),
             "cluster.yaml:1:9: job_id: expected 1-64 characters of [A-Za-z0-9._-] not starting "
             "with '.', got '../etc'");
@@ -134,6 +148,19 @@ TEST(ConfigYaml, CrossKeyValidation) {
   EXPECT_EQ(s.message(),
             "c.yaml:2:15: machine_rank: 2 is not below the number of nodes (2); machine ranks "
             "run from 0 to nodes - 1");
+}
+
+TEST(ConfigYaml, CheckpointIntervalNeedsCheckpointDir) {
+  ClusterConfig cfg;
+  ASSERT_TRUE(load_yaml_text(cfg, "checkpoint_interval: 50\n", "c.yaml").is_ok());
+  EXPECT_EQ(validate(cfg).message(),
+            "c.yaml:1:22: checkpoint_interval: 50 needs checkpoint_dir (where to save)");
+  ASSERT_TRUE(load_yaml_text(cfg, "checkpoint_dir: ck\n", "c.yaml").is_ok());
+  EXPECT_TRUE(validate(cfg).is_ok());
+  // A directory alone is fine: libaccel then saves only when the program calls save_state().
+  ClusterConfig dir_only;
+  ASSERT_TRUE(load_yaml_text(dir_only, "checkpoint_dir: ck\n", "c.yaml").is_ok());
+  EXPECT_TRUE(validate(dir_only).is_ok());
 }
 
 TEST(ConfigDuration, ParsesUnits) {
@@ -184,6 +211,57 @@ TEST_F(ConfigSourcesTest, FlagBeatsEnvBeatsFileBeatsDefault) {
   EXPECT_EQ(c.origin("max_restarts").where, "environment variable ACCEL_MAX_RESTARTS");
   EXPECT_EQ(c.origin("mixed_precision").where, file + ":3:18");
   EXPECT_EQ(c.origin("tee").source, Source::kDefault);
+}
+
+TEST_F(ConfigSourcesTest, CheckpointKeysFollowPrecedence) {
+  std::string file = write("c.yaml", "checkpoint_dir: file_ck\ncheckpoint_interval: 10\n");
+  ConfigSources src;
+  src.config_file = file;
+  auto r = resolve_config(src);
+  ASSERT_TRUE(r.is_ok()) << r.message();
+  EXPECT_EQ(r->config.checkpoint_dir, "file_ck");
+  EXPECT_EQ(r->config.checkpoint_interval, 10);
+
+  src.env = {{"ACCEL_CHECKPOINT_DIR", "env_ck"}, {"ACCEL_CHECKPOINT_INTERVAL", "20"}};
+  r = resolve_config(src);
+  ASSERT_TRUE(r.is_ok()) << r.message();
+  EXPECT_EQ(r->config.checkpoint_dir, "env_ck");
+  EXPECT_EQ(r->config.checkpoint_interval, 20);
+  EXPECT_EQ(r->config.origin("checkpoint_dir").where, "environment variable ACCEL_CHECKPOINT_DIR");
+
+  src.flags = {{"checkpoint_dir", "flag_ck", "--checkpoint-dir"},
+               {"checkpoint_interval", "0", "--checkpoint-interval"}};
+  r = resolve_config(src);
+  ASSERT_TRUE(r.is_ok()) << r.message();
+  EXPECT_EQ(r->config.checkpoint_dir, "flag_ck");
+  EXPECT_EQ(r->config.checkpoint_interval, 0);  // a typed 0 beats the env's 20
+  EXPECT_EQ(r->config.origin("checkpoint_interval").where, "flag --checkpoint-interval");
+}
+
+TEST_F(ConfigSourcesTest, CheckpointErrorsNameTheirSource) {
+  auto resolve_error = [](const ConfigSources& src) {
+    auto r = resolve_config(src);
+    EXPECT_FALSE(r.is_ok()) << "accepted";
+    return r.message();
+  };
+  ConfigSources src;
+  src.env = {{"ACCEL_CHECKPOINT_INTERVAL", "3"}};
+  EXPECT_EQ(resolve_error(src),
+            "environment variable ACCEL_CHECKPOINT_INTERVAL: checkpoint_interval: 3 needs "
+            "checkpoint_dir (where to save)");
+  src.env = {{"ACCEL_CHECKPOINT_INTERVAL", "-1"}};
+  EXPECT_EQ(resolve_error(src),
+            "environment variable ACCEL_CHECKPOINT_INTERVAL: checkpoint_interval: expected an "
+            "integer >= 0, got '-1'");
+  src.env.clear();
+  src.flags = {{"checkpoint_interval", "5x", "--checkpoint-interval"}};
+  EXPECT_EQ(resolve_error(src),
+            "flag --checkpoint-interval: checkpoint_interval: expected an integer >= 0, got '5x'");
+  // An empty flag turns a file's checkpoint_dir off, so the file's interval is then an error.
+  src.config_file = write("c.yaml", "checkpoint_dir: ck\ncheckpoint_interval: 7\n");
+  src.flags = {{"checkpoint_dir", "", "--checkpoint-dir"}};
+  EXPECT_EQ(resolve_error(src),
+            *src.config_file + ":2:22: checkpoint_interval: 7 needs checkpoint_dir (where to save)");
 }
 
 TEST_F(ConfigSourcesTest, AFlagEqualToTheDefaultStillWins) {
@@ -287,6 +365,8 @@ TEST_F(ConfigSourcesTest, RenderShowsValuesAndOrigins) {
   EXPECT_NE(text.find("log_dir: /tmp/x y"), std::string::npos) << text;
   EXPECT_NE(text.find("# " + file + ":2:10"), std::string::npos) << text;
   EXPECT_NE(text.find("max_restarts: 0"), std::string::npos) << text;
+  EXPECT_NE(text.find("checkpoint_dir: \"\""), std::string::npos) << text;
+  EXPECT_NE(text.find("checkpoint_interval: 0"), std::string::npos) << text;
   EXPECT_NE(text.find("# default"), std::string::npos) << text;
   // What it prints loads back to the same values.
   ClusterConfig again;

@@ -43,6 +43,20 @@ TEST(LaunchCli, UnderscoresAndDashesAreTheSame) {
   EXPECT_EQ(flag_value(b, "main_process_port"), "0");
 }
 
+TEST(LaunchCli, CheckpointFlags) {
+  LaunchCommand a = parse_ok({"--checkpoint-dir", "ck", "--checkpoint-interval", "5", "p"});
+  EXPECT_EQ(flag_value(a, "checkpoint_dir"), "ck");
+  EXPECT_EQ(flag_value(a, "checkpoint_interval"), "5");
+  EXPECT_EQ(a.program.program, "p");
+  LaunchCommand b = parse_ok({"--checkpoint_dir=/ck", "--checkpoint_interval", "0", "p"});
+  EXPECT_EQ(flag_value(b, "checkpoint_dir"), "/ck");
+  EXPECT_EQ(flag_value(b, "checkpoint_interval"), "0");
+  ASSERT_EQ(b.flags.size(), 2u);
+  EXPECT_EQ(b.flags[0].flag, "--checkpoint-dir");  // messages name the dashed spelling
+  EXPECT_EQ(b.flags[1].flag, "--checkpoint-interval");
+  EXPECT_EQ(flag_value(parse_ok({"p"}), "checkpoint_dir"), "<absent>");
+}
+
 TEST(LaunchCli, BooleanFlagsTakeAValue) {
   LaunchCommand off = parse_ok({"--cpu=false", "--debug", "p"});
   EXPECT_EQ(flag_value(off, "use_cpu"), "false");

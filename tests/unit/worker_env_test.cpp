@@ -49,5 +49,26 @@ TEST(WorkerEnv, OmpThreads) {
   EXPECT_EQ(build_worker_env({{"OMP_NUM_THREADS", "8"}}, single, job, "")["OMP_NUM_THREADS"], "3");
 }
 
+TEST(WorkerEnv, CheckpointVariables) {
+  WorkerIdentity id;
+  JobEnv job;
+  job.checkpoint_dir = "/abs/ck";
+  job.checkpoint_interval = 50;
+  EnvMap on = build_worker_env({}, id, job, "");
+  EXPECT_EQ(on["ACCEL_CHECKPOINT_DIR"], "/abs/ck");
+  EXPECT_EQ(on["ACCEL_CHECKPOINT_INTERVAL"], "50");
+
+  job.checkpoint_interval = 0;  // a directory alone: saves only on save_state()
+  EnvMap dir_only = build_worker_env({}, id, job, "");
+  EXPECT_EQ(dir_only["ACCEL_CHECKPOINT_DIR"], "/abs/ck");
+  EXPECT_FALSE(dir_only.contains("ACCEL_CHECKPOINT_INTERVAL"));
+
+  // Off in the config: absent, even when the launcher's own environment had them.
+  EnvMap stale = {{"ACCEL_CHECKPOINT_DIR", "rel"}, {"ACCEL_CHECKPOINT_INTERVAL", "9"}};
+  EnvMap off = build_worker_env(stale, id, JobEnv{}, "");
+  EXPECT_FALSE(off.contains("ACCEL_CHECKPOINT_DIR"));
+  EXPECT_FALSE(off.contains("ACCEL_CHECKPOINT_INTERVAL"));
+}
+
 }  // namespace
 }  // namespace accel::supervisor
