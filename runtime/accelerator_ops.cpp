@@ -1,6 +1,8 @@
 // Accelerator collectives: gather, gather_for_metrics, reduce, broadcast, padding, objects.
 #include <torch/torch.h>
 
+#include <algorithm>
+
 #include "accel/accelerator.h"
 #include "runtime/comm.h"
 
@@ -56,17 +58,29 @@ torch::Tensor Accelerator::gather(const torch::Tensor& tensor) {
   return output;
 }
 
-torch::Tensor Accelerator::gather_uneven(const torch::Tensor& tensor) {
-  auto input = tensor.dim() == 0 ? tensor.reshape({1}) : tensor.contiguous();
+std::vector<int64_t> Accelerator::all_sizes(int64_t mine) {
   auto sizes = torch::empty({num_processes()}, torch::dtype(torch::kLong).device(device()));
-  state_->comm().allgather(sizes, torch::full({1}, input.size(0), torch::dtype(torch::kLong).device(device())));
-  int64_t largest = sizes.max().item<int64_t>();
-  auto padded = pad_across_processes(input, 0, 0, false);
+  state_->comm().allgather(sizes, torch::full({1}, mine, torch::dtype(torch::kLong).device(device())));
+  sizes = sizes.cpu();
+  return {sizes.data_ptr<int64_t>(), sizes.data_ptr<int64_t>() + num_processes()};
+}
+
+// One size exchange, a local pad, one gather: two collectives for any sizes along dim 0.
+torch::Tensor Accelerator::gather_uneven(const torch::Tensor& tensor, std::vector<int64_t>* sizes_out) {
+  auto input = tensor.dim() == 0 ? tensor.reshape({1}) : tensor.contiguous();
+  auto sizes = all_sizes(input.size(0));
+  int64_t largest = *std::max_element(sizes.begin(), sizes.end());
+  auto padded = input;
+  if (input.size(0) < largest) {
+    auto shape = input.sizes().vec();
+    shape[0] = largest;
+    padded = torch::zeros(shape, input.options());
+    padded.narrow(0, 0, input.size(0)).copy_(input);
+  }
   auto all = gather(padded);
   std::vector<torch::Tensor> parts;
-  for (int r = 0; r < num_processes(); ++r) {
-    parts.push_back(all.narrow(0, r * largest, sizes[r].item<int64_t>()));
-  }
+  for (int r = 0; r < num_processes(); ++r) parts.push_back(all.narrow(0, r * largest, sizes[static_cast<std::size_t>(r)]));
+  if (sizes_out != nullptr) *sizes_out = std::move(sizes);
   return torch::cat(parts);
 }
 
@@ -111,9 +125,8 @@ torch::Tensor Accelerator::pad_across_processes(const torch::Tensor& tensor, int
                                                 bool pad_first) {
   if (dim < 0) dim += tensor.dim();
   if (!use_distributed() || dim < 0 || dim >= tensor.dim()) return tensor;
-  auto sizes = torch::empty({num_processes()}, torch::dtype(torch::kLong).device(device()));
-  state_->comm().allgather(sizes, torch::full({1}, tensor.size(dim), torch::dtype(torch::kLong).device(device())));
-  int64_t largest = sizes.max().item<int64_t>();
+  auto sizes = all_sizes(tensor.size(dim));
+  int64_t largest = *std::max_element(sizes.begin(), sizes.end());
   if (largest == tensor.size(dim)) return tensor;
   auto shape = tensor.sizes().vec();
   shape[static_cast<std::size_t>(dim)] = largest;
@@ -126,16 +139,13 @@ torch::Tensor Accelerator::pad_across_processes(const torch::Tensor& tensor, int
 std::vector<std::string> Accelerator::gather_object(const std::string& object) {
   if (!use_distributed()) return {object};
   auto bytes = torch::from_blob(const_cast<char*>(object.data()), {static_cast<int64_t>(object.size())}, torch::kUInt8);
-  auto all = gather_uneven(bytes.to(device(), /*non_blocking=*/false, /*copy=*/true)).cpu();
-  auto lengths = torch::empty({num_processes()}, torch::dtype(torch::kLong).device(device()));
-  state_->comm().allgather(lengths, torch::full({1}, static_cast<int64_t>(object.size()),
-                                                torch::dtype(torch::kLong).device(device())));
-  lengths = lengths.cpu();
+  std::vector<int64_t> lengths;
+  auto all = gather_uneven(bytes.to(device(), /*non_blocking=*/false, /*copy=*/true), &lengths).cpu();
   std::vector<std::string> out;
   const char* data = reinterpret_cast<const char*>(all.data_ptr<uint8_t>());
   int64_t offset = 0;
   for (int r = 0; r < num_processes(); ++r) {
-    int64_t n = lengths[r].item<int64_t>();
+    int64_t n = lengths[static_cast<std::size_t>(r)];
     out.emplace_back(data + offset, static_cast<std::size_t>(n));
     offset += n;
   }

@@ -73,7 +73,8 @@ void GradSync::attach_grad(Bucket& bucket, std::size_t k) {
 bool GradSync::is_attached(const Bucket& bucket, std::size_t k) const {
   if (params_[bucket.params[k]].numel() == 0) return true;  // nothing to sync
   const auto& g = params_[bucket.params[k]].grad();
-  return g.defined() && g.data_ptr() == bucket.flat.narrow(0, bucket.offsets[k], 1).data_ptr();
+  const auto* slot = static_cast<const char*>(bucket.flat.data_ptr()) + bucket.offsets[k] * bucket.flat.element_size();
+  return g.defined() && g.data_ptr() == slot;
 }
 
 GradSync::~GradSync() = default;

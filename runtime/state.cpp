@@ -28,13 +28,12 @@ std::mutex g_state_mu;               // guards g_state
 std::weak_ptr<State> g_state;        // the process's State while any Accelerator holds it
 std::optional<StateOptions> g_first;  // options of the first creation, to detect disagreement
 
-std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& master_addr, bool single_node) {
+std::shared_ptr<::gloo::transport::Device> gloo_device(bool single_node) {
   if (auto ifname = env::first_of({"GLOO_SOCKET_IFNAME"})) {
     return c10d::ProcessGroupGloo::createDeviceForInterface(*ifname);
   }
   // Why: all ranks on one machine talk over loopback; hostname resolution may point elsewhere.
   if (single_node) return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
-  (void)master_addr;
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
@@ -130,7 +129,7 @@ State::State(const StateOptions& options) {
 #endif
     if (!group) {
       auto gloo_opts = c10d::ProcessGroupGloo::Options::create(timeout_);
-      gloo_opts->devices.push_back(gloo_device(*addr, local_world_size_ == world_size_));
+      gloo_opts->devices.push_back(gloo_device(local_world_size_ == world_size_));
       group = c10::make_intrusive<c10d::ProcessGroupGloo>(pg_store, rank_, world_size_, gloo_opts);
     }
   } catch (const std::exception& e) {
