@@ -1,6 +1,7 @@
 // train_classifier: an MLP classifier on a seeded, learnable, non-linear 4-class problem,
 // evaluated every epoch with gather_for_metrics so each evaluation sample counts once whatever
-// the number of processes.
+// the number of processes. Under `accel-launch --checkpoint-dir D --checkpoint-interval N` it
+// saves every N steps and a restarted job resumes where it was (docs/checkpointing.md).
 #include <torch/torch.h>
 
 #include <cstdio>
@@ -46,7 +47,8 @@ int main(int argc, char** argv) {
       .flag("eval-samples", "1001", "evaluation set size (not a multiple of the global batch on purpose)")
       .flag("lr", "0.003", "AdamW learning rate")
       .flag("seed", "0", "seed for the data, weights and shuffle order")
-      .flag("require-accuracy", "0", "exit 1 unless the final accuracy reaches this (0..1)");
+      .flag("require-accuracy", "0", "exit 1 unless the final accuracy reaches this (0..1)")
+      .flag("save-model", "", "write the trained model to this folder (safetensors)");
   args.parse(argc, argv);
   const int64_t epochs = args.integer("epochs");
 
@@ -66,11 +68,13 @@ int main(int argc, char** argv) {
   auto [m, o, train_dl, eval_dl] = acc.prepare(model, opt, train, eval);
 
   double accuracy = 0;
-  for (int64_t epoch = 0; epoch < epochs; ++epoch) {
+  // Why train_dl.epoch(): after an automatic resume the loader is already at the saved epoch.
+  for (int64_t epoch = train_dl.epoch(); epoch < epochs; ++epoch) {
     m->train();
     auto total = torch::zeros({}, torch::kDouble);
     int64_t steps = 0;
     for (auto& batch : train_dl) {
+      auto cast = acc.autocast();  // mixed precision when ACCEL_MIXED_PRECISION=bf16
       auto loss = torch::cross_entropy_loss(m->forward(batch.input), batch.target);
       acc.backward(loss);
       o.step();
@@ -82,6 +86,7 @@ int main(int argc, char** argv) {
     torch::NoGradGuard no_grad;
     int64_t correct = 0, seen = 0;
     for (auto& batch : eval_dl) {
+      auto cast = acc.autocast();
       auto predictions = m->forward(batch.input).argmax(1);
       auto all_predictions = acc.gather_for_metrics(predictions);
       auto all_labels = acc.gather_for_metrics(batch.target);
@@ -96,6 +101,7 @@ int main(int argc, char** argv) {
     acc.print(line);
   }
   acc.wait_for_everyone();
+  if (!args.str("save-model").empty()) acc.save_model(m, args.str("save-model"));
   if (accuracy < args.real("require-accuracy")) {
     acc.print("accuracy", accuracy, "is below --require-accuracy", args.real("require-accuracy"));
     return 1;

@@ -127,10 +127,13 @@ int main(int argc, char** argv) {
   acc.print("train_lm:", text.size(), "characters,", vocab, "symbols,", inputs.size(0), "windows,",
             acc.num_processes(), "process(es)");
 
-  for (int64_t epoch = 0; epoch < epochs; ++epoch) {
+  // From dl.epoch(): after an automatic resume (accel-launch --checkpoint-dir) the loader is
+  // already at the saved epoch and batch.
+  for (int64_t epoch = dl.epoch(); epoch < epochs; ++epoch) {
     auto total = torch::zeros({}, torch::kDouble);
     int64_t steps = 0;
     for (auto& batch : dl) {
+      auto cast = acc.autocast();
       auto logits = m->forward(batch.input);
       auto loss = torch::cross_entropy_loss(logits.reshape({-1, vocab}), batch.target.reshape({-1}));
       acc.backward(loss);

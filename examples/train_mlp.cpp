@@ -45,11 +45,14 @@ int main(int argc, char** argv) {
 
   acc.print("train_mlp:", acc.num_processes(), "process(es),", dl.size(), "steps per epoch, global batch",
             dl.total_batch_size());
-  for (int64_t epoch = 0; epoch < epochs; ++epoch) {
+  // From dl.epoch(): after an automatic resume (accel-launch --checkpoint-dir) the loader is
+  // already at the saved epoch and batch.
+  for (int64_t epoch = dl.epoch(); epoch < epochs; ++epoch) {
     auto start = std::chrono::steady_clock::now();
     auto total = torch::zeros({}, torch::kDouble);
     int64_t steps = 0;
     for (auto& batch : dl) {
+      auto cast = acc.autocast();  // bf16 when ACCEL_MIXED_PRECISION=bf16 (accel-launch --mixed-precision)
       auto loss = torch::mse_loss(m->forward(batch.input), batch.target);
       acc.backward(loss);
       o.step();

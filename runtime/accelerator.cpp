@@ -1,6 +1,7 @@
 // Accelerator: prepare, backward, gradient sync scopes, optimizer and scheduler gating.
 #include "accel/accelerator.h"
 
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include "runtime/comm.h"
@@ -12,21 +13,36 @@ namespace accel {
 // --- PreparedOptimizer / PreparedScheduler ---------------------------------------------------
 
 void PreparedOptimizer::step() {
-  skipped_ = !state_->sync_gradients();
-  if (!skipped_) optimizer_->step();
+  auto& slot = *slot_;
+  slot.overflow = false;
+  slot.skipped = !state_->sync_gradients();
+  if (slot.skipped) return;
+  ++slot.steps;
+  if (scaler_ && scaler_->is_enabled()) {
+    slot.overflow = !scaler_->step(*slot.optimizer);
+    scaler_->update();
+    slot.skipped = slot.overflow;
+  } else {
+    slot.optimizer->step();
+  }
+  state_->set_optimizer_step_overflowed(slot.overflow);
 }
 
 void PreparedOptimizer::zero_grad() {
-  if (state_->sync_gradients()) optimizer_->zero_grad();
+  if (state_->sync_gradients()) slot_->optimizer->zero_grad();
 }
 
 void PreparedScheduler::step() {
   if (!step_with_optimizer_) {
-    scheduler_->step();
+    slot_->scheduler->step();
+    ++slot_->steps;
     return;
   }
-  if (!state_->sync_gradients()) return;
-  for (int i = 0; i < steps_per_call_; ++i) scheduler_->step();
+  if (!state_->sync_gradients() || state_->optimizer_step_overflowed()) return;
+  for (int i = 0; i < steps_per_call_; ++i) {
+    slot_->scheduler->step();
+    ++slot_->steps;
+  }
 }
 
 // --- scopes ------------------------------------------------------------------------------------
@@ -57,18 +73,33 @@ ProcessOrder::~ProcessOrder() noexcept(false) {
 
 // --- Accelerator ---------------------------------------------------------------------------------
 
+namespace {
+
+// RAII: autocast off on every device for the scope, restored after.
+struct AutocastPause {
+  bool cpu = at::autocast::is_cpu_enabled();
+  bool cuda = at::autocast::is_enabled();
+  AutocastPause() {
+    at::autocast::set_cpu_enabled(false);
+    at::autocast::set_enabled(false);
+  }
+  ~AutocastPause() {
+    at::autocast::set_cpu_enabled(cpu);
+    at::autocast::set_enabled(cuda);
+  }
+  AutocastPause(const AutocastPause&) = delete;
+  AutocastPause& operator=(const AutocastPause&) = delete;
+};
+
+}  // namespace
+
 Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(options)) {
   state_ = State::shared({options_.cpu, options_.collective_timeout});
   std::string which = "option mixed_precision";
   if (options_.mixed_precision) mixed_precision_ = *options_.mixed_precision;
   else if (auto v = env::first_of({"ACCEL_MIXED_PRECISION", "ACCELERATE_MIXED_PRECISION"}, &which)) mixed_precision_ = *v;
-  if (mixed_precision_ != "no") {
-    if (mixed_precision_ == "fp16" || mixed_precision_ == "bf16") {
-      throw ConfigError("accel: " + which + "=" + mixed_precision_ +
-                        ": mixed precision is not in this version of libaccel yet; use \"no\"");
-    }
-    throw ConfigError("accel: " + which + "=\"" + mixed_precision_ + "\": expected no, fp16 or bf16");
-  }
+  setup_mixed_precision(which);
+  setup_project();
   int steps = options_.gradient_accumulation_steps.value_or(static_cast<int>(
       env::integer({"ACCEL_GRADIENT_ACCUMULATION_STEPS", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS"}, 1, 1, 1 << 20)));
   set_gradient_accumulation_steps(steps);
@@ -76,6 +107,46 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
 }
 
 Accelerator::~Accelerator() = default;
+
+void Accelerator::setup_mixed_precision(const std::string& which) {
+  if (mixed_precision_ != "no" && mixed_precision_ != "fp16" && mixed_precision_ != "bf16") {
+    throw ConfigError("accel: " + which + "=\"" + mixed_precision_ + "\": expected no, fp16 or bf16");
+  }
+  if (mixed_precision_ == "fp16" && !device().is_cuda()) {
+    throw ConfigError("accel: " + which + "=fp16 needs a CUDA device (this process runs on " + device().str() +
+                      "); on CPU use bf16");
+  }
+  if (mixed_precision_ == "fp16") {
+    scaler_ = std::make_shared<GradScaler>(options_.grad_scaler.value_or(GradScalerOptions{}));
+  } else if (options_.grad_scaler && options_.grad_scaler->enabled) {
+    scaler_ = std::make_shared<GradScaler>(*options_.grad_scaler);
+  }
+}
+
+AutocastGuard Accelerator::autocast() const {
+  auto dtype = mixed_precision_ == "fp16" ? torch::kHalf : torch::kBFloat16;
+  return AutocastGuard(device().type(), dtype, mixed_precision_ != "no");
+}
+
+void Accelerator::unscale_gradients() {
+  if (!scaler_ || !sync_gradients()) return;
+  for (auto& slot : optimizers_) {
+    try {
+      scaler_->unscale_(*slot->optimizer);
+    } catch (const UsageError&) {
+      // already unscaled this step: nothing to do (HF calls this from every clip)
+    }
+  }
+}
+
+bool Accelerator::optimizer_step_was_skipped() const {
+  for (auto& slot : optimizers_) {
+    if (slot->overflow) return true;
+  }
+  return false;
+}
+
+int64_t Accelerator::completed_steps() const { return optimizers_.empty() ? 0 : optimizers_.front()->steps; }
 
 void Accelerator::set_gradient_accumulation_steps(int steps) {
   if (steps < 1) {
@@ -86,6 +157,7 @@ void Accelerator::set_gradient_accumulation_steps(int steps) {
 
 void Accelerator::register_model(torch::nn::Module& model) {
   if (options_.device_placement) model.to(device());
+  if (!prepared_.count(&model)) models_.push_back(&model);
   prepared_[&model] = true;
   if (!use_distributed()) return;
   std::vector<torch::Tensor> trainable;
@@ -115,7 +187,10 @@ std::shared_ptr<GradSync> Accelerator::sync_of(const torch::nn::Module* model) c
 
 PreparedOptimizer Accelerator::prepare_optimizer(std::shared_ptr<torch::optim::Optimizer> optimizer) {
   if (!optimizer) throw UsageError("accel: prepare() got a null optimizer");
-  return PreparedOptimizer(std::move(optimizer), gradient_state_);
+  auto slot = std::make_shared<detail::OptimizerSlot>();
+  slot->optimizer = std::move(optimizer);
+  optimizers_.push_back(slot);
+  return PreparedOptimizer(std::move(slot), gradient_state_, scaler_);
 }
 
 DataLoader Accelerator::prepare_data_loader(const DataLoader& loader) {
@@ -125,13 +200,21 @@ DataLoader Accelerator::prepare_data_loader(const DataLoader& loader) {
   shard.split_batches = options_.split_batches;
   shard.even_batches = options_.even_batches;
   shard.device = options_.device_placement ? device() : torch::Device(torch::kCPU);
-  return loader.shard(shard, gradient_state_);
+  std::weak_ptr<Accelerator*> self = self_;
+  auto prepared = loader.shard(shard, gradient_state_, [self] {
+    if (auto acc = self.lock()) (*acc)->on_step_boundary();
+  });
+  loaders_.push_back(prepared);
+  return prepared;
 }
 
 PreparedScheduler Accelerator::prepare_scheduler(std::shared_ptr<torch::optim::LRScheduler> scheduler) {
   if (!scheduler) throw UsageError("accel: prepare() got a null scheduler");
   int steps = options_.split_batches ? 1 : num_processes();
-  return PreparedScheduler(std::move(scheduler), gradient_state_, steps, options_.step_scheduler_with_optimizer);
+  auto slot = std::make_shared<detail::SchedulerSlot>();
+  slot->scheduler = std::move(scheduler);
+  schedulers_.push_back(slot);
+  return PreparedScheduler(std::move(slot), gradient_state_, steps, options_.step_scheduler_with_optimizer);
 }
 
 bool Accelerator::begin_accumulation_step() {
@@ -148,12 +231,13 @@ bool Accelerator::begin_accumulation_step() {
 
 void Accelerator::backward(const torch::Tensor& loss) {
   if (!loss.defined()) throw UsageError("accel: backward() got an undefined loss tensor");
+  // Why: backward inside an autocast scope would recast the backward matmuls; PyTorch runs
+  // backward outside autocast, with the dtypes the forward chose.
+  AutocastPause pause;
   try {
-    if (gradient_state_->num_steps() > 1) {
-      (loss / gradient_state_->num_steps()).backward();
-    } else {
-      loss.backward();
-    }
+    auto scaled = gradient_state_->num_steps() > 1 ? loss / gradient_state_->num_steps() : loss;
+    if (scaler_) scaled = scaler_->scale(scaled);
+    scaled.backward();
   } catch (...) {
     for (auto& [model, sync] : syncs_) sync->abort_round();
     throw;
@@ -161,16 +245,23 @@ void Accelerator::backward(const torch::Tensor& loss) {
 }
 
 double Accelerator::clip_grad_norm_(const std::vector<torch::Tensor>& parameters, double max_norm, double norm_type) {
+  unscale_gradients();
   return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type);
 }
 
 void Accelerator::clip_grad_value_(const std::vector<torch::Tensor>& parameters, double clip_value) {
+  unscale_gradients();
   torch::nn::utils::clip_grad_value_(parameters, clip_value);
 }
 
 void Accelerator::free_memory() {
   syncs_.clear();
   prepared_.clear();
+  models_.clear();
+  optimizers_.clear();
+  schedulers_.clear();
+  loaders_.clear();
+  custom_.clear();
   gradient_state_->set_step(0);
   gradient_state_->set_sync_gradients(true);
 }

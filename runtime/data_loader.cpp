@@ -72,6 +72,11 @@ struct DataLoader::Impl {
   std::shared_ptr<GradientState> gradient_state;
   int64_t epoch = 0;
   std::shared_ptr<LoaderPosition> position = std::make_shared<LoaderPosition>();
+  std::function<void()> on_step_boundary;
+  std::size_t skip = 0;         // batches the next pass skips (resume, skip_first_batches)
+  bool in_pass = false;         // a pass is between its first and its last batch
+  std::size_t handed_out = 0;   // batches of the current pass handed out, skipped ones included
+  std::size_t pass_total = SIZE_MAX;  // batches in the current pass (SIZE_MAX: a stream)
 
   ShardSpec spec() const {
     return {options.batch_size, options.drop_last, shard.num_processes, shard.process_index, shard.split_batches,
@@ -102,14 +107,21 @@ class DataLoader::Pass {
       }
       batches_ = shard_batches(order, impl_->spec());
       impl_->position->remainder = shard_remainder(n, impl_->spec());
+      next_ = std::min(impl_->skip, total());
+      impl_->pass_total = total();
     } else {
       stream_ = impl_->stream_dataset->stream(impl_->epoch);
       slice_ = stream_slice(impl_->spec());
       impl_->position->remainder = -1;
+      impl_->pass_total = SIZE_MAX;
     }
     impl_->position->even_batches = impl_->shard.even_batches;
     if (impl_->gradient_state) impl_->gradient_state->push_loader(impl_->position);
+    impl_->in_pass = true;
+    impl_->handed_out = next_;
     try {
+      skip_stream_batches();
+      impl_->skip = 0;
       start_workers();
       ahead_ = produce_next();
       advance();
@@ -131,12 +143,14 @@ class DataLoader::Pass {
   Batch& current() { return *current_; }
 
   void advance() {
+    if (impl_->on_step_boundary) impl_->on_step_boundary();
     current_ = std::move(ahead_);
     ahead_.reset();
     if (!current_) {
       finish();
       return;
     }
+    ++impl_->handed_out;
     ahead_ = produce_next();
     impl_->position->end_of_dataloader = !ahead_;
     // Why: a stream learns how many real samples its last buffer had only when it gets there.
@@ -147,8 +161,21 @@ class DataLoader::Pass {
   void finish() {
     if (finished_) return;
     finished_ = true;
+    impl_->in_pass = false;
     if (impl_->gradient_state) impl_->gradient_state->pop_loader(impl_->position.get());
     if (!current_ && !ahead_ && consumed_all_) ++impl_->epoch;
+  }
+
+  // A stream cannot jump: the batches to skip are read and dropped (before any worker starts).
+  void skip_stream_batches() {
+    if (!impl_->stream_dataset) return;
+    for (std::size_t i = 0; i < impl_->skip; ++i) {
+      if (!build_stream()) {
+        consumed_all_ = true;
+        break;
+      }
+      ++impl_->handed_out;
+    }
   }
 
   // Map-style batch k, built from its indices.
@@ -316,17 +343,51 @@ DataLoader::DataLoader(std::shared_ptr<const IterableDataset> dataset, DataLoade
   impl_->options = std::move(options);
 }
 
-DataLoader DataLoader::shard(const ShardOptions& shard, std::shared_ptr<GradientState> gradient_state) const {
+DataLoader DataLoader::shard(const ShardOptions& shard, std::shared_ptr<GradientState> gradient_state,
+                             std::function<void()> on_step_boundary) const {
   auto impl = std::make_shared<Impl>();
   impl->map_dataset = impl_->map_dataset;
   impl->stream_dataset = impl_->stream_dataset;
   impl->options = impl_->options;
   impl->shard = shard;
   impl->gradient_state = std::move(gradient_state);
+  impl->on_step_boundary = std::move(on_step_boundary);
   impl->epoch = impl_->epoch;
-  (void)impl->spec();
+  impl->skip = impl_->skip;
   stream_slice(impl->spec());  // validates split_batches divisibility now, not at the first batch
   return DataLoader(std::move(impl));
+}
+
+DataLoader DataLoader::skip_first_batches(std::size_t n) const {
+  auto impl = std::make_shared<Impl>();
+  impl->map_dataset = impl_->map_dataset;
+  impl->stream_dataset = impl_->stream_dataset;
+  impl->options = impl_->options;
+  impl->shard = impl_->shard;
+  impl->gradient_state = impl_->gradient_state;
+  impl->on_step_boundary = impl_->on_step_boundary;
+  impl->epoch = impl_->epoch;
+  impl->skip = n;
+  return DataLoader(std::move(impl));
+}
+
+LoaderState DataLoader::state() const {
+  if (!impl_->in_pass) return {impl_->epoch, impl_->skip};
+  if (impl_->handed_out >= impl_->pass_total) return {impl_->epoch + 1, 0};
+  return {impl_->epoch, impl_->handed_out};
+}
+
+void DataLoader::load_state(const LoaderState& state) {
+  if (impl_->in_pass) {
+    throw UsageError("accel: DataLoader::load_state during a pass over the loader; load before the loop starts");
+  }
+  impl_->epoch = state.epoch;
+  impl_->skip = static_cast<std::size_t>(state.batches);
+}
+
+std::optional<std::size_t> DataLoader::dataset_size() const {
+  if (!impl_->map_dataset) return std::nullopt;
+  return impl_->map_dataset->size();
 }
 
 DataLoader::Iterator DataLoader::begin() { return Iterator(std::make_shared<Pass>(impl_)); }

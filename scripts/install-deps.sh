@@ -11,8 +11,9 @@ packages=(
   libboost-dev libboost-filesystem-dev libboost-system-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libyaml-cpp-dev libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libsystemd-dev
-  # runtime: CPU libtorch + c10d/gloo; OpenBLAS (the reference BLAS is ~9x slower)
-  libtorch-dev libgloo-dev libopenblas0-pthread
+  # runtime: CPU libtorch + c10d/gloo; OpenBLAS (the reference BLAS is ~9x slower); xxhash
+  # (header-only, checkpoint checksums)
+  libtorch-dev libgloo-dev libopenblas0-pthread libxxhash-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev python3 python3-torch python3-numpy procps psmisc
 )

@@ -5,4 +5,5 @@
 #include "accel/data.h"
 #include "accel/error.h"
 #include "accel/gradient_state.h"
+#include "accel/mixed_precision.h"
 #include "accel/state.h"

@@ -8,9 +8,12 @@
 #include <torch/nn/pimpl.h>
 #include <torch/optim/optimizer.h>
 #include <torch/optim/schedulers/lr_scheduler.h>
+#include <torch/serialize/archive.h>
 
 #include <chrono>
+#include <concepts>
 #include <cstddef>
+#include <filesystem>
 #include <exception>
 #include <functional>
 #include <iostream>
@@ -26,6 +29,7 @@
 #include "accel/data.h"
 #include "accel/error.h"
 #include "accel/gradient_state.h"
+#include "accel/mixed_precision.h"
 #include "accel/state.h"
 
 namespace accel {
@@ -33,6 +37,32 @@ namespace accel {
 class GradSync;
 
 enum class ReduceOp { kSum, kMean, kMax, kMin };
+
+// Where checkpoints go (HF Accelerate's ProjectConfiguration). With ACCEL_CHECKPOINT_DIR set (by
+// `accel-launch --checkpoint-dir`) and project_dir unset, project_dir is that folder and
+// automatic naming and automatic resume are on.
+struct ProjectConfiguration {
+  std::optional<std::string> project_dir{};  // unset: ACCEL_CHECKPOINT_DIR, else none
+  // save_state() with no folder writes project_dir/checkpoints/checkpoint_<iteration>.
+  // Unset: on when project_dir is set.
+  std::optional<bool> automatic_checkpoint_naming{};
+  // Keep at most this many automatic checkpoints; older ones are removed after each save.
+  // Unset: ACCEL_CHECKPOINT_TOTAL_LIMIT, else 3 when project_dir comes from ACCEL_CHECKPOINT_DIR,
+  // else no limit.
+  std::optional<int64_t> total_limit{};
+  int64_t iteration = 0;  // the <n> of the next automatic checkpoint
+  // Save automatically every N optimizer steps (at the next batch, once the step is done).
+  // Unset: ACCEL_CHECKPOINT_INTERVAL, else 0 (only explicit save_state()).
+  std::optional<int64_t> save_interval{};
+  // With automatic naming, the first prepare() that includes a DataLoader loads the newest
+  // complete checkpoint, so a restarted job continues where it was.
+  bool automatic_resume = true;
+};
+
+// What save_model writes (HF's save_pretrained with safe_serialization).
+struct SaveModelOptions {
+  std::string max_shard_size = "10GB";  // "500MB", "2GiB", or bytes
+};
 
 struct AcceleratorOptions {
   // Unset: ACCEL_MIXED_PRECISION / ACCELERATE_MIXED_PRECISION, else "no".
@@ -50,40 +80,66 @@ struct AcceleratorOptions {
   bool sync_each_batch = false;      // all-reduce on every micro-step even when accumulating
   bool step_scheduler_with_optimizer = true;
   std::size_t bucket_cap_bytes = 25u << 20;  // gradient all-reduce bucket size (DDP's 25 MB)
+  // Loss scaling (HF's GradScalerKwargs). fp16 always scales, with these options or the
+  // defaults; in other modes a scaler is used only when this is set with enabled = true.
+  std::optional<GradScalerOptions> grad_scaler{};
+  ProjectConfiguration project{};
 };
 
-// An optimizer whose step()/zero_grad() act only on gradient-synchronizing steps.
+namespace detail {
+// A prepared optimizer's shared state: copies of its PreparedOptimizer and the Accelerator see it.
+struct OptimizerSlot {
+  std::shared_ptr<torch::optim::Optimizer> optimizer;
+  bool skipped = false;    // the last step() did nothing
+  bool overflow = false;   // ...because the loss scaler found inf/NaN gradients
+  int64_t steps = 0;       // step() calls on synchronizing steps (stepped or overflowed)
+};
+struct SchedulerSlot {
+  std::shared_ptr<torch::optim::LRScheduler> scheduler;
+  int64_t steps = 0;  // scheduler->step() calls made through the PreparedScheduler
+};
+// An object saved with the checkpoint (register_for_checkpointing), as bytes.
+struct CustomState {
+  std::function<std::string()> save;
+  std::function<void(const std::string&)> load;
+};
+}  // namespace detail
+
+// An optimizer whose step()/zero_grad() act only on gradient-synchronizing steps, through the
+// loss scaler when there is one (a step with inf/NaN gradients is skipped and the scale backs off).
 class PreparedOptimizer {
  public:
-  PreparedOptimizer(std::shared_ptr<torch::optim::Optimizer> optimizer, std::shared_ptr<GradientState> state)
-      : optimizer_(std::move(optimizer)), state_(std::move(state)) {}
+  PreparedOptimizer(std::shared_ptr<detail::OptimizerSlot> slot, std::shared_ptr<GradientState> state,
+                    std::shared_ptr<GradScaler> scaler)
+      : slot_(std::move(slot)), state_(std::move(state)), scaler_(std::move(scaler)) {}
   void step();
   void zero_grad();
-  torch::optim::Optimizer& inner() const { return *optimizer_; }
-  torch::optim::Optimizer* operator->() const { return optimizer_.get(); }
-  const std::shared_ptr<torch::optim::Optimizer>& shared() const { return optimizer_; }
-  // True when the last step() did nothing (an accumulation micro-step).
-  bool step_was_skipped() const { return skipped_; }
+  torch::optim::Optimizer& inner() const { return *slot_->optimizer; }
+  torch::optim::Optimizer* operator->() const { return slot_->optimizer.get(); }
+  const std::shared_ptr<torch::optim::Optimizer>& shared() const { return slot_->optimizer; }
+  // True when the last step() did nothing: an accumulation micro-step, or inf/NaN gradients.
+  bool step_was_skipped() const { return slot_->skipped; }
 
  private:
-  std::shared_ptr<torch::optim::Optimizer> optimizer_;
+  std::shared_ptr<detail::OptimizerSlot> slot_;
   std::shared_ptr<GradientState> state_;
-  bool skipped_ = false;
+  std::shared_ptr<GradScaler> scaler_;
 };
 
 // A learning-rate scheduler stepped as HF Accelerate steps it: only on synchronizing steps, and
 // num_processes times per step unless batches are split (each step saw num_processes batches).
+// It does not step when the optimizer step was skipped for inf/NaN gradients.
 class PreparedScheduler {
  public:
-  PreparedScheduler(std::shared_ptr<torch::optim::LRScheduler> scheduler, std::shared_ptr<GradientState> state,
+  PreparedScheduler(std::shared_ptr<detail::SchedulerSlot> slot, std::shared_ptr<GradientState> state,
                     int steps_per_call, bool step_with_optimizer)
-      : scheduler_(std::move(scheduler)), state_(std::move(state)), steps_per_call_(steps_per_call),
+      : slot_(std::move(slot)), state_(std::move(state)), steps_per_call_(steps_per_call),
         step_with_optimizer_(step_with_optimizer) {}
   void step();
-  torch::optim::LRScheduler& inner() const { return *scheduler_; }
+  torch::optim::LRScheduler& inner() const { return *slot_->scheduler; }
 
  private:
-  std::shared_ptr<torch::optim::LRScheduler> scheduler_;
+  std::shared_ptr<detail::SchedulerSlot> slot_;
   std::shared_ptr<GradientState> state_;
   int steps_per_call_;
   bool step_with_optimizer_;
@@ -164,8 +220,15 @@ class Accelerator {
   template <class... Ts>
   auto prepare(Ts&&... objects) {
     static_assert(sizeof...(Ts) > 0, "accel::Accelerator::prepare needs at least one object");
-    if constexpr (sizeof...(Ts) == 1) return prepare_one(std::forward<Ts>(objects)...);
-    else return std::tuple{prepare_one(std::forward<Ts>(objects))...};
+    if constexpr (sizeof...(Ts) == 1) {
+      auto out = prepare_one(std::forward<Ts>(objects)...);
+      after_prepare();
+      return out;
+    } else {
+      auto out = std::tuple{prepare_one(std::forward<Ts>(objects))...};
+      after_prepare();
+      return out;
+    }
   }
   template <class M>
   std::shared_ptr<M> prepare_model(std::shared_ptr<M> model) {
@@ -196,6 +259,50 @@ class Accelerator {
   int gradient_accumulation_steps() const { return gradient_state_->num_steps(); }
   void set_gradient_accumulation_steps(int steps);
   int64_t step() const { return gradient_state_->step(); }
+  // Optimizer steps taken so far on synchronizing steps (the first prepared optimizer's count,
+  // overflow-skipped ones included); restored by load_state.
+  int64_t completed_steps() const;
+
+  // --- mixed precision ---------------------------------------------------------------------
+  // RAII: runs the scope's forward pass in mixed_precision() (a no-op scope for "no").
+  AutocastGuard autocast() const;
+  // Divides every prepared optimizer's gradients by the loss scale (no-op without a scaler, on a
+  // non-synchronizing step, or when already done this step). clip_grad_* call it first.
+  void unscale_gradients();
+  // True when the last step of a prepared optimizer was skipped for inf/NaN gradients.
+  bool optimizer_step_was_skipped() const;
+  // The loss scaler (fp16, or AcceleratorOptions::grad_scaler); null without one.
+  GradScaler* scaler() const { return scaler_.get(); }
+
+  // --- checkpoints (docs/checkpointing.md) ---------------------------------------------------
+  // Every rank calls it. Writes the prepared models (safetensors), optimizers, schedulers, the
+  // loss scaler, registered objects, every rank's RNG state and every prepared loader's position
+  // to `dir` (or, empty, project_dir/checkpoints/checkpoint_<iteration>) atomically: a crash at
+  // any point leaves the previous checkpoint intact and nothing load_state would accept.
+  // Returns the folder.
+  std::filesystem::path save_state(const std::filesystem::path& dir = {});
+  // Every rank calls it, after prepare(). Restores what save_state wrote, from `dir` or (empty)
+  // the newest complete checkpoint under project_dir/checkpoints. CheckpointError, naming the
+  // file and the problem, for a missing, truncated, corrupt or foreign checkpoint, or one that
+  // does not match the prepared objects. Returns the folder loaded.
+  std::filesystem::path load_state(const std::filesystem::path& dir = {});
+  // The newest complete checkpoint under project_dir/checkpoints; empty when there is none.
+  std::filesystem::path latest_checkpoint() const;
+  // Saves `object` with every checkpoint. It needs either save(torch::serialize::OutputArchive&)
+  // const and load(torch::serialize::InputArchive&) (modules, optimizers), or
+  // std::string state_dict() const and void load_state_dict(const std::string&).
+  template <class T>
+  void register_for_checkpointing(std::shared_ptr<T> object);
+  // HF's save_model: the model's parameters and buffers as safetensors in `dir`, sharded by
+  // max_shard_size with model.safetensors.index.json. Main process only writes; call it on all.
+  void save_model(const torch::nn::Module& model, const std::filesystem::path& dir, const SaveModelOptions& options = {});
+  template <class M>
+  void save_model(const std::shared_ptr<M>& model, const std::filesystem::path& dir, const SaveModelOptions& options = {}) {
+    save_model(*model, dir, options);
+  }
+  // A loader that skips the first `n` batches of its first pass (resuming by hand).
+  DataLoader skip_first_batches(const DataLoader& loader, std::size_t n) const { return loader.skip_first_batches(n); }
+  const ProjectConfiguration& project_configuration() const { return project_; }
 
   // Global gradient norm of `parameters` clipped to max_norm; returns the norm before clipping.
   double clip_grad_norm_(const std::vector<torch::Tensor>& parameters, double max_norm, double norm_type = 2.0);
@@ -289,10 +396,18 @@ class Accelerator {
   static const torch::nn::Module* module_of(const torch::nn::Module& m) { return &m; }
 
   void register_model(torch::nn::Module& model);
+  // Automatic resume, once, after the first prepare() that included a DataLoader.
+  void after_prepare();
+  // Runs before a prepared loader hands out a batch: the periodic automatic save.
+  void on_step_boundary();
+  void setup_mixed_precision(const std::string& which);
+  void setup_project();
   std::shared_ptr<GradSync> sync_of(const torch::nn::Module* model) const;
   bool begin_accumulation_step();
   std::tuple<std::size_t, std::size_t, std::size_t> split_range(std::size_t n) const;
-  torch::Tensor gather_uneven(const torch::Tensor& tensor);
+  // Every rank's size along dim 0 (or any one number), in rank order.
+  std::vector<int64_t> all_sizes(int64_t mine);
+  torch::Tensor gather_uneven(const torch::Tensor& tensor, std::vector<int64_t>* sizes = nullptr);
   void check_same_shape(const torch::Tensor& tensor, const char* op);
 
   AcceleratorOptions options_;
@@ -302,6 +417,52 @@ class Accelerator {
   std::unordered_map<const torch::nn::Module*, std::shared_ptr<GradSync>> syncs_;
   std::unordered_map<const torch::nn::Module*, bool> prepared_;
   bool trigger_ = false;
+  std::shared_ptr<GradScaler> scaler_;
+  ProjectConfiguration project_;
+  // Prepared objects, in prepare order (checkpoints save and load them by position).
+  std::vector<torch::nn::Module*> models_;
+  std::vector<std::shared_ptr<detail::OptimizerSlot>> optimizers_;
+  std::vector<std::shared_ptr<detail::SchedulerSlot>> schedulers_;
+  std::vector<DataLoader> loaders_;
+  std::vector<detail::CustomState> custom_;
+  bool resume_checked_ = false;
+  int64_t last_auto_save_ = 0;  // completed_steps() at the last automatic save
+  // Loaders' boundary hooks hold this weakly: a loader may outlive its Accelerator.
+  std::shared_ptr<Accelerator*> self_ = std::make_shared<Accelerator*>(this);
 };
+
+template <class T>
+void Accelerator::register_for_checkpointing(std::shared_ptr<T> object) {
+  if (!object) throw UsageError("accel: register_for_checkpointing got a null object");
+  detail::CustomState state;
+  if constexpr (requires(const T& t, torch::serialize::OutputArchive& a, T& u, torch::serialize::InputArchive& b) {
+                  t.save(a);
+                  u.load(b);
+                }) {
+    state.save = [object] {
+      torch::serialize::OutputArchive archive;
+      object->save(archive);
+      std::ostringstream out;
+      archive.save_to(out);
+      return out.str();
+    };
+    state.load = [object](const std::string& bytes) {
+      torch::serialize::InputArchive archive;
+      archive.load_from(bytes.data(), bytes.size());
+      object->load(archive);
+    };
+  } else if constexpr (requires(const T& t, T& u, const std::string& s) {
+                         { t.state_dict() } -> std::convertible_to<std::string>;
+                         u.load_state_dict(s);
+                       }) {
+    state.save = [object] { return std::string(object->state_dict()); };
+    state.load = [object](const std::string& bytes) { object->load_state_dict(bytes); };
+  } else {
+    static_assert(detail::kAlwaysFalse<T>,
+                  "register_for_checkpointing needs save(OutputArchive&) const + load(InputArchive&), or "
+                  "std::string state_dict() const + load_state_dict(const std::string&)");
+  }
+  custom_.push_back(std::move(state));
+}
 
 }  // namespace accel

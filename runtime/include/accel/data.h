@@ -92,6 +92,14 @@ struct ShardOptions {
   bool non_blocking = false;
 };
 
+// Where a loader stands between passes, for checkpoints: the next pass shuffles with `epoch` and
+// starts after its first `batches` batches.
+struct LoaderState {
+  int64_t epoch = 0;
+  uint64_t batches = 0;
+  bool operator==(const LoaderState&) const = default;
+};
+
 // A handle: copies share one loader. Iterate with range-for; one pass at a time.
 class DataLoader {
   struct Impl;
@@ -103,7 +111,11 @@ class DataLoader {
 
   // A new loader over the same data set that yields this rank's share and reports its position
   // to `gradient_state` (may be null).
-  DataLoader shard(const ShardOptions& shard, std::shared_ptr<GradientState> gradient_state = nullptr) const;
+  // `on_step_boundary`, if set, runs in the iterating thread before each batch is handed out and
+  // once at the end of each pass: the previous batch's step is done by then (the Accelerator
+  // saves periodic checkpoints there).
+  DataLoader shard(const ShardOptions& shard, std::shared_ptr<GradientState> gradient_state = nullptr,
+                   std::function<void()> on_step_boundary = {}) const;
 
   class Iterator {
    public:
@@ -132,6 +144,16 @@ class DataLoader {
   // The epoch the next pass uses for shuffling (HF: set_epoch / iteration).
   void set_epoch(int64_t epoch);
   int64_t epoch() const;
+  // A new loader over the same data whose first pass skips its first `n` batches (HF's
+  // skip_first_batches): the order is the same, the skipped batches are never built.
+  DataLoader skip_first_batches(std::size_t n) const;
+  // The position after the batches handed out so far: inside a pass, the batches taken (the last
+  // one counts as consumed); a finished pass is the next epoch at batch 0.
+  LoaderState state() const;
+  // The next pass uses state.epoch and skips state.batches batches. UsageError during a pass.
+  void load_state(const LoaderState& state);
+  // Samples in a map-style data set; nullopt for an IterableDataset.
+  std::optional<std::size_t> dataset_size() const;
   bool end_of_dataloader() const;
   int64_t remainder() const;
   std::size_t batch_size() const;        // per process

@@ -36,4 +36,11 @@ class UsageError : public Error {
   using Error::Error;
 };
 
+// A checkpoint or model file cannot be written, or is missing, truncated, corrupt or not
+// accel's; the message names the file and what is wrong with it.
+class CheckpointError : public Error {
+ public:
+  using Error::Error;
+};
+
 }  // namespace accel

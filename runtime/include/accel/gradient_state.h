@@ -27,6 +27,9 @@ class GradientState {
   // Micro-steps since the last synchronizing step (accumulate() counts them).
   int64_t step() const { return step_; }
   void set_step(int64_t step) { step_ = step; }
+  // The most recent optimizer step was skipped for inf/NaN gradients (schedulers then hold).
+  bool optimizer_step_overflowed() const { return overflowed_; }
+  void set_optimizer_step_overflowed(bool v) { overflowed_ = v; }
 
   // The loaders being iterated, innermost last (an evaluation loop inside a training loop).
   void push_loader(std::shared_ptr<const LoaderPosition> position) { active_.push_back(std::move(position)); }
@@ -41,6 +44,7 @@ class GradientState {
   int num_steps_ = 1;
   bool sync_with_dataloader_ = true;
   int64_t step_ = 0;
+  bool overflowed_ = false;
   std::vector<std::shared_ptr<const LoaderPosition>> active_;
 };
 

@@ -7,7 +7,10 @@
 //   runtime_worker train OUT_FILE GLOBAL_BATCH STEPS {plain|set_to_none|accumulate|no_sync}
 //   runtime_worker mismatch {sleep|other_collective|dtype}
 //   runtime_worker backward_throws
+//   runtime_worker save_killed DIR K    (one process: checkpoint_0, then SIGKILL at I/O op K of checkpoint_1)
+//   runtime_worker load_newest DIR      (one process: load_state() of the newest checkpoint, print its hash)
 #include <ATen/CPUGeneratorImpl.h>
+#include <signal.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -16,6 +19,7 @@
 #include <thread>
 
 #include "accel/accel.h"
+#include "runtime/checkpoint_io.h"
 
 namespace {
 
@@ -100,7 +104,6 @@ int collectives(accel::Accelerator& acc) {
   REQUIRE(padded_first[n - 1][1].item<int64_t>() == r + 1, "pad_first keeps data at the end " + str(padded_first));
   if (r + 1 < n) REQUIRE(padded_first[0][0].item<int64_t>() == -1, "pad_first pads the front");
   // Uneven gather through gather_for_metrics outside a loader: sizes exchanged, nothing dropped.
-  acc.gradient_state();  // (no active loader: even_batches() is true, so pad first)
   auto gathered = acc.gather(acc.pad_across_processes(uneven, 0, -1));
   REQUIRE(gathered.size(0) == n * n, "gather of padded tensors");
 
@@ -237,6 +240,16 @@ struct NetImpl : torch::nn::Module {
   torch::nn::Linear fc1, fc2;
 };
 
+// All of the model's weights, flattened; fails with `what` unless every rank holds the same bits.
+torch::Tensor same_weights_everywhere(accel::Accelerator& acc, torch::nn::Module& model, const std::string& what) {
+  std::vector<torch::Tensor> flat;
+  for (auto& p : model.parameters()) flat.push_back(p.detach().reshape({-1}));
+  auto weights = torch::cat(flat);
+  auto spread = acc.reduce(weights, accel::ReduceOp::kMax) - acc.reduce(weights, accel::ReduceOp::kMin);
+  REQUIRE(spread.abs().max().item<float>() == 0.0f, what);
+  return weights;
+}
+
 int train(int argc, char** argv) {
   REQUIRE(argc >= 6, "train OUT GLOBAL_BATCH STEPS MODE");
   std::string out_file = argv[2];
@@ -284,11 +297,7 @@ int train(int argc, char** argv) {
   }
   REQUIRE(micro_step == steps * micro, "micro-steps " + std::to_string(micro_step));
   // Every rank must hold the same weights; rank 0 writes them.
-  std::vector<torch::Tensor> flat;
-  for (auto& p : m->parameters()) flat.push_back(p.detach().reshape({-1}));
-  auto weights = torch::cat(flat);
-  auto spread = acc.reduce(weights, accel::ReduceOp::kMax) - acc.reduce(weights, accel::ReduceOp::kMin);
-  REQUIRE(spread.abs().max().item<float>() == 0.0f, "ranks disagree on the weights");
+  auto weights = same_weights_everywhere(acc, *m, "ranks disagree on the weights");
   if (acc.is_main_process()) {
     std::ofstream out(out_file);
     out.precision(9);
@@ -329,11 +338,7 @@ int backward_throws() {
     o.step();
     o.zero_grad();
   }
-  std::vector<torch::Tensor> flat;
-  for (auto& p : m->parameters()) flat.push_back(p.detach().reshape({-1}));
-  auto weights = torch::cat(flat);
-  auto spread = acc.reduce(weights, accel::ReduceOp::kMax) - acc.reduce(weights, accel::ReduceOp::kMin);
-  REQUIRE(spread.abs().max().item<float>() == 0.0f, "ranks diverged: gradients stopped syncing after the failed backward");
+  same_weights_everywhere(acc, *m, "ranks diverged: gradients stopped syncing after the failed backward");
   acc.print("OK backward_throws");
   return 0;
 }
@@ -356,6 +361,109 @@ int mismatch(accel::Accelerator& acc, const std::string& how) {
   return 0;
 }
 
+// --- checkpoints killed mid-save ---------------------------------------------------------------
+
+// The real file system, except that I/O operation number `kill_at` (counting from 0) SIGKILLs
+// the process before it happens: a crash at that exact point of a save.
+class KillingFs : public accel::ckpt::CheckpointFs {
+ public:
+  explicit KillingFs(int kill_at) : kill_at_(kill_at) {}
+  accel::ckpt::WrittenFile write_file(const std::filesystem::path& p, const std::vector<std::string_view>& parts) override {
+    tick("write " + p.filename().string());
+    return CheckpointFs::write_file(p, parts);
+  }
+  void sync_dir(const std::filesystem::path& d) override {
+    tick("sync_dir");
+    CheckpointFs::sync_dir(d);
+  }
+  void rename(const std::filesystem::path& a, const std::filesystem::path& b) override {
+    tick("rename " + a.filename().string() + " -> " + b.filename().string());
+    CheckpointFs::rename(a, b);
+  }
+  void remove_all(const std::filesystem::path& p) override {
+    tick("remove " + p.filename().string());
+    CheckpointFs::remove_all(p);
+  }
+  void create_directories(const std::filesystem::path& p) override {
+    tick("mkdir " + p.filename().string());
+    CheckpointFs::create_directories(p);
+  }
+
+ private:
+  void tick(const std::string& what) {
+    if (op_++ == kill_at_) {
+      std::printf("KILLED at op %d: %s\n", kill_at_, what.c_str());
+      std::fflush(stdout);
+      ::raise(SIGKILL);
+    }
+  }
+  int kill_at_;
+  int op_ = 0;
+};
+
+// xxh64 of every parameter's bytes, in order: equal hashes = bitwise-equal weights.
+std::string weights_hash(torch::nn::Module& model) {
+  std::string bytes;
+  for (auto& p : model.parameters()) {
+    auto c = p.detach().contiguous();
+    bytes.append(static_cast<const char*>(c.data_ptr()), static_cast<std::size_t>(c.nbytes()));
+  }
+  return accel::ckpt::to_hex(accel::ckpt::checksum(bytes));
+}
+
+struct CheckpointRig {
+  std::shared_ptr<NetImpl> model;
+  accel::PreparedOptimizer opt;
+  accel::DataLoader loader;
+};
+
+CheckpointRig checkpoint_rig(accel::Accelerator& acc) {
+  torch::manual_seed(7);
+  auto model = std::make_shared<NetImpl>();
+  auto opt = std::make_shared<torch::optim::AdamW>(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  accel::DataLoader loader(std::make_shared<accel::TensorDataset>(torch::randn({64, 6}), torch::randn({64, 2})),
+                           {.batch_size = 8, .shuffle = true, .seed = 3});
+  auto [m, o, dl] = acc.prepare(model, opt, loader);
+  return {m, o, dl};
+}
+
+void train_steps(CheckpointRig& rig, int steps, accel::Accelerator& acc) {
+  int done = 0;
+  while (done < steps) {
+    for (auto& batch : rig.loader) {
+      acc.backward(torch::mse_loss(rig.model->forward(batch.input), batch.target));
+      rig.opt.step();
+      rig.opt.zero_grad();
+      if (++done == steps) break;
+    }
+  }
+}
+
+int save_killed(const std::string& dir, int kill_at) {
+  accel::Accelerator acc({.project = {.project_dir = dir}});
+  auto rig = checkpoint_rig(acc);
+  train_steps(rig, 3, acc);
+  acc.save_state();
+  std::printf("SAVED checkpoint_0 %s\n", weights_hash(*rig.model).c_str());
+  train_steps(rig, 3, acc);
+  std::printf("SAVING checkpoint_1 %s\n", weights_hash(*rig.model).c_str());
+  std::fflush(stdout);
+  KillingFs killing(kill_at);
+  accel::ckpt::set_checkpoint_fs_for_testing(&killing);
+  acc.save_state();
+  accel::ckpt::set_checkpoint_fs_for_testing(nullptr);
+  std::printf("SAVED checkpoint_1 %s\n", weights_hash(*rig.model).c_str());
+  return 0;
+}
+
+int load_newest(const std::string& dir) {
+  accel::Accelerator acc({.project = {.project_dir = dir, .automatic_resume = false}});
+  auto rig = checkpoint_rig(acc);
+  auto loaded = acc.load_state();
+  std::printf("LOADED %s %s\n", loaded.filename().c_str(), weights_hash(*rig.model).c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -373,6 +481,8 @@ int main(int argc, char** argv) {
   if (mode == "metrics") return metrics(argc, argv);
   if (mode == "train") return train(argc, argv);
   if (mode == "backward_throws") return backward_throws();
+  if (mode == "save_killed" && argc > 3) return save_killed(argv[2], std::atoi(argv[3]));
+  if (mode == "load_newest" && argc > 2) return load_newest(argv[2]);
   if (mode == "mismatch" && argc > 2) {
     accel::Accelerator acc;
     return mismatch(acc, argv[2]);

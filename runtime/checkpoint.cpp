@@ -1,0 +1,650 @@
+// Accelerator checkpoints: save_state / load_state (one folder with a manifest, published
+// atomically by rank 0), automatic naming, rotation and resume, and save_model.
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <ctime>
+#include <nlohmann/json.hpp>
+
+#include "accel/accelerator.h"
+#include "runtime/checkpoint_io.h"
+#include "runtime/env.h"
+#include "runtime/safetensors.h"
+
+namespace accel {
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+constexpr const char* kFormat = "accel-checkpoint";
+constexpr int kFormatVersion = 1;
+constexpr const char* kManifest = "manifest.json";
+constexpr const char* kCheckpointPrefix = "checkpoint_";
+// Automatic checkpoints kept when ACCEL_CHECKPOINT_DIR comes from accel-launch and neither
+// ProjectConfiguration::total_limit nor ACCEL_CHECKPOINT_TOTAL_LIMIT says otherwise.
+constexpr int64_t kDefaultLauncherTotalLimit = 3;
+
+std::string indexed(const std::string& stem, std::size_t i, const std::string& ext) {
+  return i == 0 ? stem + ext : stem + "_" + std::to_string(i) + ext;
+}
+std::string rank_file(std::size_t rank) { return "random_states_" + std::to_string(rank) + ".safetensors"; }
+
+// A module's parameters then buffers, by qualified name.
+safetensors::NamedTensors state_of(const torch::nn::Module& m) {
+  safetensors::NamedTensors out;
+  for (const auto& p : m.named_parameters(true)) out.emplace_back(p.key(), p.value().detach());
+  for (const auto& b : m.named_buffers(true)) out.emplace_back(b.key(), b.value().detach());
+  return out;
+}
+
+std::string join(const safetensors::Encoded& e) {
+  std::string out;
+  out.reserve(e.size());
+  for (auto part : e.parts()) out.append(part);
+  return out;
+}
+
+// <n> of "checkpoint_<n>", or -1.
+int64_t checkpoint_number(const std::string& name) {
+  if (name.rfind(kCheckpointPrefix, 0) != 0) return -1;
+  auto digits = name.substr(std::string(kCheckpointPrefix).size());
+  if (digits.empty() || digits.size() > 15 || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return -1;
+  return std::stoll(digits);
+}
+
+// The automatic checkpoints under `root`, oldest first.
+std::vector<std::pair<int64_t, fs::path>> numbered_checkpoints(const fs::path& root) {
+  std::vector<std::pair<int64_t, fs::path>> out;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    int64_t n = checkpoint_number(entry.path().filename().string());
+    if (n >= 0 && entry.is_directory(ec)) out.emplace_back(n, entry.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// The checked contents of a checkpoint folder: its manifest, and its files' bytes on demand.
+class CheckpointReader {
+ public:
+  explicit CheckpointReader(fs::path dir) : dir_(std::move(dir)) {
+    auto path = dir_ / kManifest;
+    std::error_code ec;
+    if (!fs::is_directory(dir_, ec)) fail(dir_, "is not a folder");
+    if (!fs::exists(path, ec)) {
+      fail(dir_, "has no manifest.json: not an accel checkpoint, or one whose save did not finish");
+    }
+    try {
+      manifest_ = json::parse(ckpt::checkpoint_fs().read_file(path));
+    } catch (const json::exception& e) {
+      fail(path, std::string("is not valid JSON (") + e.what() + ")");
+    }
+    if (!manifest_.is_object() || manifest_.value("format", "") != kFormat) {
+      fail(path, std::string("is not an accel checkpoint manifest (\"format\" is not \"") + kFormat + "\")");
+    }
+    if (manifest_.value("format_version", 0) != kFormatVersion) {
+      fail(path, "has format_version " + manifest_.value("format_version", json()).dump() +
+                     "; this libaccel reads version " + std::to_string(kFormatVersion));
+    }
+    for (const char* key : {"files", "contents", "world_size", "step", "iteration", "loaders", "optimizer_steps"}) {
+      if (!manifest_.contains(key)) fail(path, std::string("has no \"") + key + "\"");
+    }
+    auto expect = [&](const char* key, bool ok, const char* what) {
+      if (!ok) fail(path, std::string("has \"") + key + "\": " + manifest_[key].dump() + ", expected " + what);
+    };
+    expect("world_size", manifest_["world_size"].is_number_integer() && manifest_["world_size"].get<int64_t>() >= 1,
+           "an integer >= 1");
+    expect("step", manifest_["step"].is_number_integer(), "an integer");
+    expect("iteration", manifest_["iteration"].is_number_integer(), "an integer");
+    expect("files", manifest_["files"].is_array(), "a list");
+    expect("contents", manifest_["contents"].is_object(), "an object");
+    expect("optimizer_steps", manifest_["optimizer_steps"].is_array(), "a list");
+    expect("loaders", manifest_["loaders"].is_array() && std::all_of(manifest_["loaders"].begin(),
+           manifest_["loaders"].end(), [](const json& l) { return l.is_object(); }), "a list of objects");
+    for (const auto& f : field(manifest_, "files", path).items()) {
+      const auto& v = f.value();
+      if (!v.is_object() || !v.contains("name") || !v["name"].is_string() || !v.contains("size") ||
+          !v["size"].is_number_unsigned() || !v.contains("xxh64") || !v["xxh64"].is_string()) {
+        fail(path, "files[" + f.key() + "] is not {\"name\", \"size\", \"xxh64\"}");
+      }
+      files_[v["name"].get<std::string>()] = v;
+    }
+  }
+
+  const json& manifest() const { return manifest_; }
+  const fs::path& dir() const { return dir_; }
+  bool has(const std::string& name) const { return files_.count(name) != 0; }
+
+  // The file's bytes, checked against the manifest's size and checksum.
+  std::string read(const std::string& name) const {
+    auto path = dir_ / name;
+    auto it = files_.find(name);
+    if (it == files_.end()) fail(path, "is not listed in manifest.json");
+    std::error_code ec;
+    if (!fs::exists(path, ec)) fail(path, "is missing (listed in manifest.json)");
+    auto bytes = ckpt::checkpoint_fs().read_file(path);
+    auto expected = it->second["size"].get<uint64_t>();
+    if (bytes.size() != expected) {
+      fail(path, "has " + std::to_string(bytes.size()) + " bytes, manifest.json says " + std::to_string(expected) +
+                     (bytes.size() < expected ? " (truncated)" : ""));
+    }
+    auto sum = ckpt::to_hex(ckpt::checksum(bytes));
+    if (sum != it->second["xxh64"].get<std::string>()) {
+      fail(path, "is corrupt: its xxh64 is " + sum + ", manifest.json says " + it->second["xxh64"].get<std::string>());
+    }
+    return bytes;
+  }
+
+  [[noreturn]] static void fail(const fs::path& where, const std::string& what) {
+    throw CheckpointError("accel: checkpoint " + where.string() + " " + what);
+  }
+  static const json& field(const json& j, const char* key, const fs::path& where) {
+    if (!j.contains(key)) fail(where, std::string("has no \"") + key + "\"");
+    return j[key];
+  }
+
+ private:
+  fs::path dir_;
+  json manifest_;
+  std::map<std::string, json> files_;
+};
+
+// Checks that every name, shape and dtype of `tensors` (decoded from `where`) matches `model`;
+// with `copy`, then copies them in (nothing is copied when anything does not match).
+void apply_model_state(torch::nn::Module& model, const safetensors::NamedTensors& tensors, const fs::path& where,
+                       bool copy) {
+  std::map<std::string, torch::Tensor> saved(tensors.begin(), tensors.end());
+  auto live = state_of(model);
+  std::vector<std::string> problems;
+  for (auto& [name, tensor] : live) {
+    auto it = saved.find(name);
+    if (it == saved.end()) {
+      problems.push_back("\"" + name + "\" is missing");
+    } else if (it->second.sizes() != tensor.sizes() || it->second.scalar_type() != tensor.scalar_type()) {
+      std::ostringstream s;
+      s << "\"" << name << "\" is " << it->second.scalar_type() << it->second.sizes() << ", the model has "
+        << tensor.scalar_type() << tensor.sizes();
+      problems.push_back(s.str());
+    }
+  }
+  for (auto& [name, tensor] : saved) {
+    bool known = std::any_of(live.begin(), live.end(), [&](const auto& l) { return l.first == name; });
+    if (!known) problems.push_back("\"" + name + "\" is not in the model");
+  }
+  if (!problems.empty()) {
+    std::string all;
+    for (std::size_t i = 0; i < problems.size() && i < 8; ++i) all += (i ? "; " : "") + problems[i];
+    if (problems.size() > 8) all += "; and " + std::to_string(problems.size() - 8) + " more";
+    CheckpointReader::fail(where, "does not match the prepared model: " + all);
+  }
+  if (!copy) return;
+  torch::NoGradGuard no_grad;
+  for (auto& [name, tensor] : live) tensor.copy_(saved.at(name));
+}
+
+std::string archive_bytes(const torch::optim::Optimizer& optimizer) {
+  torch::serialize::OutputArchive archive;
+  optimizer.save(archive);
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+void load_archive(torch::optim::Optimizer& optimizer, const std::string& bytes, torch::Device device) {
+  torch::serialize::InputArchive archive;
+  archive.load_from(bytes.data(), bytes.size(), device);
+  optimizer.load(archive);
+}
+
+}  // namespace
+
+// --- configuration ------------------------------------------------------------------------------
+
+void Accelerator::setup_project() {
+  project_ = options_.project;
+  bool from_launcher = false;
+  if (!project_.project_dir) {
+    if (auto dir = env::first_of({"ACCEL_CHECKPOINT_DIR"})) {
+      project_.project_dir = *dir;
+      from_launcher = true;
+    }
+  }
+  if (!project_.total_limit) {
+    if (auto limit = env::first_of({"ACCEL_CHECKPOINT_TOTAL_LIMIT"})) {
+      project_.total_limit = env::integer({"ACCEL_CHECKPOINT_TOTAL_LIMIT"}, 0, 1, 1L << 40);
+    } else if (from_launcher) {
+      // Why: periodic saves under accel-launch would otherwise fill the disk on a long job.
+      project_.total_limit = kDefaultLauncherTotalLimit;
+    }
+  }
+  bool has_dir = project_.project_dir && !project_.project_dir->empty();
+  if (!project_.automatic_checkpoint_naming) project_.automatic_checkpoint_naming = has_dir;
+  if (!project_.save_interval) {
+    project_.save_interval = env::integer({"ACCEL_CHECKPOINT_INTERVAL"}, 0, 0, 1L << 40);
+  }
+  if (*project_.save_interval < 0) {
+    throw ConfigError("accel: ProjectConfiguration::save_interval must be >= 0, got " +
+                      std::to_string(*project_.save_interval));
+  }
+  if (*project_.save_interval > 0 && !(has_dir && *project_.automatic_checkpoint_naming)) {
+    throw ConfigError("accel: a save interval of " + std::to_string(*project_.save_interval) +
+                      " steps (ACCEL_CHECKPOINT_INTERVAL or ProjectConfiguration::save_interval) needs a project_dir "
+                      "with automatic checkpoint naming (ACCEL_CHECKPOINT_DIR or --checkpoint-dir)");
+  }
+  if (project_.total_limit && *project_.total_limit < 1) {
+    throw ConfigError("accel: ProjectConfiguration::total_limit must be at least 1, got " +
+                      std::to_string(*project_.total_limit));
+  }
+}
+
+fs::path Accelerator::latest_checkpoint() const {
+  if (!project_.project_dir || project_.project_dir->empty()) return {};
+  auto all = numbered_checkpoints(fs::path(*project_.project_dir) / "checkpoints");
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    std::error_code ec;
+    if (fs::exists(it->second / kManifest, ec)) return it->second;
+  }
+  return {};
+}
+
+// --- save -----------------------------------------------------------------------------------------
+
+namespace {
+
+// This rank's part of a checkpoint: its RNG states and its loaders' positions.
+std::string rank_state(int rank, const std::vector<DataLoader>& loaders) {
+  safetensors::NamedTensors tensors;
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    tensors.emplace_back("rng.cpu", gen.get_state());
+  }
+  if (torch::cuda::is_available()) {
+    for (int i = 0; i < static_cast<int>(torch::cuda::device_count()); ++i) {
+      auto gen = at::globalContext().defaultGenerator(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(i)));
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      tensors.emplace_back("rng.cuda." + std::to_string(i), gen.get_state());
+    }
+  }
+  json positions = json::array();
+  for (const auto& l : loaders) {
+    auto s = l.state();
+    positions.push_back({{"epoch", s.epoch}, {"batches", s.batches}});
+  }
+  return join(safetensors::encode(tensors, {{"rank", std::to_string(rank)}, {"loaders", positions.dump()}}));
+}
+
+}  // namespace
+
+static void fill_and_publish(ckpt::CheckpointFs& io, const fs::path& tmp, const fs::path& target,
+                             const std::vector<std::string>& rank_blobs,
+                             const std::vector<std::pair<std::string, std::string>>& files, json manifest);
+
+// Rank 0 writes every file into a temp folder beside `target`, fsyncs, then renames it into place.
+static void write_checkpoint(const fs::path& target, const std::vector<std::string>& rank_blobs,
+                             const std::vector<std::pair<std::string, std::string>>& files, json manifest) {
+  auto& io = ckpt::checkpoint_fs();
+  auto parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+  auto name = target.filename().string();
+  io.create_directories(parent);
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(parent, ec)) {
+    auto other = entry.path().filename().string();
+    if (other.rfind("." + name + ".tmp-", 0) == 0) io.remove_all(entry.path());  // a crashed save's leftovers
+  }
+  auto tmp = parent / ("." + name + ".tmp-" + std::to_string(::getpid()));
+  try {
+    io.create_directories(tmp);
+    fill_and_publish(io, tmp, target, rank_blobs, files, std::move(manifest));
+  } catch (...) {
+    try {
+      io.remove_all(tmp);  // what the failed save wrote; a later save also cleans it
+    } catch (...) {
+    }
+    throw;
+  }
+}
+
+static void fill_and_publish(ckpt::CheckpointFs& io, const fs::path& tmp, const fs::path& target,
+                             const std::vector<std::string>& rank_blobs,
+                             const std::vector<std::pair<std::string, std::string>>& files, json manifest) {
+  auto parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+  json listed = json::array();
+  auto put = [&](const std::string& file, const std::vector<std::string_view>& parts) {
+    auto written = io.write_file(tmp / file, parts);
+    listed.push_back({{"name", file}, {"size", written.size}, {"xxh64", ckpt::to_hex(written.checksum)}});
+  };
+  for (const auto& [file, bytes] : files) put(file, {bytes});
+  for (std::size_t r = 0; r < rank_blobs.size(); ++r) put(rank_file(r), {rank_blobs[r]});
+  manifest["files"] = listed;
+  auto text = manifest.dump(2);
+  io.write_file(tmp / kManifest, {text});
+  io.sync_dir(tmp);
+  std::error_code ec;
+  if (fs::exists(target, ec)) {
+    io.exchange(tmp, target);  // the new folder is in place; tmp now holds the old one
+    io.sync_dir(parent);
+    io.remove_all(tmp);
+  } else {
+    io.rename(tmp, target);
+    io.sync_dir(parent);
+  }
+}
+
+// Removes the oldest complete automatic checkpoints beyond `limit`, never `just_written`.
+static void rotate(const fs::path& just_written, int64_t limit) {
+  std::vector<fs::path> complete;
+  for (auto& [n, path] : numbered_checkpoints(just_written.parent_path())) {
+    std::error_code ec;
+    if (fs::exists(path / kManifest, ec)) complete.push_back(path);
+  }
+  for (std::size_t i = 0; i + static_cast<std::size_t>(limit) < complete.size(); ++i) {
+    if (complete[i] != just_written) ckpt::checkpoint_fs().remove_all(complete[i]);
+  }
+}
+
+fs::path Accelerator::save_state(const fs::path& dir) {
+  fs::path target = dir;
+  bool automatic = dir.empty();
+  if (automatic) {
+    if (!project_.project_dir || project_.project_dir->empty() || !*project_.automatic_checkpoint_naming) {
+      throw UsageError("accel: save_state() with no folder needs ProjectConfiguration::project_dir with "
+                       "automatic_checkpoint_naming (or ACCEL_CHECKPOINT_DIR / accel-launch --checkpoint-dir)");
+    }
+    target = fs::path(*project_.project_dir) / "checkpoints" / (kCheckpointPrefix + std::to_string(project_.iteration));
+  }
+  auto mine = rank_state(process_index(), loaders_);
+  auto blobs = use_distributed() ? gather_object(mine) : std::vector<std::string>{mine};
+  std::string error;
+  if (is_main_process()) {
+    try {
+      std::vector<std::pair<std::string, std::string>> files;
+      for (std::size_t i = 0; i < models_.size(); ++i) {
+        files.emplace_back(indexed("model", i, ".safetensors"),
+                           join(safetensors::encode(state_of(*models_[i]), {{"format", "pt"}})));
+      }
+      json optimizer_steps = json::array(), optimizer_lrs = json::array();
+      for (std::size_t i = 0; i < optimizers_.size(); ++i) {
+        // Why: libtorch 1.13 saves param-group options but does not apply them on load.
+        json lrs = json::array();
+        for (auto& group : optimizers_[i]->optimizer->param_groups()) lrs.push_back(group.options().get_lr());
+        optimizer_lrs.push_back(lrs);
+        torch::serialize::OutputArchive archive;
+        optimizers_[i]->optimizer->save(archive);
+        std::ostringstream out;
+        archive.save_to(out);
+        files.emplace_back(indexed("optimizer", i, ".bin"), out.str());
+        optimizer_steps.push_back(optimizers_[i]->steps);
+      }
+      for (std::size_t i = 0; i < schedulers_.size(); ++i) {
+        files.emplace_back(indexed("scheduler", i, ".json"), json({{"steps", schedulers_[i]->steps}}).dump());
+      }
+      if (scaler_) files.emplace_back("scaler.json", scaler_->state_dict());
+      for (std::size_t i = 0; i < custom_.size(); ++i) {
+        files.emplace_back("custom_checkpoint_" + std::to_string(i) + ".bin", custom_[i].save());
+      }
+      json loaders = json::array();
+      for (const auto& l : loaders_) {
+        auto s = l.state();
+        json size = l.dataset_size() ? json(*l.dataset_size()) : json();
+        loaders.push_back({{"epoch", s.epoch}, {"batches", s.batches}, {"total_batch_size", l.total_batch_size()},
+                           {"seed", l.options().seed}, {"shuffle", l.options().shuffle}, {"dataset_size", size}});
+      }
+      json manifest = {
+          {"format", kFormat},
+          {"format_version", kFormatVersion},
+          {"created_unix", static_cast<int64_t>(std::time(nullptr))},
+          {"step", completed_steps()},
+          {"iteration", project_.iteration},
+          {"epoch", loaders_.empty() ? json() : loaders[0]["epoch"]},
+          {"batches_in_epoch", loaders_.empty() ? json() : loaders[0]["batches"]},
+          {"world_size", num_processes()},
+          {"mixed_precision", mixed_precision_},
+          {"gradient_accumulation_steps", gradient_accumulation_steps()},
+          {"accumulation_step", gradient_state_->step()},
+          {"optimizer_steps", optimizer_steps},
+          {"optimizer_lrs", optimizer_lrs},
+          {"loaders", loaders},
+          {"contents",
+           {{"models", models_.size()},
+            {"optimizers", optimizers_.size()},
+            {"schedulers", schedulers_.size()},
+            {"scaler", scaler_ != nullptr},
+            {"custom", custom_.size()}}},
+      };
+      write_checkpoint(target, blobs, files, std::move(manifest));
+      if (automatic && project_.total_limit) rotate(target, *project_.total_limit);
+    } catch (const std::exception& e) {
+      error = e.what();
+      if (error.empty()) error = "accel: save_state failed";
+    }
+  }
+  // Why: every rank must learn that rank 0's write failed, or the others would carry on as if
+  // the checkpoint existed.
+  if (use_distributed()) error = broadcast_object(error);
+  if (!error.empty()) throw CheckpointError(error);
+  ++project_.iteration;
+  last_auto_save_ = completed_steps();
+  return target;
+}
+
+void Accelerator::save_model(const torch::nn::Module& model, const fs::path& dir, const SaveModelOptions& options) {
+  auto limit = safetensors::parse_size(options.max_shard_size);
+  std::string error;
+  if (is_main_process()) {
+    try {
+      safetensors::save_sharded(state_of(model), dir, limit);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  if (use_distributed()) error = broadcast_object(error);
+  if (!error.empty()) throw CheckpointError(error);
+}
+
+// --- load -----------------------------------------------------------------------------------------
+
+namespace {
+
+// Checks that the checkpoint holds as many objects of each kind as are prepared.
+void check_contents(const CheckpointReader& ckpt, const std::vector<std::pair<const char*, std::size_t>>& prepared,
+                    bool has_scaler) {
+  const auto& c = CheckpointReader::field(ckpt.manifest(), "contents", ckpt.dir() / kManifest);
+  for (const auto& [kind, count] : prepared) {
+    auto saved = c.value(kind, static_cast<std::size_t>(0));
+    if (saved != count) {
+      CheckpointReader::fail(ckpt.dir(), "holds " + std::to_string(saved) + " " + kind + " but " +
+                                             std::to_string(count) + " are prepared/registered here; prepare() the "
+                                             "same objects, in the same order, before load_state()");
+    }
+  }
+  if (c.value("scaler", false) != has_scaler && has_scaler) {
+    std::cerr << "accel: warning: checkpoint " << ckpt.dir().string()
+              << " has no loss-scaler state; the scaler starts from its initial scale\n";
+  }
+}
+
+// The loader positions saved by `rank` (from its random_states file's metadata).
+std::vector<LoaderState> saved_positions(const safetensors::Decoded& d, const fs::path& where) {
+  std::vector<LoaderState> out;
+  auto it = d.metadata.find("loaders");
+  if (it == d.metadata.end()) CheckpointReader::fail(where, "has no \"loaders\" metadata");
+  try {
+    for (const auto& p : json::parse(it->second)) out.push_back({p.at("epoch").get<int64_t>(), p.at("batches").get<uint64_t>()});
+  } catch (const json::exception& e) {
+    CheckpointReader::fail(where, std::string("has unreadable \"loaders\" metadata: ") + e.what());
+  }
+  return out;
+}
+
+}  // namespace
+
+fs::path Accelerator::load_state(const fs::path& dir) {
+  fs::path source = dir;
+  if (source.empty()) {
+    std::string chosen = is_main_process() ? latest_checkpoint().string() : std::string();
+    // Why: ranks must load the same checkpoint even if a shared file system lags.
+    if (use_distributed()) chosen = broadcast_object(chosen);
+    if (chosen.empty()) {
+      throw CheckpointError("accel: load_state(): no complete checkpoint under " +
+                            (project_.project_dir ? (fs::path(*project_.project_dir) / "checkpoints").string()
+                                                  : std::string("(no project_dir set)")));
+    }
+    source = chosen;
+  }
+  CheckpointReader ckpt(source);
+  const auto& m = ckpt.manifest();
+  check_contents(ckpt,
+                 {{"models", models_.size()},
+                  {"optimizers", optimizers_.size()},
+                  {"schedulers", schedulers_.size()},
+                  {"custom", custom_.size()}},
+                 scaler_ != nullptr);
+  int saved_world = m["world_size"].get<int>();
+  bool same_world = saved_world == num_processes();
+
+  // Read and check everything first, so a bad file changes nothing.
+  std::vector<safetensors::Decoded> models;
+  for (std::size_t i = 0; i < models_.size(); ++i) {
+    auto name = indexed("model", i, ".safetensors");
+    models.push_back(safetensors::decode(ckpt.read(name), (source / name).string()));
+  }
+  std::vector<std::string> optimizers, custom;
+  for (std::size_t i = 0; i < optimizers_.size(); ++i) optimizers.push_back(ckpt.read(indexed("optimizer", i, ".bin")));
+  std::vector<int64_t> scheduler_steps;
+  for (std::size_t i = 0; i < schedulers_.size(); ++i) {
+    auto name = indexed("scheduler", i, ".json");
+    try {
+      scheduler_steps.push_back(json::parse(ckpt.read(name)).at("steps").get<int64_t>());
+    } catch (const json::exception& e) {
+      CheckpointReader::fail(source / name, std::string("is not {\"steps\": n}: ") + e.what());
+    }
+    if (scheduler_steps.back() < schedulers_[i]->steps) {
+      CheckpointReader::fail(source / name, "was saved after " + std::to_string(scheduler_steps.back()) +
+                                                " scheduler steps, but this scheduler has already taken " +
+                                                std::to_string(schedulers_[i]->steps) +
+                                                "; load_state() before training, with a fresh scheduler");
+    }
+  }
+  for (std::size_t i = 0; i < custom_.size(); ++i) custom.push_back(ckpt.read("custom_checkpoint_" + std::to_string(i) + ".bin"));
+  std::optional<std::string> scaler_state;
+  if (scaler_ && ckpt.has("scaler.json")) scaler_state = ckpt.read("scaler.json");
+  auto rank_name = rank_file(static_cast<std::size_t>(same_world ? process_index() : 0));
+  auto rank = safetensors::decode(ckpt.read(rank_name), (source / rank_name).string());
+  auto positions = saved_positions(rank, source / rank_name);
+  if (positions.size() != loaders_.size()) {
+    CheckpointReader::fail(source / rank_name, "holds " + std::to_string(positions.size()) + " data loader positions but " +
+                                                   std::to_string(loaders_.size()) + " loaders are prepared here");
+  }
+  for (std::size_t i = 0; i < models_.size(); ++i) {
+    apply_model_state(*models_[i], models[i].tensors, source / indexed("model", i, ".safetensors"), false);
+  }
+  // Optimizers first: loading is the only check libtorch offers, so on a failure every optimizer
+  // gets its previous state back and nothing else has changed yet.
+  std::vector<std::string> before;
+  for (auto& slot : optimizers_) before.push_back(archive_bytes(*slot->optimizer));
+  for (std::size_t i = 0; i < optimizers_.size(); ++i) {
+    try {
+      load_archive(*optimizers_[i]->optimizer, optimizers[i], device());
+    } catch (const c10::Error& e) {
+      for (std::size_t j = 0; j <= i; ++j) load_archive(*optimizers_[j]->optimizer, before[j], device());
+      CheckpointReader::fail(source / indexed("optimizer", i, ".bin"),
+                             std::string("cannot be loaded into prepared optimizer ") + std::to_string(i) + ": " +
+                                 e.what_without_backtrace());
+    }
+  }
+  for (std::size_t i = 0; i < optimizers_.size(); ++i) {
+    const auto& steps = m["optimizer_steps"];
+    optimizers_[i]->steps = i < steps.size() && steps[i].is_number_integer() ? steps[i].get<int64_t>() : 0;
+  }
+  // Schedulers replay their steps (libtorch's have no state to save), which moves the learning
+  // rates; the saved rates are then set exactly (libtorch's optimizer load does not).
+  for (std::size_t i = 0; i < schedulers_.size(); ++i) {
+    while (schedulers_[i]->steps < scheduler_steps[i]) {
+      schedulers_[i]->scheduler->step();
+      ++schedulers_[i]->steps;
+    }
+  }
+  const auto& lrs = m.contains("optimizer_lrs") && m["optimizer_lrs"].is_array() ? m["optimizer_lrs"] : json::array();
+  for (std::size_t i = 0; i < optimizers_.size() && i < lrs.size(); ++i) {
+    auto& groups = optimizers_[i]->optimizer->param_groups();
+    for (std::size_t g = 0; g < groups.size() && g < lrs[i].size(); ++g) {
+      if (lrs[i][g].is_number()) groups[g].options().set_lr(lrs[i][g].get<double>());
+    }
+  }
+  for (std::size_t i = 0; i < models_.size(); ++i) {
+    apply_model_state(*models_[i], models[i].tensors, source / indexed("model", i, ".safetensors"), true);
+  }
+  if (scaler_state) scaler_->load_state_dict(*scaler_state, (source / "scaler.json").string());
+  for (std::size_t i = 0; i < custom_.size(); ++i) custom_[i].load(custom[i]);
+
+  // Per-rank state: exact only with the same world size.
+  if (same_world) {
+    for (auto& [name, state] : rank.tensors) {
+      if (name == "rng.cpu") {
+        auto gen = at::detail::getDefaultCPUGenerator();
+        std::lock_guard<std::mutex> lock(gen.mutex());
+        gen.set_state(state);
+      } else if (name.rfind("rng.cuda.", 0) == 0 && torch::cuda::is_available()) {
+        auto index = std::stoi(name.substr(9));
+        if (index < static_cast<int>(torch::cuda::device_count())) {
+          auto gen = at::globalContext().defaultGenerator(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index)));
+          std::lock_guard<std::mutex> lock(gen.mutex());
+          gen.set_state(state);
+        }
+      }
+    }
+    for (std::size_t i = 0; i < loaders_.size(); ++i) loaders_[i].load_state(positions[i]);
+  } else {
+    // Map the position to the same number of samples under the new global batch.
+    const auto& saved = m["loaders"];
+    for (std::size_t i = 0; i < loaders_.size(); ++i) {
+      auto old_total = saved[i].value("total_batch_size", static_cast<uint64_t>(1));
+      auto samples = positions[i].batches * old_total;
+      auto now = static_cast<uint64_t>(loaders_[i].total_batch_size());
+      loaders_[i].load_state({positions[i].epoch, samples / now});
+      if (is_main_process()) {
+        std::cerr << "accel: warning: checkpoint " << source.string() << " was saved by " << saved_world
+                  << " processes, this job has " << num_processes() << ": loader " << i << " resumes epoch "
+                  << positions[i].epoch << " after " << (samples / now) * now << " of the " << samples
+                  << " samples already seen (batch boundaries differ), and the RNG states are not restored\n";
+      }
+    }
+  }
+  gradient_state_->set_step(m.value("accumulation_step", static_cast<int64_t>(0)));
+  project_.iteration = m["iteration"].get<int64_t>() + 1;
+  last_auto_save_ = completed_steps();
+  if (m.value("mixed_precision", std::string("no")) != mixed_precision_ && is_main_process()) {
+    std::cerr << "accel: warning: checkpoint " << source.string() << " was saved with mixed_precision="
+              << m.value("mixed_precision", std::string("no")) << ", this run uses " << mixed_precision_ << "\n";
+  }
+  return source;
+}
+
+// --- automatic resume and periodic saves ------------------------------------------------------------
+
+void Accelerator::after_prepare() {
+  if (resume_checked_ || loaders_.empty()) return;
+  resume_checked_ = true;
+  if (!project_.automatic_resume || !*project_.automatic_checkpoint_naming) return;
+  std::string chosen = is_main_process() ? latest_checkpoint().string() : std::string();
+  if (use_distributed()) chosen = broadcast_object(chosen);
+  if (chosen.empty()) return;
+  load_state(chosen);
+  auto position = loaders_.front().state();
+  print("accel: resumed from", chosen, "at step", completed_steps(), "(epoch", position.epoch, "batch",
+        std::to_string(position.batches) + ")");
+}
+
+void Accelerator::on_step_boundary() {
+  auto interval = project_.save_interval.value_or(0);
+  if (interval <= 0) return;
+  auto done = completed_steps();
+  if (done == last_auto_save_ || done % interval != 0) return;
+  save_state();
+}
+
+}  // namespace accel

@@ -1,0 +1,131 @@
+// Checkpoint file I/O through the CheckpointFs seam: durable, checksummed whole-file writes.
+#include "runtime/checkpoint_io.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "accel/error.h"
+
+namespace accel::ckpt {
+
+namespace {
+
+[[noreturn]] void fail(const fs::path& path, const std::string& what, int err) {
+  throw CheckpointError("accel: checkpoint: " + path.string() + ": " + what + ": " + std::strerror(err));
+}
+
+// Closes a descriptor on every path out.
+struct Fd {
+  int fd;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+std::atomic<CheckpointFs*> g_override{nullptr};
+
+}  // namespace
+
+uint64_t checksum(std::string_view bytes) { return XXH64(bytes.data(), bytes.size(), 0); }
+
+std::string to_hex(uint64_t value) {
+  static const char* kDigits = "0123456789abcdef";
+  std::string out(16, '0');
+  for (int i = 15; i >= 0; --i, value >>= 4) out[static_cast<std::size_t>(i)] = kDigits[value & 0xf];
+  return out;
+}
+
+WrittenFile CheckpointFs::write_file(const fs::path& path, const std::vector<std::string_view>& parts) {
+  Fd f{::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
+  if (f.fd < 0) fail(path, "cannot create", errno);
+  XXH64_state_t state;
+  XXH64_reset(&state, 0);
+  WrittenFile out;
+  for (auto part : parts) {
+    XXH64_update(&state, part.data(), part.size());
+    const char* p = part.data();
+    std::size_t left = part.size();
+    while (left > 0) {
+      ssize_t n = ::write(f.fd, p, left);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        fail(path, "write failed", errno);
+      }
+      p += n;
+      left -= static_cast<std::size_t>(n);
+    }
+    out.size += part.size();
+  }
+  if (::fsync(f.fd) != 0) fail(path, "fsync failed", errno);
+  int fd = f.fd;
+  f.fd = -1;
+  if (::close(fd) != 0) fail(path, "close failed", errno);
+  out.checksum = XXH64_digest(&state);
+  return out;
+}
+
+void CheckpointFs::sync_dir(const fs::path& dir) {
+  Fd f{::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
+  if (f.fd < 0) fail(dir, "cannot open folder", errno);
+  if (::fsync(f.fd) != 0) fail(dir, "fsync of folder failed", errno);
+}
+
+void CheckpointFs::rename(const fs::path& from, const fs::path& to) {
+  if (::rename(from.c_str(), to.c_str()) != 0) fail(from, "cannot rename to " + to.string(), errno);
+}
+
+void CheckpointFs::exchange(const fs::path& a, const fs::path& b) {
+  if (::renameat2(AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_EXCHANGE) != 0) {
+    fail(a, "cannot exchange with " + b.string(), errno);
+  }
+}
+
+void CheckpointFs::remove_all(const fs::path& path) {
+  std::error_code ec;
+  fs::remove_all(path, ec);
+  if (ec) fail(path, "cannot remove", ec.value());
+}
+
+void CheckpointFs::create_directories(const fs::path& path) {
+  std::error_code ec;
+  fs::create_directories(path, ec);
+  if (ec) fail(path, "cannot create folder", ec.value());
+}
+
+std::string CheckpointFs::read_file(const fs::path& path) {
+  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (f.fd < 0) fail(path, "cannot open", errno);
+  off_t end = ::lseek(f.fd, 0, SEEK_END);
+  if (end < 0 || ::lseek(f.fd, 0, SEEK_SET) < 0) fail(path, "cannot seek", errno);
+  std::string out(static_cast<std::size_t>(end), '\0');
+  std::size_t got = 0;
+  while (got < out.size()) {
+    ssize_t n = ::read(f.fd, out.data() + got, out.size() - got);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail(path, "read failed", errno);
+    }
+    if (n == 0) break;  // the file shrank while we read it
+    got += static_cast<std::size_t>(n);
+  }
+  out.resize(got);
+  return out;
+}
+
+CheckpointFs& checkpoint_fs() {
+  static CheckpointFs real;
+  CheckpointFs* o = g_override.load();
+  return o ? *o : real;
+}
+
+void set_checkpoint_fs_for_testing(CheckpointFs* fs) { g_override.store(fs); }
+
+}  // namespace accel::ckpt

@@ -1,0 +1,202 @@
+// AutocastGuard and GradScaler (see accel/mixed_precision.h).
+#include "accel/mixed_precision.h"
+
+#include <ATen/autocast_mode.h>
+#include <torch/torch.h>
+
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "accel/error.h"
+
+namespace accel {
+
+// --- AutocastGuard --------------------------------------------------------------------------
+
+AutocastGuard::AutocastGuard(torch::DeviceType device_type, torch::ScalarType dtype, bool enabled)
+    : device_type_(device_type), active_(enabled) {
+  if (!active_) return;
+  if (device_type_ == torch::kCUDA) {
+    previous_enabled_ = at::autocast::is_enabled();
+    previous_dtype_ = at::autocast::get_autocast_gpu_dtype();
+    at::autocast::set_autocast_gpu_dtype(dtype);
+    at::autocast::set_enabled(true);
+  } else if (device_type_ == torch::kCPU) {
+    previous_enabled_ = at::autocast::is_cpu_enabled();
+    previous_dtype_ = at::autocast::get_autocast_cpu_dtype();
+    at::autocast::set_autocast_cpu_dtype(dtype);
+    at::autocast::set_cpu_enabled(true);
+  } else {
+    throw UsageError("accel: autocast supports CPU and CUDA devices, not " + c10::DeviceTypeName(device_type_));
+  }
+  at::autocast::increment_nesting();
+}
+
+AutocastGuard::AutocastGuard(AutocastGuard&& other) noexcept
+    : device_type_(other.device_type_), active_(other.active_), previous_enabled_(other.previous_enabled_),
+      previous_dtype_(other.previous_dtype_) {
+  other.active_ = false;
+}
+
+AutocastGuard::~AutocastGuard() {
+  if (!active_) return;
+  // Why: autocast caches the low-precision copies of weights; they must not outlive the
+  // outermost scope, or an optimizer step would leave stale copies behind.
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  if (device_type_ == torch::kCUDA) {
+    at::autocast::set_enabled(previous_enabled_);
+    at::autocast::set_autocast_gpu_dtype(previous_dtype_);
+  } else {
+    at::autocast::set_cpu_enabled(previous_enabled_);
+    at::autocast::set_autocast_cpu_dtype(previous_dtype_);
+  }
+}
+
+// --- GradScaler -----------------------------------------------------------------------------
+
+namespace {
+
+// Gradients of `optimizer`, grouped by device (the fused kernel wants one device per call).
+std::map<std::string, std::vector<torch::Tensor>> grads_by_device(torch::optim::Optimizer& optimizer) {
+  std::map<std::string, std::vector<torch::Tensor>> out;
+  for (auto& group : optimizer.param_groups()) {
+    for (auto& p : group.params()) {
+      const auto& g = p.grad();
+      if (g.defined() && g.numel() > 0) out[g.device().str()].push_back(g);
+    }
+  }
+  return out;
+}
+
+// found_inf = 1 if any gradient is inf/NaN; every gradient *= inv_scale (CPU: no ATen kernel).
+void check_and_unscale_cpu(std::vector<torch::Tensor>& grads, torch::Tensor& found_inf, const torch::Tensor& inv_scale) {
+  for (auto& g : grads) {
+    if (!torch::isfinite(g).all().item<bool>()) found_inf.fill_(1.0);
+    g.mul_(inv_scale);
+  }
+}
+
+// _amp_update_scale_'s arithmetic, on CPU tensors.
+void update_scale_cpu(torch::Tensor& scale, torch::Tensor& tracker, const torch::Tensor& found_inf,
+                      const GradScalerOptions& o) {
+  if (found_inf.item<float>() > 0) {
+    scale.mul_(o.backoff_factor);
+    tracker.fill_(0);
+    return;
+  }
+  int64_t successful = tracker.item<int32_t>() + 1;
+  if (successful == o.growth_interval) {
+    auto grown = scale * o.growth_factor;
+    if (torch::isfinite(grown).all().item<bool>()) scale.copy_(grown);
+    tracker.fill_(0);
+  } else {
+    tracker.fill_(successful);
+  }
+}
+
+}  // namespace
+
+GradScaler::GradScaler(GradScalerOptions options) : options_(options) {
+  if (!(options_.init_scale > 0) || !(options_.growth_factor > 1) || !(options_.backoff_factor > 0) ||
+      !(options_.backoff_factor < 1) || options_.growth_interval < 1) {
+    throw ConfigError("accel: GradScaler needs init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1 and "
+                      "growth_interval >= 1");
+  }
+}
+
+void GradScaler::lazy_init(const torch::Device& device) {
+  if (scale_.defined()) return;
+  scale_ = torch::full({1}, options_.init_scale, torch::dtype(torch::kFloat).device(device));
+  growth_tracker_ = torch::zeros({1}, torch::dtype(torch::kInt).device(device));
+}
+
+torch::Tensor GradScaler::scale(const torch::Tensor& loss) {
+  if (!options_.enabled) return loss;
+  lazy_init(loss.device());
+  return loss * scale_.to(loss.device(), /*non_blocking=*/true);
+}
+
+void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
+  if (!options_.enabled) return;
+  if (found_inf_.count(&optimizer)) {
+    throw UsageError("accel: unscale_() was already called for this optimizer since the last update(); "
+                     "the gradients are unscaled once per step");
+  }
+  if (!scale_.defined()) lazy_init(torch::kCPU);
+  auto inv_scale = scale_.to(torch::kDouble).reciprocal().to(torch::kFloat);
+  auto found = torch::zeros({1}, scale_.options());
+  for (auto& [device, grads] : grads_by_device(optimizer)) {
+    torch::Device dev(device);
+    auto found_here = torch::zeros({1}, torch::dtype(torch::kFloat).device(dev));
+    auto inv_here = inv_scale.to(dev);
+    if (dev.is_cuda()) {
+      at::_amp_foreach_non_finite_check_and_unscale_(grads, found_here, inv_here);
+    } else {
+      check_and_unscale_cpu(grads, found_here, inv_here);
+    }
+    found.add_(found_here.to(found.device()));
+  }
+  found_inf_[&optimizer] = found;
+}
+
+bool GradScaler::step(torch::optim::Optimizer& optimizer) {
+  if (!options_.enabled) {
+    optimizer.step();
+    return true;
+  }
+  if (!found_inf_.count(&optimizer)) unscale_(optimizer);
+  if (found_inf_.at(&optimizer).item<float>() > 0) return false;
+  optimizer.step();
+  return true;
+}
+
+void GradScaler::update() {
+  if (!options_.enabled || !scale_.defined()) return;
+  auto found = torch::zeros({1}, scale_.options());
+  for (auto& [optimizer, f] : found_inf_) found.add_(f.to(found.device()));
+  found_inf_.clear();
+  if (scale_.is_cuda()) {
+    at::_amp_update_scale_(scale_, growth_tracker_, found, options_.growth_factor, options_.backoff_factor,
+                           options_.growth_interval);
+  } else {
+    update_scale_cpu(scale_, growth_tracker_, found, options_);
+  }
+}
+
+double GradScaler::get_scale() const {
+  if (!options_.enabled) return 1.0;
+  return scale_.defined() ? scale_.item<double>() : options_.init_scale;
+}
+
+int64_t GradScaler::growth_tracker() const { return growth_tracker_.defined() ? growth_tracker_.item<int32_t>() : 0; }
+
+std::string GradScaler::state_dict() const {
+  nlohmann::json j = {{"scale", get_scale()},
+                      {"growth_tracker", growth_tracker()},
+                      {"growth_factor", options_.growth_factor},
+                      {"backoff_factor", options_.backoff_factor},
+                      {"growth_interval", options_.growth_interval}};
+  return j.dump();
+}
+
+void GradScaler::load_state_dict(const std::string& json, const std::string& where) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(json);
+  } catch (const std::exception& e) {
+    throw CheckpointError("accel: " + where + ": not valid JSON: " + e.what());
+  }
+  if (!j.is_object() || !j.contains("scale") || !j["scale"].is_number() || !j.contains("growth_tracker") ||
+      !j["growth_tracker"].is_number_integer()) {
+    throw CheckpointError("accel: " + where + ": expected {\"scale\": number, \"growth_tracker\": integer}");
+  }
+  double scale = j["scale"].get<double>();
+  if (!(scale > 0)) throw CheckpointError("accel: " + where + ": scale must be positive, got " + std::to_string(scale));
+  if (!options_.enabled) return;
+  if (!scale_.defined()) lazy_init(torch::kCPU);
+  scale_.fill_(scale);
+  growth_tracker_.fill_(j["growth_tracker"].get<int64_t>());
+  found_inf_.clear();
+}
+
+}  // namespace accel

@@ -1,0 +1,62 @@
+// The safetensors format (huggingface/safetensors): an 8-byte little-endian header length N, N
+// bytes of JSON header ({"name": {"dtype", "shape", "data_offsets": [begin, end]}, ...,
+// "__metadata__": {string: string}}), then the tensors' bytes, little-endian, row-major.
+// Also HF's sharded layout (model-00001-of-00002.safetensors + model.safetensors.index.json).
+// Thread: any; no shared state.
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace accel::safetensors {
+
+using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+
+// A file ready to be written: `header` (length prefix + JSON, padded with spaces to a multiple of
+// 8 bytes) followed by the bytes of each tensor in `data`, in order.
+struct Encoded {
+  std::string header;
+  std::vector<torch::Tensor> data;  // contiguous CPU tensors, in file order
+  // The byte views to write, header first (valid while this object lives).
+  std::vector<std::string_view> parts() const;
+  uint64_t size() const;
+};
+
+// Encodes `tensors` (any device; copied to CPU when needed) in the given order. Names must be
+// unique and non-empty; "__metadata__" is reserved. Throws CheckpointError otherwise, or for a
+// dtype safetensors cannot name.
+Encoded encode(const NamedTensors& tensors, const std::map<std::string, std::string>& metadata = {});
+
+struct Decoded {
+  NamedTensors tensors;  // in data-offset order; each owns its memory (CPU)
+  std::map<std::string, std::string> metadata;
+};
+
+// Parses a whole file's bytes. `where` (a path) starts every error message. Rejects, with a
+// CheckpointError that says what is wrong: fewer than 8 bytes, a header length past the end,
+// JSON that does not parse or is not an object, an unknown dtype, a shape/offsets mismatch,
+// offsets outside the data or overlapping, or bytes after the last tensor.
+Decoded decode(std::string_view bytes, const std::string& where);
+
+// "10GB" = 10^10, "10GiB" = 2^30*10, also KB/MB/KiB/MiB and a plain byte count (HF's
+// convert_file_size_to_int). ConfigError for anything else or for 0.
+uint64_t parse_size(const std::string& text);
+
+// HF's save_pretrained layout in `dir` (created if missing): one "model.safetensors" when
+// everything fits in max_shard_bytes, else "model-0000k-of-0000n.safetensors" files (a new shard
+// starts when the next tensor would overflow the current one; a tensor larger than the limit
+// gets a shard of its own) and "model.safetensors.index.json" = {"metadata": {"total_size": N},
+// "weight_map": {name: file}}. Every file carries metadata {"format": "pt"} and is written
+// through ckpt::checkpoint_fs() to a temp name, then renamed, so a reader never sees half a file.
+// Stale shards of an earlier save with another shard count are removed. Returns the files written.
+std::vector<std::string> save_sharded(const NamedTensors& tensors, const std::filesystem::path& dir,
+                                      uint64_t max_shard_bytes, const std::string& prefix = "model");
+
+}  // namespace accel::safetensors

@@ -1,0 +1,141 @@
+// Fault tolerance end to end: workers SIGKILLed at random moments under the real accel-launch
+// resume from their checkpoints and finish with the weights of a run that was never killed; a
+// process killed at every I/O step of a save leaves the previous checkpoint loadable.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <regex>
+
+#include "tests/integration/harness.h"
+
+namespace accel::testing {
+namespace {
+
+// The pids of `parent`'s children (the launcher's workers).
+std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> out;
+  std::ifstream in("/proc/" + std::to_string(parent) + "/task/" + std::to_string(parent) + "/children");
+  for (pid_t pid; in >> pid;) out.push_back(pid);
+  return out;
+}
+
+// A complete automatic checkpoint exists under the checkpoint dir (older ones are rotated away).
+bool has_checkpoint(const fs::path& dir) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir / "checkpoints", ec)) {
+    if (e.path().filename().string().rfind("checkpoint_", 0) == 0 && fs::exists(e.path() / "manifest.json", ec)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string file_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// train_classifier on 2 processes, small enough to run several times, long enough to be killed
+// in the middle: 4 epochs x 47 steps.
+std::vector<std::string> classifier_args(const std::string& model_dir) {
+  return {TRAIN_CLASSIFIER_BIN, "--epochs", "4", "--train-samples", "3000", "--save-model", model_dir};
+}
+
+TEST(Checkpoint, KilledWorkersResumeToTheWeightsOfAnUninterruptedRun) {
+  TempDir dir;
+  std::map<std::string, std::string> env{{"OMP_NUM_THREADS", "1"}};
+  std::vector<std::string> base_args = {"-n", "2", "--"};
+  auto args = classifier_args(dir / "base");
+  base_args.insert(base_args.end(), args.begin(), args.end());
+  auto base = run_launcher(dir, base_args, 120s, env);
+  ASSERT_EQ(base.exit_code, 0) << base.out << base.err;
+  auto expected = file_bytes(dir.path() / "base" / "model.safetensors");
+  ASSERT_GT(expected.size(), 1000u);
+  auto duration = base.elapsed;
+
+  for (unsigned seed : {1u, 2u, 3u}) {
+    std::mt19937 rng(seed);
+    int victim = static_cast<int>(rng() % 2);
+    // Once the first checkpoint exists, a random point of whatever the job is doing then
+    // (training, all-reducing, saving); halved and retried if the job finished first.
+    auto delay = std::chrono::milliseconds(
+        static_cast<int64_t>(static_cast<double>(duration.count()) * 0.5 * (rng() % 1000) / 1000.0));
+    bool interrupted = false;
+    for (int attempt = 0; attempt < 4 && !interrupted; ++attempt, delay /= 2) {
+      TempDir run;
+      std::vector<std::string> launch = {"--max-restarts", "2",  "--checkpoint-dir", run / "ck",
+                                         "--checkpoint-interval", "10", "-n", "2", "--"};
+      auto a = classifier_args(run / "model");
+      launch.insert(launch.end(), a.begin(), a.end());
+      Launched job(run, launch, env);
+      auto deadline = std::chrono::steady_clock::now() + 60s;
+      while (!has_checkpoint(run.path() / "ck") && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(2ms);
+      }
+      ASSERT_TRUE(has_checkpoint(run.path() / "ck")) << "seed " << seed << ": no first checkpoint";
+      std::this_thread::sleep_for(delay);
+      auto workers = children_of(job.pid());
+      if (workers.size() == 2) ::kill(workers[static_cast<std::size_t>(victim)], SIGKILL);
+      auto r = job.wait(180s);
+      ASSERT_EQ(r.exit_code, 0) << "seed " << seed << "\n" << r.out << r.err;
+      interrupted = r.out.find("accel: resumed from") != std::string::npos;
+      if (!interrupted) continue;  // the victim had already finished: nothing was tested
+      int kept = 0;
+      for (const auto& e : fs::directory_iterator(run.path() / "ck" / "checkpoints")) {
+        kept += e.path().filename().string().rfind("checkpoint_", 0) == 0 ? 1 : 0;
+      }
+      EXPECT_EQ(kept, 3) << "accel-launch's periodic saves keep the newest 3 checkpoints";
+      EXPECT_EQ(file_bytes(run.path() / "model" / "model.safetensors"), expected)
+          << "seed " << seed << ": killed rank " << victim << " " << delay.count()
+          << " ms after the first checkpoint; the final weights differ from the uninterrupted run\n"
+          << r.out << r.err;
+    }
+    EXPECT_TRUE(interrupted) << "seed " << seed << ": no kill interrupted the job";
+  }
+}
+
+TEST(Checkpoint, KillAtEveryStepOfASaveLeavesALoadableCheckpoint) {
+  std::regex saved_re(R"(SAVED checkpoint_0 ([0-9a-f]{16}))"), saving_re(R"(SAVING checkpoint_1 ([0-9a-f]{16}))"),
+      loaded_re(R"(LOADED (checkpoint_\d+) ([0-9a-f]{16}))");
+  std::map<std::string, int> loaded_names;
+  bool completed = false;
+  for (int k = 0; k < 60 && !completed; ++k) {
+    TempDir dir;
+    auto r = run_launcher(dir, {"-n", "1", "--", RUNTIME_WORKER_BIN, "save_killed", dir / "project", std::to_string(k)},
+                          60s, {{"OMP_NUM_THREADS", "1"}});
+    std::smatch m0, m1;
+    ASSERT_TRUE(std::regex_search(r.out, m0, saved_re)) << r.out << r.err;
+    ASSERT_TRUE(std::regex_search(r.out, m1, saving_re)) << r.out << r.err;
+    completed = r.exit_code == 0;
+    if (!completed) {
+      ASSERT_NE(r.out.find("KILLED at op " + std::to_string(k)), std::string::npos) << r.out << r.err;
+    }
+    auto load = run_launcher(dir, {"-n", "1", "--", RUNTIME_WORKER_BIN, "load_newest", dir / "project"}, 60s,
+                             {{"OMP_NUM_THREADS", "1"}});
+    ASSERT_EQ(load.exit_code, 0) << "kill at op " << k << ": the newest checkpoint does not load\n" << load.out << load.err;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(load.out, m, loaded_re)) << load.out;
+    const std::string name = m[1], hash = m[2];
+    ++loaded_names[name];
+    if (name == "checkpoint_0") {
+      EXPECT_EQ(hash, m0[1].str()) << "kill at op " << k;
+    } else {
+      ASSERT_EQ(name, "checkpoint_1") << "kill at op " << k;
+      EXPECT_EQ(hash, m1[1].str()) << "kill at op " << k;
+    }
+    if (completed) {
+      EXPECT_EQ(name, "checkpoint_1");
+    }
+    // Nothing but the two checkpoints and (after a kill) hidden temp folders.
+    for (const auto& e : fs::directory_iterator(dir.path() / "project" / "checkpoints")) {
+      auto f = e.path().filename().string();
+      EXPECT_TRUE(f == "checkpoint_0" || f == "checkpoint_1" || f.rfind(".checkpoint_1.", 0) == 0)
+          << "kill at op " << k << ": unexpected " << f;
+    }
+  }
+  EXPECT_TRUE(completed) << "the save never completed within 60 I/O operations";
+  EXPECT_GT(loaded_names["checkpoint_0"], 5) << "too few kill points fell inside the save";
+}
+
+}  // namespace
+}  // namespace accel::testing
