@@ -609,8 +609,12 @@ fs::path Accelerator::load_state(const fs::path& dir) {
       if (is_main_process()) {
         std::cerr << "accel: warning: checkpoint " << source.string() << " was saved by " << saved_world
                   << " processes, this job has " << num_processes() << ": loader " << i << " resumes epoch "
-                  << positions[i].epoch << " after " << (samples / now) * now << " of the " << samples
-                  << " samples already seen (batch boundaries differ), and the RNG states are not restored\n";
+                  << positions[i].epoch << " at sample " << (samples / now) * now;
+        if (samples % now != 0) {
+          std::cerr << " (" << samples % now << " samples seen before the save are seen again: the global batch of "
+                    << now << " does not divide the " << samples << " already seen)";
+        }
+        std::cerr << ", and the RNG states are not restored (each rank's state was saved for the old ranks)\n";
       }
     }
   }

@@ -137,5 +137,25 @@ TEST(Checkpoint, KillAtEveryStepOfASaveLeavesALoadableCheckpoint) {
   EXPECT_GT(loaded_names["checkpoint_0"], 5) << "too few kill points fell inside the save";
 }
 
+TEST(Checkpoint, ACheckpointFromTwoProcessesLoadsOnOneAndThreeWithAWarning) {
+  TempDir dir;
+  std::map<std::string, std::string> env{{"OMP_NUM_THREADS", "1"}};
+  // kill_at far past the end: both saves complete.
+  auto save = run_launcher(dir, {"-n", "2", "--", RUNTIME_WORKER_BIN, "save_killed", dir / "project", "100000"}, 120s, env);
+  ASSERT_EQ(save.exit_code, 0) << save.out << save.err;
+  std::smatch saved;
+  ASSERT_TRUE(std::regex_search(save.out, saved, std::regex(R"(SAVED checkpoint_1 ([0-9a-f]{16}))"))) << save.out;
+  for (const char* n : {"1", "3"}) {
+    auto load = run_launcher(dir, {"-n", n, "--", RUNTIME_WORKER_BIN, "load_newest", dir / "project"}, 120s, env);
+    ASSERT_EQ(load.exit_code, 0) << load.out << load.err;
+    std::smatch loaded;
+    ASSERT_TRUE(std::regex_search(load.out, loaded, std::regex(R"(LOADED (checkpoint_\d+) ([0-9a-f]{16}))"))) << load.out;
+    EXPECT_EQ(loaded[1].str(), "checkpoint_1");
+    EXPECT_EQ(loaded[2].str(), saved[1].str()) << "on " << n << " processes the weights differ from the saved ones";
+    EXPECT_NE(load.err.find("was saved by 2 processes, this job has " + std::string(n)), std::string::npos) << load.err;
+    EXPECT_NE(load.err.find("the RNG states are not restored"), std::string::npos) << load.err;
+  }
+}
+
 }  // namespace
 }  // namespace accel::testing
