@@ -107,7 +107,9 @@ class DataLoader::Pass {
       }
       batches_ = shard_batches(order, impl_->spec());
       impl_->position->remainder = shard_remainder(n, impl_->spec());
-      next_ = std::min(impl_->skip, total());
+      // Why both: the prefetch threads build from next_ and the consumer waits on taken_;
+      // a skipped prefix is neither built nor waited for.
+      next_ = taken_ = std::min(impl_->skip, total());
       impl_->pass_total = total();
     } else {
       stream_ = impl_->stream_dataset->stream(impl_->epoch);

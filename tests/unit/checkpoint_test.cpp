@@ -651,13 +651,18 @@ TEST(CheckpointRoundTrip, SkipFirstBatchesYieldsTheRestOfTheSameOrder) {
   auto epoch1 = one_pass(reference);
   ASSERT_EQ(epoch0.size(), 7u);
   ASSERT_FALSE(torch::equal(epoch0[0], epoch1[0])) << "epochs are shuffled differently";
-  for (std::size_t n : {0u, 1u, 4u, 6u, 7u}) {
-    SCOPED_TRACE("skip " + std::to_string(n));
-    auto skipping = DataLoader(fixed_data(), options).skip_first_batches(n);
-    auto first = one_pass(skipping);
-    expect_bitwise(std::vector<torch::Tensor>(epoch0.begin() + static_cast<std::ptrdiff_t>(n), epoch0.end()), first,
-                   "batch");
-    expect_bitwise(epoch1, one_pass(skipping), "next-epoch batch");
+  // With prefetch threads too: they must start at the first batch not skipped.
+  for (std::size_t workers : {0u, 2u}) {
+    for (std::size_t n : {0u, 1u, 4u, 6u, 7u}) {
+      SCOPED_TRACE("skip " + std::to_string(n) + ", workers " + std::to_string(workers));
+      DataLoaderOptions threaded = options;
+      threaded.num_workers = workers;
+      auto skipping = DataLoader(fixed_data(), threaded).skip_first_batches(n);
+      auto first = one_pass(skipping);
+      expect_bitwise(std::vector<torch::Tensor>(epoch0.begin() + static_cast<std::ptrdiff_t>(n), epoch0.end()), first,
+                     "batch");
+      expect_bitwise(epoch1, one_pass(skipping), "next-epoch batch");
+    }
   }
   Accelerator acc;
   auto prepared = acc.prepare(DataLoader(fixed_data(), options));
