@@ -4,6 +4,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <exception>
+#include <functional>
+#include <memory>
 #include <ctime>
 #include <nlohmann/json.hpp>
 
@@ -38,6 +41,48 @@ safetensors::NamedTensors state_of(const torch::nn::Module& m) {
   for (const auto& p : m.named_parameters(true)) out.emplace_back(p.key(), p.value().detach());
   for (const auto& b : m.named_buffers(true)) out.emplace_back(b.key(), b.value().detach());
   return out;
+}
+
+// One file of a checkpoint: its name and what writes its bytes (owning what it writes from).
+struct OutFile {
+  std::string name;
+  std::function<void(const ckpt::Sink&)> produce;
+};
+
+OutFile bytes_file(std::string name, std::string bytes) {
+  auto owned = std::make_shared<std::string>(std::move(bytes));
+  return {std::move(name), [owned](const ckpt::Sink& sink) { sink(*owned); }};
+}
+
+// Streams the tensors' bytes from their own memory: no copy of the whole file is made.
+OutFile safetensors_file(std::string name, safetensors::Encoded encoded) {
+  auto owned = std::make_shared<safetensors::Encoded>(std::move(encoded));
+  return {std::move(name), [owned](const ckpt::Sink& sink) {
+            for (auto part : owned->parts()) sink(part);
+          }};
+}
+
+// libtorch's archive, streamed straight into the file as it serializes.
+OutFile optimizer_file(std::string name, const torch::optim::Optimizer& optimizer) {
+  auto archive = std::make_shared<torch::serialize::OutputArchive>();
+  optimizer.save(*archive);
+  return {std::move(name), [archive](const ckpt::Sink& sink) {
+            std::exception_ptr failed;
+            archive->save_to([&](const void* data, std::size_t n) -> std::size_t {
+              // Why: an exception must not cross miniz or PyTorchStreamWriter's destructor, which
+              // writes the zip's end and, in libtorch 1.13, terminates the process on a second
+              // throw. The first error is kept, the rest of the archive dropped, the error rethrown.
+              if (!failed) {
+                try {
+                  sink(std::string_view(static_cast<const char*>(data), n));
+                } catch (...) {
+                  failed = std::current_exception();
+                }
+              }
+              return n;
+            });
+            if (failed) std::rethrow_exception(failed);
+          }};
 }
 
 std::string join(const safetensors::Encoded& e) {
@@ -119,19 +164,19 @@ class CheckpointReader {
   bool has(const std::string& name) const { return files_.count(name) != 0; }
 
   // The file's bytes, checked against the manifest's size and checksum.
-  std::string read(const std::string& name) const {
+  ckpt::MappedFile read(const std::string& name) const {
     auto path = dir_ / name;
     auto it = files_.find(name);
     if (it == files_.end()) fail(path, "is not listed in manifest.json");
     std::error_code ec;
     if (!fs::exists(path, ec)) fail(path, "is missing (listed in manifest.json)");
-    auto bytes = ckpt::checkpoint_fs().read_file(path);
+    auto bytes = ckpt::checkpoint_fs().map_file(path);
     auto expected = it->second["size"].get<uint64_t>();
     if (bytes.size() != expected) {
       fail(path, "has " + std::to_string(bytes.size()) + " bytes, manifest.json says " + std::to_string(expected) +
                      (bytes.size() < expected ? " (truncated)" : ""));
     }
-    auto sum = ckpt::to_hex(ckpt::checksum(bytes));
+    auto sum = ckpt::to_hex(ckpt::checksum(bytes.view()));
     if (sum != it->second["xxh64"].get<std::string>()) {
       fail(path, "is corrupt: its xxh64 is " + sum + ", manifest.json says " + it->second["xxh64"].get<std::string>());
     }
@@ -185,15 +230,25 @@ void apply_model_state(torch::nn::Module& model, const safetensors::NamedTensors
   for (auto& [name, tensor] : live) tensor.copy_(saved.at(name));
 }
 
-std::string archive_bytes(const torch::optim::Optimizer& optimizer) {
-  torch::serialize::OutputArchive archive;
-  optimizer.save(archive);
-  std::ostringstream out;
-  archive.save_to(out);
-  return out.str();
-}
+// An optimizer's state and options, sharing the state's tensors. Enough to undo a failed load:
+// libtorch's load puts new state objects with new tensors in place and never writes into the old.
+struct OptimizerSnapshot {
+  std::vector<std::pair<std::string, std::unique_ptr<torch::optim::OptimizerParamState>>> state;
+  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> options;
 
-void load_archive(torch::optim::Optimizer& optimizer, const std::string& bytes, torch::Device device) {
+  explicit OptimizerSnapshot(torch::optim::Optimizer& optimizer) {
+    for (const auto& [key, value] : optimizer.state()) state.emplace_back(key, value->clone());
+    for (auto& group : optimizer.param_groups()) options.push_back(group.options().clone());
+  }
+  void restore(torch::optim::Optimizer& optimizer) {
+    optimizer.state().clear();
+    for (auto& [key, value] : state) optimizer.state()[key] = std::move(value);
+    auto& groups = optimizer.param_groups();
+    for (std::size_t g = 0; g < groups.size() && g < options.size(); ++g) groups[g].set_options(std::move(options[g]));
+  }
+};
+
+void load_archive(torch::optim::Optimizer& optimizer, std::string_view bytes, torch::Device device) {
   torch::serialize::InputArchive archive;
   archive.load_from(bytes.data(), bytes.size(), device);
   optimizer.load(archive);
@@ -281,11 +336,11 @@ std::string rank_state(int rank, const std::vector<DataLoader>& loaders) {
 
 static void fill_and_publish(ckpt::CheckpointFs& io, const fs::path& tmp, const fs::path& target,
                              const std::vector<std::string>& rank_blobs,
-                             const std::vector<std::pair<std::string, std::string>>& files, json manifest);
+                             const std::vector<OutFile>& files, json manifest);
 
 // Rank 0 writes every file into a temp folder beside `target`, fsyncs, then renames it into place.
 static void write_checkpoint(const fs::path& target, const std::vector<std::string>& rank_blobs,
-                             const std::vector<std::pair<std::string, std::string>>& files, json manifest) {
+                             const std::vector<OutFile>& files, json manifest) {
   auto& io = ckpt::checkpoint_fs();
   auto parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
   auto name = target.filename().string();
@@ -310,15 +365,16 @@ static void write_checkpoint(const fs::path& target, const std::vector<std::stri
 
 static void fill_and_publish(ckpt::CheckpointFs& io, const fs::path& tmp, const fs::path& target,
                              const std::vector<std::string>& rank_blobs,
-                             const std::vector<std::pair<std::string, std::string>>& files, json manifest) {
+                             const std::vector<OutFile>& files, json manifest) {
   auto parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
   json listed = json::array();
-  auto put = [&](const std::string& file, const std::vector<std::string_view>& parts) {
-    auto written = io.write_file(tmp / file, parts);
+  auto listed_as = [&](const std::string& file, const ckpt::WrittenFile& written) {
     listed.push_back({{"name", file}, {"size", written.size}, {"xxh64", ckpt::to_hex(written.checksum)}});
   };
-  for (const auto& [file, bytes] : files) put(file, {bytes});
-  for (std::size_t r = 0; r < rank_blobs.size(); ++r) put(rank_file(r), {rank_blobs[r]});
+  for (const auto& file : files) listed_as(file.name, io.write_stream(tmp / file.name, file.produce));
+  for (std::size_t r = 0; r < rank_blobs.size(); ++r) {
+    listed_as(rank_file(r), io.write_file(tmp / rank_file(r), {rank_blobs[r]}));
+  }
   manifest["files"] = listed;
   auto text = manifest.dump(2);
   io.write_file(tmp / kManifest, {text});
@@ -361,10 +417,10 @@ fs::path Accelerator::save_state(const fs::path& dir) {
   std::string error;
   if (is_main_process()) {
     try {
-      std::vector<std::pair<std::string, std::string>> files;
+      std::vector<OutFile> files;
       for (std::size_t i = 0; i < models_.size(); ++i) {
-        files.emplace_back(indexed("model", i, ".safetensors"),
-                           join(safetensors::encode(state_of(*models_[i]), {{"format", "pt"}})));
+        files.push_back(safetensors_file(indexed("model", i, ".safetensors"),
+                                         safetensors::encode(state_of(*models_[i]), {{"format", "pt"}})));
       }
       json optimizer_steps = json::array(), optimizer_lrs = json::array();
       for (std::size_t i = 0; i < optimizers_.size(); ++i) {
@@ -372,19 +428,15 @@ fs::path Accelerator::save_state(const fs::path& dir) {
         json lrs = json::array();
         for (auto& group : optimizers_[i]->optimizer->param_groups()) lrs.push_back(group.options().get_lr());
         optimizer_lrs.push_back(lrs);
-        torch::serialize::OutputArchive archive;
-        optimizers_[i]->optimizer->save(archive);
-        std::ostringstream out;
-        archive.save_to(out);
-        files.emplace_back(indexed("optimizer", i, ".bin"), out.str());
+        files.push_back(optimizer_file(indexed("optimizer", i, ".bin"), *optimizers_[i]->optimizer));
         optimizer_steps.push_back(optimizers_[i]->steps);
       }
       for (std::size_t i = 0; i < schedulers_.size(); ++i) {
-        files.emplace_back(indexed("scheduler", i, ".json"), json({{"steps", schedulers_[i]->steps}}).dump());
+        files.push_back(bytes_file(indexed("scheduler", i, ".json"), json({{"steps", schedulers_[i]->steps}}).dump()));
       }
-      if (scaler_) files.emplace_back("scaler.json", scaler_->state_dict());
+      if (scaler_) files.push_back(bytes_file("scaler.json", scaler_->state_dict()));
       for (std::size_t i = 0; i < custom_.size(); ++i) {
-        files.emplace_back("custom_checkpoint_" + std::to_string(i) + ".bin", custom_[i].save());
+        files.push_back(bytes_file("custom_checkpoint_" + std::to_string(i) + ".bin", custom_[i].save()));
       }
       json loaders = json::array();
       for (const auto& l : loaders_) {
@@ -507,18 +559,20 @@ fs::path Accelerator::load_state(const fs::path& dir) {
   bool same_world = saved_world == num_processes();
 
   // Read and check everything first, so a bad file changes nothing.
+  std::vector<ckpt::MappedFile> model_files;  // Why kept: the decoded tensors are views of them
   std::vector<safetensors::Decoded> models;
   for (std::size_t i = 0; i < models_.size(); ++i) {
     auto name = indexed("model", i, ".safetensors");
-    models.push_back(safetensors::decode(ckpt.read(name), (source / name).string()));
+    model_files.push_back(ckpt.read(name));
+    models.push_back(safetensors::decode(model_files.back().view(), (source / name).string(), safetensors::Memory::kBorrow));
   }
-  std::vector<std::string> optimizers, custom;
+  std::vector<ckpt::MappedFile> optimizers;
   for (std::size_t i = 0; i < optimizers_.size(); ++i) optimizers.push_back(ckpt.read(indexed("optimizer", i, ".bin")));
   std::vector<int64_t> scheduler_steps;
   for (std::size_t i = 0; i < schedulers_.size(); ++i) {
     auto name = indexed("scheduler", i, ".json");
     try {
-      scheduler_steps.push_back(json::parse(ckpt.read(name)).at("steps").get<int64_t>());
+      scheduler_steps.push_back(json::parse(std::string(ckpt.read(name).view())).at("steps").get<int64_t>());
     } catch (const json::exception& e) {
       CheckpointReader::fail(source / name, std::string("is not {\"steps\": n}: ") + e.what());
     }
@@ -529,11 +583,14 @@ fs::path Accelerator::load_state(const fs::path& dir) {
                                                 "; load_state() before training, with a fresh scheduler");
     }
   }
-  for (std::size_t i = 0; i < custom_.size(); ++i) custom.push_back(ckpt.read("custom_checkpoint_" + std::to_string(i) + ".bin"));
+  std::vector<std::string> custom;
+  for (std::size_t i = 0; i < custom_.size(); ++i) {
+    custom.emplace_back(ckpt.read("custom_checkpoint_" + std::to_string(i) + ".bin").view());
+  }
   std::optional<std::string> scaler_state;
-  if (scaler_ && ckpt.has("scaler.json")) scaler_state = ckpt.read("scaler.json");
+  if (scaler_ && ckpt.has("scaler.json")) scaler_state = std::string(ckpt.read("scaler.json").view());
   auto rank_name = rank_file(static_cast<std::size_t>(same_world ? process_index() : 0));
-  auto rank = safetensors::decode(ckpt.read(rank_name), (source / rank_name).string());
+  auto rank = safetensors::decode(ckpt.read(rank_name).view(), (source / rank_name).string());
   auto positions = saved_positions(rank, source / rank_name);
   if (positions.size() != loaders_.size()) {
     CheckpointReader::fail(source / rank_name, "holds " + std::to_string(positions.size()) + " data loader positions but " +
@@ -544,13 +601,13 @@ fs::path Accelerator::load_state(const fs::path& dir) {
   }
   // Optimizers first: loading is the only check libtorch offers, so on a failure every optimizer
   // gets its previous state back and nothing else has changed yet.
-  std::vector<std::string> before;
-  for (auto& slot : optimizers_) before.push_back(archive_bytes(*slot->optimizer));
+  std::vector<OptimizerSnapshot> before;
+  for (auto& slot : optimizers_) before.emplace_back(*slot->optimizer);
   for (std::size_t i = 0; i < optimizers_.size(); ++i) {
     try {
-      load_archive(*optimizers_[i]->optimizer, optimizers[i], device());
+      load_archive(*optimizers_[i]->optimizer, optimizers[i].view(), device());
     } catch (const c10::Error& e) {
-      for (std::size_t j = 0; j <= i; ++j) load_archive(*optimizers_[j]->optimizer, before[j], device());
+      for (std::size_t j = 0; j <= i; ++j) before[j].restore(*optimizers_[j]->optimizer);
       CheckpointReader::fail(source / indexed("optimizer", i, ".bin"),
                              std::string("cannot be loaded into prepared optimizer ") + std::to_string(i) + ": " +
                                  e.what_without_backtrace());

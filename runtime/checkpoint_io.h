@@ -6,7 +6,9 @@
 #pragma once
 
 #include <cstdint>
+#include <cstddef>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,13 +27,38 @@ struct WrittenFile {
   uint64_t checksum = 0;  // xxHash64 of all the bytes written, in order
 };
 
+// A file's bytes, mapped read-only (mmap; pages filled from the page cache at once, no copy).
+// Movable; the view is valid while this object lives.
+class MappedFile {
+ public:
+  MappedFile() = default;
+  MappedFile(void* data, std::size_t size) : data_(data), size_(size) {}
+  MappedFile(MappedFile&& other) noexcept;
+  MappedFile& operator=(MappedFile&& other) noexcept;
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  ~MappedFile();
+  std::string_view view() const { return {static_cast<const char*>(data_), size_}; }
+  std::size_t size() const { return size_; }
+
+ private:
+  void* data_ = nullptr;  // null for an empty file
+  std::size_t size_ = 0;
+};
+
+// Receives a file's bytes in order, in pieces of any size.
+using Sink = std::function<void(std::string_view)>;
+
 // The OS seam. Every method throws CheckpointError (accel/checkpoint.h) naming the path and the
 // OS error on failure.
 class CheckpointFs {
  public:
   virtual ~CheckpointFs() = default;
-  // Creates or truncates `path`, writes `parts` one after another, fsyncs, closes.
-  virtual WrittenFile write_file(const fs::path& path, const std::vector<std::string_view>& parts);
+  // Creates or truncates `path`, writes what `produce` passes to its sink, fsyncs, closes.
+  // Nothing is buffered in memory: a large file streams from its producer to the kernel.
+  virtual WrittenFile write_stream(const fs::path& path, const std::function<void(const Sink&)>& produce);
+  // write_stream of `parts`, one after another.
+  WrittenFile write_file(const fs::path& path, const std::vector<std::string_view>& parts);
   // fsync of a directory, so entries created or renamed in it survive a power loss.
   virtual void sync_dir(const fs::path& dir);
   virtual void rename(const fs::path& from, const fs::path& to);
@@ -41,6 +68,8 @@ class CheckpointFs {
   virtual void create_directories(const fs::path& path);
   // The whole file; CheckpointError when it cannot be opened or read.
   virtual std::string read_file(const fs::path& path);
+  // The whole file, mapped; CheckpointError when it cannot be opened or mapped.
+  virtual MappedFile map_file(const fs::path& path);
 };
 
 // The seam in use (the real file system unless a test installed another).

@@ -297,20 +297,25 @@ void check_tiling(std::vector<Entry>& entries, uint64_t data_size, const std::st
                     " of the " + std::to_string(data_size) + " data bytes)");
 }
 
-torch::Tensor load(const Entry& e, const char* data, const std::string& where) {
-  torch::Tensor t = torch::empty(e.shape, torch::TensorOptions().dtype(e.dtype->dtype));
+torch::Tensor load(const Entry& e, const char* data, const std::string& where, bool borrow) {
   const char* src = data + e.begin;
   std::size_t n = e.end - e.begin;
   if (e.dtype->dtype == torch::kBool &&
       std::any_of(src, src + n, [](char c) { return static_cast<unsigned char>(c) > 1; }))
     fail(where, e.name, "BOOL data holds a byte other than 0 or 1");
+  auto options = torch::TensorOptions().dtype(e.dtype->dtype);
+  auto item = static_cast<std::size_t>(c10::elementSize(e.dtype->dtype));
+  if (borrow && n > 0 && reinterpret_cast<std::uintptr_t>(src) % item == 0) {
+    return torch::from_blob(const_cast<char*>(src), e.shape, options);  // read-only by contract
+  }
+  torch::Tensor t = torch::empty(e.shape, options);
   if (n > 0) std::memcpy(t.data_ptr(), src, n);
   return t;
 }
 
 }  // namespace
 
-Decoded decode(std::string_view bytes, const std::string& where) {
+Decoded decode(std::string_view bytes, const std::string& where, Memory memory) {
   OrderedJson header = parse_header(bytes, where);
   const uint64_t data_start = 8 + read_u64_le(bytes);
   Decoded out;
@@ -323,7 +328,7 @@ Decoded decode(std::string_view bytes, const std::string& where) {
   }
   check_tiling(entries, bytes.size() - data_start, where);
   for (const auto& e : entries)
-    out.tensors.emplace_back(e.name, load(e, bytes.data() + data_start, where));
+    out.tensors.emplace_back(e.name, load(e, bytes.data() + data_start, where, memory == Memory::kBorrow));
   return out;
 }
 

@@ -35,7 +35,7 @@ struct Encoded {
 Encoded encode(const NamedTensors& tensors, const std::map<std::string, std::string>& metadata = {});
 
 struct Decoded {
-  NamedTensors tensors;  // in data-offset order; each owns its memory (CPU)
+  NamedTensors tensors;  // in data-offset order, on the CPU
   std::map<std::string, std::string> metadata;
 };
 
@@ -43,7 +43,10 @@ struct Decoded {
 // CheckpointError that says what is wrong: fewer than 8 bytes, a header length past the end,
 // JSON that does not parse or is not an object, an unknown dtype, a shape/offsets mismatch,
 // offsets outside the data or overlapping, or bytes after the last tensor.
-Decoded decode(std::string_view bytes, const std::string& where);
+// kOwn: each tensor owns a copy of its bytes. kBorrow: tensors whose bytes are aligned for their
+// dtype are views of `bytes` (no copy; valid while `bytes` lives; never write to them).
+enum class Memory { kOwn, kBorrow };
+Decoded decode(std::string_view bytes, const std::string& where, Memory memory = Memory::kOwn);
 
 // "10GB" = 10^10, "10GiB" = 2^30*10, also KB/MB/KiB/MiB and a plain byte count (HF's
 // convert_file_size_to_int). ConfigError for anything else or for 0.

@@ -871,22 +871,64 @@ TEST(CheckpointCorrupt, AnOptimizerThatDoesNotFitLeavesTheModelUnchanged) {
   expect_bitwise(before, copies(model->parameters()), "parameter after a refused optimizer");
 }
 
+// The first optimizer loads, the second does not fit: the first gets its own state back.
+TEST(CheckpointCorrupt, AFailedOptimizerLoadRestoresTheOptimizersLoadedBeforeIt) {
+  ScratchDir tmp;
+  auto dir = tmp.path() / "ckpt";
+  auto train_once = [](Accelerator& acc, torch::nn::Linear& model, PreparedOptimizer& a, PreparedOptimizer& b) {
+    acc.backward(model->forward(torch::ones({1, 3})).sum());
+    a.step();
+    b.step();
+  };
+  {
+    Accelerator acc;
+    torch::manual_seed(1);
+    auto model = torch::nn::Linear(3, 2);
+    auto [m, a, b] = acc.prepare(model, std::make_shared<torch::optim::AdamW>(std::vector<torch::Tensor>{model->weight}),
+                                 std::make_shared<torch::optim::AdamW>(std::vector<torch::Tensor>{model->bias}));
+    for (int i = 0; i < 3; ++i) train_once(acc, model, a, b);
+    acc.save_state(dir);
+  }
+  Accelerator acc;
+  torch::manual_seed(2);
+  auto model = torch::nn::Linear(3, 2);
+  auto first = std::make_shared<torch::optim::AdamW>(std::vector<torch::Tensor>{model->weight});
+  auto second = std::make_shared<torch::optim::AdamW>(model->parameters());  // two tensors, saved with one
+  auto [m, a, b] = acc.prepare(model, first, second);
+  train_once(acc, model, a, b);
+  auto state_of_first = [&] {
+    const auto& s = static_cast<const torch::optim::AdamWParamState&>(*first->state().begin()->second);
+    return std::vector<torch::Tensor>{s.exp_avg().clone(), s.exp_avg_sq().clone(),
+                                      torch::tensor(static_cast<int64_t>(s.step()))};
+  };
+  ASSERT_EQ(first->state().size(), 1u);
+  auto before = state_of_first();
+  expect_checkpoint_error([&] { acc.load_state(dir); }, {(dir / "optimizer_1.bin").string(), "prepared optimizer 1"});
+  ASSERT_EQ(first->state().size(), 1u);
+  expect_bitwise(before, state_of_first(), "first optimizer's state after a refused load");
+}
+
 // --- atomic publication under injected faults -----------------------------------------------
 
-// The real file system, except that every write_file, rename and sync_dir from the `fail_at`-th
+// The real file system, except that every file write, rename and sync_dir from the `fail_at`-th
 // (0-based, counted together) on throws, as a full or failing disk would; a failing write leaves
 // half of its first part behind. Records the operations it saw.
 class FaultyFs : public ckpt::CheckpointFs {
  public:
   explicit FaultyFs(int64_t fail_at) : fail_at_(fail_at) {}
 
-  ckpt::WrittenFile write_file(const fs::path& path, const std::vector<std::string_view>& parts) override {
+  ckpt::WrittenFile write_stream(const fs::path& path, const std::function<void(const ckpt::Sink&)>& produce) override {
     if (next("write " + path.filename().string())) {
-      std::string_view head = parts.empty() ? std::string_view() : parts.front().substr(0, parts.front().size() / 2);
-      CheckpointFs::write_file(path, {head});
-      throw CheckpointError("accel: checkpoint: " + path.string() + ": injected write failure");
+      // The failure comes from inside the producer, as a failing write(2) would.
+      CheckpointFs::write_stream(path, [&](const ckpt::Sink& sink) {
+        produce([&](std::string_view part) {
+          sink(part.substr(0, part.size() / 2));
+          throw CheckpointError("accel: checkpoint: " + path.string() + ": injected write failure");
+        });
+      });
+      ADD_FAILURE() << "the injected failure of " << path << " did not reach the caller";
     }
-    return CheckpointFs::write_file(path, parts);
+    return CheckpointFs::write_stream(path, produce);
   }
   void rename(const fs::path& from, const fs::path& to) override {
     if (next("rename " + from.filename().string() + " -> " + to.filename().string())) {

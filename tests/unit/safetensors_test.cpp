@@ -453,14 +453,14 @@ class RecordingFs : public ckpt::CheckpointFs {
  public:
   std::vector<std::string> calls;
   std::string fail_on;
-  ckpt::WrittenFile write_file(const fs::path& path,
-                               const std::vector<std::string_view>& parts) override {
+  ckpt::WrittenFile write_stream(const fs::path& path,
+                                 const std::function<void(const ckpt::Sink&)>& produce) override {
     calls.push_back("write " + path.filename().string());
     if (path.filename() == fail_on) {
-      CheckpointFs::write_file(path, {"half"});
+      CheckpointFs::write_stream(path, [](const ckpt::Sink& sink) { sink("half"); });
       throw CheckpointError("injected failure");
     }
-    return CheckpointFs::write_file(path, parts);
+    return CheckpointFs::write_stream(path, produce);
   }
   void rename(const fs::path& from, const fs::path& to) override {
     calls.push_back("rename " + from.filename().string() + " " + to.filename().string());

@@ -368,9 +368,10 @@ int mismatch(accel::Accelerator& acc, const std::string& how) {
 class KillingFs : public accel::ckpt::CheckpointFs {
  public:
   explicit KillingFs(int kill_at) : kill_at_(kill_at) {}
-  accel::ckpt::WrittenFile write_file(const std::filesystem::path& p, const std::vector<std::string_view>& parts) override {
+  accel::ckpt::WrittenFile write_stream(const std::filesystem::path& p,
+                                        const std::function<void(const accel::ckpt::Sink&)>& produce) override {
     tick("write " + p.filename().string());
-    return CheckpointFs::write_file(p, parts);
+    return CheckpointFs::write_stream(p, produce);
   }
   void sync_dir(const std::filesystem::path& d) override {
     tick("sync_dir");

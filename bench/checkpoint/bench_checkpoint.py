@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""Checkpoint I/O and bf16 autocast: save_state/load_state against dd, bf16 against fp32, in one run.
+
+Prints a Markdown table of medians over --runs runs, everything measured in this run:
+  save_state MB/s  vs  dd if=/dev/zero of=F bs=1M count=<checkpoint MiB> conv=fsync
+  load_state MB/s  vs  dd if=F of=/dev/null bs=1M
+  model M (784->2048->2048->10, AdamW, b=64) steps/s under acc.autocast(): bf16 vs no (fp32)
+Usage, from the repo root after building bench_checkpoint:
+
+    python3 bench/checkpoint/bench_checkpoint.py [--runs 3] [--mb 100] [--build build]
+
+Reads: when this process may write /proc/sys/vm/drop_caches (root), the page cache is dropped
+before every dd read and every load_state, so both read from the disk; otherwise both read what
+was just written, from the page cache (the table says which). Runs alternate the two sides of each
+comparison. Model M runs with OMP_NUM_THREADS=1 on whatever BLAS libblas.so.3 points to (printed).
+The checkpoint and dd's file go in a temp folder (under --tmp) that is removed at the end.
+"""
+import argparse
+import json
+import math
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+BLAS_LINK = "/etc/alternatives/libblas.so.3-x86_64-linux-gnu"
+
+
+def run(cmd, env_extra=None):
+    env = dict(os.environ, OMP_NUM_THREADS="1", **(env_extra or {}))
+    for var in ("ACCEL_CONFIG_FILE", "ACCEL_CHECKPOINT_DIR", "ACCEL_CHECKPOINT_INTERVAL", "ACCEL_MIXED_PRECISION"):
+        env.pop(var, None)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        sys.exit(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return proc
+
+
+def json_lines(proc, cmd):
+    rows = [json.loads(line[line.find("{"):]) for line in proc.stdout.splitlines() if "{" in line]
+    if not rows:
+        sys.exit(f"no result from: {' '.join(cmd)}\n{proc.stdout[-2000:]}")
+    return rows
+
+
+def drop_caches():
+    """Syncs and empties the page cache; False when not permitted."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def timed(cmd):
+    start = time.perf_counter()
+    run(cmd)
+    return time.perf_counter() - start
+
+
+def dd_write(path, mib):
+    if os.path.exists(path):
+        os.remove(path)
+    os.sync()
+    seconds = timed(["dd", "if=/dev/zero", f"of={path}", "bs=1M", f"count={mib}", "conv=fsync", "status=none"])
+    return os.path.getsize(path), seconds
+
+
+def dd_read(path, cold):
+    if cold:
+        drop_caches()
+    return os.path.getsize(path), timed(["dd", f"if={path}", "of=/dev/null", "bs=1M", "status=none"])
+
+
+def accel_io(build, folder, mb, cold):
+    cmd = [f"{build}/bin/bench_checkpoint", "io", "--dir", folder, "--mb", str(mb), "--runs", "1",
+           "--drop-caches", "1" if cold else "0"]
+    row = json_lines(run(cmd), cmd)[0]
+    if not row["weights_restored"]:
+        sys.exit(f"load_state did not restore the weights: {row}")
+    return row
+
+
+def accel_amp(build, mode, steps, warmup):
+    cmd = [f"{build}/bin/bench_checkpoint", "amp", "--mode", mode, "--steps", str(steps), "--warmup", str(warmup)]
+    return json_lines(run(cmd), cmd)[0]
+
+
+def blas():
+    try:
+        return os.path.realpath(BLAS_LINK)
+    except OSError:
+        return "unknown"
+
+
+def cpu_bf16_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return "unknown"
+    have = [flag for flag in ("avx512_bf16", "amx_bf16", "amx_tile") if flag in flags]
+    return ", ".join(have) if have else "none (no avx512_bf16 / amx_bf16)"
+
+
+def mbps(num_bytes, seconds):
+    return num_bytes / seconds / 1e6
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--build", default="build")
+    p.add_argument("--mb", type=int, default=100, help="model size in MB of float32 parameters (default 100)")
+    p.add_argument("--steps", type=int, default=100, help="timed model M steps per run (default 100)")
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--tmp", default=None, help="parent of the temp folder (default: the system's temp folder)")
+    a = p.parse_args()
+
+    tmp = tempfile.mkdtemp(prefix="bench_checkpoint-", dir=a.tmp)
+    try:
+        cold = drop_caches()
+        reads = "cold: page cache dropped before each read" if cold else \
+            "warm: not permitted to drop the page cache, so both reads come from it"
+        print(f"BLAS: {blas()}; {os.cpu_count()} CPUs; CPU bf16 support: {cpu_bf16_flags()}")
+        print(f"folder: {tmp}; reads {reads}; medians of {a.runs} runs\n")
+
+        # A warm-up save/load (not counted) that also gives the checkpoint's size for dd.
+        size = accel_io(a.build, tmp, a.mb, cold)["bytes"]
+        mib = math.ceil(size / (1 << 20))
+        dd_file = os.path.join(tmp, "dd.bin")
+        save, load, write, read = [], [], [], []
+        for _ in range(a.runs):
+            write.append(mbps(*dd_write(dd_file, mib)))
+            read.append(mbps(*dd_read(dd_file, cold)))
+            row = accel_io(a.build, tmp, a.mb, cold)
+            save.append(mbps(row["bytes"], row["save_s"]))
+            load.append(mbps(row["bytes"], row["load_s"]))
+        os.remove(dd_file)
+
+        amp = {"no": [], "bf16": []}
+        dtypes = {}
+        for _ in range(a.runs):
+            for mode in ("no", "bf16"):
+                row = accel_amp(a.build, mode, a.steps, a.warmup)
+                amp[mode].append(row["steps_per_s"])
+                dtypes[mode] = row["forward_dtype"]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    med = statistics.median
+    print(f"checkpoint: {size} bytes ({size / 1e6:.1f} MB: {a.mb} MB of weights + AdamW exp_avg and exp_avg_sq); "
+          f"dd: {mib} MiB; model M forward output dtype: no={dtypes['no']}, bf16={dtypes['bf16']}\n")
+    print("| what | accel | anchor (same run) | accel / anchor |")
+    print("|---|---:|---:|---:|")
+    print(f"| save_state, MB/s | {med(save):.0f} | dd write `conv=fsync`: {med(write):.0f} | {med(save) / med(write):.2f}x |")
+    print(f"| load_state ({'cold' if cold else 'warm'} cache), MB/s | {med(load):.0f} | "
+          f"dd read: {med(read):.0f} | {med(load) / med(read):.2f}x |")
+    print(f"| model M steps/s, bf16 autocast vs fp32 | {med(amp['bf16']):.2f} | fp32 (`no`): {med(amp['no']):.2f} | "
+          f"{med(amp['bf16']) / med(amp['no']):.2f}x |")
+    print("\nper run: " + "; ".join(f"{name} {', '.join(f'{v:.1f}' for v in values)}" for name, values in
+                                    (("save", save), ("dd write", write), ("load", load), ("dd read", read),
+                                     ("fp32", amp["no"]), ("bf16", amp["bf16"]))))
+
+
+if __name__ == "__main__":
+    main()
