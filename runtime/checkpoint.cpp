@@ -657,21 +657,27 @@ fs::path Accelerator::load_state(const fs::path& dir) {
     for (std::size_t i = 0; i < loaders_.size(); ++i) loaders_[i].load_state(positions[i]);
   } else {
     // Map the position to the same number of samples under the new global batch.
+    if (is_main_process()) {
+      std::cerr << "accel: warning: checkpoint " << source.string() << " was saved by " << saved_world
+                << " processes, this job has " << num_processes()
+                << ": model, optimizer, scheduler and scaler are restored exactly; the RNG states are not (each was "
+                   "saved for one of the old ranks)\n";
+    }
     const auto& saved = m["loaders"];
     for (std::size_t i = 0; i < loaders_.size(); ++i) {
       auto old_total = saved[i].value("total_batch_size", static_cast<uint64_t>(1));
       auto samples = positions[i].batches * old_total;
       auto now = static_cast<uint64_t>(loaders_[i].total_batch_size());
       loaders_[i].load_state({positions[i].epoch, samples / now});
-      if (is_main_process()) {
-        std::cerr << "accel: warning: checkpoint " << source.string() << " was saved by " << saved_world
-                  << " processes, this job has " << num_processes() << ": loader " << i << " resumes epoch "
-                  << positions[i].epoch << " at sample " << (samples / now) * now;
+      if (is_main_process() && positions[i].batches > 0) {
+        std::cerr << "accel: warning: loader " << i << " resumes epoch " << positions[i].epoch << " at sample "
+                  << (samples / now) * now;
         if (samples % now != 0) {
-          std::cerr << " (" << samples % now << " samples seen before the save are seen again: the global batch of "
-                    << now << " does not divide the " << samples << " already seen)";
+          std::cerr << ", not " << samples << ": " << samples % now
+                    << " samples seen before the save are seen again (the new global batch of " << now
+                    << " does not divide " << samples << ")";
         }
-        std::cerr << ", and the RNG states are not restored (each rank's state was saved for the old ranks)\n";
+        std::cerr << "\n";
       }
     }
   }
