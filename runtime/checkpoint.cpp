@@ -160,6 +160,10 @@ class CheckpointReader {
   }
 
   const json& manifest() const { return manifest_; }
+  // Reads every listed file and checks its size and checksum (CheckpointError on the first bad one).
+  void verify_files() const {
+    for (const auto& [name, entry] : files_) read(name);
+  }
   const fs::path& dir() const { return dir_; }
   bool has(const std::string& name) const { return files_.count(name) != 0; }
 
@@ -697,13 +701,52 @@ void Accelerator::after_prepare() {
   if (resume_checked_ || loaders_.empty()) return;
   resume_checked_ = true;
   if (!project_.automatic_resume || !*project_.automatic_checkpoint_naming) return;
-  std::string chosen = is_main_process() ? latest_checkpoint().string() : std::string();
-  if (use_distributed()) chosen = broadcast_object(chosen);
-  if (chosen.empty()) return;
-  load_state(chosen);
-  auto position = loaders_.front().state();
-  print("accel: resumed from", chosen, "at step", completed_steps(), "(epoch", position.epoch, "batch",
-        std::to_string(position.batches) + ")");
+  // Newest first, as rank 0 sees them: every rank tries the same ones in the same order.
+  std::string listed;
+  if (is_main_process() && project_.project_dir && !project_.project_dir->empty()) {
+    auto all = numbered_checkpoints(fs::path(*project_.project_dir) / "checkpoints");
+    for (auto it = all.rbegin(); it != all.rend(); ++it) {
+      std::error_code ec;
+      if (fs::exists(it->second / kManifest, ec)) listed += it->second.string() + "\n";
+    }
+  }
+  if (use_distributed()) listed = broadcast_object(listed);
+  std::vector<std::string> candidates;
+  for (std::size_t start = 0, end; (end = listed.find('\n', start)) != std::string::npos; start = end + 1) {
+    candidates.push_back(listed.substr(start, end - start));
+  }
+  // Why: a damaged newest checkpoint (a disk error, a file changed by hand) would otherwise fail
+  // every restart; the ranks agree on the newest intact one before anything is applied.
+  std::string first_problem;
+  for (const auto& candidate : candidates) {
+    std::string problem;
+    try {
+      CheckpointReader(candidate).verify_files();
+    } catch (const CheckpointError& e) {
+      problem = e.what();
+    }
+    // One byte of verdict first, so no rank sends an empty object.
+    auto verdicts = use_distributed() ? gather_object("-" + problem) : std::vector<std::string>{"-" + problem};
+    std::vector<std::string> problems;
+    for (const auto& v : verdicts) problems.push_back(v.substr(1));
+    auto bad = std::find_if(problems.begin(), problems.end(), [](const std::string& p) { return !p.empty(); });
+    if (bad == problems.end()) {
+      load_state(candidate);
+      auto position = loaders_.front().state();
+      print("accel: resumed from", candidate, "at step", completed_steps(), "(epoch", position.epoch, "batch",
+            std::to_string(position.batches) + ")");
+      return;
+    }
+    if (first_problem.empty()) first_problem = *bad;
+    print("accel: warning: not resuming from", candidate, "because it is damaged (rank",
+          std::to_string(bad - problems.begin()) + "):", *bad);
+  }
+  if (!candidates.empty()) {
+    throw CheckpointError("accel: automatic resume: none of the " + std::to_string(candidates.size()) +
+                          " checkpoints under " + (fs::path(*project_.project_dir) / "checkpoints").string() +
+                          " is intact (the newest: " + first_problem +
+                          "); move them away to start from scratch, or repair them");
+  }
 }
 
 void Accelerator::on_step_boundary() {

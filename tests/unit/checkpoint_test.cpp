@@ -721,6 +721,49 @@ TEST(CheckpointNaming, AutomaticNamesRotationAndLatest) {
   EXPECT_EQ(automatic.acc.save_state(), root / "checkpoint_4");
 }
 
+// A damaged newest checkpoint must not fail every restart: automatic resume takes the newest
+// intact one and says why it skipped the others; with none intact it refuses to start from scratch.
+TEST(CheckpointNaming, AutomaticResumeSkipsADamagedNewestCheckpoint) {
+  ScratchDir tmp;
+  auto root = tmp.path() / "checkpoints";
+  Snapshot at_1;
+  {
+    Rig rig(project_rig(tmp.path(), std::nullopt, /*automatic_resume=*/true));
+    for (int i = 0; i < 3; ++i) {
+      rig.step();
+      rig.acc.save_state();
+      if (i == 1) at_1 = snapshot(rig);
+    }
+  }
+  auto flip = [](const fs::path& file) {
+    auto bytes = slurp(file);
+    bytes[bytes.size() / 2] = static_cast<char>(bytes[bytes.size() / 2] ^ 0x40);
+    spit(file, bytes);
+  };
+  flip(root / "checkpoint_2" / "optimizer.bin");
+  testing::internal::CaptureStdout();
+  testing::internal::CaptureStderr();
+  std::optional<Rig> resumed;
+  resumed.emplace(project_rig(tmp.path(), std::nullopt, /*automatic_resume=*/true, /*init_seed=*/7));
+  auto said = testing::internal::GetCapturedStdout() + testing::internal::GetCapturedStderr();
+  expect_same(at_1, snapshot(*resumed));
+  EXPECT_NE(said.find("not resuming from " + (root / "checkpoint_2").string() + " because it is damaged"),
+            std::string::npos)
+      << said;
+  EXPECT_NE(said.find((root / "checkpoint_2" / "optimizer.bin").string() + " is corrupt"), std::string::npos) << said;
+  EXPECT_NE(said.find("resumed from " + (root / "checkpoint_1").string()), std::string::npos) << said;
+  EXPECT_EQ(resumed->acc.save_state(), root / "checkpoint_2") << "the next save replaces the damaged one";
+  EXPECT_NO_THROW(resumed->acc.load_state(root / "checkpoint_2"));
+  resumed.reset();
+
+  for (const char* name : {"checkpoint_0", "checkpoint_1", "checkpoint_2"}) flip(root / name / "model.safetensors");
+  testing::internal::CaptureStdout();
+  expect_checkpoint_error([&] { Rig none(project_rig(tmp.path(), std::nullopt, true, 8)); },
+                          {"none of the 3 checkpoints under " + root.string() + " is intact",
+                           (root / "checkpoint_2" / "model.safetensors").string() + " is corrupt"});
+  testing::internal::GetCapturedStdout();
+}
+
 TEST(CheckpointNaming, RotationNeverRemovesTheCheckpointJustWritten) {
   ScratchDir tmp;
   auto root = tmp.path() / "checkpoints";
