@@ -130,12 +130,9 @@ AutocastGuard Accelerator::autocast() const {
 
 void Accelerator::unscale_gradients() {
   if (!scaler_ || !sync_gradients()) return;
+  // Once per step: HF calls this from every clip.
   for (auto& slot : optimizers_) {
-    try {
-      scaler_->unscale_(*slot->optimizer);
-    } catch (const UsageError&) {
-      // already unscaled this step: nothing to do (HF calls this from every clip)
-    }
+    if (!scaler_->was_unscaled(*slot->optimizer)) scaler_->unscale_(*slot->optimizer);
   }
 }
 

@@ -25,6 +25,16 @@ std::string describe(const torch::Tensor& shape_row) {
   return out.str();
 }
 
+// `t` grown along `dim` to `size` with `value`, before it (`first`) or after it.
+torch::Tensor padded_to(const torch::Tensor& t, int64_t dim, int64_t size, double value, bool first) {
+  if (t.size(dim) == size) return t;
+  auto shape = t.sizes().vec();
+  shape[static_cast<std::size_t>(dim)] = size;
+  auto out = torch::full(shape, value, t.options());
+  out.narrow(dim, first ? size - t.size(dim) : 0, t.size(dim)).copy_(t);
+  return out;
+}
+
 }  // namespace
 
 void Accelerator::check_same_shape(const torch::Tensor& tensor, const char* op) {
@@ -70,14 +80,7 @@ torch::Tensor Accelerator::gather_uneven(const torch::Tensor& tensor, std::vecto
   auto input = tensor.dim() == 0 ? tensor.reshape({1}) : tensor.contiguous();
   auto sizes = all_sizes(input.size(0));
   int64_t largest = *std::max_element(sizes.begin(), sizes.end());
-  auto padded = input;
-  if (input.size(0) < largest) {
-    auto shape = input.sizes().vec();
-    shape[0] = largest;
-    padded = torch::zeros(shape, input.options());
-    padded.narrow(0, 0, input.size(0)).copy_(input);
-  }
-  auto all = gather(padded);
+  auto all = gather(padded_to(input, 0, largest, 0, false));
   std::vector<torch::Tensor> parts;
   for (int r = 0; r < num_processes(); ++r) parts.push_back(all.narrow(0, r * largest, sizes[static_cast<std::size_t>(r)]));
   if (sizes_out != nullptr) *sizes_out = std::move(sizes);
@@ -127,13 +130,7 @@ torch::Tensor Accelerator::pad_across_processes(const torch::Tensor& tensor, int
   if (!use_distributed() || dim < 0 || dim >= tensor.dim()) return tensor;
   auto sizes = all_sizes(tensor.size(dim));
   int64_t largest = *std::max_element(sizes.begin(), sizes.end());
-  if (largest == tensor.size(dim)) return tensor;
-  auto shape = tensor.sizes().vec();
-  shape[static_cast<std::size_t>(dim)] = largest;
-  auto out = torch::full(shape, pad_index, tensor.options());
-  int64_t start = pad_first ? largest - tensor.size(dim) : 0;
-  out.narrow(dim, start, tensor.size(dim)).copy_(tensor);
-  return out;
+  return padded_to(tensor, dim, largest, pad_index, pad_first);
 }
 
 std::vector<std::string> Accelerator::gather_object(const std::string& object) {

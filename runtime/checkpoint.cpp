@@ -100,22 +100,26 @@ int64_t checkpoint_number(const std::string& name) {
   return std::stoll(digits);
 }
 
-// The automatic checkpoints under `root`, oldest first.
-std::vector<std::pair<int64_t, fs::path>> numbered_checkpoints(const fs::path& root) {
-  std::vector<std::pair<int64_t, fs::path>> out;
+// The complete automatic checkpoints under `root` (checkpoint_<n> folders with a manifest),
+// oldest first. A save publishes the manifest last, so a folder without one is not a checkpoint.
+std::vector<fs::path> complete_checkpoints(const fs::path& root) {
+  std::vector<std::pair<int64_t, fs::path>> numbered;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(root, ec)) {
     int64_t n = checkpoint_number(entry.path().filename().string());
-    if (n >= 0 && entry.is_directory(ec)) out.emplace_back(n, entry.path());
+    if (n >= 0 && entry.is_directory(ec) && fs::exists(entry.path() / kManifest, ec)) numbered.emplace_back(n, entry.path());
   }
-  std::sort(out.begin(), out.end());
+  std::sort(numbered.begin(), numbered.end());
+  std::vector<fs::path> out;
+  for (auto& [n, path] : numbered) out.push_back(std::move(path));
   return out;
 }
 
 // The checked contents of a checkpoint folder: its manifest, and its files' bytes on demand.
 class CheckpointReader {
  public:
-  explicit CheckpointReader(fs::path dir) : dir_(std::move(dir)) {
+  // `checksums` false: read() checks sizes only (the files were verified a moment ago).
+  explicit CheckpointReader(fs::path dir, bool checksums = true) : dir_(std::move(dir)), checksums_(checksums) {
     auto path = dir_ / kManifest;
     std::error_code ec;
     if (!fs::is_directory(dir_, ec)) fail(dir_, "is not a folder");
@@ -180,6 +184,7 @@ class CheckpointReader {
       fail(path, "has " + std::to_string(bytes.size()) + " bytes, manifest.json says " + std::to_string(expected) +
                      (bytes.size() < expected ? " (truncated)" : ""));
     }
+    if (!checksums_) return bytes;
     auto sum = ckpt::to_hex(ckpt::checksum(bytes.view()));
     if (sum != it->second["xxh64"].get<std::string>()) {
       fail(path, "is corrupt: its xxh64 is " + sum + ", manifest.json says " + it->second["xxh64"].get<std::string>());
@@ -197,6 +202,7 @@ class CheckpointReader {
 
  private:
   fs::path dir_;
+  bool checksums_;
   json manifest_;
   std::map<std::string, json> files_;
 };
@@ -272,7 +278,7 @@ void Accelerator::setup_project() {
     }
   }
   if (!project_.total_limit) {
-    if (auto limit = env::first_of({"ACCEL_CHECKPOINT_TOTAL_LIMIT"})) {
+    if (env::first_of({"ACCEL_CHECKPOINT_TOTAL_LIMIT"})) {
       project_.total_limit = env::integer({"ACCEL_CHECKPOINT_TOTAL_LIMIT"}, 0, 1, 1L << 40);
     } else if (from_launcher) {
       // Why: periodic saves under accel-launch would otherwise fill the disk on a long job.
@@ -301,12 +307,8 @@ void Accelerator::setup_project() {
 
 fs::path Accelerator::latest_checkpoint() const {
   if (!project_.project_dir || project_.project_dir->empty()) return {};
-  auto all = numbered_checkpoints(fs::path(*project_.project_dir) / "checkpoints");
-  for (auto it = all.rbegin(); it != all.rend(); ++it) {
-    std::error_code ec;
-    if (fs::exists(it->second / kManifest, ec)) return it->second;
-  }
-  return {};
+  auto all = complete_checkpoints(fs::path(*project_.project_dir) / "checkpoints");
+  return all.empty() ? fs::path() : all.back();
 }
 
 // --- save -----------------------------------------------------------------------------------------
@@ -336,41 +338,10 @@ std::string rank_state(int rank, const std::vector<DataLoader>& loaders) {
   return join(safetensors::encode(tensors, {{"rank", std::to_string(rank)}, {"loaders", positions.dump()}}));
 }
 
-}  // namespace
-
-static void fill_and_publish(ckpt::CheckpointFs& io, const fs::path& tmp, const fs::path& target,
-                             const std::vector<std::string>& rank_blobs,
-                             const std::vector<OutFile>& files, json manifest);
-
-// Rank 0 writes every file into a temp folder beside `target`, fsyncs, then renames it into place.
-static void write_checkpoint(const fs::path& target, const std::vector<std::string>& rank_blobs,
-                             const std::vector<OutFile>& files, json manifest) {
-  auto& io = ckpt::checkpoint_fs();
-  auto parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
-  auto name = target.filename().string();
-  io.create_directories(parent);
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(parent, ec)) {
-    auto other = entry.path().filename().string();
-    if (other.rfind("." + name + ".tmp-", 0) == 0) io.remove_all(entry.path());  // a crashed save's leftovers
-  }
-  auto tmp = parent / ("." + name + ".tmp-" + std::to_string(::getpid()));
-  try {
-    io.create_directories(tmp);
-    fill_and_publish(io, tmp, target, rank_blobs, files, std::move(manifest));
-  } catch (...) {
-    try {
-      io.remove_all(tmp);  // what the failed save wrote; a later save also cleans it
-    } catch (...) {
-    }
-    throw;
-  }
-}
-
-static void fill_and_publish(ckpt::CheckpointFs& io, const fs::path& tmp, const fs::path& target,
-                             const std::vector<std::string>& rank_blobs,
-                             const std::vector<OutFile>& files, json manifest) {
-  auto parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+// Writes every file into `tmp`, then the manifest listing them, fsyncs, and puts `tmp` in place
+// of `target` (a swap when `target` exists, so there is no moment without it).
+void fill_and_publish(ckpt::CheckpointFs& io, const fs::path& tmp, const fs::path& target, const fs::path& parent,
+                      const std::vector<std::string>& rank_blobs, const std::vector<OutFile>& files, json manifest) {
   json listed = json::array();
   auto listed_as = [&](const std::string& file, const ckpt::WrittenFile& written) {
     listed.push_back({{"name", file}, {"size", written.size}, {"xxh64", ckpt::to_hex(written.checksum)}});
@@ -380,8 +351,7 @@ static void fill_and_publish(ckpt::CheckpointFs& io, const fs::path& tmp, const 
     listed_as(rank_file(r), io.write_file(tmp / rank_file(r), {rank_blobs[r]}));
   }
   manifest["files"] = listed;
-  auto text = manifest.dump(2);
-  io.write_file(tmp / kManifest, {text});
+  io.write_file(tmp / kManifest, {manifest.dump(2)});
   io.sync_dir(tmp);
   std::error_code ec;
   if (fs::exists(target, ec)) {
@@ -394,17 +364,40 @@ static void fill_and_publish(ckpt::CheckpointFs& io, const fs::path& tmp, const 
   }
 }
 
-// Removes the oldest complete automatic checkpoints beyond `limit`, never `just_written`.
-static void rotate(const fs::path& just_written, int64_t limit) {
-  std::vector<fs::path> complete;
-  for (auto& [n, path] : numbered_checkpoints(just_written.parent_path())) {
-    std::error_code ec;
-    if (fs::exists(path / kManifest, ec)) complete.push_back(path);
+// Rank 0 writes every file into a temp folder beside `target`, fsyncs, then renames it into place.
+void write_checkpoint(const fs::path& target, const std::vector<std::string>& rank_blobs,
+                      const std::vector<OutFile>& files, json manifest) {
+  auto& io = ckpt::checkpoint_fs();
+  auto parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+  auto name = target.filename().string();
+  io.create_directories(parent);
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(parent, ec)) {
+    auto other = entry.path().filename().string();
+    if (other.rfind("." + name + ".tmp-", 0) == 0) io.remove_all(entry.path());  // a crashed save's leftovers
   }
+  auto tmp = parent / ("." + name + ".tmp-" + std::to_string(::getpid()));
+  try {
+    io.create_directories(tmp);
+    fill_and_publish(io, tmp, target, parent, rank_blobs, files, std::move(manifest));
+  } catch (...) {
+    try {
+      io.remove_all(tmp);  // what the failed save wrote; a later save also cleans it
+    } catch (...) {
+    }
+    throw;
+  }
+}
+
+// Removes the oldest complete automatic checkpoints beyond `limit`, never `just_written`.
+void rotate(const fs::path& just_written, int64_t limit) {
+  auto complete = complete_checkpoints(just_written.parent_path());
   for (std::size_t i = 0; i + static_cast<std::size_t>(limit) < complete.size(); ++i) {
     if (complete[i] != just_written) ckpt::checkpoint_fs().remove_all(complete[i]);
   }
 }
+
+}  // namespace
 
 fs::path Accelerator::save_state(const fs::path& dir) {
   fs::path target = dir;
@@ -423,8 +416,9 @@ fs::path Accelerator::save_state(const fs::path& dir) {
     try {
       std::vector<OutFile> files;
       for (std::size_t i = 0; i < models_.size(); ++i) {
-        files.push_back(safetensors_file(indexed("model", i, ".safetensors"),
-                                         safetensors::encode(state_of(*models_[i]), {{"format", "pt"}})));
+        auto name = indexed("model", i, ".safetensors");
+        files.push_back(safetensors_file(name, safetensors::encode(state_of(*models_[i]), {{"format", "pt"}},
+                                                                   (target / name).string())));
       }
       json optimizer_steps = json::array(), optimizer_lrs = json::array();
       for (std::size_t i = 0; i < optimizers_.size(); ++i) {
@@ -488,7 +482,7 @@ fs::path Accelerator::save_state(const fs::path& dir) {
 }
 
 void Accelerator::save_model(const torch::nn::Module& model, const fs::path& dir, const SaveModelOptions& options) {
-  auto limit = safetensors::parse_size(options.max_shard_size);
+  auto limit = safetensors::parse_size(options.max_shard_size, "SaveModelOptions::max_shard_size");
   std::string error;
   if (is_main_process()) {
     try {
@@ -517,7 +511,7 @@ void check_contents(const CheckpointReader& ckpt, const std::vector<std::pair<co
                                              "same objects, in the same order, before load_state()");
     }
   }
-  if (c.value("scaler", false) != has_scaler && has_scaler) {
+  if (has_scaler && !c.value("scaler", false)) {
     std::cerr << "accel: warning: checkpoint " << ckpt.dir().string()
               << " has no loss-scaler state; the scaler starts from its initial scale\n";
   }
@@ -551,7 +545,11 @@ fs::path Accelerator::load_state(const fs::path& dir) {
     }
     source = chosen;
   }
-  CheckpointReader ckpt(source);
+  return load_from(source, /*verify_checksums=*/true);
+}
+
+fs::path Accelerator::load_from(const fs::path& source, bool verify_checksums) {
+  CheckpointReader ckpt(source, verify_checksums);
   const auto& m = ckpt.manifest();
   check_contents(ckpt,
                  {{"models", models_.size()},
@@ -592,7 +590,10 @@ fs::path Accelerator::load_state(const fs::path& dir) {
     custom.emplace_back(ckpt.read("custom_checkpoint_" + std::to_string(i) + ".bin").view());
   }
   std::optional<std::string> scaler_state;
-  if (scaler_ && ckpt.has("scaler.json")) scaler_state = std::string(ckpt.read("scaler.json").view());
+  if (scaler_ && ckpt.has("scaler.json")) {
+    scaler_state = std::string(ckpt.read("scaler.json").view());
+    GradScaler(scaler_->options()).load_state_dict(*scaler_state, (source / "scaler.json").string());  // a check only
+  }
   auto rank_name = rank_file(static_cast<std::size_t>(same_world ? process_index() : 0));
   auto rank = safetensors::decode(ckpt.read(rank_name).view(), (source / rank_name).string());
   auto positions = saved_positions(rank, source / rank_name);
@@ -704,11 +705,8 @@ void Accelerator::after_prepare() {
   // Newest first, as rank 0 sees them: every rank tries the same ones in the same order.
   std::string listed;
   if (is_main_process() && project_.project_dir && !project_.project_dir->empty()) {
-    auto all = numbered_checkpoints(fs::path(*project_.project_dir) / "checkpoints");
-    for (auto it = all.rbegin(); it != all.rend(); ++it) {
-      std::error_code ec;
-      if (fs::exists(it->second / kManifest, ec)) listed += it->second.string() + "\n";
-    }
+    auto all = complete_checkpoints(fs::path(*project_.project_dir) / "checkpoints");
+    for (auto it = all.rbegin(); it != all.rend(); ++it) listed += it->string() + "\n";
   }
   if (use_distributed()) listed = broadcast_object(listed);
   std::vector<std::string> candidates;
@@ -731,7 +729,7 @@ void Accelerator::after_prepare() {
     for (const auto& v : verdicts) problems.push_back(v.substr(1));
     auto bad = std::find_if(problems.begin(), problems.end(), [](const std::string& p) { return !p.empty(); });
     if (bad == problems.end()) {
-      load_state(candidate);
+      load_from(candidate, /*verify_checksums=*/false);  // every rank has just verified them
       auto position = loaders_.front().state();
       print("accel: resumed from", candidate, "at step", completed_steps(), "(epoch", position.epoch, "batch",
             std::to_string(position.batches) + ")");

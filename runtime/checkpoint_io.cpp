@@ -10,6 +10,8 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <exception>
+#include <system_error>
 #include <utility>
 
 #define XXH_INLINE_ALL
@@ -21,13 +23,20 @@ namespace accel::ckpt {
 
 namespace {
 
+[[noreturn]] void fail(const fs::path& path, const std::string& what) {
+  throw CheckpointError("accel: checkpoint: " + path.string() + ": " + what);
+}
+
 [[noreturn]] void fail(const fs::path& path, const std::string& what, int err) {
-  throw CheckpointError("accel: checkpoint: " + path.string() + ": " + what + ": " + std::strerror(err));
+  fail(path, what + ": " + std::generic_category().message(err));
 }
 
 // Closes a descriptor on every path out.
 struct Fd {
   int fd;
+  explicit Fd(int f) : fd(f) {}
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
   ~Fd() {
     if (fd >= 0) ::close(fd);
   }
@@ -52,7 +61,7 @@ WrittenFile CheckpointFs::write_stream(const fs::path& path, const std::function
   XXH64_state_t state;
   XXH64_reset(&state, 0);
   WrittenFile out;
-  produce([&](std::string_view part) {
+  auto sink = [&](std::string_view part) {
     XXH64_update(&state, part.data(), part.size());
     const char* p = part.data();
     std::size_t left = part.size();
@@ -66,7 +75,15 @@ WrittenFile CheckpointFs::write_stream(const fs::path& path, const std::function
       left -= static_cast<std::size_t>(n);
     }
     out.size += part.size();
-  });
+  };
+  try {
+    produce(sink);
+  } catch (const CheckpointError&) {
+    throw;
+  } catch (const std::exception& e) {
+    // Why: the producer (a serializer) knows what failed but not which file it was writing.
+    fail(path, std::string("cannot produce the contents: ") + e.what());
+  }
   if (::fsync(f.fd) != 0) fail(path, "fsync failed", errno);
   int fd = f.fd;
   f.fd = -1;

@@ -49,7 +49,7 @@ class MappedFile {
 // Receives a file's bytes in order, in pieces of any size.
 using Sink = std::function<void(std::string_view)>;
 
-// The OS seam. Every method throws CheckpointError (accel/checkpoint.h) naming the path and the
+// The OS seam. Every method throws CheckpointError (accel/error.h) naming the path and the
 // OS error on failure.
 class CheckpointFs {
  public:

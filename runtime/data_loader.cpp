@@ -78,6 +78,21 @@ struct DataLoader::Impl {
   std::size_t handed_out = 0;   // batches of the current pass handed out, skipped ones included
   std::size_t pass_total = SIZE_MAX;  // batches in the current pass (SIZE_MAX: a stream)
 
+  // A new loader's state over the same data, configuration and position between passes; it
+  // shares no pass or position with this one.
+  std::shared_ptr<Impl> fresh_copy() const {
+    auto copy = std::make_shared<Impl>();
+    copy->map_dataset = map_dataset;
+    copy->stream_dataset = stream_dataset;
+    copy->options = options;
+    copy->shard = shard;
+    copy->gradient_state = gradient_state;
+    copy->on_step_boundary = on_step_boundary;
+    copy->epoch = epoch;
+    copy->skip = skip;
+    return copy;
+  }
+
   ShardSpec spec() const {
     return {options.batch_size, options.drop_last, shard.num_processes, shard.process_index, shard.split_batches,
             shard.even_batches};
@@ -347,28 +362,16 @@ DataLoader::DataLoader(std::shared_ptr<const IterableDataset> dataset, DataLoade
 
 DataLoader DataLoader::shard(const ShardOptions& shard, std::shared_ptr<GradientState> gradient_state,
                              std::function<void()> on_step_boundary) const {
-  auto impl = std::make_shared<Impl>();
-  impl->map_dataset = impl_->map_dataset;
-  impl->stream_dataset = impl_->stream_dataset;
-  impl->options = impl_->options;
+  auto impl = impl_->fresh_copy();
   impl->shard = shard;
   impl->gradient_state = std::move(gradient_state);
   impl->on_step_boundary = std::move(on_step_boundary);
-  impl->epoch = impl_->epoch;
-  impl->skip = impl_->skip;
   stream_slice(impl->spec());  // validates split_batches divisibility now, not at the first batch
   return DataLoader(std::move(impl));
 }
 
 DataLoader DataLoader::skip_first_batches(std::size_t n) const {
-  auto impl = std::make_shared<Impl>();
-  impl->map_dataset = impl_->map_dataset;
-  impl->stream_dataset = impl_->stream_dataset;
-  impl->options = impl_->options;
-  impl->shard = impl_->shard;
-  impl->gradient_state = impl_->gradient_state;
-  impl->on_step_boundary = impl_->on_step_boundary;
-  impl->epoch = impl_->epoch;
+  auto impl = impl_->fresh_copy();
   impl->skip = n;
   return DataLoader(std::move(impl));
 }

@@ -4,7 +4,9 @@
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
-#include <map>
+#include <algorithm>
+#include <limits>
+#include <unordered_map>
 #include <nlohmann/json.hpp>
 
 #include "accel/error.h"
@@ -16,6 +18,10 @@ namespace accel {
 AutocastGuard::AutocastGuard(torch::DeviceType device_type, torch::ScalarType dtype, bool enabled)
     : device_type_(device_type), active_(enabled) {
   if (!active_) return;
+  if (device_type_ == torch::kCPU && dtype != torch::kBFloat16) {
+    throw UsageError(std::string("accel: autocast on CPU runs in BFloat16 only, not ") + c10::toString(dtype) +
+                     "; float16 needs a CUDA device");
+  }
   if (device_type_ == torch::kCUDA) {
     previous_enabled_ = at::autocast::is_enabled();
     previous_dtype_ = at::autocast::get_autocast_gpu_dtype();
@@ -57,12 +63,12 @@ AutocastGuard::~AutocastGuard() {
 namespace {
 
 // Gradients of `optimizer`, grouped by device (the fused kernel wants one device per call).
-std::map<std::string, std::vector<torch::Tensor>> grads_by_device(torch::optim::Optimizer& optimizer) {
-  std::map<std::string, std::vector<torch::Tensor>> out;
+std::unordered_map<torch::Device, std::vector<torch::Tensor>> grads_by_device(torch::optim::Optimizer& optimizer) {
+  std::unordered_map<torch::Device, std::vector<torch::Tensor>> out;
   for (auto& group : optimizer.param_groups()) {
     for (auto& p : group.params()) {
       const auto& g = p.grad();
-      if (g.defined() && g.numel() > 0) out[g.device().str()].push_back(g);
+      if (g.defined() && g.numel() > 0) out[g.device()].push_back(g);
     }
   }
   return out;
@@ -99,21 +105,30 @@ void update_scale_cpu(torch::Tensor& scale, torch::Tensor& tracker, const torch:
 GradScaler::GradScaler(GradScalerOptions options) : options_(options) {
   if (!(options_.init_scale > 0) || !(options_.growth_factor > 1) || !(options_.backoff_factor > 0) ||
       !(options_.backoff_factor < 1) || options_.growth_interval < 1) {
-    throw ConfigError("accel: GradScaler needs init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1 and "
-                      "growth_interval >= 1");
+    throw ConfigError("accel: GradScalerOptions needs init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1 "
+                      "and growth_interval >= 1; got init_scale " + std::to_string(options_.init_scale) +
+                      ", growth_factor " + std::to_string(options_.growth_factor) + ", backoff_factor " +
+                      std::to_string(options_.backoff_factor) + ", growth_interval " +
+                      std::to_string(options_.growth_interval));
   }
 }
 
 void GradScaler::lazy_init(const torch::Device& device) {
-  if (scale_.defined()) return;
-  scale_ = torch::full({1}, options_.init_scale, torch::dtype(torch::kFloat).device(device));
-  growth_tracker_ = torch::zeros({1}, torch::dtype(torch::kInt).device(device));
+  if (!scale_.defined()) {
+    scale_ = torch::full({1}, options_.init_scale, torch::dtype(torch::kFloat).device(device));
+    growth_tracker_ = torch::zeros({1}, torch::dtype(torch::kInt).device(device));
+  } else if (scale_.device() != device) {
+    // Why: a scale restored from a checkpoint starts on the CPU; it moves once, so the CUDA
+    // update kernel runs and no step pays a copy.
+    scale_ = scale_.to(device);
+    growth_tracker_ = growth_tracker_.to(device);
+  }
 }
 
 torch::Tensor GradScaler::scale(const torch::Tensor& loss) {
   if (!options_.enabled) return loss;
   lazy_init(loss.device());
-  return loss * scale_.to(loss.device(), /*non_blocking=*/true);
+  return loss * scale_;
 }
 
 void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
@@ -126,7 +141,7 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   auto inv_scale = scale_.to(torch::kDouble).reciprocal().to(torch::kFloat);
   auto found = torch::zeros({1}, scale_.options());
   for (auto& [device, grads] : grads_by_device(optimizer)) {
-    torch::Device dev(device);
+    const torch::Device& dev = device;
     auto found_here = torch::zeros({1}, torch::dtype(torch::kFloat).device(dev));
     auto inv_here = inv_scale.to(dev);
     if (dev.is_cuda()) {
@@ -191,11 +206,21 @@ void GradScaler::load_state_dict(const std::string& json, const std::string& whe
     throw CheckpointError("accel: " + where + ": expected {\"scale\": number, \"growth_tracker\": integer}");
   }
   double scale = j["scale"].get<double>();
-  if (!(scale > 0)) throw CheckpointError("accel: " + where + ": scale must be positive, got " + std::to_string(scale));
+  if (!(scale > 0) || scale > std::numeric_limits<float>::max()) {
+    throw CheckpointError("accel: " + where + ": scale must be a positive float32, got " + j["scale"].dump());
+  }
+  auto tracker = j["growth_tracker"].get<int64_t>();
+  if (tracker < 0 || tracker > std::numeric_limits<int32_t>::max()) {
+    throw CheckpointError("accel: " + where + ": growth_tracker must be a count of clean steps (0 to 2^31-1), got " +
+                          std::to_string(tracker));
+  }
+  // Why: the growth interval may be shorter now than when this was saved; the count would then
+  // never equal it, and the scale would never grow.
+  tracker = std::min<int64_t>(tracker, options_.growth_interval - 1);
   if (!options_.enabled) return;
   if (!scale_.defined()) lazy_init(torch::kCPU);
   scale_.fill_(scale);
-  growth_tracker_.fill_(j["growth_tracker"].get<int64_t>());
+  growth_tracker_.fill_(tracker);
   found_inf_.clear();
 }
 

@@ -118,12 +118,12 @@ uint64_t read_u64_le(std::string_view bytes) {
   return n;
 }
 
-std::string dump_header(const OrderedJson& header) {
+std::string dump_header(const OrderedJson& header, const std::string& where) {
   std::string json;
   try {
     json = header.dump();
   } catch (const nlohmann::json::type_error& e) {
-    fail("accel: safetensors", std::string("a metadata string is not valid UTF-8: ") + e.what());
+    fail(where, std::string("a metadata string is not valid UTF-8: ") + e.what());
   }
   json.append((8 - json.size() % 8) % 8, ' ');
   return length_prefix(json.size()) + json;
@@ -143,8 +143,9 @@ uint64_t Encoded::size() const {
   return n;
 }
 
-Encoded encode(const NamedTensors& tensors, const std::map<std::string, std::string>& metadata) {
-  check_tensors(tensors, "accel: safetensors");
+Encoded encode(const NamedTensors& tensors, const std::map<std::string, std::string>& metadata,
+               const std::string& where) {
+  check_tensors(tensors, where);
   OrderedJson header = OrderedJson::object();
   if (!metadata.empty()) header[kMetadataKey] = metadata;
   Encoded out;
@@ -159,7 +160,7 @@ Encoded encode(const NamedTensors& tensors, const std::map<std::string, std::str
     offset += cpu.nbytes();
     out.data.push_back(std::move(cpu));
   }
-  out.header = dump_header(header);
+  out.header = dump_header(header, where);
   return out;
 }
 
@@ -334,8 +335,8 @@ Decoded decode(std::string_view bytes, const std::string& where, Memory memory) 
 
 namespace {
 
-[[noreturn]] void bad_size(const std::string& text, const std::string& why) {
-  throw ConfigError("accel: size " + in_quotes(text) + " " + why +
+[[noreturn]] void bad_size(const std::string& name, const std::string& text, const std::string& why) {
+  throw ConfigError("accel: " + name + " " + in_quotes(text) + " " + why +
                     "; write a byte count or a whole number with KB, MB, GB (10^3) or KiB, MiB, "
                     "GiB (2^10), e.g. \"10GB\"");
 }
@@ -349,7 +350,7 @@ std::string trim(std::string_view s) {
 
 }  // namespace
 
-uint64_t parse_size(const std::string& text) {
+uint64_t parse_size(const std::string& text, const std::string& name) {
   struct Unit {
     const char* suffix;
     uint64_t factor;
@@ -369,14 +370,14 @@ uint64_t parse_size(const std::string& text) {
       trim(std::string_view(upper).substr(0, upper.size() - std::strlen(unit->suffix)));
   if (digits.empty() ||
       !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
-    bad_size(text, "is not a size");
+    bad_size(name, text, "is not a size");
   uint64_t value = 0;
   for (char c : digits)
     if (__builtin_mul_overflow(value, 10, &value) || __builtin_add_overflow(value, c - '0', &value))
-      bad_size(text, "does not fit in 64 bits");
+      bad_size(name, text, "does not fit in 64 bits");
   if (__builtin_mul_overflow(value, unit->factor, &value))
-    bad_size(text, "does not fit in 64 bits");
-  if (value == 0) bad_size(text, "is zero");
+    bad_size(name, text, "does not fit in 64 bits");
+  if (value == 0) bad_size(name, text, "is zero");
   return value;
 }
 
@@ -406,37 +407,36 @@ std::string shard_name(const std::string& prefix, std::size_t k, std::size_t n) 
   return prefix + "-" + five(k) + "-of-" + five(n) + ".safetensors";
 }
 
-// The shard count when `name` is "<prefix>-ddddd-of-ddddd.safetensors", else 0.
-std::size_t shard_count(std::string_view name, const std::string& prefix) {
+// True when `name` is "<prefix>-ddddd-of-ddddd.safetensors".
+bool is_shard_name(std::string_view name, const std::string& prefix) {
   const std::string_view tail = ".safetensors";
-  if (!name.starts_with(prefix + "-") || !name.ends_with(tail)) return 0;
+  if (!name.starts_with(prefix + "-") || !name.ends_with(tail)) return false;
   name = name.substr(prefix.size() + 1, name.size() - prefix.size() - 1 - tail.size());
   auto digits = [](std::string_view s) {
     return s.size() == 5 &&
            std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
   };
-  if (name.size() != 14 || !digits(name.substr(0, 5)) || name.substr(5, 4) != "-of-" ||
-      !digits(name.substr(9)))
-    return 0;
-  return std::stoul(std::string(name.substr(9)));
+  return name.size() == 14 && digits(name.substr(0, 5)) && name.substr(5, 4) == "-of-" &&
+         digits(name.substr(9));
 }
 
-// A file an earlier save into `dir` left that a save of `n` shards does not rewrite.
-bool is_stale(std::string_view name, const std::string& prefix, std::size_t n) {
-  const bool tmp = name.ends_with(".tmp");
-  if (tmp) name.remove_suffix(4);
-  const std::size_t count = shard_count(name, prefix);
-  if (count > 0) return tmp || count != n || n == 1;
-  if (name == prefix + ".safetensors") return tmp || n > 1;
-  if (name == prefix + ".safetensors.index.json") return tmp || n == 1;
-  return false;
+// True when `name` is one of the files save_sharded writes for `prefix`, or its temp file.
+bool is_saved_file(std::string_view name, const std::string& prefix) {
+  if (name.ends_with(".tmp")) name.remove_suffix(4);
+  return name == prefix + ".safetensors" || name == prefix + ".safetensors.index.json" ||
+         is_shard_name(name, prefix);
 }
 
-void remove_stale(const fs::path& dir, const std::string& prefix, std::size_t n) {
+// Removes the files an earlier save for `prefix` left in `dir` that are not in `keep`.
+void remove_stale(const fs::path& dir, const std::string& prefix, const std::vector<std::string>& keep) {
   std::vector<fs::path> stale;
   std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir, ec))
-    if (is_stale(entry.path().filename().string(), prefix, n)) stale.push_back(entry.path());
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    auto name = entry.path().filename().string();
+    if (is_saved_file(name, prefix) && std::find(keep.begin(), keep.end(), name) == keep.end()) {
+      stale.push_back(entry.path());
+    }
+  }
   if (ec)
     throw CheckpointError("accel: checkpoint: " + dir.string() + ": cannot list: " + ec.message());
   for (const auto& path : stale) ckpt::checkpoint_fs().remove_all(path);
@@ -479,7 +479,7 @@ std::string index_json(const NamedTensors& tensors,
 std::vector<std::string> save_sharded(const NamedTensors& tensors, const fs::path& dir,
                                       uint64_t max_shard_bytes, const std::string& prefix) {
   if (max_shard_bytes == 0)
-    throw ConfigError("accel: save_sharded: max_shard_bytes must be positive");
+    throw ConfigError("accel: save_sharded into " + dir.string() + ": max_shard_bytes must be positive");
   if (prefix.empty() || prefix.find('/') != std::string::npos)
     throw ConfigError("accel: save_sharded: file prefix " + in_quotes(prefix) +
                       " must be a non-empty file name");
@@ -492,14 +492,13 @@ std::vector<std::string> save_sharded(const NamedTensors& tensors, const fs::pat
     NamedTensors part;
     for (std::size_t i : shards[k]) part.push_back(tensors[i]);
     written.push_back(n == 1 ? prefix + ".safetensors" : shard_name(prefix, k + 1, n));
-    publish(dir, written.back(), encode(part, {{"format", "pt"}}).parts());
+    publish(dir, written.back(), encode(part, {{"format", "pt"}}, (dir / written.back()).string()).parts());
   }
-  if (n > 1) {
-    const std::string index = index_json(tensors, shards, prefix);
-    written.push_back(prefix + ".safetensors.index.json");
-    publish(dir, written.back(), {index});
-  }
-  remove_stale(dir, prefix, n);
+  if (n > 1) written.push_back(prefix + ".safetensors.index.json");
+  // Why before the index: a reader must never find an old model.safetensors beside the new index
+  // (loaders prefer the single file); between the two it finds no complete model and says so.
+  remove_stale(dir, prefix, written);
+  if (n > 1) publish(dir, written.back(), {index_json(tensors, shards, prefix)});
   ckpt::checkpoint_fs().sync_dir(dir);
   return written;
 }

@@ -32,7 +32,9 @@ struct Encoded {
 // Encodes `tensors` (any device; copied to CPU when needed) in the given order. Names must be
 // unique and non-empty; "__metadata__" is reserved. Throws CheckpointError otherwise, or for a
 // dtype safetensors cannot name.
-Encoded encode(const NamedTensors& tensors, const std::map<std::string, std::string>& metadata = {});
+// `where` (the file it is for) starts every error message.
+Encoded encode(const NamedTensors& tensors, const std::map<std::string, std::string>& metadata = {},
+               const std::string& where = "accel: safetensors");
 
 struct Decoded {
   NamedTensors tensors;  // in data-offset order, on the CPU
@@ -49,8 +51,9 @@ enum class Memory { kOwn, kBorrow };
 Decoded decode(std::string_view bytes, const std::string& where, Memory memory = Memory::kOwn);
 
 // "10GB" = 10^10, "10GiB" = 2^30*10, also KB/MB/KiB/MiB and a plain byte count (HF's
-// convert_file_size_to_int). ConfigError for anything else or for 0.
-uint64_t parse_size(const std::string& text);
+// convert_file_size_to_int, except that a lowercase "b" means bytes here, not bits). ConfigError
+// for anything else or for 0, naming the setting as `name`.
+uint64_t parse_size(const std::string& text, const std::string& name = "size");
 
 // HF's save_pretrained layout in `dir` (created if missing): one "model.safetensors" when
 // everything fits in max_shard_bytes, else "model-0000k-of-0000n.safetensors" files (a new shard

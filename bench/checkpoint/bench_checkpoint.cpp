@@ -1,22 +1,15 @@
 // bench_checkpoint: times Accelerator::save_state / load_state on a model of --mb MB with AdamW
-// state (io), training steps of model M under autocast with mixed precision no or bf16 (amp),
-// loads a checkpoint and prints the error if any (load), and trains a small model that resumes
-// itself under accel-launch --checkpoint-dir (resume). bench_checkpoint.py drives io and amp.
-// Each mode prints one JSON line per result on stdout.
+// state (io, driven by bench_checkpoint.py), and loads such a checkpoint and prints the error if
+// any (load, for trying damaged checkpoints by hand). Each prints one JSON line per result.
 #include <torch/torch.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <functional>
-#include <iostream>
 #include <string>
-#include <sstream>
-#include <string_view>
 
 #include "accel/accel.h"
 #include "examples/common/args.h"
@@ -67,6 +60,13 @@ struct IoSetup {
   accel::PreparedScheduler scheduler;
   std::shared_ptr<Counter> counter;
 };
+
+// The options io wrote its checkpoint with: a GradScaler too when `scaler` is nonzero.
+accel::AcceleratorOptions io_options(int64_t scaler) {
+  accel::AcceleratorOptions options;
+  if (scaler != 0) options.grad_scaler = accel::GradScalerOptions{};
+  return options;
+}
 
 IoSetup prepare_io(accel::Accelerator& acc, int64_t mb) {
   torch::manual_seed(0);
@@ -122,9 +122,7 @@ int run_io(int argc, char** argv) {
     std::fprintf(stderr, "bench_checkpoint io: --dir is required\n");
     return 2;
   }
-  accel::AcceleratorOptions options;
-  if (args.integer("scaler") != 0) options.grad_scaler = accel::GradScalerOptions{};
-  accel::Accelerator acc(options);
+  accel::Accelerator acc(io_options(args.integer("scaler")));
   auto io = prepare_io(acc, args.integer("mb"));
   train_one_step(acc, io);
   const fs::path ck = fs::path(args.str("dir")) / "ck";
@@ -164,9 +162,7 @@ int run_load(int argc, char** argv) {
       .flag("mb", "100", "the --mb the checkpoint was written with")
       .flag("scaler", "0", "the --scaler the checkpoint was written with");
   args.parse(argc, argv);
-  accel::AcceleratorOptions options;
-  if (args.integer("scaler") != 0) options.grad_scaler = accel::GradScalerOptions{};
-  accel::Accelerator acc(options);
+  accel::Accelerator acc(io_options(args.integer("scaler")));
   auto io = prepare_io(acc, args.integer("mb"));
   try {
     auto dir = acc.load_state(args.str("dir"));
@@ -179,114 +175,11 @@ int run_load(int argc, char** argv) {
   }
 }
 
-// --- amp: model M under autocast ---------------------------------------------------------------
-
-int run_amp(int argc, char** argv) {
-  accel::examples::Args args("bench_checkpoint amp", "Steps/s of model M (784->2048->2048->10, AdamW, batch 64) under acc.autocast().");
-  args.flag("mode", "no", "mixed precision: no or bf16")
-      .flag("steps", "100", "timed steps")
-      .flag("warmup", "10", "untimed steps first");
-  args.parse(argc, argv);
-  torch::manual_seed(0);
-  accel::Accelerator acc({.mixed_precision = args.str("mode")});
-  torch::nn::Sequential model(torch::nn::Linear(784, 2048), torch::nn::ReLU(), torch::nn::Linear(2048, 2048),
-                              torch::nn::ReLU(), torch::nn::Linear(2048, 10));
-  auto opt = std::make_shared<torch::optim::AdamW>(model->parameters(), torch::optim::AdamWOptions(1e-3));
-  auto [m, o] = acc.prepare(model, opt);
-  std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
-  for (int i = 0; i < 16; ++i) batches.emplace_back(torch::randn({64, 784}), torch::randint(10, {64}, torch::kLong));
-  torch::ScalarType output_dtype = torch::kFloat;
-  double last_loss = 0;
-  auto step = [&](int64_t i) {
-    auto& [x, y] = batches[static_cast<std::size_t>(i % 16)];
-    torch::Tensor loss;
-    {
-      auto autocast = acc.autocast();
-      auto logits = m->forward(x);
-      output_dtype = logits.scalar_type();
-      loss = torch::cross_entropy_loss(logits, y);
-    }
-    acc.backward(loss);
-    o.step();
-    o.zero_grad();
-    return loss;
-  };
-  for (int64_t i = 0; i < args.integer("warmup"); ++i) step(i);
-  const int64_t steps = args.integer("steps");
-  auto start = Clock::now();
-  for (int64_t i = 0; i < steps; ++i) last_loss = step(i).item<double>();
-  double seconds = seconds_since(start);
-  std::ostringstream dtype;
-  dtype << output_dtype;
-  std::printf("{\"mode\": %s, \"steps_per_s\": %.3f, \"forward_dtype\": %s, \"last_loss\": %.4f}\n",
-              quoted(args.str("mode")).c_str(), static_cast<double>(steps) / seconds, quoted(dtype.str()).c_str(),
-              last_loss);
-  return 0;
-}
-
-// --- resume: automatic resume under accel-launch --checkpoint-dir ---------------------------------
-
-// A hash of every parameter's bytes: equal hashes mean bitwise-equal weights.
-std::size_t weights_hash(const torch::nn::Module& model) {
-  std::size_t h = 0;
-  for (const auto& p : model.parameters()) {
-    auto t = p.detach().contiguous();
-    std::string_view bytes(static_cast<const char*>(t.data_ptr()), t.numel() * t.element_size());
-    h = h * 1000003u ^ std::hash<std::string_view>{}(bytes);
-  }
-  return h;
-}
-
-int run_resume(int argc, char** argv) {
-  accel::examples::Args args("bench_checkpoint resume",
-                             "Trains 10->64->1 with dropout, AdamW and StepLR over a shuffled loader, from where the newest "
-                             "checkpoint left off; prints a hash of the final weights.");
-  args.flag("epochs", "3", "passes over the data")
-      .flag("samples", "512", "data set size")
-      .flag("crash-at-step", "0", "exit(1) right after this optimizer step, on the first attempt only (0: never)");
-  args.parse(argc, argv);
-  accel::Accelerator acc;
-  torch::manual_seed(0);
-  auto x = torch::randn({args.integer("samples"), 10});
-  auto y = x.sum(1, true);
-  torch::nn::Sequential model(torch::nn::Linear(10, 64), torch::nn::ReLU(), torch::nn::Dropout(0.1),
-                              torch::nn::Linear(64, 1));
-  auto opt = std::make_shared<torch::optim::AdamW>(model->parameters(), torch::optim::AdamWOptions(1e-2));
-  auto sched = std::make_shared<torch::optim::StepLR>(*opt, 20, 0.5);
-  accel::DataLoader loader(std::make_shared<accel::TensorDataset>(x, y), {.batch_size = 16, .shuffle = true, .seed = 7});
-  // With ACCEL_CHECKPOINT_DIR set, this prepare() loads the newest complete checkpoint.
-  auto [m, o, dl, s] = acc.prepare(model, opt, loader, sched);
-  const char* attempt = std::getenv("ACCEL_RESTART_COUNT");
-  const bool first_attempt = attempt == nullptr || std::string(attempt) == "0";
-  const int64_t crash_at = args.integer("crash-at-step");
-  for (int64_t epoch = dl.epoch(); epoch < args.integer("epochs"); ++epoch) {
-    for (auto& batch : dl) {
-      auto loss = torch::mse_loss(m->forward(batch.input), batch.target);
-      acc.backward(loss);
-      o.step();
-      s.step();
-      o.zero_grad();
-      if (first_attempt && acc.completed_steps() == crash_at) {
-        acc.print("bench_checkpoint resume: crashing after step", crash_at);
-        std::_Exit(1);
-      }
-    }
-  }
-  acc.wait_for_everyone();
-  if (acc.is_main_process()) {
-    std::printf("{\"steps\": %lld, \"weights_hash\": \"%016zx\"}\n", static_cast<long long>(acc.completed_steps()),
-                weights_hash(*m));
-  }
-  return 0;
-}
-
 void usage(std::FILE* out) {
   std::fprintf(out,
-               "usage: bench_checkpoint io|load|amp|resume [flags]   (bench_checkpoint MODE --help for the flags)\n"
-               "  io      time save_state/load_state of a --mb MB model with AdamW state\n"
-               "  load    load a checkpoint written by io and print the error, if any\n"
-               "  amp     steps/s of model M under autocast, --mode no|bf16\n"
-               "  resume  train a small model that resumes from ACCEL_CHECKPOINT_DIR\n");
+               "usage: bench_checkpoint io|load [flags]   (bench_checkpoint MODE --help for the flags)\n"
+               "  io    time save_state/load_state of a --mb MB model with AdamW state\n"
+               "  load  load a checkpoint written by io and print the error, if any\n");
 }
 
 }  // namespace
@@ -300,8 +193,6 @@ int main(int argc, char** argv) {
   // Args parses from index 1, so the mode takes the place of the program name.
   if (mode == "io") return run_io(argc - 1, argv + 1);
   if (mode == "load") return run_load(argc - 1, argv + 1);
-  if (mode == "amp") return run_amp(argc - 1, argv + 1);
-  if (mode == "resume") return run_resume(argc - 1, argv + 1);
   usage(mode == "--help" || mode == "-h" ? stdout : stderr);
   return mode == "--help" || mode == "-h" ? 0 : 2;
 }

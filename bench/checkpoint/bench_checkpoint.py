@@ -5,7 +5,9 @@ Prints a Markdown table of medians over --runs runs, everything measured in this
   save_state MB/s  vs  dd if=/dev/zero of=F bs=1M count=<checkpoint MiB> conv=fsync
   load_state MB/s  vs  dd if=F of=/dev/null bs=1M
   model M (784->2048->2048->10, AdamW, b=64) steps/s under acc.autocast(): bf16 vs no (fp32)
-Usage, from the repo root after building bench_checkpoint:
+The model M figures come from bench_train (bench/train/), whose forward pass runs under
+acc.autocast(), at ACCEL_MIXED_PRECISION=no and =bf16, on one process.
+Usage, from the repo root after building bench_checkpoint and bench_train:
 
     python3 bench/checkpoint/bench_checkpoint.py [--runs 3] [--mb 100] [--build build]
 
@@ -31,9 +33,10 @@ BLAS_LINK = "/etc/alternatives/libblas.so.3-x86_64-linux-gnu"
 
 
 def run(cmd, env_extra=None):
-    env = dict(os.environ, OMP_NUM_THREADS="1", **(env_extra or {}))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
     for var in ("ACCEL_CONFIG_FILE", "ACCEL_CHECKPOINT_DIR", "ACCEL_CHECKPOINT_INTERVAL", "ACCEL_MIXED_PRECISION"):
         env.pop(var, None)
+    env.update(env_extra or {})
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
         sys.exit(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
@@ -87,9 +90,12 @@ def accel_io(build, folder, mb, cold):
     return row
 
 
-def accel_amp(build, mode, steps, warmup):
-    cmd = [f"{build}/bin/bench_checkpoint", "amp", "--mode", mode, "--steps", str(steps), "--warmup", str(warmup)]
-    return json_lines(run(cmd), cmd)[0]
+def model_m(build, mode, steps, warmup):
+    cmd = [f"{build}/bin/bench_train", "--model", "M", "--steps", str(steps), "--warmup", str(warmup)]
+    row = json_lines(run(cmd, {"ACCEL_MIXED_PRECISION": mode}), cmd)[0]
+    if row["mixed_precision"] != mode:
+        sys.exit(f"bench_train ran with mixed_precision={row['mixed_precision']}, not {mode}")
+    return row
 
 
 def blas():
@@ -148,7 +154,7 @@ def main():
         dtypes = {}
         for _ in range(a.runs):
             for mode in ("no", "bf16"):
-                row = accel_amp(a.build, mode, a.steps, a.warmup)
+                row = model_m(a.build, mode, a.steps, a.warmup)
                 amp[mode].append(row["steps_per_s"])
                 dtypes[mode] = row["forward_dtype"]
     finally:

@@ -1,7 +1,8 @@
 // bench_train: steps/s of model T (10->64->1, batch 8) or model M (784->2048->2048->10, batch 64),
 // AdamW, on libaccel; run under accel-launch -n 1|2. The same loop as ddp_bench.py: a fixed set of
-// pre-generated batches, forward, loss, accelerator.backward, step, zero_grad. Rank 0 prints one
-// JSON line.
+// pre-generated batches, forward, loss, accelerator.backward, step, zero_grad. The forward pass
+// and loss run under acc.autocast(), so ACCEL_MIXED_PRECISION=bf16 times bf16 (a no-op scope at
+// the default "no"). Rank 0 prints one JSON line.
 #include <torch/torch.h>
 
 #include <chrono>
@@ -37,10 +38,16 @@ int main(int argc, char** argv) {
     auto y = big ? torch::randint(out, {batch}, torch::kLong) : torch::randn({batch, 1});
     batches.emplace_back(x, y);
   }
+  torch::ScalarType forward_dtype = torch::kFloat;
   auto step = [&](int64_t i) {
     auto& [x, y] = batches[static_cast<std::size_t>(i % 16)];
-    auto pred = m->forward(x);
-    auto loss = big ? torch::cross_entropy_loss(pred, y) : torch::mse_loss(pred, y);
+    torch::Tensor loss;
+    {
+      auto cast = acc.autocast();
+      auto pred = m->forward(x);
+      forward_dtype = pred.scalar_type();
+      loss = big ? torch::cross_entropy_loss(pred, y) : torch::mse_loss(pred, y);
+    }
     acc.backward(loss);
     o.step();
     o.zero_grad();
@@ -54,8 +61,10 @@ int main(int argc, char** argv) {
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (acc.is_main_process()) {
     double sps = static_cast<double>(steps) / seconds;
-    std::printf("{\"steps_per_s\": %.2f, \"samples_per_s\": %.1f, \"processes\": %d}\n", sps,
-                sps * static_cast<double>(batch) * acc.num_processes(), acc.num_processes());
+    std::printf("{\"steps_per_s\": %.2f, \"samples_per_s\": %.1f, \"processes\": %d, \"mixed_precision\": \"%s\", "
+                "\"forward_dtype\": \"%s\"}\n",
+                sps, sps * static_cast<double>(batch) * acc.num_processes(), acc.num_processes(),
+                acc.mixed_precision().c_str(), c10::toString(forward_dtype));
   }
   return 0;
 }

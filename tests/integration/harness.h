@@ -19,6 +19,8 @@
 #include <thread>
 #include <vector>
 
+#include "tests/common/files.h"
+
 extern char** environ;  // NOLINT
 
 namespace accel::testing {
@@ -26,37 +28,12 @@ namespace accel::testing {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
-inline std::string read_file(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 inline std::vector<std::string> lines_of(const std::string& text) {
   std::vector<std::string> out;
   std::stringstream s(text);
   for (std::string line; std::getline(s, line);) out.push_back(line);
   return out;
 }
-
-// A fresh directory per test, removed afterwards.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "accel-it-XXXXXX").string();
-    path_ = ::mkdtemp(pattern.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
 
 struct RunResult {
   int exit_code = -1;   // when it exited

@@ -20,6 +20,7 @@
 #include "accel/accel.h"
 #include "runtime/checkpoint_io.h"
 #include "runtime/safetensors.h"
+#include "tests/common/files.h"
 
 namespace accel {
 namespace {
@@ -30,35 +31,9 @@ using json = nlohmann::json;
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-// A fresh folder under /tmp, removed with everything in it.
-class ScratchDir {
- public:
-  ScratchDir() {
-    char name[] = "/tmp/accel_checkpoint_test_XXXXXX";
-    if (!::mkdtemp(name)) throw std::runtime_error("mkdtemp failed");
-    path_ = name;
-  }
-  ~ScratchDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  ScratchDir(const ScratchDir&) = delete;
-  ScratchDir& operator=(const ScratchDir&) = delete;
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
-
-std::string slurp(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), {}};
-}
-
-void spit(const fs::path& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << bytes;
-}
+using testing::TempDir;
+using testing::read_file;
+using testing::write_file;
 
 double lr_of(torch::optim::Optimizer& opt) { return opt.param_groups()[0].options().get_lr(); }
 
@@ -208,7 +183,9 @@ TEST(GradScaler, StateDictRoundTrips) {
 
 TEST(GradScaler, LoadingGarbageIsACheckpointErrorNamingTheFile) {
   for (std::string bad : {"not json", "[1, 2]", R"({"scale": 2.0})", R"({"scale": -1, "growth_tracker": 0})",
-                          R"({"scale": "big", "growth_tracker": 0})", R"({"scale": 2, "growth_tracker": 0.5})"}) {
+                          R"({"scale": "big", "growth_tracker": 0})", R"({"scale": 2, "growth_tracker": 0.5})",
+                          R"({"scale": 1e39, "growth_tracker": 0})", R"({"scale": 2, "growth_tracker": -1})",
+                          R"({"scale": 2, "growth_tracker": 3000000000})"}) {
     SCOPED_TRACE(bad);
     GradScaler scaler;
     expect_checkpoint_error([&] { scaler.load_state_dict(bad, "/ckpt/step_9/scaler.json"); },
@@ -222,7 +199,7 @@ TEST(GradScaler, LoadingGarbageIsACheckpointErrorNamingTheFile) {
 std::vector<torch::Tensor> parameters_of(const torch::nn::Module& m) { return copies(m.parameters()); }
 
 TEST(GradScalerAccelerator, AnOverflowSkipsTheOptimizerAndTheScheduler) {
-  ScratchDir tmp;
+  TempDir tmp;
   auto options = AcceleratorOptions{.grad_scaler = GradScalerOptions{.init_scale = 1024}};
   Accelerator acc(options);
   ASSERT_NE(acc.scaler(), nullptr) << "grad_scaler options enable loss scaling on CPU";
@@ -319,6 +296,16 @@ TEST(MixedPrecision, Fp16OnCpuIsAConfigErrorNamingCuda) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("CUDA"), std::string::npos) << e.what();
   }
+}
+
+TEST(MixedPrecision, AFloat16AutocastOnCpuIsAUsageErrorNamingCuda) {
+  try {
+    AutocastGuard guard(torch::kCPU, torch::kHalf, true);
+    FAIL() << "float16 autocast on CPU was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("float16 needs a CUDA device"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(at::autocast::is_cpu_enabled()) << "a refused scope must leave autocast off";
 }
 
 TEST(MixedPrecision, Bf16AutocastRunsLinearInBf16AndNestedScopesRestore) {
@@ -582,7 +569,7 @@ void expect_same(const Snapshot& want, const Snapshot& got) {
 // --- save_state / load_state round trips ----------------------------------------------------
 
 TEST(CheckpointRoundTrip, RestoresEverythingBitwiseAndTrainingContinuesIdentically) {
-  ScratchDir tmp;
+  TempDir tmp;
   Rig original({.init_seed = 1});
   for (int i = 0; i < 5; ++i) original.step();
   auto dir = original.acc.save_state(tmp.path() / "ckpt");
@@ -621,7 +608,7 @@ TEST(CheckpointRoundTrip, RestoresEverythingBitwiseAndTrainingContinuesIdentical
 
 // The batches a rig yields next, after `before` training steps, straight or through a checkpoint.
 TEST(CheckpointRoundTrip, ResumedLoaderYieldsTheBatchesTheOriginalWouldHaveNext) {
-  ScratchDir tmp;
+  TempDir tmp;
   for (int before : {0, 1, 4, 6, 7, 8, 13}) {  // 7 = the last batch of epoch 0 was handed out
     SCOPED_TRACE("saved after " + std::to_string(before) + " batches");
     Rig original({.init_seed = 1});
@@ -682,7 +669,7 @@ RigOptions project_rig(const fs::path& project, std::optional<int64_t> total_lim
 }
 
 TEST(CheckpointNaming, AutomaticNamesRotationAndLatest) {
-  ScratchDir tmp;
+  TempDir tmp;
   auto root = tmp.path() / "checkpoints";
   Rig rig(project_rig(tmp.path(), 2, /*automatic_resume=*/true));
   EXPECT_EQ(rig.acc.latest_checkpoint(), fs::path()) << "nothing saved yet";
@@ -700,10 +687,10 @@ TEST(CheckpointNaming, AutomaticNamesRotationAndLatest) {
 
   // A crashed save's temp folder (never renamed) and a numbered folder with no manifest.
   fs::create_directories(root / ".checkpoint_5.tmp-123");
-  spit(root / ".checkpoint_5.tmp-123" / "manifest.json", slurp(root / "checkpoint_2" / "manifest.json"));
-  spit(root / ".checkpoint_5.tmp-123" / "model.safetensors", "half");
+  write_file(root / ".checkpoint_5.tmp-123" / "manifest.json", read_file(root / "checkpoint_2" / "manifest.json"));
+  write_file(root / ".checkpoint_5.tmp-123" / "model.safetensors", "half");
   fs::create_directories(root / "checkpoint_9");
-  spit(root / "checkpoint_9" / "model.safetensors", "half");
+  write_file(root / "checkpoint_9" / "model.safetensors", "half");
   EXPECT_EQ(rig.acc.latest_checkpoint(), root / "checkpoint_2");
 
   Rig manual(project_rig(tmp.path(), 2, /*automatic_resume=*/false, /*init_seed=*/5));
@@ -724,7 +711,7 @@ TEST(CheckpointNaming, AutomaticNamesRotationAndLatest) {
 // A damaged newest checkpoint must not fail every restart: automatic resume takes the newest
 // intact one and says why it skipped the others; with none intact it refuses to start from scratch.
 TEST(CheckpointNaming, AutomaticResumeSkipsADamagedNewestCheckpoint) {
-  ScratchDir tmp;
+  TempDir tmp;
   auto root = tmp.path() / "checkpoints";
   Snapshot at_1;
   {
@@ -736,16 +723,16 @@ TEST(CheckpointNaming, AutomaticResumeSkipsADamagedNewestCheckpoint) {
     }
   }
   auto flip = [](const fs::path& file) {
-    auto bytes = slurp(file);
+    auto bytes = read_file(file);
     bytes[bytes.size() / 2] = static_cast<char>(bytes[bytes.size() / 2] ^ 0x40);
-    spit(file, bytes);
+    write_file(file, bytes);
   };
   flip(root / "checkpoint_2" / "optimizer.bin");
-  testing::internal::CaptureStdout();
-  testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStdout();
+  ::testing::internal::CaptureStderr();
   std::optional<Rig> resumed;
   resumed.emplace(project_rig(tmp.path(), std::nullopt, /*automatic_resume=*/true, /*init_seed=*/7));
-  auto said = testing::internal::GetCapturedStdout() + testing::internal::GetCapturedStderr();
+  auto said = ::testing::internal::GetCapturedStdout() + ::testing::internal::GetCapturedStderr();
   expect_same(at_1, snapshot(*resumed));
   EXPECT_NE(said.find("not resuming from " + (root / "checkpoint_2").string() + " because it is damaged"),
             std::string::npos)
@@ -757,18 +744,18 @@ TEST(CheckpointNaming, AutomaticResumeSkipsADamagedNewestCheckpoint) {
   resumed.reset();
 
   for (const char* name : {"checkpoint_0", "checkpoint_1", "checkpoint_2"}) flip(root / name / "model.safetensors");
-  testing::internal::CaptureStdout();
+  ::testing::internal::CaptureStdout();
   expect_checkpoint_error([&] { Rig none(project_rig(tmp.path(), std::nullopt, true, 8)); },
                           {"none of the 3 checkpoints under " + root.string() + " is intact",
                            (root / "checkpoint_2" / "model.safetensors").string() + " is corrupt"});
-  testing::internal::GetCapturedStdout();
+  ::testing::internal::GetCapturedStdout();
 }
 
 TEST(CheckpointNaming, RotationNeverRemovesTheCheckpointJustWritten) {
-  ScratchDir tmp;
+  TempDir tmp;
   auto root = tmp.path() / "checkpoints";
   fs::create_directories(root / "checkpoint_9");  // an unfinished folder from some other run
-  spit(root / "checkpoint_9" / "model.safetensors", "half");
+  write_file(root / "checkpoint_9" / "model.safetensors", "half");
   Rig rig(project_rig(tmp.path(), 1, /*automatic_resume=*/true));
   rig.step();
   auto saved = rig.acc.save_state();
@@ -805,30 +792,30 @@ void expect_refused(const fs::path& dir, std::initializer_list<std::string> part
 }
 
 void edit_manifest(const fs::path& dir, const std::function<void(json&)>& edit) {
-  auto manifest = json::parse(slurp(dir / "manifest.json"));
+  auto manifest = json::parse(read_file(dir / "manifest.json"));
   edit(manifest);
-  spit(dir / "manifest.json", manifest.dump(2));
+  write_file(dir / "manifest.json", manifest.dump(2));
 }
 
 TEST(CheckpointCorrupt, TruncatedModelFile) {
-  ScratchDir tmp;
+  TempDir tmp;
   auto dir = good_checkpoint(tmp.path() / "ckpt");
   fs::resize_file(dir / "model.safetensors", fs::file_size(dir / "model.safetensors") / 2);
   expect_refused(dir, {(dir / "model.safetensors").string(), "truncated"});
 }
 
 TEST(CheckpointCorrupt, FlippedByteInOptimizerFile) {
-  ScratchDir tmp;
+  TempDir tmp;
   auto dir = good_checkpoint(tmp.path() / "ckpt");
-  auto bytes = slurp(dir / "optimizer.bin");
+  auto bytes = read_file(dir / "optimizer.bin");
   ASSERT_GT(bytes.size(), 100u);
   bytes[bytes.size() / 2] = static_cast<char>(bytes[bytes.size() / 2] ^ 0x01);
-  spit(dir / "optimizer.bin", bytes);
+  write_file(dir / "optimizer.bin", bytes);
   expect_refused(dir, {(dir / "optimizer.bin").string(), "corrupt"});
 }
 
 TEST(CheckpointCorrupt, MissingManifest) {
-  ScratchDir tmp;
+  TempDir tmp;
   auto dir = good_checkpoint(tmp.path() / "ckpt");
   fs::remove(dir / "manifest.json");
   expect_refused(dir, {dir.string(), "no manifest.json"});
@@ -836,27 +823,27 @@ TEST(CheckpointCorrupt, MissingManifest) {
 }
 
 TEST(CheckpointCorrupt, ForeignFormat) {
-  ScratchDir tmp;
+  TempDir tmp;
   auto dir = good_checkpoint(tmp.path() / "ckpt");
   edit_manifest(dir, [](json& m) { m["format"] = "other"; });
   expect_refused(dir, {(dir / "manifest.json").string(), "format"});
 }
 
 TEST(CheckpointCorrupt, WorldSizeIsNotANumber) {
-  ScratchDir tmp;
+  TempDir tmp;
   auto dir = good_checkpoint(tmp.path() / "ckpt");
   edit_manifest(dir, [](json& m) { m["world_size"] = "two"; });
   expect_refused(dir, {(dir / "manifest.json").string(), "world_size", "\"two\""});
 }
 
 TEST(CheckpointCorrupt, ModelOfAnotherShape) {
-  ScratchDir tmp;
+  TempDir tmp;
   auto dir = good_checkpoint(tmp.path() / "ckpt", {.hidden = 16});
   expect_refused(dir, {(dir / "model.safetensors").string(), "does not match the prepared model", "fc1.weight"});
 }
 
 TEST(CheckpointCorrupt, MoreOptimizersThanPrepared) {
-  ScratchDir tmp;
+  TempDir tmp;
   auto dir = good_checkpoint(tmp.path() / "ckpt", {.extra_optimizer = true});
   expect_refused(dir, {dir.string(), "holds 2 optimizers", "1 are prepared"});
 }
@@ -874,7 +861,7 @@ std::pair<torch::nn::Linear, torch::nn::Linear> prepare_two_models(Accelerator& 
 // "Read and check everything first, so a bad file changes nothing" (checkpoint.cpp): a second
 // model that does not match must not leave the first one overwritten.
 TEST(CheckpointCorrupt, AMismatchInTheSecondModelLeavesTheFirstUnchanged) {
-  ScratchDir tmp;
+  TempDir tmp;
   auto dir = tmp.path() / "ckpt";
   {
     Accelerator acc;
@@ -892,7 +879,7 @@ TEST(CheckpointCorrupt, AMismatchInTheSecondModelLeavesTheFirstUnchanged) {
 
 // The same promise for an optimizer file that does not fit the prepared optimizer.
 TEST(CheckpointCorrupt, AnOptimizerThatDoesNotFitLeavesTheModelUnchanged) {
-  ScratchDir tmp;
+  TempDir tmp;
   auto dir = tmp.path() / "ckpt";
   {
     Accelerator acc;
@@ -916,7 +903,7 @@ TEST(CheckpointCorrupt, AnOptimizerThatDoesNotFitLeavesTheModelUnchanged) {
 
 // The first optimizer loads, the second does not fit: the first gets its own state back.
 TEST(CheckpointCorrupt, AFailedOptimizerLoadRestoresTheOptimizersLoadedBeforeIt) {
-  ScratchDir tmp;
+  TempDir tmp;
   auto dir = tmp.path() / "ckpt";
   auto train_once = [](Accelerator& acc, torch::nn::Linear& model, PreparedOptimizer& a, PreparedOptimizer& b) {
     acc.backward(model->forward(torch::ones({1, 3})).sum());
@@ -1040,7 +1027,7 @@ std::string describe(const std::vector<std::string>& ops, std::size_t k) {
 }
 
 TEST(CheckpointAtomicity, AFailedSaveLeavesThePreviousCheckpointIntact) {
-  ScratchDir tmp, probe_dir;
+  TempDir tmp, probe_dir;
   auto root = tmp.path() / "checkpoints";
   auto ops = save_operations(project_rig(probe_dir.path(), std::nullopt, false), fs::path(), false);
   auto publish = last_index_of(ops, "rename ");
@@ -1078,7 +1065,7 @@ TEST(CheckpointAtomicity, AFailedSaveLeavesThePreviousCheckpointIntact) {
 
 // STYLE.md: "write temp -> fsync -> rename, delete temp on failure".
 TEST(CheckpointAtomicity, AFailedSaveRemovesItsTempFolder) {
-  ScratchDir tmp, probe_dir;
+  TempDir tmp, probe_dir;
   auto root = tmp.path() / "checkpoints";
   auto ops = save_operations(project_rig(probe_dir.path(), std::nullopt, false), fs::path(), false);
   auto publish = last_index_of(ops, "rename ");
@@ -1104,7 +1091,7 @@ TEST(CheckpointAtomicity, AFailedSaveRemovesItsTempFolder) {
 // save_state(dir) over an existing checkpoint: at every failure point, `dir` still loads, as the
 // old checkpoint until the new one is complete, then as the new one.
 TEST(CheckpointAtomicity, OverwritingAFolderKeepsALoadableCheckpointThere) {
-  ScratchDir tmp, probe_dir;
+  TempDir tmp, probe_dir;
   auto dir = tmp.path() / "ckpt";
   auto ops = save_operations({}, probe_dir.path() / "ckpt", /*overwrite=*/true);
   auto publish = last_index_of(ops, "exchange .ckpt.tmp-");  // the new folder takes the old one's place
@@ -1136,12 +1123,12 @@ TEST(CheckpointAtomicity, OverwritingAFolderKeepsALoadableCheckpointThere) {
 // --- save_model -----------------------------------------------------------------------------
 
 std::map<std::string, torch::Tensor> decoded(const fs::path& file) {
-  auto d = safetensors::decode(slurp(file), file.string());
+  auto d = safetensors::decode(read_file(file), file.string());
   return {d.tensors.begin(), d.tensors.end()};
 }
 
 TEST(CheckpointSaveModel, OneFileUnderTheLimitShardsWithAnIndexOverIt) {
-  ScratchDir tmp;
+  TempDir tmp;
   Accelerator acc;
   torch::manual_seed(0);
   // 16x16 float weights are 1024 bytes each: with "1KB" (1000 bytes) every layer gets a shard.
@@ -1165,7 +1152,7 @@ TEST(CheckpointSaveModel, OneFileUnderTheLimitShardsWithAnIndexOverIt) {
   auto sharded = tmp.path() / "sharded";
   acc.save_model(model.ptr(), sharded, {.max_shard_size = "1KB"});
   EXPECT_FALSE(fs::exists(sharded / "model.safetensors"));
-  auto index = json::parse(slurp(sharded / "model.safetensors.index.json"));
+  auto index = json::parse(read_file(sharded / "model.safetensors.index.json"));
   EXPECT_EQ(index["metadata"]["total_size"].get<uint64_t>(), total);
   const auto& weight_map = index["weight_map"];
   EXPECT_EQ(weight_map.size(), params.size());

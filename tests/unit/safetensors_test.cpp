@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -17,6 +18,7 @@
 
 #include "accel/error.h"
 #include "runtime/checkpoint_io.h"
+#include "tests/common/files.h"
 
 namespace accel::safetensors {
 namespace {
@@ -25,23 +27,7 @@ namespace fs = std::filesystem;
 
 const std::string kWhere = "/x/model.safetensors";
 
-// A fresh folder under /tmp, removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    char name[] = "/tmp/accel_safetensors_XXXXXX";
-    if (!::mkdtemp(name)) throw std::runtime_error("mkdtemp failed");
-    path_ = name;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using accel::testing::TempDir;
 
 std::string file_bytes(const Encoded& e) {
   std::string out;
@@ -491,6 +477,33 @@ TEST(SafetensorsSaveSharded, WritesTempFilesThenRenamesThenSyncsTheFolder) {
           "rename model-00002-of-00002.safetensors.tmp model-00002-of-00002.safetensors",
           "write model.safetensors.index.json.tmp",
           "rename model.safetensors.index.json.tmp model.safetensors.index.json", "sync_dir"}));
+}
+
+// A reader must never find the old single file beside the new index: the stale file goes first.
+TEST(SafetensorsSaveSharded, AStaleSingleFileIsGoneBeforeTheIndexAppears) {
+  TempDir tmp;
+  save_sharded(floats({{"a", 10}, {"b", 10}}), tmp.path(), 1000);
+  ASSERT_TRUE(fs::exists(tmp.path() / "model.safetensors"));
+  struct OrderFs : ckpt::CheckpointFs {
+    std::vector<std::string> calls;
+    void remove_all(const fs::path& path) override {
+      calls.push_back("remove " + path.filename().string());
+      CheckpointFs::remove_all(path);
+    }
+    void rename(const fs::path& from, const fs::path& to) override {
+      calls.push_back("rename " + to.filename().string());
+      CheckpointFs::rename(from, to);
+    }
+  } order;
+  SeamGuard guard(&order);
+  save_sharded(floats({{"a", 10}, {"b", 10}}), tmp.path(), 40);
+  auto at = [&](const std::string& call) {
+    return std::find(order.calls.begin(), order.calls.end(), call) - order.calls.begin();
+  };
+  ASSERT_LT(at("remove model.safetensors"), static_cast<std::ptrdiff_t>(order.calls.size()))
+      << ::testing::PrintToString(order.calls);
+  EXPECT_LT(at("remove model.safetensors"), at("rename model.safetensors.index.json"))
+      << ::testing::PrintToString(order.calls);
 }
 
 TEST(SafetensorsSaveSharded, AFailedWriteLeavesNoTempFile) {

@@ -220,15 +220,12 @@ class Accelerator {
   template <class... Ts>
   auto prepare(Ts&&... objects) {
     static_assert(sizeof...(Ts) > 0, "accel::Accelerator::prepare needs at least one object");
-    if constexpr (sizeof...(Ts) == 1) {
-      auto out = prepare_one(std::forward<Ts>(objects)...);
-      after_prepare();
-      return out;
-    } else {
-      auto out = std::tuple{prepare_one(std::forward<Ts>(objects))...};
-      after_prepare();
-      return out;
-    }
+    auto out = [&] {
+      if constexpr (sizeof...(Ts) == 1) return prepare_one(std::forward<Ts>(objects)...);
+      else return std::tuple{prepare_one(std::forward<Ts>(objects))...};
+    }();
+    after_prepare();
+    return out;
   }
   template <class M>
   std::shared_ptr<M> prepare_model(std::shared_ptr<M> model) {
@@ -396,6 +393,8 @@ class Accelerator {
   static const torch::nn::Module* module_of(const torch::nn::Module& m) { return &m; }
 
   void register_model(torch::nn::Module& model);
+  // load_state of `source`; without verify_checksums only file sizes are checked.
+  std::filesystem::path load_from(const std::filesystem::path& source, bool verify_checksums);
   // Automatic resume, once, after the first prepare() that included a DataLoader.
   void after_prepare();
   // Runs before a prepared loader hands out a batch: the periodic automatic save.

@@ -51,12 +51,14 @@ class GradScaler {
   explicit GradScaler(GradScalerOptions options = {});
 
   bool is_enabled() const { return options_.enabled; }
-  // loss * scale (the scale lives on the loss's device from the first call on).
+  // loss * scale (the scale moves to the loss's device).
   torch::Tensor scale(const torch::Tensor& loss);
   // Divides `optimizer`'s gradients by the scale and records whether any is inf/NaN. Once per
   // optimizer between update()s; a second call throws UsageError (the gradients would be
   // divided twice).
   void unscale_(torch::optim::Optimizer& optimizer);
+  // True when unscale_(optimizer) has run since the last update().
+  bool was_unscaled(const torch::optim::Optimizer& optimizer) const { return found_inf_.count(&optimizer) != 0; }
   // Unscales (if not done yet) and runs optimizer.step() unless a gradient was inf/NaN.
   // Returns true when the optimizer stepped.
   bool step(torch::optim::Optimizer& optimizer);
