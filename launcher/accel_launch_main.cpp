@@ -18,6 +18,7 @@
 #include "agent/config/config_loader.h"
 #include "agent/supervisor/line_sink.h"
 #include "agent/supervisor/local_job.h"
+#include "launcher/cluster_launch.h"
 #include "launcher/launch_cli.h"
 
 namespace {
@@ -78,15 +79,6 @@ int main(int argc, char** argv) {
     return 0;
   }
   accel::config::ClusterConfig& cfg = resolved->config;
-  if (cfg.nodes.max > 1) {
-    std::string nodes = cfg.nodes.min == cfg.nodes.max
-                            ? std::to_string(cfg.nodes.max)
-                            : std::to_string(cfg.nodes.min) + ":" + std::to_string(cfg.nodes.max);
-    return fail("nodes: " + nodes +
-                ": multi-node jobs need the rendezvous coordinator, which this accel-launch does "
-                "not have yet; set nodes: 1");
-  }
-
   std::string checkpoint_dir;
   if (!cfg.checkpoint_dir.empty()) {
     // Why absolute: workers may change directory; all ranks and restarts must agree on the path.
@@ -108,6 +100,15 @@ int main(int argc, char** argv) {
   auto logger = spdlog::stderr_color_mt("accel-launch");
   logger->set_pattern("%^[accel-launch]%$ %v");
   logger->set_level(cfg.quiet ? spdlog::level::warn : spdlog::level::info);
+
+  if (!cfg.coordinator.empty() || cfg.nodes.max > 1) {
+    accel::launcher::ClusterLaunch launch{.cfg = cfg, .argv = *argv_resolved, .env = {},
+                                          .job_id = cfg.job_id, .checkpoint_dir = checkpoint_dir};
+    for (const auto& [k, v] : sources.env) launch.env.emplace(k, v);
+    if (!cfg.coordinator.empty()) return accel::launcher::run_submit(launch);  // mode 3
+    if (launch.job_id.empty()) launch.job_id = generate_job_id();
+    return accel::launcher::run_multi_node(launch);  // mode 2
+  }
 
   accel::supervisor::LocalJobOptions opts;
   opts.job_id = cfg.job_id.empty() ? generate_job_id() : cfg.job_id;

@@ -19,10 +19,14 @@ Examples:
   accel-launch --config cluster.yaml --max-restarts 3 ./train
   accel-launch -n 2 --print-config                         # show the resolved config and exit
   accel-launch -n 2 -- sh -c 'echo "rank $RANK of $WORLD_SIZE"'
+  # two machines, the same command on each (machine rank 0 hosts the coordinator)
+  ACCEL_TOKEN=s3cret accel-launch --nodes 2 --machine-rank 0 --main-process-ip 10.0.0.1 -n 8 ./train
+  # standing agents (accel-agent): submit from anywhere, stream the output, exit with the code
+  ACCEL_TOKEN=s3cret accel-launch --coordinator 10.0.0.1:29400 --nodes 2:4 -n 8 ./train
 
 Every long flag also takes underscores (--num_processes). A flag you type beats an ACCEL_*
 environment variable, which beats the config file, which beats the default.
-Docs: docs/launch.md, docs/configuration.md, docs/worker-environment.md.
+Docs: docs/launch.md, docs/operations.md, docs/configuration.md, docs/worker-environment.md.
 )";
 
 struct KeyedOption {
@@ -157,6 +161,30 @@ ParseOutcome parse_launch_command(const std::vector<std::string>& args) {
       "OMP_NUM_THREADS per worker (default: 1 when several workers)")->type_name("N");
   opt("--job-id,--run-id", "job_id", "Name of the job (default: generated)")->type_name("ID");
   flag("-q,--quiet", "quiet", "Only warnings, errors and the failure summary from the launcher");
+  opt("--coordinator", "coordinator",
+      "Submit to the standing coordinator at HOST:PORT and stream the job's output (mode 3)")
+      ->type_name("HOST:PORT");
+  opt("--coordinator-port,--rdzv-port", "coordinator_port",
+      "Multi-node: port of the coordinator machine rank 0 serves (default 29400)")->type_name("PORT");
+  opt("--token-file", "token_file", "File with the control plane's token (default: $ACCEL_TOKEN)")
+      ->type_name("FILE");
+  opt("--tls-cert", "tls_cert", "PEM certificate for gRPC TLS")->type_name("FILE");
+  opt("--tls-key", "tls_key", "PEM key of --tls-cert")->type_name("FILE");
+  opt("--tls-ca", "tls_ca", "PEM CA: use TLS and verify the peer with it")->type_name("FILE");
+  opt("--node-id", "node_id", "This node's id at the coordinator (default: host-pid-random)")
+      ->type_name("ID");
+  opt("--node-address", "node_address",
+      "Where other nodes reach this one (default: found from the route to the coordinator)")
+      ->type_name("HOST");
+  opt("--lease-timeout", "lease_timeout",
+      "A node silent this long is lost and the job goes on without it (default 10s)")
+      ->type_name("DURATION");
+  opt("--join-timeout", "join_timeout",
+      "Fail when fewer than the minimum nodes joined a round by then (default 5m)")
+      ->type_name("DURATION");
+  opt("--last-call", "last_call",
+      "Elastic: with the minimum nodes joined, wait this long for more (default 30s)")
+      ->type_name("DURATION");
 
   std::string config_file;
   CLI::Option* config_opt =

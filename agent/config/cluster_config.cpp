@@ -77,6 +77,47 @@ std::string get_string(const ClusterConfig& cfg) {
   return cfg.*Member;
 }
 
+template <auto Member>
+Status set_string(ClusterConfig& cfg, std::string_view text) {
+  cfg.*Member = std::string(trim(text));
+  return Status::ok();
+}
+
+template <auto Member>
+Status set_positive_duration(ClusterConfig& cfg, std::string_view text) {
+  auto d = parse_duration(text);
+  if (!d || d->count() <= 0) {
+    return Status::error("expected a positive duration such as 10s, 500ms or 2m, got " +
+                         quoted(trim(text)));
+  }
+  cfg.*Member = *d;
+  return Status::ok();
+}
+
+template <auto Member>
+Status set_duration(ClusterConfig& cfg, std::string_view text) {
+  auto d = parse_duration(text);
+  if (!d) return Status::error("expected a duration such as 30s, 500ms or 0, got " + quoted(trim(text)));
+  cfg.*Member = *d;
+  return Status::ok();
+}
+
+template <auto Member>
+std::string get_duration(const ClusterConfig& cfg) {
+  return format_duration(cfg.*Member);
+}
+
+Status set_coordinator(ClusterConfig& cfg, std::string_view text) {
+  std::string t(trim(text));
+  auto colon = t.rfind(':');
+  auto port = colon == std::string::npos ? std::nullopt : parse_integer(t.substr(colon + 1));
+  if (!t.empty() && (colon == 0 || !port || *port < 1 || *port > 65535)) {
+    return Status::error("expected HOST:PORT such as 10.0.0.1:29400, got " + quoted(t));
+  }
+  cfg.coordinator = t;
+  return Status::ok();
+}
+
 Status set_nodes(ClusterConfig& cfg, std::string_view text) {
   std::string_view t = trim(text);
   auto colon = t.find(':');
@@ -312,6 +353,36 @@ const std::vector<KeySpec>& all_keys() {
        set_job_id, get_string<&C::job_id>},
       {"quiet", "true or false", "Only warnings, errors and the failure summary from the launcher.",
        set_bool<&C::quiet>, get_bool<&C::quiet>},
+      {"coordinator", "HOST:PORT",
+       "A standing coordinator: accel-launch submits the job there, accel-agent registers there.",
+       set_coordinator, get_string<&C::coordinator>},
+      {"coordinator_port", "an integer from 0 to 65535",
+       "Multi-node (every node runs accel-launch): machine rank 0 serves the coordinator at "
+       "main_process_ip:coordinator_port.",
+       set_int<&C::coordinator_port, 0, 65535>, get_int<&C::coordinator_port>},
+      {"token_file", "a file", "File whose first line is the control plane's shared token; empty: "
+       "$ACCEL_TOKEN.", set_string<&C::token_file>, get_string<&C::token_file>},
+      {"tls_cert", "a PEM file", "TLS certificate of this endpoint (coordinator, or client for mutual TLS).",
+       set_string<&C::tls_cert>, get_string<&C::tls_cert>},
+      {"tls_key", "a PEM file", "Private key of tls_cert.", set_string<&C::tls_key>, get_string<&C::tls_key>},
+      {"tls_ca", "a PEM file", "CA that signs the peers' certificates; clients use TLS when it is set.",
+       set_string<&C::tls_ca>, get_string<&C::tls_ca>},
+      {"node_id", "1-128 characters of [A-Za-z0-9._:-]",
+       "This node's id at the coordinator; empty: <hostname>-<pid>-<random>.",
+       set_string<&C::node_id>, get_string<&C::node_id>},
+      {"node_address", "a host name or IP address",
+       "Where other nodes reach this one (MASTER_ADDR when it is node rank 0); empty: the "
+       "address that routes to the coordinator.",
+       set_string<&C::node_address>, get_string<&C::node_address>},
+      {"lease_timeout", "a duration such as 10s",
+       "A node whose agent has not been heard from for this long is lost; the others go on "
+       "without it.", set_positive_duration<&C::lease_timeout>, get_duration<&C::lease_timeout>},
+      {"join_timeout", "a duration such as 5m",
+       "A rendezvous round that has not reached the minimum number of nodes by then fails the job.",
+       set_positive_duration<&C::join_timeout>, get_duration<&C::join_timeout>},
+      {"last_call", "a duration such as 30s or 0",
+       "Elastic jobs: once the minimum number of nodes joined, wait this long for more.",
+       set_duration<&C::last_call>, get_duration<&C::last_call>},
   };
   return kKeys;
 }

@@ -54,6 +54,18 @@ struct ClusterConfig {
   int num_cpu_threads_per_process = 0;   // OMP_NUM_THREADS; 0 = 1 when >1 process, else inherit
   std::string job_id;                    // empty: generated at launch
   bool quiet = false;
+  // Control plane (docs/operations.md).
+  std::string coordinator;               // HOST:PORT of a standing coordinator (mode 3); empty: none
+  int coordinator_port = 29400;          // mode 2: machine rank 0 serves at main_process_ip:this
+  std::string token_file;                // shared secret; empty: $ACCEL_TOKEN
+  std::string tls_cert;                  // PEM files for gRPC TLS; empty: plaintext
+  std::string tls_key;
+  std::string tls_ca;
+  std::string node_id;                   // empty: <hostname>-<pid>-<random>
+  std::string node_address;              // MASTER_ADDR when this node is rank 0; empty: found
+  std::chrono::milliseconds lease_timeout{10'000};  // a node silent this long is lost
+  std::chrono::milliseconds join_timeout{300'000};  // a round without min nodes fails the job
+  std::chrono::milliseconds last_call{30'000};      // with min nodes, wait this long for more
 
   // Keyed by config key; a key absent here still has its default.
   std::map<std::string, Origin, std::less<>> origins;

@@ -68,6 +68,7 @@ void LineSink::emit(std::string_view line) {
     log_batch_.append(line);
     log_batch_.push_back('\n');
   }
+  if (options_.on_line) options_.on_line(line);
   if (options_.keep_last > 0) {
     if (last_.size() == options_.keep_last) last_.pop_front();
     last_.emplace_back(line);

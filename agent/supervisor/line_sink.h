@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <deque>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -19,6 +20,7 @@ class LineSink {
     int log_fd = -1;             // -1: no log file (not owned)
     size_t keep_last = 0;        // lines kept for last_lines()
     size_t max_line = 64 * 1024; // a longer line without '\n' is cut and emitted in pieces
+    std::function<void(std::string_view line)> on_line{};  // also handed every line (forwarding)
   };
 
   explicit LineSink(Options options);

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "agent/common/free_port.h"
+#include "agent/supervisor/worker_specs.h"
 
 namespace accel::supervisor {
 
@@ -98,29 +99,16 @@ void LocalJob::start_attempt() {
   }
 
   const int n = options_.num_processes;
-  std::vector<WorkerSpec> specs;
-  specs.reserve(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) {
-    WorkerIdentity id{.rank = r, .local_rank = r, .local_world_size = n, .world_size = n,
-                      .group_rank = 0, .group_world_size = 1};
-    std::string error_file;
-    if (!error_attempt_dir.empty()) {
-      error_file = error_attempt_dir + "/rank_" + std::to_string(r) + ".error.json";
-      fs::remove(error_file, ec);
-    }
-    WorkerSpec spec;
-    spec.rank = r;
-    spec.local_rank = r;
-    spec.argv = options_.argv;
-    spec.env = build_worker_env(options_.base_env, id, env, error_file);
-    spec.prefix = "[rank " + std::to_string(r) + "] ";
-    if (!log_attempt_dir.empty()) {
-      spec.log_path = log_attempt_dir + "/rank_" + std::to_string(r) + ".log";
-      spec.stdout_to_console = (options_.tee & 1) != 0;
-      spec.stderr_to_console = (options_.tee & 2) != 0;
-    }
-    specs.push_back(std::move(spec));
-  }
+  GroupPlan plan;
+  plan.argv = options_.argv;
+  plan.local_world_size = n;
+  plan.world_size = n;
+  plan.env = env;
+  plan.base_env = options_.base_env;
+  plan.log_dir = log_attempt_dir;
+  plan.tee = options_.tee;
+  plan.error_dir = error_attempt_dir;
+  std::vector<WorkerSpec> specs = make_worker_specs(plan);
 
   result_.attempts.push_back(std::move(record));
   log_(LogLevel::kInfo, "attempt " + std::to_string(attempt) + ": starting " + std::to_string(n) +
@@ -144,9 +132,8 @@ void LocalJob::on_worker_exit(const WorkerExit& exit) {
   }
   record.root_cause = record.exits.size() - 1;
   if (!options_.error_dir.empty()) {
-    record.root_cause_error = read_error_file(attempt_dir(options_.error_dir, record.attempt) +
-                                              "/rank_" + std::to_string(exit.rank) +
-                                              ".error.json");
+    record.root_cause_error = read_error_file(
+        error_file_path(attempt_dir(options_.error_dir, record.attempt), exit.rank));
   }
   std::string what = "rank " + std::to_string(exit.rank) + " (pid " + std::to_string(exit.pid) +
                      ") failed: " + exit.describe();

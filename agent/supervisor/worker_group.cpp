@@ -233,20 +233,24 @@ Status spawn(const std::shared_ptr<State>& st, Worker& w) {
       return Status::error("cannot open log file " + spec.log_path + ": " + std::strerror(errno));
     }
   }
-  auto make_stream = [&](bool to_console, int console_fd, size_t keep) {
+  auto make_stream = [&](bool to_console, int console_fd, size_t keep, bool is_stderr) {
     Stream s;
-    s.sink = std::make_unique<LineSink>(LineSink::Options{
+    LineSink::Options o{
         .prefix = spec.prefix,
         .console_fd = to_console ? console_fd : -1,
         .log_fd = w.log_fd,
         .keep_last = keep,
-    });
+    };
+    if (spec.forward) {
+      o.on_line = [f = spec.forward, is_stderr](std::string_view line) { f(is_stderr, line); };
+    }
+    s.sink = std::make_unique<LineSink>(std::move(o));
     s.open = true;
     return s;
   };
-  w.out = make_stream(spec.stdout_to_console, st->options.console_stdout_fd, 0);
+  w.out = make_stream(spec.stdout_to_console, st->options.console_stdout_fd, 0, false);
   w.err = make_stream(spec.stderr_to_console, st->options.console_stderr_fd,
-                      st->options.stderr_tail_lines);
+                      st->options.stderr_tail_lines, true);
 
   bp::environment env;
   for (const auto& [k, v] : spec.env) env[k] = v;

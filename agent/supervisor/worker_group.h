@@ -38,6 +38,8 @@ struct WorkerSpec {
   bool stdout_to_console = true;
   bool stderr_to_console = true;
   std::string prefix;             // put before every console line: "[rank 0] "
+  // Also handed every output line (the agent forwards them to watching launchers).
+  std::function<void(bool is_stderr, std::string_view line)> forward;
 };
 
 struct WorkerExit {

@@ -1,0 +1,877 @@
+// The coordinator's rules: membership, rounds, restarts, failures, events.
+#include "agent/coordinator/coordinator_core.h"
+
+#include <algorithm>
+#include <cctype>
+#include <climits>
+#include <cstdint>
+#include <ctime>
+#include <cstdio>
+#include <random>
+
+namespace accel::coordinator {
+
+namespace {
+
+using std::chrono::duration_cast;
+using std::chrono::milliseconds;
+
+std::string random_hex(int digits) {
+  std::random_device rd;
+  std::string out;
+  for (int i = 0; i < digits; ++i) out += "0123456789abcdef"[rd() % 16];
+  return out;
+}
+
+RpcStatus invalid(std::string m) { return RpcStatus::error(Code::kInvalidArgument, std::move(m)); }
+RpcStatus not_found(std::string m) { return RpcStatus::error(Code::kNotFound, std::move(m)); }
+RpcStatus precondition(std::string m) {
+  return RpcStatus::error(Code::kFailedPrecondition, std::move(m));
+}
+
+bool valid_id(const std::string& id) {
+  if (id.empty() || id.size() > 128) return false;
+  return std::all_of(id.begin(), id.end(), [](unsigned char c) {
+    return std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == ':';
+  });
+}
+
+// Why: a port taken between the agent's check and rank 0's bind is retried, not fatal.
+bool is_port_conflict(const pb::Failure& f) {
+  auto has = [](const std::string& s) {
+    return s.find("Address already in use") != std::string::npos ||
+           s.find("EADDRINUSE") != std::string::npos;
+  };
+  if (has(f.message())) return true;
+  return std::any_of(f.stderr_tail().begin(), f.stderr_tail().end(), has);
+}
+
+std::string round_name(int64_t r) { return "round " + std::to_string(r); }
+
+}  // namespace
+
+std::string job_state_name(pb::JobState s) {
+  switch (s) {
+    case pb::JOB_STATE_PENDING: return "PENDING";
+    case pb::JOB_STATE_RENDEZVOUS: return "RENDEZVOUS";
+    case pb::JOB_STATE_RUNNING: return "RUNNING";
+    case pb::JOB_STATE_RESTARTING: return "RESTARTING";
+    case pb::JOB_STATE_SUCCEEDED: return "SUCCEEDED";
+    case pb::JOB_STATE_FAILED: return "FAILED";
+    case pb::JOB_STATE_CANCELLED: return "CANCELLED";
+    default: return "UNKNOWN";
+  }
+}
+
+CoordinatorCore::CoordinatorCore(const Clock& clock, CoordinatorOptions options)
+    : clock_(clock), options_(std::move(options)) {
+  if (options_.coordinator_id.empty()) options_.coordinator_id = random_hex(12);
+}
+
+// ------------------------------------------------------------------------------ helpers
+
+bool CoordinatorCore::terminal(const Job& job) const {
+  return job.state == pb::JOB_STATE_SUCCEEDED || job.state == pb::JOB_STATE_FAILED ||
+         job.state == pb::JOB_STATE_CANCELLED;
+}
+
+bool CoordinatorCore::busy_elsewhere(const Node& node, const Job& job) const {
+  if (node.job_id.empty() || node.job_id == job.id) return false;
+  auto it = jobs_.find(node.job_id);
+  return it != jobs_.end() && !terminal(it->second);
+}
+
+bool CoordinatorCore::eligible(const Node& node, const Job& job) const {
+  if (node.lost || busy_elsewhere(node, job)) return false;
+  return node.info.only_job_id().empty() || node.info.only_job_id() == job.id;
+}
+
+void CoordinatorCore::event(Job& job, pb::JobEvent ev) {
+  ev.set_seq(job.next_seq++);
+  ev.set_time_unix_ms(clock_.unix_ms());
+  if (ev.round() == 0) ev.set_round(job.round);
+  job.events.push_back(std::move(ev));
+  while (job.events.size() > options_.max_events_per_job) job.events.pop_front();
+  changes_.jobs.insert(job.id);
+}
+
+void CoordinatorCore::message(Job& job, const std::string& text) {
+  pb::JobEvent ev;
+  ev.set_message(text);
+  event(job, std::move(ev));
+}
+
+void CoordinatorCore::mark_job_nodes(const Job& job) {
+  for (const auto& [id, node] : nodes_) {
+    if (node.job_id == job.id || node.last_job_id == job.id) changes_.nodes.insert(id);
+  }
+}
+
+// ---------------------------------------------------------------------------- instructions
+
+pb::Instruction CoordinatorCore::instruction_for(const std::string& node_id, const Node& node) const {
+  pb::Instruction ins;
+  ins.set_action(pb::Instruction::ACTION_IDLE);
+  if (!node.last_job_id.empty()) {
+    auto it = jobs_.find(node.last_job_id);
+    if (it != jobs_.end() && terminal(it->second)) {
+      auto* out = ins.mutable_last_job();
+      out->set_job_id(it->first);
+      out->set_state(it->second.state);
+      out->set_exit_code(it->second.exit_code);
+      out->set_summary(it->second.summary);
+    }
+  }
+  if (node.lost) return ins;
+  if (!node.job_id.empty()) {
+    auto it = jobs_.find(node.job_id);
+    if (it != jobs_.end() && !terminal(it->second)) {
+      const Job& job = it->second;
+      if (job.state == pb::JOB_STATE_RUNNING) {
+        auto pos = std::find(job.members.begin(), job.members.end(), node_id);
+        if (pos != job.members.end()) {
+          ins.set_action(pb::Instruction::ACTION_RUN);
+          ins.set_job_id(job.id);
+          ins.set_round(job.round);
+          *ins.mutable_spec() = job.spec;
+          auto* a = ins.mutable_assignment();
+          int rank = static_cast<int>(pos - job.members.begin());
+          int ppn = job.spec.processes_per_node();
+          a->set_node_rank(rank);
+          a->set_num_nodes(static_cast<int>(job.members.size()));
+          a->set_rank_offset(rank * ppn);
+          a->set_world_size(static_cast<int>(job.members.size()) * ppn);
+          a->set_master_addr(job.master_addr);
+          a->set_master_port(job.master_port);
+          a->set_restart_count(job.restart_count);
+          return ins;
+        }
+      } else if (job.state == pb::JOB_STATE_RENDEZVOUS && node.joined_round == job.round &&
+                 std::find(job.joined.begin(), job.joined.end(), node_id) != job.joined.end()) {
+        ins.set_action(pb::Instruction::ACTION_WAIT);
+        ins.set_job_id(job.id);
+        ins.set_round(job.round);
+        *ins.mutable_spec() = job.spec;
+        return ins;
+      }
+    }
+  }
+  // The oldest job with an open round this node may join.
+  const Job* best = nullptr;
+  for (const auto& [id, job] : jobs_) {
+    if (job.state != pb::JOB_STATE_RENDEZVOUS || !eligible(node, job)) continue;
+    if (static_cast<int>(job.joined.size()) >= job.spec.max_nodes()) continue;
+    if (best == nullptr || job.submitted_order < best->submitted_order) best = &job;
+  }
+  if (best != nullptr) {
+    ins.set_action(pb::Instruction::ACTION_JOIN);
+    ins.set_job_id(best->id);
+    ins.set_round(best->round);
+    *ins.mutable_spec() = best->spec;
+  }
+  return ins;
+}
+
+void CoordinatorCore::fill_sync(const std::string& node_id, Node& node, pb::SyncResponse* resp) {
+  pb::Instruction ins = instruction_for(node_id, node);
+  std::string bytes = ins.SerializeAsString();
+  if (bytes != node.sent || node.version == 0) {
+    node.sent = std::move(bytes);
+    ++node.version;
+  }
+  resp->set_version(node.version);
+  if (!ins.last_job().job_id().empty()) node.told_job_id = ins.last_job().job_id();
+  *resp->mutable_instruction() = std::move(ins);
+}
+
+bool CoordinatorCore::everyone_told(const std::string& job_id) const {
+  auto jt = jobs_.find(job_id);
+  if (jt == jobs_.end() || !terminal(jt->second)) return false;
+  return std::all_of(nodes_.begin(), nodes_.end(), [&](const auto& kv) {
+    const Node& n = kv.second;
+    return n.lost || n.last_job_id != job_id || n.told_job_id == job_id;
+  });
+}
+
+// ---------------------------------------------------------------------------------- nodes
+
+RpcStatus CoordinatorCore::register_node(const pb::RegisterNodeRequest& req,
+                                         pb::RegisterNodeResponse* resp) {
+  if (!valid_id(req.node_id())) {
+    return invalid("node_id '" + req.node_id() +
+                   "' must be 1-128 characters of [A-Za-z0-9._:-]");
+  }
+  if (req.address().empty()) return invalid("node " + req.node_id() + ": address is empty");
+  if (req.machine_rank() < -1) {
+    return invalid("node " + req.node_id() + ": machine_rank " +
+                   std::to_string(req.machine_rank()) + " is negative");
+  }
+  if (req.has_current() && !req.current().job_id().empty()) {
+    const auto& cur = req.current();
+    if (cur.spec().processes_per_node() < 1 || cur.assignment().num_nodes() < 1 ||
+        cur.assignment().node_rank() < 0 ||
+        cur.assignment().node_rank() >= cur.assignment().num_nodes()) {
+      return invalid("node " + req.node_id() + ": current work of job " + cur.job_id() +
+                     " has an impossible assignment (node rank " +
+                     std::to_string(cur.assignment().node_rank()) + " of " +
+                     std::to_string(cur.assignment().num_nodes()) + ")");
+    }
+  }
+  auto it = nodes_.find(req.node_id());
+  if (it != nodes_.end() && !it->second.lost &&
+      (it->second.info.hostname() != req.hostname() || it->second.info.address() != req.address())) {
+    return RpcStatus::error(
+        Code::kAlreadyExists,
+        "node id " + req.node_id() + " is already registered by " + it->second.info.hostname() +
+            " (" + it->second.info.address() + "); give each agent its own --node-id");
+  }
+  bool fresh = it == nodes_.end();
+  Node& node = nodes_[req.node_id()];
+  std::string previous_job = node.job_id;
+  node.info = req;
+  node.info.clear_current();
+  node.last_seen = clock_.now();
+  bool was_lost = node.lost;
+  node.lost = false;
+  changes_.all_nodes = true;  // a new node may be what an open round or an elastic job waits for
+
+  const std::string running = req.has_current() ? req.current().job_id() : "";
+  if (!fresh && !was_lost && !previous_job.empty() && previous_job != running) {
+    // The agent restarted and lost the workers we think it runs.
+    auto jt = jobs_.find(previous_job);
+    if (jt != jobs_.end() && !terminal(jt->second)) {
+      Job& job = jt->second;
+      bool member = std::find(job.members.begin(), job.members.end(), req.node_id()) != job.members.end();
+      node.job_id.clear();
+      if (job.state == pb::JOB_STATE_RUNNING && member) {
+        restart(job, "node " + req.node_id() + " re-registered without its workers (agent restarted)",
+                /*counted=*/false);
+      } else if (job.state == pb::JOB_STATE_RENDEZVOUS) {
+        job.joined.erase(std::remove(job.joined.begin(), job.joined.end(), req.node_id()), job.joined.end());
+      }
+    }
+  }
+  if (!running.empty()) adopt(req.node_id(), node, req.current());
+
+  resp->set_coordinator_id(options_.coordinator_id);
+  resp->set_lease_ms(options_.lease.count());
+  resp->set_sync_wait_ms(options_.sync_wait.count());
+  return RpcStatus::ok();
+}
+
+// A node that runs workers told us what (the coordinator restarted and lost its state).
+void CoordinatorCore::adopt(const std::string& node_id, Node& node, const pb::CurrentWork& work) {
+  const auto& a = work.assignment();
+  auto it = jobs_.find(work.job_id());
+  if (it == jobs_.end()) {
+    Job job;
+    job.id = work.job_id();
+    job.spec = work.spec();
+    job.state = pb::JOB_STATE_RUNNING;
+    job.round = work.round();
+    job.restart_count = a.restart_count();
+    job.members.assign(static_cast<size_t>(a.num_nodes()), "");
+    job.master_addr = a.master_addr();
+    job.master_port = a.master_port();
+    job.submitted_order = jobs_submitted_++;
+    job.adopt_deadline = clock_.now() + options_.lease;
+    job.round_opened = clock_.now();
+    it = jobs_.emplace(job.id, std::move(job)).first;
+    message(it->second, "coordinator " + options_.coordinator_id + " adopted job " + work.job_id() +
+                            " at " + round_name(work.round()) + " from node " + node_id +
+                            " (the coordinator restarted)");
+  }
+  Job& job = it->second;
+  if (job.state != pb::JOB_STATE_RUNNING || job.round != work.round() ||
+      job.members.size() != static_cast<size_t>(a.num_nodes())) {
+    return;  // the job moved on: the node's instruction will say what to do
+  }
+  auto& slot = job.members[static_cast<size_t>(a.node_rank())];
+  if (!slot.empty() && slot != node_id) return;
+  slot = node_id;
+  job.round_members[job.round] = job.members;
+  node.job_id = job.id;
+  node.joined_round = job.round;
+  if (work.group_succeeded()) job.succeeded.insert(node_id);
+  job.started.insert(node_id);
+  if (std::none_of(job.members.begin(), job.members.end(), [](const std::string& m) { return m.empty(); })) {
+    job.adopt_deadline.reset();
+    message(job, "all " + std::to_string(job.members.size()) + " nodes of " + round_name(job.round) +
+                     " are back");
+    if (job.succeeded.size() == job.members.size()) end_job(job, pb::JOB_STATE_SUCCEEDED, 0, "");
+  }
+}
+
+RpcStatus CoordinatorCore::sync(const pb::SyncRequest& req, pb::SyncResponse* resp) {
+  auto it = nodes_.find(req.node_id());
+  if (it == nodes_.end()) {
+    return not_found("node " + req.node_id() + " is not registered with coordinator " +
+                     options_.coordinator_id + "; register first");
+  }
+  if (it->second.lost) {
+    return not_found("node " + req.node_id() + " was declared lost (no heartbeat for " +
+                     std::to_string(options_.lease.count()) + " ms); register again");
+  }
+  it->second.last_seen = clock_.now();
+  fill_sync(it->first, it->second, resp);
+  return RpcStatus::ok();
+}
+
+RpcStatus CoordinatorCore::instruction(const std::string& node_id, pb::SyncResponse* resp) {
+  auto it = nodes_.find(node_id);
+  if (it == nodes_.end() || it->second.lost) return not_found("node " + node_id + " is not registered");
+  fill_sync(it->first, it->second, resp);
+  return RpcStatus::ok();
+}
+
+uint64_t CoordinatorCore::node_version(const std::string& node_id) const {
+  auto it = nodes_.find(node_id);
+  return it == nodes_.end() ? 0 : it->second.version;
+}
+
+void CoordinatorCore::node_lost(const std::string& node_id, Node& node, const std::string& why) {
+  node.lost = true;
+  changes_.nodes.insert(node_id);
+  if (node.job_id.empty()) return;
+  auto jt = jobs_.find(node.job_id);
+  node.job_id.clear();
+  if (jt == jobs_.end() || terminal(jt->second)) return;
+  Job& job = jt->second;
+  if (job.state == pb::JOB_STATE_RENDEZVOUS) {
+    auto pos = std::find(job.joined.begin(), job.joined.end(), node_id);
+    if (pos != job.joined.end()) {
+      job.joined.erase(pos);
+      if (static_cast<int>(job.joined.size()) < job.spec.min_nodes()) job.min_reached.reset();
+      message(job, "node " + node_id + " left " + round_name(job.round) + " before it closed: " + why);
+    }
+    return;
+  }
+  if (job.state != pb::JOB_STATE_RUNNING) return;
+  if (std::find(job.members.begin(), job.members.end(), node_id) == job.members.end()) return;
+  pb::Failure f;
+  f.set_kind(pb::Failure::KIND_NODE_LOST);
+  f.set_node_id(node_id);
+  f.set_hostname(node.info.hostname());
+  f.set_rank(-1);
+  f.set_local_rank(-1);
+  f.set_message(why);
+  auto silent = duration_cast<milliseconds>(clock_.now() - node.last_seen);
+  f.set_time_unix_ms(clock_.unix_ms() - silent.count());
+  f.set_round(job.round);
+  job.failures.push_back(f);
+  job.last_failed_round = job.round;
+  pb::JobEvent ev;
+  *ev.mutable_failure() = f;
+  event(job, std::move(ev));
+  // Why not counted: a lost node is a membership change (elastic shrink), as in torchelastic.
+  restart(job, "node " + node_id + " lost", /*counted=*/false);
+}
+
+// ----------------------------------------------------------------------------------- jobs
+
+void CoordinatorCore::open_round(Job& job, const std::string& why) {
+  ++job.round;
+  job.state = pb::JOB_STATE_RENDEZVOUS;
+  job.joined.clear();
+  job.members.clear();
+  job.started.clear();
+  job.succeeded.clear();
+  job.min_reached.reset();
+  job.adopt_deadline.reset();
+  job.round_opened = clock_.now();
+  pb::JobEvent ev;
+  ev.set_state(pb::JOB_STATE_RENDEZVOUS);
+  event(job, std::move(ev));
+  message(job, round_name(job.round) + " open (" + why + "): waiting for " +
+                   (job.spec.min_nodes() == job.spec.max_nodes()
+                        ? std::to_string(job.spec.min_nodes())
+                        : std::to_string(job.spec.min_nodes()) + " to " +
+                              std::to_string(job.spec.max_nodes())) +
+                   " nodes");
+  changes_.all_nodes = true;
+}
+
+void CoordinatorCore::close_round(Job& job) {
+  std::vector<std::string> order = job.joined;
+  // Node rank: a node asking for a machine rank (mode 2) is placed by it; the rest in join order.
+  std::stable_sort(order.begin(), order.end(), [this](const std::string& a, const std::string& b) {
+    int ra = nodes_.at(a).info.machine_rank();
+    int rb = nodes_.at(b).info.machine_rank();
+    if (ra < 0) ra = INT32_MAX;
+    if (rb < 0) rb = INT32_MAX;
+    return ra < rb;
+  });
+  job.members = order;
+  job.round_members[job.round] = order;
+  const Node& first = nodes_.at(order.front());
+  job.master_addr = first.info.address();
+  job.master_port = job.spec.master_port() != 0 ? job.spec.master_port() : first.joined_port;
+  job.state = pb::JOB_STATE_RUNNING;
+  for (auto& [id, node] : nodes_) {
+    if (node.job_id == job.id && std::find(order.begin(), order.end(), id) == order.end()) {
+      node.job_id.clear();  // joined too late or not at all: free again
+    }
+  }
+  pb::JobEvent ev;
+  ev.set_state(pb::JOB_STATE_RUNNING);
+  event(job, std::move(ev));
+  std::string names;
+  for (size_t i = 0; i < order.size(); ++i) {
+    names += (i ? ", " : "") + std::to_string(i) + "=" + order[i];
+  }
+  message(job, round_name(job.round) + " closed: " + std::to_string(order.size()) + " node" +
+                   (order.size() == 1 ? "" : "s") + " (" + names + "), world size " +
+                   std::to_string(static_cast<int>(order.size()) * job.spec.processes_per_node()) +
+                   ", MASTER_ADDR=" + job.master_addr + " MASTER_PORT=" +
+                   std::to_string(job.master_port) + ", restart " +
+                   std::to_string(job.restart_count) + " of " +
+                   std::to_string(job.spec.max_restarts()));
+  changes_.all_nodes = true;
+}
+
+void CoordinatorCore::restart(Job& job, const std::string& why, bool counted) {
+  if (counted) ++job.restart_count;
+  pb::JobEvent ev;
+  ev.set_state(pb::JOB_STATE_RESTARTING);
+  event(job, std::move(ev));
+  std::string budget = counted ? "restart " + std::to_string(job.restart_count) + " of " +
+                                     std::to_string(job.spec.max_restarts())
+                               : "not counted against max_restarts";
+  message(job, "restarting: " + why + " (" + budget + ")");
+  open_round(job, why);
+}
+
+void CoordinatorCore::end_job(Job& job, pb::JobState state, int32_t exit_code, const std::string& why) {
+  job.state = state;
+  job.exit_code = exit_code;
+  if (state == pb::JOB_STATE_FAILED) {
+    job.summary = format_failure_summary(job.id, job.failures, job.last_failed_round,
+                                         root_cause(job, job.last_failed_round));
+    if (!why.empty()) job.summary = "accel: job " + job.id + ": " + why + "\n" + job.summary;
+  } else if (state == pb::JOB_STATE_CANCELLED) {
+    job.summary = "accel: job " + job.id + " was cancelled" + (why.empty() ? "" : ": " + why) + "\n";
+  }
+  for (auto& [id, node] : nodes_) {
+    if (node.job_id == job.id) {
+      node.job_id.clear();
+      node.last_job_id = job.id;
+      changes_.nodes.insert(id);
+    } else if (std::find(job.members.begin(), job.members.end(), id) != job.members.end()) {
+      node.last_job_id = job.id;
+      changes_.nodes.insert(id);
+    }
+  }
+  if (!why.empty()) message(job, why);
+  pb::JobEvent ev;
+  ev.set_state(state);
+  event(job, std::move(ev));
+  changes_.all_nodes = true;  // nodes it held are free for other jobs
+}
+
+std::optional<size_t> CoordinatorCore::root_cause(const Job& job, int64_t round) const {
+  std::optional<size_t> best;
+  for (size_t i = 0; i < job.failures.size(); ++i) {
+    const auto& f = job.failures[i];
+    if (f.round() != round) continue;
+    if (!best || f.time_unix_ms() < job.failures[*best].time_unix_ms()) best = i;
+  }
+  return best;
+}
+
+RpcStatus CoordinatorCore::submit_job(const pb::SubmitJobRequest& req, pb::SubmitJobResponse* resp) {
+  const pb::JobSpec& s = req.spec();
+  if (s.argv().empty() || s.argv(0).empty()) return invalid("job spec: argv is empty (no program)");
+  if (s.processes_per_node() < 1) {
+    return invalid("job spec: processes_per_node must be >= 1, got " +
+                   std::to_string(s.processes_per_node()));
+  }
+  if (s.min_nodes() < 1 || s.max_nodes() < s.min_nodes()) {
+    return invalid("job spec: nodes must satisfy 1 <= min_nodes <= max_nodes, got " +
+                   std::to_string(s.min_nodes()) + ":" + std::to_string(s.max_nodes()));
+  }
+  if (s.max_restarts() < 0) return invalid("job spec: max_restarts must be >= 0");
+  if (s.join_timeout_ms() <= 0 || s.last_call_ms() < 0 || s.stop_timeout_ms() <= 0) {
+    return invalid("job spec: join_timeout_ms and stop_timeout_ms must be > 0 and last_call_ms >= 0");
+  }
+  if (s.master_port() < 0 || s.master_port() > 65535) {
+    return invalid("job spec: master_port " + std::to_string(s.master_port()) + " is not a port");
+  }
+  std::string id = req.job_id();
+  if (id.empty()) {
+    do id = "job-" + random_hex(8); while (jobs_.contains(id));
+  } else if (!valid_id(id)) {
+    return invalid("job id '" + id + "' must be 1-128 characters of [A-Za-z0-9._:-]");
+  } else if (jobs_.contains(id)) {
+    return RpcStatus::error(Code::kAlreadyExists,
+                            "job " + id + " exists already (" + job_state_name(jobs_.at(id).state) +
+                                "); choose another --job-id");
+  }
+  Job& job = jobs_[id];
+  job.id = id;
+  job.spec = s;
+  job.submitted_order = jobs_submitted_++;
+  pb::JobEvent ev;
+  ev.set_state(pb::JOB_STATE_PENDING);
+  event(job, std::move(ev));
+  open_round(job, "submitted" + (s.submitted_by().empty() ? "" : " by " + s.submitted_by()));
+  resp->set_job_id(id);
+  return RpcStatus::ok();
+}
+
+RpcStatus CoordinatorCore::join_round(const pb::JoinRoundRequest& req) {
+  auto nt = nodes_.find(req.node_id());
+  if (nt == nodes_.end() || nt->second.lost) {
+    return not_found("node " + req.node_id() + " is not registered; register first");
+  }
+  auto jt = jobs_.find(req.job_id());
+  if (jt == jobs_.end()) return not_found("job " + req.job_id() + " does not exist");
+  Job& job = jt->second;
+  Node& node = nt->second;
+  if (req.master_port() < 0 || req.master_port() > 65535) {
+    return invalid("master_port " + std::to_string(req.master_port()) + " is not a port");
+  }
+  if (job.state != pb::JOB_STATE_RENDEZVOUS || req.round() != job.round) {
+    return precondition("job " + job.id + " has no open " + round_name(req.round()) + " (it is at " +
+                        round_name(job.round) + ", " + job_state_name(job.state) + ")");
+  }
+  if (!eligible(node, job)) {
+    return precondition("node " + req.node_id() + " cannot join job " + job.id +
+                        (busy_elsewhere(node, job) ? ": it runs job " + node.job_id
+                                                   : ": it only takes part in job " +
+                                                         node.info.only_job_id()));
+  }
+  if (std::find(job.joined.begin(), job.joined.end(), req.node_id()) != job.joined.end()) {
+    node.joined_port = req.master_port();
+    return RpcStatus::ok();  // a retried join
+  }
+  if (static_cast<int>(job.joined.size()) >= job.spec.max_nodes()) {
+    return precondition(round_name(job.round) + " of job " + job.id + " is full (" +
+                        std::to_string(job.spec.max_nodes()) + " nodes)");
+  }
+  job.joined.push_back(req.node_id());
+  node.job_id = job.id;
+  node.joined_round = job.round;
+  node.joined_port = req.master_port();
+  changes_.nodes.insert(req.node_id());
+  int n = static_cast<int>(job.joined.size());
+  if (n == job.spec.min_nodes()) job.min_reached = clock_.now();
+  if (n == job.spec.max_nodes()) close_round(job);  // wakes every node
+  return RpcStatus::ok();
+}
+
+RpcStatus CoordinatorCore::report_group(const pb::ReportGroupRequest& req) {
+  auto nt = nodes_.find(req.node_id());
+  if (nt == nodes_.end()) return not_found("node " + req.node_id() + " is not registered");
+  auto jt = jobs_.find(req.job_id());
+  if (jt == jobs_.end()) return not_found("job " + req.job_id() + " does not exist");
+  Job& job = jt->second;
+  const Node& node = nt->second;
+  if (req.event() == pb::ReportGroupRequest::EVENT_UNSPECIFIED) return invalid("report without an event");
+  if (req.event() == pb::ReportGroupRequest::EVENT_FAILED && req.failures().empty()) {
+    return invalid("a FAILED report must carry at least one failure");
+  }
+  auto members = job.round_members.find(req.round());
+  bool member = members != job.round_members.end() &&
+                std::find(members->second.begin(), members->second.end(), req.node_id()) !=
+                    members->second.end();
+  if (!member) {
+    return precondition("node " + req.node_id() + " is not a member of " + round_name(req.round()) +
+                        " of job " + job.id);
+  }
+  auto record = [&](const pb::Failure& in) {
+    pb::Failure f = in;
+    f.set_round(req.round());
+    f.set_node_id(req.node_id());
+    if (f.hostname().empty()) f.set_hostname(node.info.hostname());
+    if (f.kind() == pb::Failure::KIND_UNSPECIFIED) f.set_kind(pb::Failure::KIND_EXIT);
+    job.failures.push_back(f);
+    pb::JobEvent ev;
+    ev.set_round(req.round());
+    *ev.mutable_failure() = std::move(f);
+    event(job, std::move(ev));
+  };
+  bool current = req.round() == job.round && job.state == pb::JOB_STATE_RUNNING;
+  if (!current) {
+    // A late report of an earlier round: kept (it may be the root cause), nothing else changes.
+    if (req.event() != pb::ReportGroupRequest::EVENT_FAILED || req.round() > job.round) {
+      return precondition(round_name(req.round()) + " of job " + job.id + " is over (the job is at " +
+                          round_name(job.round) + ", " + job_state_name(job.state) + ")");
+    }
+    for (const auto& f : req.failures()) record(f);
+    if (terminal(job) && req.round() == job.last_failed_round) {
+      job.summary = format_failure_summary(job.id, job.failures, job.last_failed_round,
+                                           root_cause(job, job.last_failed_round));
+      mark_job_nodes(job);
+    }
+    return RpcStatus::ok();
+  }
+  switch (req.event()) {
+    case pb::ReportGroupRequest::EVENT_STARTED:
+      job.started.insert(req.node_id());
+      if (job.started.size() == job.members.size()) {
+        message(job, "all " + std::to_string(job.members.size() * job.spec.processes_per_node()) +
+                         " workers of " + round_name(job.round) + " started");
+      }
+      break;
+    case pb::ReportGroupRequest::EVENT_SUCCEEDED:
+      job.succeeded.insert(req.node_id());
+      if (job.succeeded.size() == job.members.size()) {
+        end_job(job, pb::JOB_STATE_SUCCEEDED, 0, "every worker exited 0");
+      }
+      break;
+    case pb::ReportGroupRequest::EVENT_FAILED: {
+      for (const auto& f : req.failures()) record(f);
+      job.last_failed_round = job.round;
+      auto root = root_cause(job, job.round);
+      const pb::Failure& cause = job.failures[*root];
+      bool port_taken = job.spec.master_port() == 0 &&
+                        std::any_of(req.failures().begin(), req.failures().end(), is_port_conflict);
+      if (port_taken && job.port_retries < options_.max_port_retries) {
+        ++job.port_retries;
+        restart(job, "MASTER_PORT " + std::to_string(job.master_port) +
+                         " was taken before rank 0 could bind it; new round with a new port",
+                /*counted=*/false);
+      } else if (job.restart_count < job.spec.max_restarts()) {
+        restart(job, describe_failure(cause), /*counted=*/true);
+      } else {
+        end_job(job, pb::JOB_STATE_FAILED, failure_status_code(cause),
+                describe_failure(cause) + "; no restarts left (max_restarts " +
+                    std::to_string(job.spec.max_restarts()) + ")");
+      }
+      break;
+    }
+    default:
+      return invalid("unknown report event " + std::to_string(req.event()));
+  }
+  return RpcStatus::ok();
+}
+
+RpcStatus CoordinatorCore::push_logs(const pb::PushLogsRequest& req) {
+  auto jt = jobs_.find(req.job_id());
+  if (jt == jobs_.end()) return not_found("job " + req.job_id() + " does not exist");
+  if (!nodes_.contains(req.node_id())) return not_found("node " + req.node_id() + " is not registered");
+  Job& job = jt->second;
+  if (!job.spec.forward_logs()) return precondition("job " + job.id + " does not forward logs");
+  for (const auto& line : req.lines()) {
+    pb::JobEvent ev;
+    *ev.mutable_log() = line;
+    event(job, std::move(ev));
+  }
+  return RpcStatus::ok();
+}
+
+RpcStatus CoordinatorCore::watch_job(const pb::WatchJobRequest& req, pb::WatchJobResponse* resp) {
+  auto jt = jobs_.find(req.job_id());
+  if (jt == jobs_.end()) {
+    return not_found("job " + req.job_id() + " does not exist on coordinator " + options_.coordinator_id);
+  }
+  const Job& job = jt->second;
+  resp->set_coordinator_id(options_.coordinator_id);
+  resp->set_state(job.state);
+  constexpr size_t kMaxBatch = 2000;
+  uint64_t first = job.events.empty() ? job.next_seq : job.events.front().seq();
+  if (req.after_seq() + 1 < first) resp->set_dropped(first - req.after_seq() - 1);
+  size_t start = req.after_seq() < first ? 0 : static_cast<size_t>(req.after_seq() + 1 - first);
+  for (size_t i = start; i < job.events.size() && resp->events_size() < static_cast<int>(kMaxBatch); ++i) {
+    *resp->add_events() = job.events[i];
+  }
+  uint64_t last = resp->events().empty() ? req.after_seq() : resp->events().rbegin()->seq();
+  if (terminal(job) && last + 1 >= job.next_seq) {
+    resp->set_done(true);
+    auto* out = resp->mutable_outcome();
+    out->set_job_id(job.id);
+    out->set_state(job.state);
+    out->set_exit_code(job.exit_code);
+    out->set_summary(job.summary);
+  }
+  return RpcStatus::ok();
+}
+
+uint64_t CoordinatorCore::last_event_seq(const std::string& job_id) const {
+  auto jt = jobs_.find(job_id);
+  return jt == jobs_.end() ? 0 : jt->second.next_seq - 1;
+}
+
+std::optional<pb::JobState> CoordinatorCore::job_state(const std::string& job_id) const {
+  auto jt = jobs_.find(job_id);
+  if (jt == jobs_.end()) return std::nullopt;
+  return jt->second.state;
+}
+
+RpcStatus CoordinatorCore::cancel_job(const pb::CancelJobRequest& req) {
+  auto jt = jobs_.find(req.job_id());
+  if (jt == jobs_.end()) return not_found("job " + req.job_id() + " does not exist");
+  Job& job = jt->second;
+  if (req.signal() < 0 || req.signal() > 64) {
+    return invalid("signal " + std::to_string(req.signal()) + " is not a signal number");
+  }
+  if (terminal(job)) {
+    return precondition("job " + job.id + " has ended already (" + job_state_name(job.state) + ")");
+  }
+  int sig = req.signal() == 0 ? 15 : req.signal();
+  end_job(job, pb::JOB_STATE_CANCELLED, 128 + sig,
+          "cancelled by a launcher (signal " + std::to_string(sig) + ")");
+  return RpcStatus::ok();
+}
+
+void CoordinatorCore::get_status(pb::GetStatusResponse* resp) const {
+  resp->set_coordinator_id(options_.coordinator_id);
+  auto now = clock_.now();
+  for (const auto& [id, node] : nodes_) {
+    auto* n = resp->add_nodes();
+    n->set_node_id(id);
+    n->set_hostname(node.info.hostname());
+    n->set_address(node.info.address());
+    n->set_job_id(node.job_id);
+    n->set_node_rank(-1);
+    n->set_lost(node.lost);
+    n->set_last_seen_ms_ago(duration_cast<milliseconds>(now - node.last_seen).count());
+    auto jt = jobs_.find(node.job_id);
+    if (jt != jobs_.end()) {
+      const auto& m = jt->second.members;
+      auto pos = std::find(m.begin(), m.end(), id);
+      if (pos != m.end()) n->set_node_rank(static_cast<int>(pos - m.begin()));
+    }
+  }
+  for (const auto& [id, job] : jobs_) {
+    auto* j = resp->add_jobs();
+    j->set_job_id(id);
+    j->set_state(job.state);
+    j->set_round(job.round);
+    j->set_restart_count(job.restart_count);
+    j->set_max_restarts(job.spec.max_restarts());
+    j->set_num_nodes(static_cast<int>(job.members.size()));
+    j->set_world_size(static_cast<int>(job.members.size()) * job.spec.processes_per_node());
+    j->set_exit_code(job.exit_code);
+    *j->mutable_spec() = job.spec;
+    for (const auto& m : job.members) j->add_node_ids(m);
+    if (auto root = root_cause(job, job.last_failed_round)) *j->mutable_last_failure() = job.failures[*root];
+  }
+}
+
+// ----------------------------------------------------------------------------------- time
+
+void CoordinatorCore::tick() {
+  auto now = clock_.now();
+  for (auto& [id, node] : nodes_) {
+    if (!node.lost && now - node.last_seen > options_.lease) {
+      node_lost(id, node, "no heartbeat for " +
+                              std::to_string(duration_cast<milliseconds>(now - node.last_seen).count()) +
+                              " ms (lease " + std::to_string(options_.lease.count()) + " ms)");
+    }
+  }
+  for (auto& [id, job] : jobs_) {
+    if (job.state == pb::JOB_STATE_RENDEZVOUS) {
+      int n = static_cast<int>(job.joined.size());
+      if (n >= job.spec.min_nodes() && job.min_reached &&
+          now - *job.min_reached >= milliseconds(job.spec.last_call_ms())) {
+        close_round(job);
+      } else if (n < job.spec.min_nodes() &&
+                 now - job.round_opened >= milliseconds(job.spec.join_timeout_ms())) {
+        end_job(job, pb::JOB_STATE_FAILED, 1,
+                "only " + std::to_string(n) + " of the " + std::to_string(job.spec.min_nodes()) +
+                    " nodes it needs joined " + round_name(job.round) + " within join_timeout (" +
+                    std::to_string(job.spec.join_timeout_ms()) + " ms)");
+      }
+    } else if (job.state == pb::JOB_STATE_RUNNING) {
+      if (job.adopt_deadline && now >= *job.adopt_deadline) {
+        job.adopt_deadline.reset();
+        for (size_t r = 0; r < job.members.size(); ++r) {
+          if (!job.members[r].empty()) continue;
+          pb::Failure f;
+          f.set_kind(pb::Failure::KIND_NODE_LOST);
+          f.set_rank(-1);
+          f.set_local_rank(-1);
+          f.set_message("node rank " + std::to_string(r) + " did not come back after the coordinator restarted");
+          f.set_time_unix_ms(clock_.unix_ms());
+          f.set_round(job.round);
+          job.failures.push_back(f);
+          job.last_failed_round = job.round;
+        }
+        restart(job, "not every node came back after the coordinator restarted", /*counted=*/false);
+        continue;
+      }
+      if (static_cast<int>(job.members.size()) >= job.spec.max_nodes() || job.adopt_deadline) continue;
+      for (const auto& [nid, node] : nodes_) {
+        if (node.job_id.empty() && eligible(node, job)) {
+          restart(job, "node " + nid + " is waiting to join (elastic grow)", /*counted=*/false);
+          break;
+        }
+      }
+    }
+  }
+}
+
+CoordinatorCore::Changes CoordinatorCore::take_changes() {
+  Changes out = std::move(changes_);
+  changes_ = Changes{};
+  return out;
+}
+
+// ------------------------------------------------------------------------------- reports
+
+int32_t failure_status_code(const pb::Failure& f) {
+  if (f.kind() == pb::Failure::KIND_EXIT) return f.signal() != 0 ? 128 + f.signal() : f.exit_code();
+  return 1;
+}
+
+std::string describe_failure(const pb::Failure& f) {
+  std::string where = f.hostname().empty() ? f.node_id() : f.hostname();
+  switch (f.kind()) {
+    case pb::Failure::KIND_NODE_LOST:
+      return "node " + f.node_id() + " lost: " + f.message();
+    case pb::Failure::KIND_HANG:
+      return "rank " + std::to_string(f.rank()) + " on " + where + " hung: " + f.message();
+    case pb::Failure::KIND_SPAWN:
+      return "rank " + std::to_string(f.rank()) + " on " + where + " could not start: " + f.message();
+    default: break;
+  }
+  std::string what = f.signal() != 0 ? "signal " + std::to_string(f.signal())
+                                     : "exit code " + std::to_string(f.exit_code());
+  std::string out = "rank " + std::to_string(f.rank()) + " on " + where + " (pid " +
+                    std::to_string(f.pid()) + ") failed: " + what;
+  if (!f.message().empty()) out += ": " + f.message();
+  return out;
+}
+
+std::string format_failure_summary(const std::string& job_id, const std::vector<pb::Failure>& failures,
+                                   int64_t last_round, std::optional<size_t> root) {
+  std::string out = "accel: failures of job " + job_id + ", round " + std::to_string(last_round) +
+                    " (root cause = the earliest, marked *):\n";
+  auto clock_time = [](int64_t ms) {
+    std::time_t secs = static_cast<std::time_t>(ms / 1000);
+    std::tm tm{};
+    ::localtime_r(&secs, &tm);
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%02d:%02d:%02d.%03lld", tm.tm_hour, tm.tm_min, tm.tm_sec,
+                  static_cast<long long>(ms % 1000));
+    return std::string(buf);
+  };
+  for (size_t i = 0; i < failures.size(); ++i) {
+    const auto& f = failures[i];
+    if (f.round() != last_round) continue;
+    bool is_root = root && *root == i;
+    out += std::string(is_root ? "* " : "  ") + clock_time(f.time_unix_ms()) + "  " + describe_failure(f) + "\n";
+    if (!is_root) continue;
+    if (!f.report().empty()) out += f.report() + (f.report().back() == '\n' ? "" : "\n");
+    if (!f.stack().empty()) {
+      out += "      stack| " + f.stack().substr(0, 2000) + "\n";
+    } else {
+      for (const auto& line : f.stderr_tail()) out += "      stderr| " + line + "\n";
+    }
+  }
+  // Root causes of earlier rounds.
+  std::map<int64_t, const pb::Failure*> earlier;
+  for (const auto& f : failures) {
+    if (f.round() >= last_round) continue;
+    auto& slot = earlier[f.round()];
+    if (slot == nullptr || f.time_unix_ms() < slot->time_unix_ms()) slot = &f;
+  }
+  for (const auto& [round, f] : earlier) {
+    out += "  earlier: round " + std::to_string(round) + " at " + clock_time(f->time_unix_ms()) + ": " +
+           describe_failure(*f) + "\n";
+  }
+  return out;
+}
+
+}  // namespace accel::coordinator

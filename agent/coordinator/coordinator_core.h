@@ -1,0 +1,166 @@
+// CoordinatorCore: the rendezvous coordinator's state and rules, apart from gRPC (STYLE.md:
+// Ray's handler/adapter split), so tests drive it with a FakeClock and plain messages.
+//
+// It owns node membership (leases renewed by Sync), jobs (the state machine of DESIGN §3:
+// PENDING -> RENDEZVOUS(r) -> RUNNING -> (RESTARTING -> RENDEZVOUS(r+1))* -> SUCCEEDED | FAILED
+// | CANCELLED), rounds (min/max nodes, join_timeout, last_call), node ranks, MASTER_ADDR/PORT,
+// the job-wide restart budget, failure records (root cause = the globally earliest) and each
+// job's event log for watching launchers.
+//
+// Every request is validated before anything changes: a call that returns an error leaves the
+// state as it was.
+//
+// Thread: not thread-safe. CoordinatorServer calls it under one mutex.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "accel/v1/coordinator.pb.h"
+#include "agent/common/clock.h"
+
+namespace accel::coordinator {
+
+namespace pb = ::accel::v1;
+
+// gRPC's codes, without gRPC (the adapter maps them one to one).
+enum class Code { kOk, kInvalidArgument, kNotFound, kFailedPrecondition, kAlreadyExists };
+
+struct RpcStatus {
+  Code code = Code::kOk;
+  std::string message;
+  static RpcStatus ok() { return {}; }
+  static RpcStatus error(Code c, std::string m) { return {c, std::move(m)}; }
+  [[nodiscard]] bool is_ok() const { return code == Code::kOk; }
+};
+
+struct CoordinatorOptions {
+  std::chrono::milliseconds lease{10'000};     // a node silent this long is lost
+  std::chrono::milliseconds sync_wait{2'000};  // long-poll wait agents are told to use
+  size_t max_events_per_job = 50'000;          // older events are dropped (watchers are told)
+  int max_port_retries = 3;                    // MASTER_PORT taken: new round, not counted
+  std::string coordinator_id;                  // empty: generated
+};
+
+class CoordinatorCore {
+ public:
+  CoordinatorCore(const Clock& clock, CoordinatorOptions options);
+
+  RpcStatus register_node(const pb::RegisterNodeRequest& req, pb::RegisterNodeResponse* resp);
+  // Renews the node's lease and fills its current instruction.
+  RpcStatus sync(const pb::SyncRequest& req, pb::SyncResponse* resp);
+  // The node's current instruction, without renewing its lease (for parked long polls).
+  RpcStatus instruction(const std::string& node_id, pb::SyncResponse* resp);
+  RpcStatus join_round(const pb::JoinRoundRequest& req);
+  RpcStatus report_group(const pb::ReportGroupRequest& req);
+  RpcStatus push_logs(const pb::PushLogsRequest& req);
+  RpcStatus submit_job(const pb::SubmitJobRequest& req, pb::SubmitJobResponse* resp);
+  // Fills the job's events after req.after_seq (never waits; the adapter parks the call).
+  RpcStatus watch_job(const pb::WatchJobRequest& req, pb::WatchJobResponse* resp);
+  RpcStatus cancel_job(const pb::CancelJobRequest& req);
+  void get_status(pb::GetStatusResponse* resp) const;
+
+  // Applies time: lapsed leases, round deadlines (last_call, join_timeout), waiting nodes that
+  // make a running elastic job grow. The server calls it every ~100 ms.
+  void tick();
+
+  // What changed since the last call, so the adapter wakes only the parked calls it must.
+  struct Changes {
+    bool all_nodes = false;
+    std::set<std::string> nodes;
+    std::set<std::string> jobs;  // jobs with new events
+  };
+  Changes take_changes();
+
+  [[nodiscard]] uint64_t node_version(const std::string& node_id) const;
+  [[nodiscard]] uint64_t last_event_seq(const std::string& job_id) const;
+  [[nodiscard]] const std::string& coordinator_id() const { return options_.coordinator_id; }
+  [[nodiscard]] const CoordinatorOptions& options() const { return options_; }
+  [[nodiscard]] std::optional<pb::JobState> job_state(const std::string& job_id) const;
+  // True once every live node that took part in the ended job has been sent its outcome (the
+  // hosting launcher of mode 2 waits for this before it exits).
+  [[nodiscard]] bool everyone_told(const std::string& job_id) const;
+
+ private:
+  struct Node {
+    pb::RegisterNodeRequest info;
+    Clock::time_point last_seen;
+    bool lost = false;
+    uint64_t version = 0;
+    std::string sent;            // the serialized instruction of `version`
+    std::string job_id;          // the job this node joined or runs (empty: free)
+    int64_t joined_round = -1;
+    int32_t joined_port = 0;
+    std::string last_job_id;     // the last job it took part in
+    std::string told_job_id;     // the last job whose outcome was sent to it
+  };
+
+  struct Job {
+    std::string id;
+    pb::JobSpec spec;
+    pb::JobState state = pb::JOB_STATE_PENDING;
+    int64_t round = -1;
+    int32_t restart_count = 0;
+    int32_t port_retries = 0;
+    Clock::time_point round_opened;
+    std::optional<Clock::time_point> min_reached;
+    std::vector<std::string> joined;   // open round, in join order
+    std::vector<std::string> members;  // closed round, in node-rank order ("" = not back yet)
+    std::map<int64_t, std::vector<std::string>> round_members;  // every closed round
+    std::optional<Clock::time_point> adopt_deadline;  // adopted after a coordinator restart
+    std::string master_addr;
+    int32_t master_port = 0;
+    std::set<std::string> started;
+    std::set<std::string> succeeded;
+    std::vector<pb::Failure> failures;  // every failure of every round
+    int64_t last_failed_round = -1;
+    int32_t exit_code = 0;
+    std::string summary;
+    std::deque<pb::JobEvent> events;
+    uint64_t next_seq = 1;
+    uint64_t submitted_order = 0;
+  };
+
+  [[nodiscard]] bool terminal(const Job& job) const;
+  [[nodiscard]] bool busy_elsewhere(const Node& node, const Job& job) const;
+  [[nodiscard]] bool eligible(const Node& node, const Job& job) const;
+  [[nodiscard]] pb::Instruction instruction_for(const std::string& node_id, const Node& node) const;
+  void fill_sync(const std::string& node_id, Node& node, pb::SyncResponse* resp);
+
+  void open_round(Job& job, const std::string& why);
+  void close_round(Job& job);
+  void restart(Job& job, const std::string& why, bool counted);
+  void end_job(Job& job, pb::JobState state, int32_t exit_code, const std::string& why);
+  void node_lost(const std::string& node_id, Node& node, const std::string& why);
+  void adopt(const std::string& node_id, Node& node, const pb::CurrentWork& work);
+  [[nodiscard]] std::optional<size_t> root_cause(const Job& job, int64_t round) const;
+
+  void event(Job& job, pb::JobEvent ev);
+  void message(Job& job, const std::string& text);
+  void mark_job_nodes(const Job& job);
+
+  const Clock& clock_;
+  CoordinatorOptions options_;
+  std::map<std::string, Node> nodes_;
+  std::map<std::string, Job> jobs_;
+  uint64_t jobs_submitted_ = 0;
+  Changes changes_;
+};
+
+// The failure table of a job's last failed round (root cause first, marked) and the root
+// causes of earlier rounds; what launchers print when a job fails.
+std::string format_failure_summary(const std::string& job_id, const std::vector<pb::Failure>& failures,
+                                   int64_t last_round, std::optional<size_t> root);
+// "rank 3 on node-a (pid 812): SIGKILL (signal 9)", "node node-b lost: ..."
+std::string describe_failure(const pb::Failure& f);
+// The shell's convention: exit code, or 128 + signal; 1 for a lost node or a hang.
+int32_t failure_status_code(const pb::Failure& f);
+std::string job_state_name(pb::JobState s);
+
+}  // namespace accel::coordinator

@@ -1,0 +1,261 @@
+// The gRPC adapter of the coordinator: token check, status mapping, long-poll parking.
+#include "agent/coordinator/coordinator_server.h"
+
+#include "accel/v1/coordinator.grpc.pb.h"
+
+namespace accel::coordinator {
+
+namespace {
+
+grpc::Status to_grpc(const RpcStatus& s) {
+  switch (s.code) {
+    case Code::kOk: return grpc::Status::OK;
+    case Code::kInvalidArgument: return {grpc::StatusCode::INVALID_ARGUMENT, s.message};
+    case Code::kNotFound: return {grpc::StatusCode::NOT_FOUND, s.message};
+    case Code::kFailedPrecondition: return {grpc::StatusCode::FAILED_PRECONDITION, s.message};
+    case Code::kAlreadyExists: return {grpc::StatusCode::ALREADY_EXISTS, s.message};
+  }
+  return {grpc::StatusCode::INTERNAL, s.message};
+}
+
+}  // namespace
+
+class CoordinatorServer::Service final : public v1::Coordinator::CallbackService {
+ public:
+  explicit Service(CoordinatorServer& server) : s_(server) {}
+
+  grpc::ServerUnaryReactor* RegisterNode(grpc::CallbackServerContext* ctx,
+                                         const v1::RegisterNodeRequest* req,
+                                         v1::RegisterNodeResponse* resp) override {
+    return simple(ctx, [&](CoordinatorCore& core) { return core.register_node(*req, resp); });
+  }
+  grpc::ServerUnaryReactor* JoinRound(grpc::CallbackServerContext* ctx, const v1::JoinRoundRequest* req,
+                                      v1::JoinRoundResponse*) override {
+    return simple(ctx, [&](CoordinatorCore& core) { return core.join_round(*req); });
+  }
+  grpc::ServerUnaryReactor* ReportGroup(grpc::CallbackServerContext* ctx,
+                                        const v1::ReportGroupRequest* req,
+                                        v1::ReportGroupResponse*) override {
+    return simple(ctx, [&](CoordinatorCore& core) { return core.report_group(*req); });
+  }
+  grpc::ServerUnaryReactor* PushLogs(grpc::CallbackServerContext* ctx, const v1::PushLogsRequest* req,
+                                     v1::PushLogsResponse*) override {
+    return simple(ctx, [&](CoordinatorCore& core) { return core.push_logs(*req); });
+  }
+  grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* ctx, const v1::SubmitJobRequest* req,
+                                      v1::SubmitJobResponse* resp) override {
+    return simple(ctx, [&](CoordinatorCore& core) { return core.submit_job(*req, resp); });
+  }
+  grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* ctx, const v1::CancelJobRequest* req,
+                                      v1::CancelJobResponse*) override {
+    return simple(ctx, [&](CoordinatorCore& core) { return core.cancel_job(*req); });
+  }
+  grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx, const v1::GetStatusRequest*,
+                                      v1::GetStatusResponse* resp) override {
+    return simple(ctx, [&](CoordinatorCore& core) {
+      core.get_status(resp);
+      return RpcStatus::ok();
+    });
+  }
+
+  grpc::ServerUnaryReactor* Sync(grpc::CallbackServerContext* ctx, const v1::SyncRequest* req,
+                                 v1::SyncResponse* resp) override {
+    auto* reactor = ctx->DefaultReactor();
+    if (!rpc::token_matches(*ctx, s_.options_.token)) {
+      reactor->Finish(unauthenticated());
+      return reactor;
+    }
+    RpcStatus st;
+    {
+      std::lock_guard lock(s_.mu_);
+      st = s_.core_.sync(*req, resp);
+      if (st.is_ok() && resp->version() == req->known_version() && req->wait_ms() > 0 && !s_.stopping_) {
+        auto wait = std::min(std::chrono::milliseconds(req->wait_ms()), s_.options_.max_wait);
+        s_.parked_syncs_[req->node_id()].push_back(
+            {reactor, resp, req->known_version(), std::chrono::steady_clock::now() + wait});
+        return reactor;
+      }
+    }
+    s_.wake();
+    reactor->Finish(to_grpc(st));
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* WatchJob(grpc::CallbackServerContext* ctx, const v1::WatchJobRequest* req,
+                                     v1::WatchJobResponse* resp) override {
+    auto* reactor = ctx->DefaultReactor();
+    if (!rpc::token_matches(*ctx, s_.options_.token)) {
+      reactor->Finish(unauthenticated());
+      return reactor;
+    }
+    RpcStatus st;
+    {
+      std::lock_guard lock(s_.mu_);
+      st = s_.core_.watch_job(*req, resp);
+      if (st.is_ok() && resp->events().empty() && !resp->done() && req->wait_ms() > 0 && !s_.stopping_) {
+        auto wait = std::min(std::chrono::milliseconds(req->wait_ms()), s_.options_.max_wait);
+        s_.parked_watches_[req->job_id()].push_back(
+            {reactor, *req, resp, std::chrono::steady_clock::now() + wait});
+        return reactor;
+      }
+    }
+    reactor->Finish(to_grpc(st));
+    return reactor;
+  }
+
+ private:
+  static grpc::Status unauthenticated() {
+    return {grpc::StatusCode::UNAUTHENTICATED,
+            "wrong or missing token: every node and launcher must use the coordinator's token "
+            "(ACCEL_TOKEN or token_file)"};
+  }
+
+  template <class F>
+  grpc::ServerUnaryReactor* simple(grpc::CallbackServerContext* ctx, F f) {
+    auto* reactor = ctx->DefaultReactor();
+    if (!rpc::token_matches(*ctx, s_.options_.token)) {
+      reactor->Finish(unauthenticated());
+      return reactor;
+    }
+    RpcStatus st;
+    {
+      std::lock_guard lock(s_.mu_);
+      st = f(s_.core_);
+    }
+    s_.wake();
+    reactor->Finish(to_grpc(st));
+    return reactor;
+  }
+
+  CoordinatorServer& s_;
+};
+
+CoordinatorServer::CoordinatorServer(ServerOptions options, const Clock& clock)
+    : options_(std::move(options)), clock_(clock), core_(clock, options_.core) {}
+
+Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::start(ServerOptions options,
+                                                                    const Clock& clock) {
+  if (options.token.empty()) return Status::error("the coordinator needs a token");
+  auto creds = rpc::server_credentials(options.tls);
+  if (!creds) return creds.status();
+  std::unique_ptr<CoordinatorServer> self(new CoordinatorServer(std::move(options), clock));
+  self->service_ = std::make_unique<Service>(*self);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(self->options_.listen_address, *creds, &self->port_);
+  builder.RegisterService(self->service_.get());
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  // Why: SO_REUSEPORT would let two coordinators bind one port and split the agents.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  self->server_ = builder.BuildAndStart();
+  if (!self->server_ || self->port_ == 0) {
+    return Status::error("cannot listen on " + self->options_.listen_address +
+                         " (the port is in use, or the address is not one of this host's)");
+  }
+  self->ticker_ = std::thread([p = self.get()] { p->ticker(); });
+  return self;
+}
+
+CoordinatorServer::~CoordinatorServer() { shutdown(); }
+
+void CoordinatorServer::shutdown() {
+  std::vector<std::function<void()>> finish;
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+    for (auto& [node, list] : parked_syncs_) {
+      for (auto& p : list) finish.push_back([r = p.reactor] { r->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down")); });
+    }
+    for (auto& [job, list] : parked_watches_) {
+      for (auto& p : list) finish.push_back([r = p.reactor] { r->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down")); });
+    }
+    parked_syncs_.clear();
+    parked_watches_.clear();
+  }
+  tick_cv_.notify_all();
+  for (auto& f : finish) f();
+  if (ticker_.joinable()) ticker_.join();
+  if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+}
+
+void CoordinatorServer::with_core(const std::function<void(CoordinatorCore&)>& f) {
+  {
+    std::lock_guard lock(mu_);
+    f(core_);
+  }
+  wake();
+}
+
+void CoordinatorServer::collect_ready(std::vector<std::function<void()>>& finish) {
+  auto changes = core_.take_changes();
+  auto now = std::chrono::steady_clock::now();
+  for (auto it = parked_syncs_.begin(); it != parked_syncs_.end();) {
+    const std::string& node = it->first;
+    bool changed = changes.all_nodes || changes.nodes.contains(node);
+    auto& list = it->second;
+    for (size_t i = 0; i < list.size();) {
+      ParkedSync& p = list[i];
+      if (!changed && now < p.deadline) {
+        ++i;
+        continue;
+      }
+      v1::SyncResponse fresh;
+      RpcStatus st = core_.instruction(node, &fresh);
+      if (st.is_ok() && fresh.version() == p.known && now < p.deadline) {
+        ++i;
+        continue;
+      }
+      if (st.is_ok()) *p.resp = std::move(fresh);
+      finish.push_back([r = p.reactor, g = to_grpc(st)] { r->Finish(g); });
+      list.erase(list.begin() + static_cast<long>(i));
+    }
+    it = list.empty() ? parked_syncs_.erase(it) : std::next(it);
+  }
+  for (auto it = parked_watches_.begin(); it != parked_watches_.end();) {
+    bool changed = changes.jobs.contains(it->first);
+    auto& list = it->second;
+    for (size_t i = 0; i < list.size();) {
+      ParkedWatch& p = list[i];
+      if (!changed && now < p.deadline) {
+        ++i;
+        continue;
+      }
+      p.resp->Clear();
+      RpcStatus st = core_.watch_job(p.req, p.resp);
+      if (st.is_ok() && p.resp->events().empty() && !p.resp->done() && now < p.deadline) {
+        ++i;
+        continue;
+      }
+      finish.push_back([r = p.reactor, g = to_grpc(st)] { r->Finish(g); });
+      list.erase(list.begin() + static_cast<long>(i));
+    }
+    it = list.empty() ? parked_watches_.erase(it) : std::next(it);
+  }
+}
+
+void CoordinatorServer::wake() {
+  std::vector<std::function<void()>> finish;
+  {
+    std::lock_guard lock(mu_);
+    collect_ready(finish);
+  }
+  for (auto& f : finish) f();
+}
+
+void CoordinatorServer::ticker() {
+  std::unique_lock lock(mu_);
+  while (!stopping_) {
+    tick_cv_.wait_for(lock, options_.tick);
+    if (stopping_) break;
+    core_.tick();
+    std::vector<std::function<void()>> finish;
+    collect_ready(finish);
+    lock.unlock();
+    for (auto& f : finish) f();
+    lock.lock();
+  }
+}
+
+}  // namespace accel::coordinator

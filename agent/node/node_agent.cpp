@@ -1,0 +1,575 @@
+// The node agent's loop: register, sync, reconcile local workers with the instruction, report.
+#include "agent/node/node_agent.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <boost/asio/post.hpp>
+
+#include <csignal>
+#include <filesystem>
+#include <random>
+
+#include "agent/common/free_port.h"
+#include "agent/supervisor/error_file.h"
+#include "agent/supervisor/worker_specs.h"
+
+namespace accel::node {
+
+namespace asio = boost::asio;
+namespace fs = std::filesystem;
+using supervisor::LogLevel;
+using namespace std::chrono_literals;
+
+std::string local_hostname() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "localhost";
+  return buf;
+}
+
+std::string default_node_id(const std::string& hostname) {
+  std::random_device rd;
+  char suffix[8];
+  std::snprintf(suffix, sizeof suffix, "%04x", rd() & 0xffffu);
+  return hostname + "-" + std::to_string(::getpid()) + "-" + suffix;
+}
+
+std::string route_address_to(const std::string& target) {
+  auto colon = target.rfind(':');
+  std::string host = target.substr(0, colon);
+  std::string port = colon == std::string::npos ? "29400" : target.substr(colon + 1);
+  if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), port.c_str(), &hints, &res) != 0 || res == nullptr) {
+    return local_hostname();
+  }
+  std::string out = local_hostname();
+  int fd = ::socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+    sockaddr_storage local{};
+    socklen_t len = sizeof local;
+    char text[INET6_ADDRSTRLEN] = {};
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+      const void* addr = local.ss_family == AF_INET
+                             ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
+                             : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
+      if (::inet_ntop(local.ss_family, addr, text, sizeof text) != nullptr) out = text;
+    }
+  }
+  if (fd >= 0) ::close(fd);
+  ::freeaddrinfo(res);
+  return out;
+}
+
+// One job round's local workers.
+struct NodeAgent::Active {
+  uint64_t generation = 0;
+  std::string job_id;
+  int64_t round = 0;
+  pb::JobSpec spec;
+  pb::Assignment assignment;
+  std::unique_ptr<supervisor::WorkerGroup> group;
+  std::string error_dir;
+  int succeeded = 0;
+  bool failed = false;
+  [[nodiscard]] bool all_succeeded() const { return succeeded == spec.processes_per_node(); }
+};
+
+NodeAgent::NodeAgent(asio::io_context& io, std::shared_ptr<rpc::CoordinatorClient> client,
+                     NodeAgentOptions options, supervisor::JobLogger log, NodeAgentHooks hooks)
+    : io_(io),
+      client_(std::move(client)),
+      options_(std::move(options)),
+      log_(std::move(log)),
+      hooks_(std::move(hooks)),
+      alive_(std::make_shared<Gate>()),
+      lease_(options_.lease_fallback),
+      log_timer_(io) {}
+
+NodeAgent::~NodeAgent() {
+  std::lock_guard lock(alive_->mu);
+  alive_->open = false;
+}
+
+// Why a gate: gRPC completions run on gRPC's threads and may arrive after this agent is gone;
+// they post onto `io` (which outlives the agent) only while the gate is open.
+void NodeAgent::post_from_grpc(const std::shared_ptr<Gate>& gate, asio::io_context* io,
+                               std::function<void()> f) {
+  std::lock_guard lock(gate->mu);
+  if (!gate->open) return;
+  asio::post(*io, [gate, f = std::move(f)] {
+    if (gate->open) f();
+  });
+}
+
+void NodeAgent::start() { do_register(); }
+
+std::vector<pid_t> NodeAgent::worker_pids() const {
+  if (!active_ || !active_->group) return {};
+  return active_->group->pids();
+}
+
+void NodeAgent::retry_later(std::chrono::milliseconds delay, std::function<void()> f) {
+  auto timer = std::make_shared<asio::steady_timer>(io_, delay);
+  timer->async_wait([timer, f = std::move(f), alive = alive_](const boost::system::error_code& ec) {
+    if (!ec && alive->open) f();
+  });
+}
+
+std::chrono::milliseconds NodeAgent::backoff() {
+  // 100 ms, 200 ms, ... capped at 2 s, with jitter so restarted coordinators are not stampeded.
+  int n = std::min(failures_in_a_row_, 5);
+  auto base = 100ms * (1 << n);
+  if (base > 2000ms) base = 2000ms;
+  static thread_local std::mt19937 rng{std::random_device{}()};
+  return std::chrono::milliseconds(base.count() / 2 + rng() % (base.count() / 2 + 1));
+}
+
+void NodeAgent::fatal(const std::string& why) {
+  log(LogLevel::kError, why);
+  shutting_down_ = true;
+  auto after = [this, why] {
+    if (hooks_.on_fatal) hooks_.on_fatal(why);
+  };
+  if (active_ && active_->group && active_->group->running() > 0) {
+    stopped_waiters_.push_back(after);
+    stop_active(SIGTERM);
+  } else {
+    asio::post(io_, after);
+  }
+}
+
+// ------------------------------------------------------------------------- registration
+
+void NodeAgent::do_register() {
+  if (shutting_down_) return;
+  pb::RegisterNodeRequest req;
+  req.set_node_id(options_.node_id);
+  req.set_hostname(options_.hostname);
+  req.set_address(options_.address);
+  req.set_machine_rank(options_.machine_rank);
+  req.set_only_job_id(options_.only_job_id);
+  if (active_ && (active_->group || active_->all_succeeded())) {
+    auto* cur = req.mutable_current();
+    cur->set_job_id(active_->job_id);
+    cur->set_round(active_->round);
+    *cur->mutable_spec() = active_->spec;
+    *cur->mutable_assignment() = active_->assignment;
+    cur->set_group_succeeded(active_->all_succeeded());
+  }
+  client_->register_node(req, options_.rpc_timeout,
+                         [this, gate = alive_, io = &io_](const grpc::Status& st, pb::RegisterNodeResponse& resp) {
+                           post_from_grpc(gate, io, [this, st, resp] {
+                             if (shutting_down_) return;
+                             if (!st.ok()) {
+                               if (st.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+                                   st.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
+                                   st.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
+                                 fatal("the coordinator at " + client_->target() +
+                                       " refused this node: " + rpc::describe(st));
+                                 return;
+                               }
+                               coordinator_unreachable(st);
+                               retry_later(backoff(), [this] { do_register(); });
+                               return;
+                             }
+                             bool restarted = !coordinator_id_.empty() && coordinator_id_ != resp.coordinator_id();
+                             coordinator_id_ = resp.coordinator_id();
+                             lease_ = std::chrono::milliseconds(resp.lease_ms());
+                             sync_wait_ = std::chrono::milliseconds(resp.sync_wait_ms());
+                             registered_ = true;
+                             failures_in_a_row_ = 0;
+                             unreachable_since_.reset();
+                             known_version_ = 0;
+                             log(LogLevel::kInfo,
+                                 std::string(restarted ? "registered again with restarted coordinator "
+                                                       : "registered with coordinator ") +
+                                     coordinator_id_ + " at " + client_->target() + " as node " +
+                                     options_.node_id + " (" + options_.address + ")");
+                             do_sync();
+                           });
+                         });
+}
+
+void NodeAgent::coordinator_unreachable(const grpc::Status& status) {
+  ++failures_in_a_row_;
+  auto now = std::chrono::steady_clock::now();
+  if (!unreachable_since_) unreachable_since_ = now;
+  if (now - last_unreachable_log_ > 10s) {
+    last_unreachable_log_ = now;
+    log(LogLevel::kWarn, "coordinator at " + client_->target() + " unreachable (" +
+                             rpc::describe(status) + "); retrying");
+  }
+  bool running = active_ && active_->group && active_->group->running() > 0;
+  if (!running && options_.give_up_after.count() > 0 && now - *unreachable_since_ > options_.give_up_after) {
+    fatal("cannot reach the coordinator at " + client_->target() + " for " +
+          std::to_string(options_.give_up_after.count()) + " ms (" + rpc::describe(status) + ")");
+    return;
+  }
+  if (running && !stopping_ && now - *unreachable_since_ > lease_) {
+    log(LogLevel::kError, "no contact with the coordinator for longer than the lease (" +
+                              std::to_string(lease_.count()) +
+                              " ms): stopping the workers, peers may be gone");
+    stop_active(SIGTERM);
+  }
+}
+
+// ------------------------------------------------------------------------------ syncing
+
+void NodeAgent::do_sync() {
+  if (shutting_down_ || !registered_) return;
+  pb::SyncRequest req;
+  req.set_node_id(options_.node_id);
+  req.set_known_version(known_version_);
+  req.set_wait_ms(sync_wait_.count());
+  client_->sync(req, sync_wait_ + options_.rpc_timeout,
+                [this, gate = alive_, io = &io_](const grpc::Status& st, pb::SyncResponse& resp) {
+                  post_from_grpc(gate, io, [this, st, resp] {
+                    on_sync(st, resp);
+                  });
+                });
+}
+
+void NodeAgent::on_sync(const grpc::Status& status, const pb::SyncResponse& resp) {
+  if (shutting_down_) return;
+  if (!status.ok()) {
+    if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
+      log(LogLevel::kWarn, "coordinator does not know this node (" + status.error_message() +
+                               "); registering again");
+      registered_ = false;
+      do_register();
+      return;
+    }
+    if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+      fatal("the coordinator at " + client_->target() + " refused this node: " + rpc::describe(status));
+      return;
+    }
+    coordinator_unreachable(status);
+    retry_later(backoff(), [this] { do_sync(); });
+    return;
+  }
+  failures_in_a_row_ = 0;
+  unreachable_since_.reset();
+  known_version_ = resp.version();
+  desired_ = resp.instruction();
+  have_desired_ = true;
+  const auto& outcome = desired_.last_job();
+  if (!outcome.job_id().empty() && outcome.job_id() != reported_outcome_) {
+    reported_outcome_ = outcome.job_id();
+    if (hooks_.on_job_end) hooks_.on_job_end(outcome);
+  }
+  reconcile();
+  do_sync();
+}
+
+// ---------------------------------------------------------------------------- reconcile
+
+void NodeAgent::reconcile() {
+  if (!have_desired_ || shutting_down_ || stopping_) return;
+  const pb::Instruction& ins = desired_;
+  bool run = ins.action() == pb::Instruction::ACTION_RUN;
+  bool same = active_ && run && active_->job_id == ins.job_id() && active_->round == ins.round();
+  if (same) return;
+  if (active_) {
+    if (active_->group && active_->group->running() > 0) {
+      log(LogLevel::kInfo, "stopping the workers of job " + active_->job_id + " round " +
+                               std::to_string(active_->round));
+      stop_active(SIGTERM);
+      return;
+    }
+    active_.reset();
+  }
+  switch (ins.action()) {
+    case pb::Instruction::ACTION_RUN:
+      start_group(ins);
+      break;
+    case pb::Instruction::ACTION_JOIN:
+      join(ins);
+      break;
+    default:
+      break;
+  }
+}
+
+void NodeAgent::stop_active(int signal) {
+  if (!active_ || !active_->group) return;
+  if (stopping_) {
+    if (signal == SIGKILL) active_->group->stop(SIGKILL, nullptr);
+    return;
+  }
+  stopping_ = true;
+  uint64_t gen = active_->generation;
+  active_->group->stop(signal, [this, gen, alive = alive_](const supervisor::StopReport& report) {
+    if (!alive->open) return;
+    if (!report.unkillable.empty()) {
+      log(LogLevel::kWarn, std::to_string(report.unkillable.size()) +
+                               " worker(s) survived SIGKILL (D state?); not waiting for them");
+    }
+    stopping_ = false;
+    if (active_ && active_->generation == gen) active_->group.reset();
+    auto waiters = std::move(stopped_waiters_);
+    stopped_waiters_.clear();
+    for (auto& w : waiters) w();
+    reconcile();
+  });
+}
+
+void NodeAgent::join(const pb::Instruction& ins) {
+  if (join_in_flight_ || (joined_job_ == ins.job_id() && joined_round_ == ins.round())) return;
+  pb::JoinRoundRequest req;
+  req.set_node_id(options_.node_id);
+  req.set_job_id(ins.job_id());
+  req.set_round(ins.round());
+  if (ins.spec().master_port() == 0) {
+    // Why every node reserves one: any node may become node rank 0.
+    auto port = pick_free_port(options_.address);
+    if (!port) port = pick_free_port("0.0.0.0");
+    if (port) req.set_master_port(*port);
+  }
+  join_in_flight_ = true;
+  client_->join_round(req, options_.rpc_timeout,
+                      [this, req, gate = alive_, io = &io_](const grpc::Status& st, pb::JoinRoundResponse&) {
+                        post_from_grpc(gate, io, [this, req, st] {
+                          join_in_flight_ = false;
+                          if (st.ok()) {
+                            joined_job_ = req.job_id();
+                            joined_round_ = req.round();
+                            log(LogLevel::kInfo, "joined job " + req.job_id() + " round " +
+                                                     std::to_string(req.round()));
+                          } else if (st.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                                     st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+                            retry_later(backoff(), [this] { reconcile(); });
+                          } else {
+                            log(LogLevel::kInfo, "could not join job " + req.job_id() + " round " +
+                                                     std::to_string(req.round()) + ": " +
+                                                     rpc::describe(st));
+                          }
+                        });
+                      });
+}
+
+void NodeAgent::start_group(const pb::Instruction& ins) {
+  const pb::JobSpec& spec = ins.spec();
+  const pb::Assignment& a = ins.assignment();
+  active_ = std::make_unique<Active>();
+  Active& act = *active_;
+  act.generation = ++generation_;
+  act.job_id = ins.job_id();
+  act.round = ins.round();
+  act.spec = spec;
+  act.assignment = a;
+
+  supervisor::GroupPlan plan;
+  plan.argv.assign(spec.argv().begin(), spec.argv().end());
+  plan.local_world_size = spec.processes_per_node();
+  plan.rank_offset = a.rank_offset();
+  plan.world_size = a.world_size();
+  plan.node_rank = a.node_rank();
+  plan.num_nodes = a.num_nodes();
+  plan.env.job_id = ins.job_id();
+  plan.env.master_addr = a.master_addr();
+  plan.env.master_port = a.master_port();
+  plan.env.restart_count = a.restart_count();
+  plan.env.max_restarts = spec.max_restarts();
+  const auto& s = spec.settings();
+  if (!s.mixed_precision().empty()) plan.env.mixed_precision = s.mixed_precision();
+  plan.env.gradient_accumulation_steps = std::max(1, s.gradient_accumulation_steps());
+  plan.env.use_cpu = s.use_cpu();
+  plan.env.debug = s.debug();
+  if (!s.collective_timeout().empty()) plan.env.collective_timeout = s.collective_timeout();
+  plan.env.checkpoint_dir = s.checkpoint_dir();
+  plan.env.checkpoint_interval = s.checkpoint_interval();
+  plan.env.omp_num_threads = s.omp_num_threads();
+  plan.base_env = options_.base_env;
+  for (const auto& [k, v] : spec.extra_env()) plan.base_env[k] = v;
+  std::error_code ec;
+  if (!spec.working_dir().empty() && fs::is_directory(spec.working_dir(), ec)) {
+    plan.working_dir = spec.working_dir();
+  }
+  std::string round_dir = ins.job_id() + "/attempt_" + std::to_string(ins.round());
+  if (!s.log_dir().empty()) {
+    plan.log_dir = s.log_dir() + "/" + round_dir;
+    fs::create_directories(plan.log_dir, ec);
+    if (ec) {
+      log(LogLevel::kWarn, "cannot create log folder " + plan.log_dir + ": " + ec.message() +
+                               "; output goes to the console only");
+      plan.log_dir.clear();
+    }
+  }
+  if (!options_.state_dir.empty()) {
+    act.error_dir = options_.state_dir + "/" + round_dir;
+    fs::create_directories(act.error_dir, ec);
+    if (ec) act.error_dir.clear();
+  }
+  plan.error_dir = act.error_dir;
+  plan.host = options_.hostname;
+  auto specs = supervisor::make_worker_specs(plan);
+  if (spec.forward_logs()) {
+    log_job_ = ins.job_id();
+    for (auto& w : specs) {
+      int rank = w.rank;
+      w.forward = [this, rank](bool is_stderr, std::string_view line) {
+        pb::LogLine l;
+        l.set_rank(rank);
+        l.set_hostname(options_.hostname);
+        l.set_stderr(is_stderr);
+        l.set_text(std::string(line));
+        log_buffer_.push_back(std::move(l));
+        if (log_buffer_.size() >= 500) {
+          flush_logs();
+        } else if (!log_timer_armed_) {
+          log_timer_armed_ = true;
+          log_timer_.expires_after(100ms);
+          log_timer_.async_wait([this, alive = alive_](const boost::system::error_code& ec2) {
+            if (!alive->open || ec2) return;
+            log_timer_armed_ = false;
+            flush_logs();
+          });
+        }
+      };
+    }
+  }
+
+  auto group_opts = options_.group;
+  if (spec.stop_timeout_ms() > 0) group_opts.stop_timeout = std::chrono::milliseconds(spec.stop_timeout_ms());
+  act.group = std::make_unique<supervisor::WorkerGroup>(io_, group_opts);
+  log(LogLevel::kInfo, "job " + ins.job_id() + " round " + std::to_string(ins.round()) +
+                           ": starting ranks " + std::to_string(a.rank_offset()) + ".." +
+                           std::to_string(a.rank_offset() + spec.processes_per_node() - 1) + " of " +
+                           std::to_string(a.world_size()) + " (node rank " + std::to_string(a.node_rank()) +
+                           ", MASTER_ADDR=" + a.master_addr() + " MASTER_PORT=" +
+                           std::to_string(a.master_port()) + ", restart " +
+                           std::to_string(a.restart_count()) + ")");
+  uint64_t gen = act.generation;
+  Status st = act.group->start(std::move(specs), [this, gen](const supervisor::WorkerExit& e) {
+    on_worker_exit(gen, e);
+  });
+  pb::ReportGroupRequest rep;
+  rep.set_node_id(options_.node_id);
+  rep.set_job_id(act.job_id);
+  rep.set_round(act.round);
+  if (!st) {
+    act.failed = true;
+    act.group.reset();
+    rep.set_event(pb::ReportGroupRequest::EVENT_FAILED);
+    auto* f = rep.add_failures();
+    f->set_kind(pb::Failure::KIND_SPAWN);
+    f->set_hostname(options_.hostname);
+    f->set_rank(a.rank_offset());
+    f->set_message(st.message());
+    f->set_time_unix_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
+                            std::chrono::system_clock::now().time_since_epoch()).count());
+    log(LogLevel::kError, "cannot start the workers: " + st.message());
+  } else {
+    rep.set_event(pb::ReportGroupRequest::EVENT_STARTED);
+  }
+  report(std::move(rep));
+}
+
+void NodeAgent::on_worker_exit(uint64_t generation, const supervisor::WorkerExit& exit) {
+  if (!active_ || active_->generation != generation) return;
+  Active& act = *active_;
+  if (exit.during_stop || act.failed) return;
+  if (exit.success()) {
+    if (++act.succeeded == act.spec.processes_per_node()) {
+      log(LogLevel::kInfo, "job " + act.job_id + " round " + std::to_string(act.round) +
+                               ": every local worker exited 0");
+      flush_logs();
+      pb::ReportGroupRequest rep;
+      rep.set_node_id(options_.node_id);
+      rep.set_job_id(act.job_id);
+      rep.set_round(act.round);
+      rep.set_event(pb::ReportGroupRequest::EVENT_SUCCEEDED);
+      report(std::move(rep));
+    }
+    return;
+  }
+  act.failed = true;
+  pb::Failure f;
+  f.set_kind(pb::Failure::KIND_EXIT);
+  f.set_hostname(options_.hostname);
+  f.set_rank(exit.rank);
+  f.set_local_rank(exit.local_rank);
+  f.set_pid(exit.pid);
+  if (exit.signaled) {
+    f.set_signal(exit.signal);
+  } else {
+    f.set_exit_code(exit.exit_code);
+  }
+  f.set_time_unix_ms(std::chrono::duration_cast<std::chrono::milliseconds>(exit.time.time_since_epoch()).count());
+  for (const auto& line : exit.stderr_tail) f.add_stderr_tail(line);
+  if (!act.error_dir.empty()) {
+    if (auto err = supervisor::read_error_file(supervisor::error_file_path(act.error_dir, exit.rank))) {
+      f.set_message(err->message);
+      f.set_stack(err->stack);
+    }
+  }
+  log(LogLevel::kError, "rank " + std::to_string(exit.rank) + " (pid " + std::to_string(exit.pid) +
+                            ") failed: " + exit.describe() +
+                            (f.message().empty() ? "" : ": " + f.message()) +
+                            "; stopping this node's workers and telling the coordinator");
+  flush_logs();
+  pb::ReportGroupRequest rep;
+  rep.set_node_id(options_.node_id);
+  rep.set_job_id(act.job_id);
+  rep.set_round(act.round);
+  rep.set_event(pb::ReportGroupRequest::EVENT_FAILED);
+  *rep.add_failures() = std::move(f);
+  report(std::move(rep));
+  stop_active(SIGTERM);
+}
+
+void NodeAgent::report(pb::ReportGroupRequest req, int attempt) {
+  client_->report_group(req, options_.rpc_timeout,
+                        [this, req, attempt, gate = alive_, io = &io_](const grpc::Status& st, pb::ReportGroupResponse&) {
+                          post_from_grpc(gate, io, [this, req, attempt, st] {
+                            if (st.ok()) return;
+                            bool transient = st.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                                             st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                                             st.error_code() == grpc::StatusCode::NOT_FOUND;
+                            // Why NOT_FOUND is retried: after a coordinator restart the job is
+                            // known again once this node has re-registered with its work.
+                            if (transient && attempt < 40) {
+                              retry_later(backoff(), [this, req, attempt] { report(req, attempt + 1); });
+                            } else if (!transient) {
+                              log(LogLevel::kInfo, "report for job " + req.job_id() + " round " +
+                                                       std::to_string(req.round()) + " not taken: " +
+                                                       rpc::describe(st));
+                            }
+                          });
+                        });
+}
+
+void NodeAgent::flush_logs() {
+  if (log_buffer_.empty()) return;
+  pb::PushLogsRequest req;
+  req.set_node_id(options_.node_id);
+  req.set_job_id(log_job_);
+  for (auto& l : log_buffer_) *req.add_lines() = std::move(l);
+  log_buffer_.clear();
+  // Why no retry: forwarded output is a convenience; the rank logs on the node are the record.
+  client_->push_logs(req, options_.rpc_timeout, [](const grpc::Status&, pb::PushLogsResponse&) {});
+}
+
+void NodeAgent::shutdown(int signal, std::function<void()> done) {
+  bool again = shutting_down_;
+  shutting_down_ = true;
+  flush_logs();
+  if (active_ && active_->group && active_->group->running() > 0) {
+    if (done) stopped_waiters_.push_back(std::move(done));
+    if (again || stopping_) {
+      active_->group->stop(SIGKILL, nullptr);
+    } else {
+      stop_active(signal);
+    }
+    return;
+  }
+  if (done) asio::post(io_, std::move(done));
+}
+
+}  // namespace accel::node

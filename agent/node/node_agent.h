@@ -1,0 +1,138 @@
+// NodeAgent: one node's member of the control plane. It registers with the coordinator, keeps
+// its lease alive with Sync long polls, and does what the instruction says: join a round, run
+// the job's local workers (the supervisor library), stop them, stay idle. It reports its
+// group's start, success and failures (with the workers' error files) and forwards output when
+// the job asks. It survives a coordinator restart: it reconnects with backoff, re-registers
+// with the work it runs, and its workers keep running while the coordinator is away for less
+// than the lease (after that it stops them: it cannot know whether its peers are alive).
+//
+// Thread: everything runs on the io_context passed in (one long-lived thread, see
+// WorkerGroup); gRPC completions are posted onto it.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "agent/rpc/coordinator_client.h"
+#include "agent/supervisor/local_job.h"
+#include "agent/supervisor/worker_group.h"
+
+namespace accel::node {
+
+namespace pb = ::accel::v1;
+
+struct NodeAgentOptions {
+  std::string node_id;        // unique among the coordinator's nodes
+  std::string hostname;
+  std::string address;        // MASTER_ADDR when this node is node rank 0
+  int machine_rank = -1;      // mode 2: the node rank asked for
+  std::string only_job_id;    // take part only in this job
+  bool exit_after_job = false;  // mode 2: done once the first job it joined has ended
+  std::string state_dir;      // where workers' error files go: <state_dir>/<job>/round_<r>/
+  supervisor::EnvMap base_env;  // the workers' inherited environment
+  supervisor::WorkerGroupOptions group;
+  std::chrono::milliseconds rpc_timeout{5'000};
+  std::chrono::milliseconds lease_fallback{10'000};  // until the coordinator says its lease
+  // Mode 2: give up (on_fatal) when the coordinator cannot be reached for this long and no
+  // worker runs; 0: never (standing agents wait for it).
+  std::chrono::milliseconds give_up_after{0};
+};
+
+struct NodeAgentHooks {
+  // A job this node took part in has ended (mode-2 launchers exit with its code).
+  std::function<void(const pb::JobOutcome&)> on_job_end;
+  // The agent cannot go on (wrong token, node id taken): it has stopped its workers.
+  std::function<void(const std::string&)> on_fatal;
+};
+
+class NodeAgent {
+ public:
+  NodeAgent(boost::asio::io_context& io, std::shared_ptr<rpc::CoordinatorClient> client,
+            NodeAgentOptions options, supervisor::JobLogger log, NodeAgentHooks hooks);
+  ~NodeAgent();
+  NodeAgent(const NodeAgent&) = delete;
+  NodeAgent& operator=(const NodeAgent&) = delete;
+
+  void start();
+  // Stops the workers (signal, then SIGKILL after the grace) and stops talking to the
+  // coordinator; `done` runs on the io thread once no worker is left. Again: SIGKILL now.
+  void shutdown(int signal, std::function<void()> done);
+
+  [[nodiscard]] std::vector<pid_t> worker_pids() const;
+
+ private:
+  struct Active;
+
+  void do_register();
+  void do_sync();
+  void on_sync(const grpc::Status& status, const pb::SyncResponse& resp);
+  void coordinator_unreachable(const grpc::Status& status);
+  void reconcile();
+  void stop_active(int signal);
+  void start_group(const pb::Instruction& ins);
+  void join(const pb::Instruction& ins);
+  void on_worker_exit(uint64_t generation, const supervisor::WorkerExit& exit);
+  void report(pb::ReportGroupRequest req, int attempt = 0);
+  void flush_logs();
+  void retry_later(std::chrono::milliseconds delay, std::function<void()> f);
+  std::chrono::milliseconds backoff();
+  void fatal(const std::string& why);
+  void log(supervisor::LogLevel level, const std::string& text) { log_(level, text); }
+
+  struct Gate {
+    std::mutex mu;  // guards open against the gRPC threads
+    bool open = true;
+  };
+  static void post_from_grpc(const std::shared_ptr<Gate>& gate, boost::asio::io_context* io,
+                             std::function<void()> f);
+
+  boost::asio::io_context& io_;
+  std::shared_ptr<rpc::CoordinatorClient> client_;
+  NodeAgentOptions options_;
+  supervisor::JobLogger log_;
+  NodeAgentHooks hooks_;
+  std::shared_ptr<Gate> alive_;  // closed by the destructor
+
+  bool registered_ = false;
+  bool shutting_down_ = false;
+  std::string coordinator_id_;
+  std::chrono::milliseconds lease_;
+  std::chrono::milliseconds sync_wait_{2'000};
+  uint64_t known_version_ = 0;
+  pb::Instruction desired_;
+  bool have_desired_ = false;
+  std::optional<std::chrono::steady_clock::time_point> unreachable_since_;
+  int failures_in_a_row_ = 0;
+  std::chrono::steady_clock::time_point last_unreachable_log_{};
+
+  std::unique_ptr<Active> active_;
+  uint64_t generation_ = 0;
+  bool stopping_ = false;
+  std::vector<std::function<void()>> stopped_waiters_;
+  std::string joined_job_;
+  int64_t joined_round_ = -1;
+  bool join_in_flight_ = false;
+  std::string reported_outcome_;  // the job whose end was handed to on_job_end
+
+  std::vector<pb::LogLine> log_buffer_;
+  std::string log_job_;
+  boost::asio::steady_timer log_timer_;
+  bool log_timer_armed_ = false;
+};
+
+// "<hostname>-<pid>-<4 hex>": unique per agent process.
+std::string default_node_id(const std::string& hostname);
+// The local address the kernel would use to reach `target` ("host:port"): what other nodes
+// can most likely reach this one at. Falls back to the hostname.
+std::string route_address_to(const std::string& target);
+std::string local_hostname();
+
+}  // namespace accel::node

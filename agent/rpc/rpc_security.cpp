@@ -1,0 +1,134 @@
+// Token loading, TLS credentials, channel construction.
+#include "agent/rpc/rpc_security.h"
+
+#include <fstream>
+#include <sstream>
+
+namespace accel::rpc {
+
+namespace {
+
+Result<std::string> read_pem(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::error(std::string(what) + " " + path + ": cannot read it");
+  std::stringstream s;
+  s << in.rdbuf();
+  std::string text = s.str();
+  if (text.find("-----BEGIN") == std::string::npos) {
+    return Status::error(std::string(what) + " " + path + ": not a PEM file (no -----BEGIN line)");
+  }
+  return text;
+}
+
+}  // namespace
+
+Result<std::string> load_token(const std::string& token_file, const char* env_value) {
+  std::string token;
+  std::string where;
+  if (!token_file.empty()) {
+    std::ifstream in(token_file);
+    if (!in) return Status::error("token_file " + token_file + ": cannot read it");
+    std::getline(in, token);
+    where = "token_file " + token_file;
+  } else if (env_value != nullptr) {
+    token = env_value;
+    where = "ACCEL_TOKEN";
+  } else {
+    return Status::error(
+        "no token: the control plane needs a shared secret on every node; set ACCEL_TOKEN or "
+        "token_file (for example: head -c 24 /dev/urandom | base64 > ~/.accel-token)");
+  }
+  while (!token.empty() && (token.back() == '\r' || token.back() == ' ')) token.pop_back();
+  if (token.empty()) return Status::error(where + " is empty");
+  if (token.find_first_of("\n\t ") != std::string::npos) {
+    return Status::error(where + ": the token must be one word without spaces");
+  }
+  return token;
+}
+
+Result<std::shared_ptr<grpc::ServerCredentials>> server_credentials(const TlsFiles& tls) {
+  if (!tls.server_tls()) {
+    if (!tls.cert.empty() || !tls.key.empty()) {
+      return Status::error("TLS needs both tls_cert and tls_key");
+    }
+    return grpc::InsecureServerCredentials();
+  }
+  auto cert = read_pem(tls.cert, "tls_cert");
+  if (!cert) return cert.status();
+  auto key = read_pem(tls.key, "tls_key");
+  if (!key) return key.status();
+  grpc::SslServerCredentialsOptions opts(
+      tls.ca.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+                     : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  if (!tls.ca.empty()) {
+    auto ca = read_pem(tls.ca, "tls_ca");
+    if (!ca) return ca.status();
+    opts.pem_root_certs = *ca;
+  }
+  opts.pem_key_cert_pairs.push_back({*key, *cert});
+  return grpc::SslServerCredentials(opts);
+}
+
+Result<std::shared_ptr<grpc::ChannelCredentials>> channel_credentials(const TlsFiles& tls) {
+  if (!tls.client_tls()) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions opts;
+  auto ca = read_pem(tls.ca, "tls_ca");
+  if (!ca) return ca.status();
+  opts.pem_root_certs = *ca;
+  if (!tls.cert.empty() && !tls.key.empty()) {
+    auto cert = read_pem(tls.cert, "tls_cert");
+    if (!cert) return cert.status();
+    auto key = read_pem(tls.key, "tls_key");
+    if (!key) return key.status();
+    opts.pem_cert_chain = *cert;
+    opts.pem_private_key = *key;
+  }
+  return grpc::SslCredentials(opts);
+}
+
+Result<std::shared_ptr<grpc::Channel>> make_channel(const std::string& target, const TlsFiles& tls) {
+  auto creds = channel_credentials(tls);
+  if (!creds) return creds.status();
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 2000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // Why short backoff: after a coordinator restart agents should be back within a second.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  return grpc::CreateCustomChannel(target, *creds, args);
+}
+
+void prepare_context(grpc::ClientContext& ctx, const std::string& token,
+                     std::chrono::milliseconds timeout) {
+  ctx.AddMetadata("authorization", "Bearer " + token);
+  ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+}
+
+bool token_matches(const grpc::CallbackServerContext& ctx, const std::string& token) {
+  const auto& md = ctx.client_metadata();
+  auto it = md.find("authorization");
+  if (it == md.end()) return false;
+  std::string expected = "Bearer " + token;
+  std::string_view got(it->second.data(), it->second.size());
+  if (got.size() != expected.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    diff |= static_cast<unsigned char>(got[i] ^ expected[i]);
+  }
+  return diff == 0;
+}
+
+std::string describe(const grpc::Status& status) {
+  static const char* kNames[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT",
+                                 "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
+                                 "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+                                 "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL",
+                                 "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
+  int code = status.error_code();
+  std::string name = code >= 0 && code <= 16 ? kNames[code] : std::to_string(code);
+  return name + ": " + status.error_message();
+}
+
+}  // namespace accel::rpc

@@ -1,0 +1,44 @@
+// How every accel gRPC endpoint is secured: a shared token sent as "authorization: Bearer
+// <token>" metadata on every call, and optional TLS (server cert/key, CA for mutual TLS).
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "agent/common/status.h"
+
+namespace accel::rpc {
+
+struct TlsFiles {
+  std::string cert;  // PEM certificate chain of this endpoint
+  std::string key;   // PEM private key of `cert`
+  std::string ca;    // PEM CA: servers require client certificates signed by it; clients
+                     // verify the server with it. Empty: no TLS (client) / no client certs (server).
+  [[nodiscard]] bool server_tls() const { return !cert.empty() && !key.empty(); }
+  [[nodiscard]] bool client_tls() const { return !ca.empty(); }
+};
+
+// The token: the first line of `token_file` if set, else $ACCEL_TOKEN. Errors name the file.
+// Empty tokens are refused: the control plane never runs open.
+Result<std::string> load_token(const std::string& token_file, const char* env_value);
+
+Result<std::shared_ptr<grpc::ServerCredentials>> server_credentials(const TlsFiles& tls);
+Result<std::shared_ptr<grpc::ChannelCredentials>> channel_credentials(const TlsFiles& tls);
+
+// A channel to `target` ("host:port") with keepalive pings so a dead peer is noticed in seconds.
+Result<std::shared_ptr<grpc::Channel>> make_channel(const std::string& target, const TlsFiles& tls);
+
+// Puts the token on a client call and bounds it.
+void prepare_context(grpc::ClientContext& ctx, const std::string& token,
+                     std::chrono::milliseconds timeout);
+
+// True when the call carries exactly `token` (compared in constant time).
+bool token_matches(const grpc::CallbackServerContext& ctx, const std::string& token);
+
+// "UNAVAILABLE: failed to connect to all addresses" -> a sentence for people.
+std::string describe(const grpc::Status& status);
+
+}  // namespace accel::rpc

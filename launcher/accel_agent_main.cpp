@@ -1,0 +1,192 @@
+// accel-agent: the per-node daemon (systemd, Slurm). Registers with a coordinator, runs the
+// workers of the jobs it is given, and keeps them alive; optionally hosts the coordinator.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <csignal>
+#include <filesystem>
+#include <iostream>
+
+#include "accel_version.h"
+#include "agent/common/clock.h"
+#include "agent/config/config_loader.h"
+#include "agent/coordinator/coordinator_server.h"
+#include "agent/supervisor/line_sink.h"
+#include "launcher/cluster_launch.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using accel::supervisor::LogLevel;
+
+int fail(const std::string& message, int code = 2) {
+  accel::supervisor::write_all(STDERR_FILENO, "accel-agent: error: " + message + "\n");
+  return code;
+}
+
+constexpr const char* kFooter = R"(
+Examples:
+  ACCEL_TOKEN=s3cret accel-agent --serve-coordinator 29400          # node 0: coordinator + agent
+  ACCEL_TOKEN=s3cret accel-agent --coordinator 10.0.0.1:29400       # every other node
+  ACCEL_TOKEN=s3cret accel-agent --serve-coordinator 29400 --coordinator-only
+  accel-agent --config /etc/accel/agent.yaml                        # keys as in cluster.yaml
+
+Then submit from anywhere: accel-launch --coordinator 10.0.0.1:29400 -n 4 --nodes 2 ./train
+SIGTERM or Ctrl-C stop the workers and the agent; SIGHUP is ignored. Docs: docs/operations.md.
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::signal(SIGPIPE, SIG_IGN);
+  CLI::App app("accel-agent: per-node daemon of accel's control plane.", "accel-agent");
+  app.footer(kFooter);
+  app.set_version_flag("--version", std::string("accel-agent ") + ACCEL_VERSION);
+  std::map<std::string, std::string> values;
+  std::vector<std::pair<std::string, CLI::Option*>> keyed;
+  auto opt = [&](const std::string& names, const std::string& key, const std::string& help) {
+    auto* o = app.add_option(names, values[key], help);
+    keyed.emplace_back(key, o);
+    return o;
+  };
+  opt("--coordinator", "coordinator", "Register with the coordinator at HOST:PORT")->type_name("HOST:PORT");
+  opt("--node-id", "node_id", "This node's id (default: host-pid-random)")->type_name("ID");
+  opt("--node-address", "node_address", "Where other nodes reach this one")->type_name("HOST");
+  opt("--token-file", "token_file", "File with the shared token (default: $ACCEL_TOKEN)")->type_name("FILE");
+  opt("--tls-cert", "tls_cert", "PEM certificate (coordinator's, or this client's for mutual TLS)")
+      ->type_name("FILE");
+  opt("--tls-key", "tls_key", "PEM key of --tls-cert")->type_name("FILE");
+  opt("--tls-ca", "tls_ca", "PEM CA of the peers' certificates")->type_name("FILE");
+  opt("--lease-timeout", "lease_timeout", "Served coordinator: a node silent this long is lost (default 10s)")
+      ->type_name("DURATION");
+  opt("--stop-timeout", "stop_timeout", "SIGTERM -> SIGKILL grace for workers (default 10s)")->type_name("DURATION");
+  std::string config_file;
+  auto* config_opt = app.add_option("--config", config_file, "YAML file with the keys above")->type_name("FILE");
+  std::string serve;
+  app.add_option("--serve-coordinator", serve, "Also host the coordinator on [HOST:]PORT")->type_name("[HOST:]PORT");
+  bool coordinator_only = false;
+  app.add_flag("--coordinator-only", coordinator_only, "With --serve-coordinator: run no workers here");
+  std::string state_dir;
+  app.add_option("--state-dir", state_dir, "Folder for the workers' error files (default: a temporary one)")
+      ->type_name("DIR");
+  bool quiet = false;
+  app.add_flag("-q,--quiet", quiet, "Only warnings and errors");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  accel::config::ConfigSources sources;
+  if (config_opt->count() > 0) sources.config_file = config_file;
+  sources.env = accel::config::environment_snapshot();
+  for (const auto& [key, o] : keyed) {
+    if (o->count() > 0) sources.flags.push_back({key, values[key], "--" + o->get_lnames().front()});
+  }
+  auto resolved = accel::config::resolve_config(sources);
+  if (!resolved) return fail(resolved.message());
+  accel::config::ClusterConfig cfg = resolved->config;
+  accel::supervisor::EnvMap env(sources.env.begin(), sources.env.end());
+
+  auto logger = spdlog::stderr_color_mt("accel-launch");
+  logger->set_pattern("%^[accel-agent]%$ %v");
+  logger->set_level(quiet ? spdlog::level::warn : spdlog::level::info);
+
+  if (serve.empty() && cfg.coordinator.empty()) {
+    return fail("give --coordinator HOST:PORT (join one) or --serve-coordinator PORT (host one); see --help");
+  }
+  if (coordinator_only && serve.empty()) return fail("--coordinator-only needs --serve-coordinator");
+  auto token = accel::launcher::config_token(cfg, env);
+  if (!token) return fail(token.message());
+
+  accel::SystemClock clock;
+  std::unique_ptr<accel::coordinator::CoordinatorServer> server;
+  std::string target = cfg.coordinator;
+  if (!serve.empty()) {
+    std::string listen = serve.find(':') == std::string::npos ? "0.0.0.0:" + serve : serve;
+    accel::coordinator::ServerOptions so;
+    so.listen_address = listen;
+    so.token = *token;
+    so.tls = accel::launcher::config_tls(cfg);
+    so.core.lease = cfg.lease_timeout;
+    so.core.sync_wait = std::min<std::chrono::milliseconds>(std::chrono::seconds(2), cfg.lease_timeout / 4);
+    auto started = accel::coordinator::CoordinatorServer::start(so, clock);
+    if (!started) return fail("--serve-coordinator " + serve + ": " + started.message(), 1);
+    server = std::move(*started);
+    logger->info("coordinator {} listening on {} (port {})", "", listen, server->port());
+    if (target.empty()) {
+      std::string host = listen.substr(0, listen.rfind(':'));
+      if (host == "0.0.0.0" || host.empty()) host = "127.0.0.1";
+      target = host + ":" + std::to_string(server->port());
+    }
+  }
+
+  boost::asio::io_context io;
+  std::unique_ptr<accel::node::NodeAgent> agent;
+  int exit_code = 0;
+  if (!coordinator_only) {
+    auto client = accel::rpc::CoordinatorClient::create(target, *token, accel::launcher::config_tls(cfg));
+    if (!client) return fail(client.message());
+    auto opts = accel::launcher::make_agent_options(cfg, env, target);
+    if (!state_dir.empty()) {
+      opts.state_dir = state_dir;
+    } else {
+      opts.state_dir = (std::getenv("TMPDIR") ? std::string(std::getenv("TMPDIR")) : "/tmp") +
+                       "/accel-agent-" + opts.node_id;
+    }
+    std::error_code ec;
+    fs::create_directories(opts.state_dir, ec);
+    if (ec) return fail("--state-dir " + opts.state_dir + ": " + ec.message(), 1);
+    accel::node::NodeAgentHooks hooks;
+    hooks.on_job_end = [&](const accel::v1::JobOutcome& o) {
+      logger->info("job {} ended: {} (exit code {})", o.job_id(),
+                   accel::coordinator::job_state_name(o.state()), o.exit_code());
+    };
+    hooks.on_fatal = [&](const std::string&) {
+      exit_code = 1;
+      io.stop();
+    };
+    agent = std::make_unique<accel::node::NodeAgent>(
+        io, *client, opts,
+        [logger](LogLevel level, const std::string& msg) {
+          if (level == LogLevel::kInfo) logger->info(msg);
+          else if (level == LogLevel::kWarn) logger->warn(msg);
+          else logger->error(msg);
+        },
+        hooks);
+    agent->start();
+  }
+
+  boost::asio::signal_set signals(io, SIGINT, SIGTERM, SIGHUP);
+  int stops = 0;
+  std::function<void()> arm = [&] {
+    signals.async_wait([&](const boost::system::error_code& ec, int sig) {
+      if (ec) return;
+      if (sig == SIGHUP) {
+        logger->warn("received SIGHUP: ignored (SIGTERM stops the agent)");
+      } else if (++stops == 1) {
+        logger->info("received {}: stopping the workers and the agent", accel::supervisor::signal_name(sig));
+        if (agent) {
+          agent->shutdown(SIGTERM, [&] { io.stop(); });
+        } else {
+          io.stop();
+        }
+      } else if (agent) {
+        agent->shutdown(SIGKILL, [&] { io.stop(); });
+      }
+      arm();
+    });
+  };
+  arm();
+  auto guard = boost::asio::make_work_guard(io);
+  io.run();
+  agent.reset();
+  if (server) server->shutdown();
+  logger->info("stopped");
+  return exit_code;
+}

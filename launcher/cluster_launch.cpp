@@ -1,0 +1,409 @@
+// Modes 2 and 3 of accel-launch: host or reach a coordinator, run this node's agent, watch
+// the job, exit with its code.
+#include "launcher/cluster_launch.h"
+
+#include <pthread.h>
+#include <unistd.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <csignal>
+#include <filesystem>
+#include <thread>
+
+#include "agent/common/clock.h"
+#include "agent/config/cluster_config.h"
+#include "agent/coordinator/coordinator_core.h"
+#include "agent/coordinator/coordinator_server.h"
+#include "agent/supervisor/line_sink.h"
+
+namespace accel::launcher {
+
+namespace fs = std::filesystem;
+namespace pb = ::accel::v1;
+using namespace std::chrono_literals;
+using supervisor::LogLevel;
+
+namespace {
+
+std::shared_ptr<spdlog::logger> logger() {
+  auto l = spdlog::get("accel-launch");
+  return l ? l : spdlog::default_logger();
+}
+
+supervisor::JobLogger job_logger(const std::string& who) {
+  return [who](LogLevel level, const std::string& msg) {
+    auto l = logger();
+    switch (level) {
+      case LogLevel::kInfo: l->info("{}{}", who, msg); break;
+      case LogLevel::kWarn: l->warn("{}{}", who, msg); break;
+      case LogLevel::kError: l->error("{}{}", who, msg); break;
+    }
+  };
+}
+
+int fail(const std::string& message, int code = 1) {
+  supervisor::write_all(STDERR_FILENO, "accel-launch: error: " + message + "\n");
+  return code;
+}
+
+std::string user_at_host() {
+  const char* user = std::getenv("USER");
+  return std::string(user ? user : "?") + "@" + node::local_hostname();
+}
+
+// Follows a job's events until it ends. Prints coordinator messages and failures (and worker
+// output when the job forwards it). Rides out a coordinator restart. Returns the job's exit
+// code, or 1 when the job cannot be followed.
+class JobWatcher {
+ public:
+  JobWatcher(std::shared_ptr<rpc::CoordinatorClient> client, std::string job_id,
+             std::chrono::milliseconds patience)
+      : client_(std::move(client)), job_id_(std::move(job_id)), patience_(patience) {}
+
+  int run() {
+    uint64_t after = 0;
+    std::string coordinator;
+    bool in_trouble = false;
+    std::chrono::steady_clock::time_point trouble_since{};
+    std::string last_error;
+    while (!stop_) {
+      pb::WatchJobRequest req;
+      req.set_job_id(job_id_);
+      req.set_after_seq(after);
+      req.set_wait_ms(1000);
+      pb::WatchJobResponse resp;
+      grpc::Status st = client_->watch_job(req, &resp, 6s);
+      if (!st.ok()) {
+        if (st.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+          return fail("coordinator at " + client_->target() + " refused us: " + rpc::describe(st));
+        }
+        auto now = std::chrono::steady_clock::now();
+        if (!in_trouble) {
+          in_trouble = true;
+          trouble_since = now;
+          logger()->warn("lost the coordinator at {} ({}); waiting up to {} ms for it",
+                         client_->target(), rpc::describe(st), patience_.count());
+        }
+        if (now - trouble_since > patience_) {
+          return fail("gave up following job " + job_id_ + ": the coordinator at " +
+                      client_->target() + " says " + rpc::describe(st));
+        }
+        std::this_thread::sleep_for(200ms);
+        continue;
+      }
+      if (in_trouble) logger()->info("coordinator at {} is back", client_->target());
+      in_trouble = false;
+      if (!coordinator.empty() && resp.coordinator_id() != coordinator) {
+        logger()->warn("the coordinator restarted (now {}); following job {} there",
+                       resp.coordinator_id(), job_id_);
+        coordinator = resp.coordinator_id();
+        after = 0;
+        continue;
+      }
+      coordinator = resp.coordinator_id();
+      if (resp.dropped() > 0) {
+        logger()->warn("{} events of job {} were dropped (this launcher fell behind)", resp.dropped(), job_id_);
+      }
+      for (const auto& ev : resp.events()) {
+        print(ev);
+        after = ev.seq();
+      }
+      if (resp.done()) {
+        outcome_ = resp.outcome();
+        return outcome_.exit_code();
+      }
+    }
+    return 1;
+  }
+
+  void stop() { stop_ = true; }
+  [[nodiscard]] const pb::JobOutcome& outcome() const { return outcome_; }
+
+ private:
+  static void print(const pb::JobEvent& ev) {
+    switch (ev.what_case()) {
+      case pb::JobEvent::kMessage: logger()->info("{}", ev.message()); break;
+      case pb::JobEvent::kFailure:
+        logger()->error("{}", coordinator::describe_failure(ev.failure()));
+        break;
+      case pb::JobEvent::kLog: {
+        const auto& l = ev.log();
+        supervisor::write_all(l.stderr() ? STDERR_FILENO : STDOUT_FILENO,
+                              "[" + l.hostname() + ":" + std::to_string(l.rank()) + "] " + l.text() + "\n");
+        break;
+      }
+      default: break;
+    }
+  }
+
+  std::shared_ptr<rpc::CoordinatorClient> client_;
+  std::string job_id_;
+  std::chrono::milliseconds patience_;
+  std::atomic<bool> stop_{false};
+  pb::JobOutcome outcome_;
+};
+
+}  // namespace
+
+pb::JobSpec make_job_spec(const ClusterLaunch& launch, bool forward_logs) {
+  const auto& cfg = launch.cfg;
+  pb::JobSpec spec;
+  for (const auto& a : launch.argv) spec.add_argv(a);
+  std::error_code ec;
+  spec.set_working_dir(fs::current_path(ec).string());
+  spec.set_processes_per_node(cfg.num_processes);
+  spec.set_min_nodes(cfg.nodes.min);
+  spec.set_max_nodes(cfg.nodes.max);
+  spec.set_max_restarts(cfg.max_restarts);
+  spec.set_join_timeout_ms(cfg.join_timeout.count());
+  spec.set_last_call_ms(cfg.last_call.count());
+  spec.set_stop_timeout_ms(cfg.stop_timeout.count());
+  spec.set_forward_logs(forward_logs);
+  spec.set_master_port(cfg.main_process_port);
+  spec.set_submitted_by(user_at_host());
+  auto* s = spec.mutable_settings();
+  s->set_mixed_precision(std::string(config::to_string(cfg.mixed_precision)));
+  s->set_gradient_accumulation_steps(cfg.gradient_accumulation_steps);
+  s->set_use_cpu(cfg.use_cpu);
+  s->set_debug(cfg.debug);
+  s->set_collective_timeout(config::format_duration(cfg.collective_timeout));
+  s->set_checkpoint_dir(launch.checkpoint_dir);
+  s->set_checkpoint_interval(cfg.checkpoint_interval);
+  s->set_omp_num_threads(cfg.num_cpu_threads_per_process);
+  s->set_log_dir(cfg.log_dir.empty() ? "" : fs::absolute(cfg.log_dir, ec).string());
+  return spec;
+}
+
+Result<std::string> config_token(const config::ClusterConfig& cfg, const supervisor::EnvMap& env) {
+  auto it = env.find("ACCEL_TOKEN");
+  return rpc::load_token(cfg.token_file, it == env.end() ? nullptr : it->second.c_str());
+}
+
+rpc::TlsFiles config_tls(const config::ClusterConfig& cfg) {
+  return {.cert = cfg.tls_cert, .key = cfg.tls_key, .ca = cfg.tls_ca};
+}
+
+Result<std::shared_ptr<rpc::CoordinatorClient>> connect(const config::ClusterConfig& cfg,
+                                                        const supervisor::EnvMap& env,
+                                                        const std::string& target) {
+  auto token = config_token(cfg, env);
+  if (!token) return token.status();
+  return rpc::CoordinatorClient::create(target, *token, config_tls(cfg));
+}
+
+node::NodeAgentOptions make_agent_options(const config::ClusterConfig& cfg,
+                                          const supervisor::EnvMap& env, const std::string& target) {
+  node::NodeAgentOptions o;
+  o.hostname = node::local_hostname();
+  o.node_id = cfg.node_id.empty() ? node::default_node_id(o.hostname) : cfg.node_id;
+  o.address = cfg.node_address.empty() ? node::route_address_to(target) : cfg.node_address;
+  o.base_env = env;
+  o.base_env.erase("ACCEL_TOKEN");  // Why: workers need no control-plane secret
+  o.group.stop_timeout = cfg.stop_timeout;
+  o.lease_fallback = cfg.lease_timeout;
+  return o;
+}
+
+// --------------------------------------------------------------------------------- mode 3
+
+int run_submit(const ClusterLaunch& launch) {
+  // Why mask first: gRPC's threads inherit it, so only our sigwait thread sees these signals.
+  sigset_t set;
+  sigemptyset(&set);
+  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGUSR2}) sigaddset(&set, s);  // SIGUSR2: our own "done"
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+
+  auto client = connect(launch.cfg, launch.env, launch.cfg.coordinator);
+  if (!client) return fail(client.message());
+  pb::SubmitJobRequest req;
+  req.set_job_id(launch.job_id);
+  *req.mutable_spec() = make_job_spec(launch, /*forward_logs=*/true);
+  pb::SubmitJobResponse resp;
+  grpc::Status st = (*client)->submit_job(req, &resp, 10s);
+  if (!st.ok()) {
+    return fail("cannot submit the job to the coordinator at " + launch.cfg.coordinator + ": " +
+                rpc::describe(st));
+  }
+  const std::string job_id = resp.job_id();
+  logger()->info("job {} submitted to coordinator {}: {} x {} per node on {} node(s)", job_id,
+                 launch.cfg.coordinator, launch.cfg.num_processes, launch.argv.front(),
+                 launch.cfg.nodes.min == launch.cfg.nodes.max
+                     ? std::to_string(launch.cfg.nodes.min)
+                     : std::to_string(launch.cfg.nodes.min) + "-" + std::to_string(launch.cfg.nodes.max));
+
+  JobWatcher watcher(*client, job_id, std::max<std::chrono::milliseconds>(60s, 6 * launch.cfg.lease_timeout));
+  std::thread signals([&, c = *client] {
+    int cancels = 0;
+    for (;;) {
+      int sig = 0;
+      if (sigwait(&set, &sig) != 0) continue;
+      if (sig == SIGUSR2) return;
+      if (sig == SIGHUP) {
+        logger()->warn("received SIGHUP: ignored, the job keeps running (SIGTERM or Ctrl-C cancel it)");
+        continue;
+      }
+      pb::CancelJobRequest cancel;
+      cancel.set_job_id(job_id);
+      cancel.set_signal(++cancels == 1 ? sig : SIGKILL);
+      logger()->warn("received {}: cancelling job {}{}", supervisor::signal_name(sig), job_id,
+                     cancels == 1 ? " (again to exit at once)" : "");
+      if (cancels > 1) _exit(128 + sig);
+      grpc::Status cs = c->cancel_job(cancel, 5s);
+      if (!cs.ok()) logger()->error("cancel failed: {}", rpc::describe(cs));
+    }
+  });
+  int code = watcher.run();
+  if (code != 0 && !watcher.outcome().summary().empty()) {
+    supervisor::write_all(STDERR_FILENO, watcher.outcome().summary());
+  } else if (code == 0) {
+    logger()->info("job {} succeeded", job_id);
+  }
+  pthread_kill(signals.native_handle(), SIGUSR2);
+  signals.join();
+  return code;
+}
+
+// --------------------------------------------------------------------------------- mode 2
+
+int run_multi_node(const ClusterLaunch& launch) {
+  const auto& cfg = launch.cfg;
+  const std::string target = cfg.main_process_ip + ":" + std::to_string(cfg.coordinator_port);
+  auto token = config_token(cfg, launch.env);
+  if (!token) {
+    return fail("multi-node jobs need a shared token on every node: " + token.message());
+  }
+  SystemClock clock;
+  std::unique_ptr<coordinator::CoordinatorServer> server;
+  if (cfg.machine_rank == 0) {
+    coordinator::ServerOptions so;
+    so.listen_address = target;
+    so.token = *token;
+    so.tls = config_tls(cfg);
+    so.core.lease = cfg.lease_timeout;
+    so.core.sync_wait = std::min<std::chrono::milliseconds>(2s, cfg.lease_timeout / 4);
+    auto started = coordinator::CoordinatorServer::start(so, clock);
+    if (!started) {
+      return fail(cfg.origin("coordinator_port").where.empty()
+                      ? "machine rank 0 cannot serve the coordinator: " + started.message()
+                      : cfg.origin("coordinator_port").where + ": " + started.message());
+    }
+    server = std::move(*started);
+    logger()->info("coordinator listening on {}", target);
+  }
+  auto client = rpc::CoordinatorClient::create(target, *token, config_tls(cfg));
+  if (!client) return fail(client.message());
+
+  std::string job_id = launch.job_id;
+  if (server) {
+    pb::SubmitJobRequest req;
+    req.set_job_id(job_id);
+    *req.mutable_spec() = make_job_spec(launch, /*forward_logs=*/false);
+    pb::SubmitJobResponse resp;
+    grpc::Status st = (*client)->submit_job(req, &resp, 10s);
+    if (!st.ok()) return fail("cannot submit the job to our own coordinator: " + rpc::describe(st));
+    job_id = resp.job_id();
+  }
+
+  boost::asio::io_context io;
+  auto opts = make_agent_options(cfg, launch.env, target);
+  opts.machine_rank = cfg.machine_rank;
+  opts.exit_after_job = true;
+  opts.give_up_after = cfg.join_timeout;
+  std::string state_pattern = (std::getenv("TMPDIR") ? std::string(std::getenv("TMPDIR")) : "/tmp") +
+                              "/accel-node-XXXXXX";
+  std::vector<char> buf(state_pattern.begin(), state_pattern.end());
+  buf.push_back('\0');
+  if (::mkdtemp(buf.data()) != nullptr) opts.state_dir = buf.data();
+  if (server) opts.address = cfg.node_address.empty() ? cfg.main_process_ip : cfg.node_address;
+
+  int exit_code = 1;
+  bool ended = false;
+  std::string current_job = job_id;
+  std::unique_ptr<node::NodeAgent> agent;
+  auto finish = [&](int code) {
+    if (ended) return;
+    ended = true;
+    exit_code = code;
+    agent->shutdown(SIGTERM, [&] { io.stop(); });
+  };
+  node::NodeAgentHooks hooks;
+  hooks.on_job_end = [&](const pb::JobOutcome& outcome) {
+    if (outcome.exit_code() != 0 && !outcome.summary().empty()) {
+      supervisor::write_all(STDERR_FILENO, outcome.summary());
+    } else if (outcome.exit_code() == 0) {
+      logger()->info("job {} succeeded", outcome.job_id());
+    }
+    finish(outcome.exit_code());
+  };
+  hooks.on_fatal = [&](const std::string& why) {
+    logger()->error("{}", why);
+    finish(1);
+  };
+  agent = std::make_unique<node::NodeAgent>(io, *client, opts, job_logger(""), hooks);
+
+  std::unique_ptr<JobWatcher> watcher;
+  std::thread watch_thread;
+  if (server) {
+    watcher = std::make_unique<JobWatcher>(*client, job_id, 10s);
+    watch_thread = std::thread([w = watcher.get()] { w->run(); });
+  }
+
+  boost::asio::signal_set signals(io, SIGINT, SIGTERM, SIGHUP);
+  int cancels = 0;
+  std::function<void()> arm = [&] {
+    signals.async_wait([&](const boost::system::error_code& ec, int sig) {
+      if (ec) return;
+      if (sig == SIGHUP) {
+        logger()->warn("received SIGHUP: ignored, the job keeps running (SIGTERM or Ctrl-C stop it)");
+      } else if (++cancels == 1) {
+        logger()->warn("received {}: cancelling the job on every node (again to stop at once)",
+                       supervisor::signal_name(sig));
+        pb::CancelJobRequest cancel;
+        cancel.set_job_id(job_id);
+        cancel.set_signal(sig);
+        // Why a thread: the call blocks up to 2 s and the io thread runs the workers.
+        std::thread([c = *client, cancel] { c->cancel_job(cancel, 2s); }).detach();
+        // Not cancelled at the coordinator (unreachable, or job id unknown here): stop anyway.
+        auto timer = std::make_shared<boost::asio::steady_timer>(io, 3s);
+        timer->async_wait([&, timer, sig](const boost::system::error_code& e2) {
+          if (!e2) finish(128 + sig);
+        });
+      } else {
+        finish(128 + sig);
+        agent->shutdown(SIGKILL, nullptr);
+      }
+      arm();
+    });
+  };
+  arm();
+  logger()->info("machine rank {} of {} nodes: {} x {} (coordinator {})", cfg.machine_rank,
+                 cfg.nodes.max, cfg.num_processes, launch.argv.front(), target);
+  agent->start();
+  io.run();
+
+  if (server) {
+    // Why linger: the other nodes learn the job's end from this coordinator; give their long
+    // polls a moment to return it before it goes away.
+    auto deadline = std::chrono::steady_clock::now() + 3s;
+    bool told = false;
+    while (!told && std::chrono::steady_clock::now() < deadline) {
+      server->with_core([&](coordinator::CoordinatorCore& core) { told = core.everyone_told(job_id); });
+      if (!told) std::this_thread::sleep_for(20ms);
+    }
+    std::this_thread::sleep_for(100ms);  // the answers are in flight
+    watcher->stop();
+    if (watch_thread.joinable()) watch_thread.join();
+    server->shutdown();
+  }
+  agent.reset();
+  std::error_code ec;
+  if (!opts.state_dir.empty()) fs::remove_all(opts.state_dir, ec);
+  return exit_code;
+}
+
+}  // namespace accel::launcher
