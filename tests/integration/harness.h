@@ -71,8 +71,13 @@ class Launched {
  public:
   Launched(const TempDir& dir, const std::vector<std::string>& args,
            const std::map<std::string, std::string>& extra_env = {})
-      : out_(dir / "launcher.out"), err_(dir / "launcher.err") {
-    std::vector<std::string> argv = {ACCEL_LAUNCH_BIN};
+      : Launched(dir, ACCEL_LAUNCH_BIN, args, extra_env, "launcher") {}
+
+  // Any program, output in <dir>/<name>.out and <dir>/<name>.err.
+  Launched(const TempDir& dir, const std::string& binary, const std::vector<std::string>& args,
+           const std::map<std::string, std::string>& extra_env, const std::string& name)
+      : out_(dir / (name + ".out")), err_(dir / (name + ".err")) {
+    std::vector<std::string> argv = {binary};
     argv.insert(argv.end(), args.begin(), args.end());
     std::map<std::string, std::string> env;
     for (char** e = environ; *e != nullptr; ++e) {
@@ -105,6 +110,9 @@ class Launched {
     }
   }
   pid_t pid() const { return pid_; }
+  // What it has written so far.
+  std::string out_so_far() const { return read_file(out_); }
+  std::string err_so_far() const { return read_file(err_); }
   void signal(int sig) const { ::kill(pid_, sig); }
 
   // Waits for the launcher to end; SIGKILLs it after `timeout`.

@@ -1,0 +1,326 @@
+// Control-plane failure scenarios with real processes: accel-agent daemons on loopback (distinct
+// ports and node ids), the real coordinator over gRPC, accel-launch submitting, real kill -9.
+// Every test ends by checking that no worker it started is still alive.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <functional>
+#include <memory>
+
+#include "tests/integration/harness.h"
+
+namespace accel::testing {
+namespace {
+
+constexpr const char* kToken = "control-plane-test-token";
+
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+bool wait_until(const std::function<bool()>& pred, std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(20ms);
+  }
+  return pred();
+}
+
+// What one control_worker wrote about itself.
+struct Marker {
+  pid_t pid = 0;
+  int rank = -1, world = -1, restart = -1, group = -1;
+};
+
+std::vector<Marker> markers(const fs::path& dir) {
+  std::vector<Marker> out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    std::string name = e.path().filename().string();
+    if (name.rfind("w_", 0) != 0 || name.find(".tmp") != std::string::npos) continue;
+    Marker m;
+    m.pid = std::stoi(name.substr(2));
+    std::istringstream in(read_file(e.path()));
+    in >> m.rank >> m.world >> m.restart >> m.group;
+    out.push_back(m);
+  }
+  return out;
+}
+
+std::vector<Marker> markers_with_world(const fs::path& dir, int world) {
+  auto all = markers(dir);
+  std::vector<Marker> out;
+  std::copy_if(all.begin(), all.end(), std::back_inserter(out), [&](const Marker& m) { return m.world == world; });
+  return out;
+}
+
+void expect_no_orphans(const fs::path& dir) {
+  for (const auto& m : markers(dir)) {
+    EXPECT_TRUE(wait_pid_gone(m.pid, 5s)) << "worker pid " << m.pid << " (rank " << m.rank
+                                          << ") outlived its job";
+  }
+}
+
+// A coordinator and agents on loopback, each a real accel-agent process.
+class Cluster {
+ public:
+  explicit Cluster(const TempDir& dir, std::string lease = "2s")
+      : dir_(dir), port_(free_port()), lease_(std::move(lease)) {
+    fs::create_directories(dir_.path() / "w");
+  }
+
+  std::string target() const { return "127.0.0.1:" + std::to_string(port_); }
+  fs::path worker_dir() const { return dir_.path() / "w"; }
+
+  // The agent that also serves the coordinator.
+  Launched& serve(const std::string& node_id, bool coordinator_only = false) {
+    std::vector<std::string> args = {"--serve-coordinator", "127.0.0.1:" + std::to_string(port_),
+                                     "--lease-timeout", lease_, "--stop-timeout", "2s"};
+    if (coordinator_only) {
+      args.push_back("--coordinator-only");
+    } else {
+      args.insert(args.end(), {"--node-id", node_id});
+    }
+    return add(args, node_id);
+  }
+
+  Launched& agent(const std::string& node_id, const std::string& token = kToken) {
+    return add({"--coordinator", target(), "--node-id", node_id, "--stop-timeout", "2s"}, node_id, token);
+  }
+
+  std::unique_ptr<Launched> submit(std::vector<std::string> launch_args,
+                                   std::vector<std::string> worker_args = {},
+                                   const std::string& token = kToken) {
+    std::vector<std::string> args = {"--coordinator", target()};
+    args.insert(args.end(), launch_args.begin(), launch_args.end());
+    args.insert(args.end(), {"--", CONTROL_WORKER_BIN, worker_dir().string()});
+    args.insert(args.end(), worker_args.begin(), worker_args.end());
+    return std::make_unique<Launched>(dir_, ACCEL_LAUNCH_BIN, args,
+                                      std::map<std::string, std::string>{{"ACCEL_TOKEN", token}},
+                                      "launch" + std::to_string(++launches_));
+  }
+
+  // accel status's output.
+  std::string status() {
+    Launched s(dir_, ACCEL_BIN, {"status", "--coordinator", target()}, {{"ACCEL_TOKEN", kToken}}, "status");
+    auto r = s.wait(10s);
+    return r.out + r.err;
+  }
+
+ private:
+  Launched& add(const std::vector<std::string>& args, const std::string& name,
+                const std::string& token = kToken) {
+    procs_.push_back(std::make_unique<Launched>(
+        dir_, ACCEL_AGENT_BIN, args, std::map<std::string, std::string>{{"ACCEL_TOKEN", token}},
+        "agent_" + name + "_" + std::to_string(procs_.size())));
+    return *procs_.back();
+  }
+
+  const TempDir& dir_;
+  int port_;
+  std::string lease_;
+  int launches_ = 0;
+  std::vector<std::unique_ptr<Launched>> procs_;  // SIGKILLed by ~Launched if still running
+};
+
+std::string done_file(const Cluster& c) { return (c.worker_dir().parent_path() / "done").string(); }
+
+TEST(ControlPlane, TwoAgentsRunAJobAndItsOutputIsStreamed) {
+  TempDir dir;
+  Cluster c(dir);
+  c.serve("node-a");
+  c.agent("node-b");
+  auto launch = c.submit({"--nodes", "2", "-n", "2"}, {"--run-ms", "100"});
+  RunResult r = launch->wait(60s);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto ms = markers(c.worker_dir());
+  ASSERT_EQ(ms.size(), 4u);
+  std::set<int> ranks, groups;
+  for (const auto& m : ms) {
+    EXPECT_EQ(m.world, 4);
+    EXPECT_EQ(m.restart, 0);
+    ranks.insert(m.rank);
+    groups.insert(m.group);
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1, 2, 3}));
+  EXPECT_EQ(groups, (std::set<int>{0, 1}));
+  // Forwarded output carries [host:rank] prefixes.
+  EXPECT_NE(r.out.find(":3] control_worker rank 3 of 4 restart 0"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("round 0 closed: 2 nodes"), std::string::npos) << r.err;
+  std::string status = c.status();
+  EXPECT_NE(status.find("node-a"), std::string::npos) << status;
+  EXPECT_NE(status.find("SUCCEEDED"), std::string::npos) << status;
+  expect_no_orphans(c.worker_dir());
+}
+
+TEST(ControlPlane, KilledWorkerRestartsTheWholeGroupAndTheBudgetIsGlobal) {
+  TempDir dir;
+  Cluster c(dir);
+  c.serve("node-a");
+  c.agent("node-b");
+  auto launch = c.submit({"--nodes", "2", "-n", "2", "--max-restarts", "1"}, {"--until-file", done_file(c)});
+  auto kill_rank = [&](int restart, int rank) {
+    Marker victim;
+    ASSERT_TRUE(wait_until([&] {
+      auto ms = markers(c.worker_dir());
+      int n = 0;
+      for (const auto& m : ms) {
+        if (m.restart != restart) continue;
+        ++n;
+        if (m.rank == rank) victim = m;
+      }
+      return n == 4;
+    }, 30s)) << "restart " << restart << " never had 4 workers\n" << launch->err_so_far();
+    ASSERT_EQ(::kill(victim.pid, SIGKILL), 0);
+  };
+  kill_rank(0, 3);  // node-b's worker: restart 1 of 1, for the whole job
+  kill_rank(1, 0);  // node-a's worker: a per-node budget would restart again; ours is spent
+  RunResult r = launch->wait(60s);
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r.err;
+  EXPECT_NE(r.err.find("restart 1 of 1"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("no restarts left (max_restarts 1)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("* "), std::string::npos) << "root cause not marked:\n" << r.err;
+  EXPECT_NE(r.err.find("rank 0 on"), std::string::npos) << r.err;
+  for (const auto& m : markers(c.worker_dir())) EXPECT_LE(m.restart, 1) << "a third group was started";
+  expect_no_orphans(c.worker_dir());
+}
+
+TEST(ControlPlane, KilledAgentIsNoticedWithinTheLeaseAndTheJobShrinks) {
+  TempDir dir;
+  Cluster c(dir, "2s");
+  c.serve("node-a");
+  c.agent("node-b");
+  Launched& doomed = c.agent("node-c");
+  auto launch = c.submit({"--nodes", "2:3", "-n", "1", "--last-call", "1s"}, {"--until-file", done_file(c)});
+  ASSERT_TRUE(wait_until([&] { return markers_with_world(c.worker_dir(), 3).size() == 3; }, 30s))
+      << launch->err_so_far();
+  pid_t doomed_worker = 0;
+  for (const auto& m : markers(c.worker_dir())) {
+    if (m.group == 2) doomed_worker = m.pid;
+  }
+  auto killed_at = std::chrono::steady_clock::now();
+  doomed.signal(SIGKILL);
+  // Its worker dies with it (PR_SET_PDEATHSIG)...
+  EXPECT_TRUE(wait_pid_gone(doomed_worker, 5s));
+  // ...and within the lease (2 s) + a tick + last_call (1 s) the survivors run as a group of 2.
+  ASSERT_TRUE(wait_until([&] { return markers_with_world(c.worker_dir(), 2).size() == 2; }, 15s))
+      << launch->err_so_far();
+  auto shrunk_after = std::chrono::steady_clock::now() - killed_at;
+  EXPECT_LT(shrunk_after, 6s);
+  write_file(done_file(c), "");
+  RunResult r = launch->wait(30s);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("node node-c lost"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("not counted against max_restarts"), std::string::npos) << r.err;
+  expect_no_orphans(c.worker_dir());
+}
+
+TEST(ControlPlane, TooFewNodesAfterALossFailsCleanly) {
+  TempDir dir;
+  Cluster c(dir, "2s");
+  c.serve("node-a");
+  Launched& doomed = c.agent("node-b");
+  auto launch = c.submit({"--nodes", "2", "-n", "1", "--join-timeout", "3s"}, {"--until-file", done_file(c)});
+  ASSERT_TRUE(wait_until([&] { return markers(c.worker_dir()).size() == 2; }, 30s)) << launch->err_so_far();
+  doomed.signal(SIGKILL);
+  RunResult r = launch->wait(30s);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("only 1 of the 2 nodes it needs joined round 1 within join_timeout"),
+            std::string::npos) << r.err;
+  expect_no_orphans(c.worker_dir());
+}
+
+TEST(ControlPlane, ANewAgentMakesTheJobGrowAtTheNextRound) {
+  TempDir dir;
+  Cluster c(dir);
+  c.serve("node-a");
+  auto launch = c.submit({"--nodes", "1:2", "-n", "1", "--last-call", "0s"}, {"--until-file", done_file(c)});
+  ASSERT_TRUE(wait_until([&] { return markers_with_world(c.worker_dir(), 1).size() == 1; }, 30s))
+      << launch->err_so_far();
+  c.agent("node-b");
+  ASSERT_TRUE(wait_until([&] { return markers_with_world(c.worker_dir(), 2).size() == 2; }, 30s))
+      << launch->err_so_far();
+  write_file(done_file(c), "");
+  RunResult r = launch->wait(30s);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("node-b is waiting to join (elastic grow)"), std::string::npos) << r.err;
+  expect_no_orphans(c.worker_dir());
+}
+
+TEST(ControlPlane, JobFinishesAcrossACoordinatorRestart) {
+  TempDir dir;
+  Cluster c(dir, "4s");
+  Launched& coordinator = c.serve("coordinator", /*coordinator_only=*/true);
+  c.agent("node-a");
+  c.agent("node-b");
+  auto launch = c.submit({"--nodes", "2", "-n", "1"}, {"--until-file", done_file(c)});
+  ASSERT_TRUE(wait_until([&] { return markers(c.worker_dir()).size() == 2; }, 30s)) << launch->err_so_far();
+  coordinator.signal(SIGKILL);
+  coordinator.wait(5s);
+  std::this_thread::sleep_for(500ms);
+  c.serve("coordinator2", /*coordinator_only=*/true);
+  // Both agents come back with their running work; nobody restarts anything.
+  ASSERT_TRUE(wait_until([&] { return c.status().find("RUNNING") != std::string::npos; }, 15s));
+  write_file(done_file(c), "");
+  RunResult r = launch->wait(60s);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(markers(c.worker_dir()).size(), 2u) << "workers were restarted";
+  EXPECT_NE(r.err.find("adopted job"), std::string::npos) << r.err;
+  expect_no_orphans(c.worker_dir());
+}
+
+TEST(ControlPlane, WrongTokenIsRejectedAndNothingRuns) {
+  TempDir dir;
+  Cluster c(dir);
+  c.serve("node-a");
+  auto launch = c.submit({"-n", "1"}, {"--run-ms", "0"}, "not-the-token");
+  RunResult r = launch->wait(20s);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("UNAUTHENTICATED"), std::string::npos) << r.err;
+  Launched& intruder = c.agent("intruder", "not-the-token");
+  RunResult a = intruder.wait(20s);
+  EXPECT_EQ(a.exit_code, 1) << a.err;
+  EXPECT_NE(a.err.find("refused this node: UNAUTHENTICATED"), std::string::npos) << a.err;
+  EXPECT_TRUE(markers(c.worker_dir()).empty());
+  EXPECT_EQ(c.status().find("intruder"), std::string::npos);
+}
+
+TEST(ControlPlane, EveryNodeRunsAccelLaunchAndTrainsTogether) {
+  TempDir dir;
+  int port = free_port();
+  std::map<std::string, std::string> env = {{"ACCEL_TOKEN", kToken}};
+  auto node = [&](int rank) {
+    return std::make_unique<Launched>(
+        dir, ACCEL_LAUNCH_BIN,
+        std::vector<std::string>{"--nodes", "2", "--machine-rank", std::to_string(rank), "-n", "1",
+                                 "--coordinator-port", std::to_string(port), TRAIN_MLP_BIN,
+                                 "--epochs", "1"},
+        env, "node" + std::to_string(rank));
+  };
+  auto n0 = node(0);
+  auto n1 = node(1);
+  RunResult r0 = n0->wait(120s);
+  RunResult r1 = n1->wait(30s);
+  EXPECT_EQ(r0.exit_code, 0) << r0.out << r0.err;
+  EXPECT_EQ(r1.exit_code, 0) << r1.out << r1.err;
+  // Both ranks trained in one process group: world size 2, the same final loss.
+  EXPECT_NE(r0.out.find("train_mlp: 2 process(es)"), std::string::npos) << r0.out;
+  auto final_loss = [](const std::string& out) {
+    auto at = out.rfind("epoch 0 loss ");
+    return at == std::string::npos ? std::string("?") : out.substr(at, 24);
+  };
+  EXPECT_EQ(final_loss(r0.out), final_loss(r1.out));
+}
+
+}  // namespace
+}  // namespace accel::testing
