@@ -30,6 +30,8 @@ using supervisor::LogLevel;
 
 namespace {
 
+constexpr std::chrono::milliseconds kSubmitPatience{15'000};  // submit retries while UNAVAILABLE
+
 std::shared_ptr<spdlog::logger> logger() {
   auto l = spdlog::get("accel-launch");
   return l ? l : spdlog::default_logger();
@@ -224,7 +226,18 @@ int run_submit(const ClusterLaunch& launch) {
   req.set_job_id(launch.job_id);
   *req.mutable_spec() = make_job_spec(launch, /*forward_logs=*/true);
   pb::SubmitJobResponse resp;
-  grpc::Status st = (*client)->submit_job(req, &resp, 10s);
+  // Why retry: agents and coordinator are often started moments before the first submit.
+  grpc::Status st;
+  auto give_up = std::chrono::steady_clock::now() + kSubmitPatience;
+  for (bool told = false;; told = true) {
+    st = (*client)->submit_job(req, &resp, 10s);
+    if (st.error_code() != grpc::StatusCode::UNAVAILABLE || std::chrono::steady_clock::now() > give_up) break;
+    if (!told) {
+      logger()->warn("coordinator at {} not reachable yet ({}); retrying for {} s", launch.cfg.coordinator,
+                     rpc::describe(st), kSubmitPatience.count() / 1000);
+    }
+    std::this_thread::sleep_for(200ms);
+  }
   if (!st.ok()) {
     return fail("cannot submit the job to the coordinator at " + launch.cfg.coordinator + ": " +
                 rpc::describe(st));

@@ -9,6 +9,9 @@
 #include <cstdio>
 #include <random>
 
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+
 namespace accel::coordinator {
 
 namespace {
@@ -27,6 +30,19 @@ RpcStatus invalid(std::string m) { return RpcStatus::error(Code::kInvalidArgumen
 RpcStatus not_found(std::string m) { return RpcStatus::error(Code::kNotFound, std::move(m)); }
 RpcStatus precondition(std::string m) {
   return RpcStatus::error(Code::kFailedPrecondition, std::move(m));
+}
+
+// Why deterministic: map fields (JobSpec.extra_env) serialize in hash order, and protobuf seeds
+// each map's hash randomly, so two copies of one instruction can give different bytes.
+std::string stable_bytes(const google::protobuf::MessageLite& m) {
+  std::string out;
+  {
+    google::protobuf::io::StringOutputStream stream(&out);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);
+    m.SerializeToCodedStream(&coded);
+  }
+  return out;
 }
 
 bool valid_id(const std::string& id) {
@@ -89,7 +105,7 @@ bool CoordinatorCore::eligible(const Node& node, const Job& job) const {
 void CoordinatorCore::event(Job& job, pb::JobEvent ev) {
   ev.set_seq(job.next_seq++);
   ev.set_time_unix_ms(clock_.unix_ms());
-  if (ev.round() == 0) ev.set_round(job.round);
+  if (ev.round() == 0) ev.set_round(ev.has_failure() ? ev.failure().round() : job.round);
   job.events.push_back(std::move(ev));
   while (job.events.size() > options_.max_events_per_job) job.events.pop_front();
   changes_.jobs.insert(job.id);
@@ -174,7 +190,7 @@ pb::Instruction CoordinatorCore::instruction_for(const std::string& node_id, con
 
 void CoordinatorCore::fill_sync(const std::string& node_id, Node& node, pb::SyncResponse* resp) {
   pb::Instruction ins = instruction_for(node_id, node);
-  std::string bytes = ins.SerializeAsString();
+  std::string bytes = stable_bytes(ins);
   if (bytes != node.sent || node.version == 0) {
     node.sent = std::move(bytes);
     ++node.version;
@@ -444,13 +460,8 @@ void CoordinatorCore::restart(Job& job, const std::string& why, bool counted) {
 void CoordinatorCore::end_job(Job& job, pb::JobState state, int32_t exit_code, const std::string& why) {
   job.state = state;
   job.exit_code = exit_code;
-  if (state == pb::JOB_STATE_FAILED) {
-    job.summary = format_failure_summary(job.id, job.failures, job.last_failed_round,
-                                         root_cause(job, job.last_failed_round));
-    if (!why.empty()) job.summary = "accel: job " + job.id + ": " + why + "\n" + job.summary;
-  } else if (state == pb::JOB_STATE_CANCELLED) {
-    job.summary = "accel: job " + job.id + " was cancelled" + (why.empty() ? "" : ": " + why) + "\n";
-  }
+  job.end_why = why;
+  summarize(job);
   for (auto& [id, node] : nodes_) {
     if (node.job_id == job.id) {
       node.job_id.clear();
@@ -466,6 +477,17 @@ void CoordinatorCore::end_job(Job& job, pb::JobState state, int32_t exit_code, c
   ev.set_state(state);
   event(job, std::move(ev));
   changes_.all_nodes = true;  // nodes it held are free for other jobs
+}
+
+void CoordinatorCore::summarize(Job& job) {
+  const std::string& why = job.end_why;
+  if (job.state == pb::JOB_STATE_FAILED) {
+    job.summary = format_failure_summary(job.id, job.failures, job.last_failed_round,
+                                         root_cause(job, job.last_failed_round));
+    if (!why.empty()) job.summary = "accel: job " + job.id + ": " + why + "\n" + job.summary;
+  } else if (job.state == pb::JOB_STATE_CANCELLED) {
+    job.summary = "accel: job " + job.id + " was cancelled" + (why.empty() ? "" : ": " + why) + "\n";
+  }
 }
 
 std::optional<size_t> CoordinatorCore::root_cause(const Job& job, int64_t round) const {
@@ -598,9 +620,11 @@ RpcStatus CoordinatorCore::report_group(const pb::ReportGroupRequest& req) {
                           round_name(job.round) + ", " + job_state_name(job.state) + ")");
     }
     for (const auto& f : req.failures()) record(f);
-    if (terminal(job) && req.round() == job.last_failed_round) {
-      job.summary = format_failure_summary(job.id, job.failures, job.last_failed_round,
-                                           root_cause(job, job.last_failed_round));
+    if (job.state == pb::JOB_STATE_FAILED && req.round() == job.last_failed_round) {
+      // An earlier failure arrived late: it is the root cause now, and its code the job's.
+      auto root = root_cause(job, job.last_failed_round);
+      if (root) job.exit_code = failure_status_code(job.failures[*root]);
+      summarize(job);
       mark_job_nodes(job);
     }
     return RpcStatus::ok();

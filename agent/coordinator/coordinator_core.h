@@ -122,6 +122,7 @@ class CoordinatorCore {
     int64_t last_failed_round = -1;
     int32_t exit_code = 0;
     std::string summary;
+    std::string end_why;  // why it ended, the summary's first line
     std::deque<pb::JobEvent> events;
     uint64_t next_seq = 1;
     uint64_t submitted_order = 0;
@@ -137,6 +138,7 @@ class CoordinatorCore {
   void close_round(Job& job);
   void restart(Job& job, const std::string& why, bool counted);
   void end_job(Job& job, pb::JobState state, int32_t exit_code, const std::string& why);
+  void summarize(Job& job);
   void node_lost(const std::string& node_id, Node& node, const std::string& why);
   void adopt(const std::string& node_id, Node& node, const pb::CurrentWork& work);
   [[nodiscard]] std::optional<size_t> root_cause(const Job& job, int64_t round) const;

@@ -1,4 +1,1557 @@
 // CoordinatorCore unit tests (FakeClock, no gRPC): filled in below.
+//
+// Every test drives one CoordinatorCore with plain protobuf messages; time moves only through
+// FakeClock::advance and is applied by core.tick(). No sleeps, no threads.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
 #include "agent/coordinator/coordinator_core.h"
+
+namespace accel::coordinator {
+namespace {
+
+using std::chrono::milliseconds;
+using Ins = pb::Instruction;
+using Rep = pb::ReportGroupRequest;
+
+constexpr milliseconds kLease{10'000};
+
+pb::JobSpec make_spec(int min_nodes, int max_nodes, int ppn = 2) {
+  pb::JobSpec s;
+  s.add_argv("/usr/bin/python3");
+  s.add_argv("train.py");
+  s.set_processes_per_node(ppn);
+  s.set_min_nodes(min_nodes);
+  s.set_max_nodes(max_nodes);
+  s.set_max_restarts(0);
+  s.set_join_timeout_ms(60'000);
+  s.set_last_call_ms(1'000);
+  s.set_stop_timeout_ms(5'000);
+  return s;
+}
+
+CoordinatorOptions default_options() {
+  CoordinatorOptions o;
+  o.lease = kLease;
+  o.sync_wait = milliseconds(2'000);
+  o.coordinator_id = "coord-test";
+  return o;
+}
+
+std::string host_of(const std::string& id) { return "host-" + id; }
+std::string addr_of(const std::string& id) { return id + ".cluster.internal"; }
+
+pb::Failure exit_failure(int rank, int exit_code, int signal, int64_t time_ms, const std::string& msg = "") {
+  pb::Failure f;
+  f.set_kind(pb::Failure::KIND_EXIT);
+  f.set_rank(rank);
+  f.set_local_rank(rank);
+  f.set_pid(1000 + rank);
+  f.set_exit_code(exit_code);
+  f.set_signal(signal);
+  f.set_time_unix_ms(time_ms);
+  f.set_message(msg);
+  return f;
+}
+
+// The line of `text` that contains `needle` ("" when none).
+std::string line_with(const std::string& text, const std::string& needle) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.find(needle) != std::string::npos) return line;
+  }
+  return "";
+}
+
+bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
+
+// The failure table's line marked as the root cause ("" when none).
+std::string marked_line(const std::string& text) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (starts_with(line, "* ")) return line;
+  }
+  return "";
+}
+
+struct Harness {
+  explicit Harness(CoordinatorOptions o = default_options()) : core(clock, std::move(o)) {}
+
+  FakeClock clock;
+  CoordinatorCore core;
+
+  static pb::RegisterNodeRequest node_req(const std::string& id, int machine_rank = -1,
+                                          const std::string& only_job = "") {
+    pb::RegisterNodeRequest r;
+    r.set_node_id(id);
+    r.set_hostname(host_of(id));
+    r.set_address(addr_of(id));
+    r.set_machine_rank(machine_rank);
+    r.set_only_job_id(only_job);
+    return r;
+  }
+
+  RpcStatus add_node(const std::string& id, int machine_rank = -1, const std::string& only_job = "") {
+    pb::RegisterNodeResponse resp;
+    return core.register_node(node_req(id, machine_rank, only_job), &resp);
+  }
+
+  RpcStatus register_req(const pb::RegisterNodeRequest& req) {
+    pb::RegisterNodeResponse resp;
+    return core.register_node(req, &resp);
+  }
+
+  RpcStatus submit(const std::string& job_id, const pb::JobSpec& spec) {
+    pb::SubmitJobRequest req;
+    req.set_job_id(job_id);
+    *req.mutable_spec() = spec;
+    pb::SubmitJobResponse resp;
+    return core.submit_job(req, &resp);
+  }
+
+  // Sync (renews the lease); a failed sync is a test failure.
+  pb::SyncResponse sync_resp(const std::string& id) {
+    pb::SyncRequest req;
+    req.set_node_id(id);
+    pb::SyncResponse resp;
+    RpcStatus st = core.sync(req, &resp);
+    EXPECT_TRUE(st.is_ok()) << "sync " << id << ": " << st.message;
+    return resp;
+  }
+  Ins ins(const std::string& id) { return sync_resp(id).instruction(); }
+
+  RpcStatus sync_status(const std::string& id) {
+    pb::SyncRequest req;
+    req.set_node_id(id);
+    pb::SyncResponse resp;
+    return core.sync(req, &resp);
+  }
+
+  RpcStatus join(const std::string& id, const std::string& job, int64_t round, int32_t port = 0) {
+    pb::JoinRoundRequest req;
+    req.set_node_id(id);
+    req.set_job_id(job);
+    req.set_round(round);
+    req.set_master_port(port);
+    return core.join_round(req);
+  }
+
+  RpcStatus report(const std::string& id, const std::string& job, int64_t round, Rep::Event event,
+                   const std::vector<pb::Failure>& failures = {}) {
+    Rep req;
+    req.set_node_id(id);
+    req.set_job_id(job);
+    req.set_round(round);
+    req.set_event(event);
+    for (const auto& f : failures) *req.add_failures() = f;
+    return core.report_group(req);
+  }
+
+  pb::GetStatusResponse status() const {
+    pb::GetStatusResponse resp;
+    core.get_status(&resp);
+    return resp;
+  }
+
+  std::optional<pb::JobStatus> job(const std::string& id) const {
+    auto st = status();
+    for (const auto& j : st.jobs()) {
+      if (j.job_id() == id) return j;
+    }
+    return std::nullopt;
+  }
+
+  std::optional<pb::NodeStatus> node(const std::string& id) const {
+    auto st = status();
+    for (const auto& n : st.nodes()) {
+      if (n.node_id() == id) return n;
+    }
+    return std::nullopt;
+  }
+
+  pb::WatchJobResponse watch(const std::string& job, uint64_t after) {
+    pb::WatchJobRequest req;
+    req.set_job_id(job);
+    req.set_after_seq(after);
+    pb::WatchJobResponse resp;
+    RpcStatus st = core.watch_job(req, &resp);
+    EXPECT_TRUE(st.is_ok()) << st.message;
+    return resp;
+  }
+
+  // Every node syncs, sees JOIN for `job`, and joins with its port (in the given order).
+  void join_all(const std::string& job, const std::vector<std::string>& ids,
+                const std::vector<int32_t>& ports = {}) {
+    for (size_t i = 0; i < ids.size(); ++i) {
+      Ins in = ins(ids[i]);
+      ASSERT_EQ(in.action(), Ins::ACTION_JOIN) << ids[i];
+      ASSERT_EQ(in.job_id(), job);
+      RpcStatus st = join(ids[i], job, in.round(), i < ports.size() ? ports[i] : 0);
+      ASSERT_TRUE(st.is_ok()) << ids[i] << ": " << st.message;
+    }
+  }
+
+  // Registers `ids`, submits `job` with `spec` and has every node join; the round closes at max.
+  void start_job(const std::string& job, const pb::JobSpec& spec, const std::vector<std::string>& ids,
+                 const std::vector<int32_t>& ports = {}) {
+    for (const auto& id : ids) ASSERT_TRUE(add_node(id).is_ok()) << id;
+    ASSERT_TRUE(submit(job, spec).is_ok());
+    join_all(job, ids, ports);
+    ASSERT_EQ(core.job_state(job), pb::JOB_STATE_RUNNING);
+  }
+};
+
+int count_failure_events(const pb::WatchJobResponse& w) {
+  return static_cast<int>(std::count_if(w.events().begin(), w.events().end(),
+                                        [](const pb::JobEvent& e) { return e.has_failure(); }));
+}
+
+bool has_message(const pb::WatchJobResponse& w, const std::string& needle) {
+  return std::any_of(w.events().begin(), w.events().end(), [&](const pb::JobEvent& e) {
+    return e.has_message() && e.message().find(needle) != std::string::npos;
+  });
+}
+
+// ================================================================================ register
+
+TEST(CoordinatorCore, RegisterRejectsInvalidNodeIdsAndEmptyAddress) {
+  Harness h;
+  for (const std::string& bad : {std::string(), std::string("has space"), std::string("a/b"),
+                                 std::string("semi;colon"), std::string(129, 'n')}) {
+    EXPECT_EQ(h.add_node(bad).code, Code::kInvalidArgument) << "'" << bad << "'";
+  }
+  auto no_addr = Harness::node_req("node-a");
+  no_addr.clear_address();
+  EXPECT_EQ(h.register_req(no_addr).code, Code::kInvalidArgument);
+  EXPECT_EQ(h.add_node("node-b", /*machine_rank=*/-2).code, Code::kInvalidArgument);
+
+  auto impossible = Harness::node_req("node-c");
+  impossible.mutable_current()->set_job_id("j");
+  impossible.mutable_current()->mutable_spec()->set_processes_per_node(1);
+  impossible.mutable_current()->mutable_assignment()->set_num_nodes(2);
+  impossible.mutable_current()->mutable_assignment()->set_node_rank(2);
+  EXPECT_EQ(h.register_req(impossible).code, Code::kInvalidArgument);
+
+  // Nothing was registered by the rejected calls.
+  EXPECT_EQ(h.status().nodes_size(), 0);
+  EXPECT_EQ(h.status().jobs_size(), 0);
+  EXPECT_EQ(h.sync_status("node-a").code, Code::kNotFound);
+  EXPECT_EQ(h.sync_status("node-c").code, Code::kNotFound);
+
+  // The edges of the id rule are accepted.
+  EXPECT_TRUE(h.add_node(std::string(128, 'n')).is_ok());
+  EXPECT_TRUE(h.add_node("A-z_0.9:x").is_ok());
+  EXPECT_EQ(h.status().nodes_size(), 2);
+}
+
+TEST(CoordinatorCore, RegisterSameIdFromAnotherHostWhileAliveIsAlreadyExists) {
+  Harness h;
+  h.start_job("j", make_spec(1, 1), {"a"}, {29500});
+
+  auto other_host = Harness::node_req("a");
+  other_host.set_hostname("host-intruder");
+  other_host.set_address("10.9.9.9");
+  EXPECT_EQ(h.register_req(other_host).code, Code::kAlreadyExists);
+
+  auto other_addr = Harness::node_req("a");
+  other_addr.set_address("10.9.9.9");
+  EXPECT_EQ(h.register_req(other_addr).code, Code::kAlreadyExists);
+
+  // Nothing changed: same host and address, still node rank 0 of the running job.
+  auto n = h.node("a");
+  ASSERT_TRUE(n);
+  EXPECT_EQ(n->hostname(), host_of("a"));
+  EXPECT_EQ(n->address(), addr_of("a"));
+  EXPECT_EQ(n->job_id(), "j");
+  EXPECT_EQ(n->node_rank(), 0);
+  auto j = h.job("j");
+  ASSERT_TRUE(j);
+  EXPECT_EQ(j->state(), pb::JOB_STATE_RUNNING);
+  EXPECT_EQ(j->round(), 0);
+  Ins in = h.ins("a");
+  EXPECT_EQ(in.action(), Ins::ACTION_RUN);
+  EXPECT_EQ(in.assignment().master_addr(), addr_of("a"));
+}
+
+TEST(CoordinatorCore, ReRegisterFromSameHostIsAcceptedAndRenewsLease) {
+  Harness h;
+  pb::RegisterNodeResponse resp;
+  ASSERT_TRUE(h.core.register_node(Harness::node_req("a"), &resp).is_ok());
+  EXPECT_EQ(resp.coordinator_id(), "coord-test");
+  EXPECT_EQ(resp.lease_ms(), 10'000);
+  EXPECT_EQ(resp.sync_wait_ms(), 2'000);
+
+  h.clock.advance(milliseconds(7'000));
+  EXPECT_EQ(h.node("a")->last_seen_ms_ago(), 7'000);
+  pb::RegisterNodeResponse again;
+  ASSERT_TRUE(h.core.register_node(Harness::node_req("a"), &again).is_ok());
+  EXPECT_EQ(again.coordinator_id(), "coord-test");
+  EXPECT_EQ(h.status().nodes_size(), 1);
+  EXPECT_EQ(h.node("a")->last_seen_ms_ago(), 0);
+
+  // The re-registration renewed the lease: 7 s + 7 s of silence is 14 s since the first
+  // registration, but only 7 s since the second.
+  h.clock.advance(milliseconds(7'000));
+  h.core.tick();
+  EXPECT_FALSE(h.node("a")->lost());
+  EXPECT_TRUE(h.sync_status("a").is_ok());
+}
+
+TEST(CoordinatorCore, GeneratedCoordinatorIdWhenNoneGiven) {
+  FakeClock clock;
+  CoordinatorOptions o;
+  CoordinatorCore core(clock, o);
+  EXPECT_EQ(core.coordinator_id().size(), 12u);
+  pb::GetStatusResponse st;
+  core.get_status(&st);
+  EXPECT_EQ(st.coordinator_id(), core.coordinator_id());
+}
+
+TEST(CoordinatorCore, LostNodeMayRegisterAgainFromAnotherHost) {
+  Harness h;
+  ASSERT_TRUE(h.add_node("a").is_ok());
+  h.clock.advance(kLease + milliseconds(1));
+  h.core.tick();
+  ASSERT_TRUE(h.node("a")->lost());
+  EXPECT_EQ(h.sync_status("a").code, Code::kNotFound);
+
+  auto moved = Harness::node_req("a");
+  moved.set_hostname("host-new");
+  moved.set_address("10.1.1.1");
+  ASSERT_TRUE(h.register_req(moved).is_ok());
+  auto n = h.node("a");
+  EXPECT_FALSE(n->lost());
+  EXPECT_EQ(n->hostname(), "host-new");
+  EXPECT_EQ(n->address(), "10.1.1.1");
+  EXPECT_TRUE(h.sync_status("a").is_ok());
+}
+
+TEST(CoordinatorCore, ReRegisterWithoutWorkersRestartsRunningJobUncounted) {
+  Harness h;
+  auto spec = make_spec(2, 2);
+  spec.set_max_restarts(0);  // a counted restart would fail the job
+  h.start_job("j", spec, {"a", "b"});
+
+  ASSERT_TRUE(h.add_node("a").is_ok());  // the agent restarted: no `current`
+  auto j = h.job("j");
+  EXPECT_EQ(j->state(), pb::JOB_STATE_RENDEZVOUS);
+  EXPECT_EQ(j->round(), 1);
+  EXPECT_EQ(j->restart_count(), 0);
+  Ins a = h.ins("a");
+  EXPECT_EQ(a.action(), Ins::ACTION_JOIN);
+  EXPECT_EQ(a.round(), 1);
+  Ins b = h.ins("b");
+  EXPECT_EQ(b.action(), Ins::ACTION_JOIN);
+  EXPECT_EQ(b.round(), 1);
+}
+
+// ================================================================================== submit
+
+TEST(CoordinatorCore, SubmitRejectsInvalidSpecs) {
+  Harness h;
+  struct Case {
+    const char* what;
+    void (*mutate)(pb::JobSpec&);
+  };
+  const Case cases[] = {
+      {"empty argv", [](pb::JobSpec& s) { s.clear_argv(); }},
+      {"empty program", [](pb::JobSpec& s) { s.set_argv(0, ""); }},
+      {"processes_per_node 0", [](pb::JobSpec& s) { s.set_processes_per_node(0); }},
+      {"processes_per_node -1", [](pb::JobSpec& s) { s.set_processes_per_node(-1); }},
+      {"min_nodes 0", [](pb::JobSpec& s) { s.set_min_nodes(0); }},
+      {"min > max", [](pb::JobSpec& s) { s.set_min_nodes(3); s.set_max_nodes(2); }},
+      {"max_restarts -1", [](pb::JobSpec& s) { s.set_max_restarts(-1); }},
+      {"join_timeout 0", [](pb::JobSpec& s) { s.set_join_timeout_ms(0); }},
+      {"last_call -1", [](pb::JobSpec& s) { s.set_last_call_ms(-1); }},
+      {"stop_timeout 0", [](pb::JobSpec& s) { s.set_stop_timeout_ms(0); }},
+      {"port -1", [](pb::JobSpec& s) { s.set_master_port(-1); }},
+      {"port 65536", [](pb::JobSpec& s) { s.set_master_port(65536); }},
+  };
+  for (const auto& c : cases) {
+    pb::JobSpec s = make_spec(1, 2);
+    c.mutate(s);
+    EXPECT_EQ(h.submit("j", s).code, Code::kInvalidArgument) << c.what;
+  }
+  EXPECT_EQ(h.submit("bad id", make_spec(1, 1)).code, Code::kInvalidArgument);
+  EXPECT_EQ(h.submit(std::string(129, 'j'), make_spec(1, 1)).code, Code::kInvalidArgument);
+
+  // Nothing was created.
+  EXPECT_EQ(h.status().jobs_size(), 0);
+  EXPECT_FALSE(h.core.job_state("j").has_value());
+  EXPECT_EQ(h.core.last_event_seq("j"), 0u);
+
+  // The edges are valid.
+  pb::JobSpec edge = make_spec(2, 2);
+  edge.set_master_port(65535);
+  edge.set_last_call_ms(0);
+  EXPECT_TRUE(h.submit("j", edge).is_ok());
+  EXPECT_EQ(h.core.job_state("j"), pb::JOB_STATE_RENDEZVOUS);
+}
+
+TEST(CoordinatorCore, SubmitDuplicateJobIdIsAlreadyExists) {
+  Harness h;
+  ASSERT_TRUE(h.submit("j", make_spec(1, 2)).is_ok());
+  uint64_t seq = h.core.last_event_seq("j");
+  EXPECT_EQ(h.submit("j", make_spec(3, 4)).code, Code::kAlreadyExists);
+  auto st = h.status();
+  ASSERT_EQ(st.jobs_size(), 1);
+  EXPECT_EQ(st.jobs(0).spec().min_nodes(), 1);
+  EXPECT_EQ(st.jobs(0).spec().max_nodes(), 2);
+  EXPECT_EQ(h.core.last_event_seq("j"), seq);
+
+  // An empty id is generated.
+  pb::SubmitJobRequest req;
+  *req.mutable_spec() = make_spec(1, 1);
+  pb::SubmitJobResponse resp;
+  ASSERT_TRUE(h.core.submit_job(req, &resp).is_ok());
+  EXPECT_TRUE(starts_with(resp.job_id(), "job-")) << resp.job_id();
+  EXPECT_NE(resp.job_id(), "j");
+  EXPECT_EQ(h.core.job_state(resp.job_id()), pb::JOB_STATE_RENDEZVOUS);
+}
+
+TEST(CoordinatorCore, SubmittedJobOpensRoundZero) {
+  Harness h;
+  auto spec = make_spec(2, 4);
+  spec.set_submitted_by("ada@laptop");
+  ASSERT_TRUE(h.submit("j", spec).is_ok());
+  auto j = h.job("j");
+  ASSERT_TRUE(j);
+  EXPECT_EQ(j->state(), pb::JOB_STATE_RENDEZVOUS);
+  EXPECT_EQ(j->round(), 0);
+  EXPECT_EQ(j->restart_count(), 0);
+  EXPECT_EQ(j->num_nodes(), 0);
+
+  auto w = h.watch("j", 0);
+  ASSERT_EQ(w.events_size(), 3);
+  EXPECT_EQ(w.events(0).state(), pb::JOB_STATE_PENDING);
+  EXPECT_EQ(w.events(1).state(), pb::JOB_STATE_RENDEZVOUS);
+  EXPECT_NE(w.events(2).message().find("round 0 open (submitted by ada@laptop): waiting for 2 to 4 nodes"),
+            std::string::npos)
+      << w.events(2).message();
+  EXPECT_FALSE(w.done());
+  EXPECT_EQ(w.state(), pb::JOB_STATE_RENDEZVOUS);
+  EXPECT_EQ(w.coordinator_id(), "coord-test");
+}
+
+// ============================================================================== instructions
+
+TEST(CoordinatorCore, IdleNodeJoinsWaitsAndRunsWithAssignment) {
+  Harness h;
+  ASSERT_TRUE(h.add_node("a").is_ok());
+  ASSERT_TRUE(h.add_node("b").is_ok());
+  EXPECT_EQ(h.ins("a").action(), Ins::ACTION_IDLE);  // no job yet
+
+  auto spec = make_spec(2, 2, /*ppn=*/4);
+  ASSERT_TRUE(h.submit("j", spec).is_ok());
+
+  Ins a = h.ins("a");
+  EXPECT_EQ(a.action(), Ins::ACTION_JOIN);
+  EXPECT_EQ(a.job_id(), "j");
+  EXPECT_EQ(a.round(), 0);
+  EXPECT_EQ(a.spec().argv_size(), 2);
+  EXPECT_EQ(a.spec().argv(1), "train.py");
+  EXPECT_FALSE(a.has_assignment());
+
+  ASSERT_TRUE(h.join("a", "j", 0, 29500).is_ok());
+  a = h.ins("a");
+  EXPECT_EQ(a.action(), Ins::ACTION_WAIT);
+  EXPECT_EQ(a.job_id(), "j");
+  EXPECT_EQ(a.round(), 0);
+  EXPECT_EQ(h.core.job_state("j"), pb::JOB_STATE_RENDEZVOUS);
+
+  Ins b = h.ins("b");
+  EXPECT_EQ(b.action(), Ins::ACTION_JOIN);
+  ASSERT_TRUE(h.join("b", "j", 0, 29600).is_ok());
+  EXPECT_EQ(h.core.job_state("j"), pb::JOB_STATE_RUNNING);
+
+  a = h.ins("a");
+  b = h.ins("b");
+  ASSERT_EQ(a.action(), Ins::ACTION_RUN);
+  ASSERT_EQ(b.action(), Ins::ACTION_RUN);
+  EXPECT_EQ(a.job_id(), "j");
+  EXPECT_EQ(a.round(), 0);
+  EXPECT_EQ(a.spec().processes_per_node(), 4);
+  EXPECT_EQ(a.assignment().node_rank(), 0);
+  EXPECT_EQ(a.assignment().rank_offset(), 0);
+  EXPECT_EQ(b.assignment().node_rank(), 1);
+  EXPECT_EQ(b.assignment().rank_offset(), 4);
+  for (const Ins* in : {&a, &b}) {
+    EXPECT_EQ(in->assignment().num_nodes(), 2);
+    EXPECT_EQ(in->assignment().world_size(), 8);
+    EXPECT_EQ(in->assignment().master_addr(), addr_of("a"));
+    EXPECT_EQ(in->assignment().master_port(), 29500);  // node rank 0's port, not b's
+    EXPECT_EQ(in->assignment().restart_count(), 0);
+  }
+
+  auto j = h.job("j");
+  EXPECT_EQ(j->state(), pb::JOB_STATE_RUNNING);
+  EXPECT_EQ(j->num_nodes(), 2);
+  EXPECT_EQ(j->world_size(), 8);
+  ASSERT_EQ(j->node_ids_size(), 2);
+  EXPECT_EQ(j->node_ids(0), "a");
+  EXPECT_EQ(j->node_ids(1), "b");
+  EXPECT_EQ(h.node("b")->node_rank(), 1);
+  EXPECT_EQ(h.node("b")->job_id(), "j");
+}
+
+TEST(CoordinatorCore, FixedMasterPortOverridesJoinedPort) {
+  Harness h;
+  auto spec = make_spec(2, 2);
+  spec.set_master_port(23456);
+  h.start_job("j", spec, {"a", "b"}, {29500, 29600});
+  EXPECT_EQ(h.ins("a").assignment().master_port(), 23456);
+  EXPECT_EQ(h.ins("b").assignment().master_port(), 23456);
+}
+
+TEST(CoordinatorCore, RetriedJoinIsIdempotentAndKeepsLatestPort) {
+  Harness h;
+  ASSERT_TRUE(h.add_node("a").is_ok());
+  ASSERT_TRUE(h.add_node("b").is_ok());
+  ASSERT_TRUE(h.submit("j", make_spec(2, 2)).is_ok());
+  ASSERT_TRUE(h.join("a", "j", 0, 1111).is_ok());
+  ASSERT_TRUE(h.join("a", "j", 0, 2222).is_ok());  // retried: not a second member
+  EXPECT_EQ(h.core.job_state("j"), pb::JOB_STATE_RENDEZVOUS);
+  ASSERT_TRUE(h.join("b", "j", 0, 3333).is_ok());
+  auto j = h.job("j");
+  EXPECT_EQ(j->state(), pb::JOB_STATE_RUNNING);
+  EXPECT_EQ(j->num_nodes(), 2);
+  EXPECT_EQ(h.ins("b").assignment().master_port(), 2222);
+}
+
+TEST(CoordinatorCore, MachineRankHintsOrderNodeRanks) {
+  Harness h;
+  ASSERT_TRUE(h.add_node("x", 1).is_ok());
+  ASSERT_TRUE(h.add_node("y", 2).is_ok());
+  ASSERT_TRUE(h.add_node("z", 0).is_ok());
+  ASSERT_TRUE(h.submit("j", make_spec(3, 3, /*ppn=*/2)).is_ok());
+  // Machine rank 0 joins last.
+  h.join_all("j", {"x", "y", "z"}, {1001, 1002, 1003});
+  ASSERT_EQ(h.core.job_state("j"), pb::JOB_STATE_RUNNING);
+
+  Ins x = h.ins("x"), y = h.ins("y"), z = h.ins("z");
+  EXPECT_EQ(z.assignment().node_rank(), 0);
+  EXPECT_EQ(x.assignment().node_rank(), 1);
+  EXPECT_EQ(y.assignment().node_rank(), 2);
+  EXPECT_EQ(z.assignment().rank_offset(), 0);
+  EXPECT_EQ(x.assignment().rank_offset(), 2);
+  EXPECT_EQ(y.assignment().rank_offset(), 4);
+  for (const Ins* in : {&x, &y, &z}) {
+    EXPECT_EQ(in->assignment().master_addr(), addr_of("z"));
+    EXPECT_EQ(in->assignment().master_port(), 1003);
+    EXPECT_EQ(in->assignment().world_size(), 6);
+  }
+}
+
+TEST(CoordinatorCore, NodesWithoutMachineRankComeAfterHintedOnesInJoinOrder) {
+  Harness h;
+  ASSERT_TRUE(h.add_node("p").is_ok());
+  ASSERT_TRUE(h.add_node("q").is_ok());
+  ASSERT_TRUE(h.add_node("r", 0).is_ok());
+  ASSERT_TRUE(h.submit("j", make_spec(3, 3)).is_ok());
+  h.join_all("j", {"q", "p", "r"});
+  auto j = h.job("j");
+  ASSERT_EQ(j->node_ids_size(), 3);
+  EXPECT_EQ(j->node_ids(0), "r");
+  EXPECT_EQ(j->node_ids(1), "q");
+  EXPECT_EQ(j->node_ids(2), "p");
+}
+
+TEST(CoordinatorCore, OldestJobIsOfferedFirstAndOnlyJobIdIsRespected) {
+  Harness h;
+  ASSERT_TRUE(h.submit("zeta", make_spec(1, 1)).is_ok());   // submitted first
+  ASSERT_TRUE(h.submit("alpha", make_spec(1, 1)).is_ok());  // sorts first by name
+  ASSERT_TRUE(h.add_node("a").is_ok());
+  ASSERT_TRUE(h.add_node("b", -1, "alpha").is_ok());
+
+  Ins a = h.ins("a");
+  EXPECT_EQ(a.action(), Ins::ACTION_JOIN);
+  EXPECT_EQ(a.job_id(), "zeta");
+  Ins b = h.ins("b");
+  EXPECT_EQ(b.action(), Ins::ACTION_JOIN);
+  EXPECT_EQ(b.job_id(), "alpha");
+  EXPECT_EQ(h.join("b", "zeta", 0).code, Code::kFailedPrecondition);
+
+  ASSERT_TRUE(h.join("a", "zeta", 0).is_ok());
+  EXPECT_EQ(h.core.job_state("zeta"), pb::JOB_STATE_RUNNING);
+  // a runs zeta: it may not join alpha as well.
+  EXPECT_EQ(h.join("a", "alpha", 0).code, Code::kFailedPrecondition);
+  EXPECT_EQ(h.ins("a").action(), Ins::ACTION_RUN);
+  EXPECT_EQ(h.core.job_state("alpha"), pb::JOB_STATE_RENDEZVOUS);
+}
+
+// ================================================================================= elastic
+
+TEST(CoordinatorCore, ElasticRoundClosesOnlyAfterLastCall) {
+  Harness h;
+  auto spec = make_spec(2, 4);
+  spec.set_last_call_ms(5'000);
+  ASSERT_TRUE(h.add_node("a").is_ok());
+  ASSERT_TRUE(h.add_node("b").is_ok());
+  ASSERT_TRUE(h.submit("j", spec).is_ok());
+
+  h.join_all("j", {"a"});
+  h.clock.advance(milliseconds(6'000));  // long past last_call, but only 1 of 2 nodes
+  h.core.tick();
+  EXPECT_EQ(h.core.job_state("j"), pb::JOB_STATE_RENDEZVOUS);
+
+  h.join_all("j", {"b"});  // min reached now
+  h.core.tick();
+  EXPECT_EQ(h.core.job_state("j"), pb::JOB_STATE_RENDEZVOUS);
+  h.clock.advance(milliseconds(4'999));
+  h.sync_resp("a");
+  h.sync_resp("b");
+  h.core.tick();
+  EXPECT_EQ(h.core.job_state("j"), pb::JOB_STATE_RENDEZVOUS);
+  EXPECT_EQ(h.ins("a").action(), Ins::ACTION_WAIT);
+
+  h.clock.advance(milliseconds(1));
+  EXPECT_EQ(h.core.job_state("j"), pb::JOB_STATE_RENDEZVOUS);  // time alone changes nothing
+  h.core.tick();
+  auto j = h.job("j");
+  EXPECT_EQ(j->state(), pb::JOB_STATE_RUNNING);
+  EXPECT_EQ(j->num_nodes(), 2);
+  EXPECT_EQ(j->world_size(), 4);
+  Ins b = h.ins("b");
+  ASSERT_EQ(b.action(), Ins::ACTION_RUN);
+  EXPECT_EQ(b.assignment().num_nodes(), 2);
+  EXPECT_EQ(b.assignment().world_size(), 4);
+}
+
+TEST(CoordinatorCore, ElasticRoundClosesAtOnceWhenMaxNodesJoin) {
+  Harness h;
+  auto spec = make_spec(2, 3);
+  spec.set_last_call_ms(60'000);
+  for (const char* id : {"a", "b", "c"}) ASSERT_TRUE(h.add_node(id).is_ok());
+  ASSERT_TRUE(h.submit("j", spec).is_ok());
+  h.join_all("j", {"a", "b"});
+  EXPECT_EQ(h.core.job_state("j"), pb::JOB_STATE_RENDEZVOUS);
+  h.join_all("j", {"c"});
+  auto j = h.job("j");
+  EXPECT_EQ(j->state(), pb::JOB_STATE_RUNNING);  // no tick needed
+  EXPECT_EQ(j->num_nodes(), 3);
+  EXPECT_EQ(h.ins("c").assignment().world_size(), 6);
+}
+
+TEST(CoordinatorCore, JoinTimeoutWithFewerThanMinNodesFailsJob) {
+  Harness h;
+  auto spec = make_spec(2, 4);
+  spec.set_join_timeout_ms(8'000);
+  ASSERT_TRUE(h.add_node("a").is_ok());
+  ASSERT_TRUE(h.submit("j", spec).is_ok());
+  h.join_all("j", {"a"});
+
+  h.clock.advance(milliseconds(7'999));
+  h.core.tick();
+  EXPECT_EQ(h.core.job_state("j"), pb::JOB_STATE_RENDEZVOUS);
+  h.clock.advance(milliseconds(1));
+  h.core.tick();
+
+  auto j = h.job("j");
+  EXPECT_EQ(j->state(), pb::JOB_STATE_FAILED);
+  EXPECT_EQ(j->exit_code(), 1);
+  auto w = h.watch("j", 0);
+  EXPECT_TRUE(w.done());
+  EXPECT_EQ(w.outcome().state(), pb::JOB_STATE_FAILED);
+  EXPECT_EQ(w.outcome().exit_code(), 1);
+  EXPECT_NE(w.outcome().summary().find("only 1 of the 2 nodes it needs joined round 0 within join_timeout (8000 ms)"),
+            std::string::npos)
+      << w.outcome().summary();
+  EXPECT_TRUE(has_message(w, "only 1 of the 2 nodes"));
+
+  Ins a = h.ins("a");
+  EXPECT_EQ(a.action(), Ins::ACTION_IDLE);
+  EXPECT_EQ(a.last_job().job_id(), "j");
+  EXPECT_EQ(a.last_job().state(), pb::JOB_STATE_FAILED);
+  EXPECT_EQ(a.last_job().exit_code(), 1);
+  EXPECT_EQ(h.node("a")->job_id(), "");
+}
+
+// ====================================================================== stale / out of order
+
+TEST(CoordinatorCore, StaleOrUnknownJoinChangesNothing) {
+  Harness h;
+  auto spec = make_spec(2, 2);
+  spec.set_max_restarts(1);
+  for (const char* id : {"a", "b", "c"}) ASSERT_TRUE(h.add_node(id).is_ok());
+  ASSERT_TRUE(h.submit("j", spec).is_ok());
+  h.join_all("j", {"a"});
+
+  EXPECT_EQ(h.join("c", "nope", 0).code, Code::kNotFound);
+  EXPECT_EQ(h.join("ghost", "j", 0).code, Code::kNotFound);
+  EXPECT_EQ(h.join("c", "j", 1).code, Code::kFailedPrecondition);  // a round not open yet
+  EXPECT_EQ(h.join("c", "j", 0, 70'000).code, Code::kInvalidArgument);
+  EXPECT_EQ(h.join("c", "j", 0, -1).code, Code::kInvalidArgument);
+  // c is still free and still told to join round 0; the round did not close.
+  EXPECT_EQ(h.node("c")->job_id(), "");
+  Ins c = h.ins("c");
+  EXPECT_EQ(c.action(), Ins::ACTION_JOIN);
+  EXPECT_EQ(c.round(), 0);
+  EXPECT_EQ(h.core.job_state("j"), pb::JOB_STATE_RENDEZVOUS);
+
+  h.join_all("j", {"b"});
+  ASSERT_EQ(h.core.job_state("j"), pb::JOB_STATE_RUNNING);
+  EXPECT_EQ(h.join("c", "j", 0).code, Code::kFailedPrecondition);  // closed
+  EXPECT_EQ(h.ins("c").action(), Ins::ACTION_IDLE);
+  auto j = h.job("j");
+  ASSERT_EQ(j->node_ids_size(), 2);
+  EXPECT_EQ(j->node_ids(0), "a");
+  EXPECT_EQ(j->node_ids(1), "b");
+
+  // A failure opens round 1; a join of the old round is refused and changes nothing.
+  ASSERT_TRUE(h.report("a", "j", 0, Rep::EVENT_FAILED, {exit_failure(0, 1, 0, h.clock.unix_ms())}).is_ok());
+  ASSERT_EQ(h.job("j")->round(), 1);
+  EXPECT_EQ(h.join("a", "j", 0).code, Code::kFailedPrecondition);
+  Ins a = h.ins("a");
+  EXPECT_EQ(a.action(), Ins::ACTION_JOIN);  // not WAIT: not joined
+  EXPECT_EQ(a.round(), 1);
+  j = h.job("j");
+  EXPECT_EQ(j->state(), pb::JOB_STATE_RENDEZVOUS);
+  EXPECT_EQ(j->round(), 1);
+  EXPECT_EQ(j->restart_count(), 1);
+
+  // The new round is open to c too.
+  Ins c1 = h.ins("c");
+  EXPECT_EQ(c1.action(), Ins::ACTION_JOIN);
+  EXPECT_EQ(c1.round(), 1);
+  EXPECT_TRUE(h.join("c", "j", 1).is_ok());
+  EXPECT_EQ(h.ins("c").action(), Ins::ACTION_WAIT);
+}
+
+TEST(CoordinatorCore, ReportGroupRejectsNonMembersAndMalformedReports) {
+  Harness h;
+  auto spec = make_spec(2, 2);
+  spec.set_max_restarts(1);
+  h.start_job("j", spec, {"a", "b"});
+  ASSERT_TRUE(h.add_node("c").is_ok());
+  uint64_t seq = h.core.last_event_seq("j");
+  const auto f = exit_failure(0, 1, 0, h.clock.unix_ms());
+
+  EXPECT_EQ(h.report("c", "j", 0, Rep::EVENT_FAILED, {f}).code, Code::kFailedPrecondition);
+  EXPECT_EQ(h.report("a", "j", 7, Rep::EVENT_STARTED).code, Code::kFailedPrecondition);
+  EXPECT_EQ(h.report("a", "j", 7, Rep::EVENT_FAILED, {f}).code, Code::kFailedPrecondition);
+  EXPECT_EQ(h.report("a", "j", 0, Rep::EVENT_FAILED).code, Code::kInvalidArgument);
+  EXPECT_EQ(h.report("a", "j", 0, Rep::EVENT_UNSPECIFIED).code, Code::kInvalidArgument);
+  EXPECT_EQ(h.report("ghost", "j", 0, Rep::EVENT_STARTED).code, Code::kNotFound);
+  EXPECT_EQ(h.report("a", "nope", 0, Rep::EVENT_STARTED).code, Code::kNotFound);
+
+  auto j = h.job("j");
+  EXPECT_EQ(j->state(), pb::JOB_STATE_RUNNING);
+  EXPECT_EQ(j->round(), 0);
+  EXPECT_EQ(j->restart_count(), 0);
+  EXPECT_FALSE(j->has_last_failure());
+  EXPECT_EQ(h.core.last_event_seq("j"), seq);
+
+  // Round 1 is open but not closed: nobody is a member of it yet; round 0 is over.
+  ASSERT_TRUE(h.report("a", "j", 0, Rep::EVENT_FAILED, {f}).is_ok());
+  ASSERT_EQ(h.job("j")->round(), 1);
+  EXPECT_EQ(h.report("a", "j", 1, Rep::EVENT_FAILED, {f}).code, Code::kFailedPrecondition);
+  EXPECT_EQ(h.report("b", "j", 0, Rep::EVENT_SUCCEEDED).code, Code::kFailedPrecondition);
+  EXPECT_EQ(h.report("b", "j", 0, Rep::EVENT_STARTED).code, Code::kFailedPrecondition);
+  EXPECT_EQ(h.job("j")->restart_count(), 1);
+  EXPECT_EQ(h.job("j")->state(), pb::JOB_STATE_RENDEZVOUS);
+}
+
+// ================================================================================ restarts
+
+TEST(CoordinatorCore, RestartBudgetIsCountedOnceForTheWholeJob) {
+  Harness h;
+  auto spec = make_spec(2, 2);
+  spec.set_max_restarts(1);
+  h.start_job("j", spec, {"a", "b"}, {29500, 29600});
+  const int64_t t = h.clock.unix_ms();
+
+  // a's group fails first: one counted restart, round 1 opens.
+  ASSERT_TRUE(h.report("a", "j", 0, Rep::EVENT_FAILED, {exit_failure(1, 1, 0, t + 100, "oops")}).is_ok());
+  auto j = h.job("j");
+  EXPECT_EQ(j->state(), pb::JOB_STATE_RENDEZVOUS);
+  EXPECT_EQ(j->round(), 1);
+  EXPECT_EQ(j->restart_count(), 1);
+  for (const char* id : {"a", "b"}) {
+    Ins in = h.ins(id);
+    EXPECT_EQ(in.action(), Ins::ACTION_JOIN) << id;
+    EXPECT_EQ(in.round(), 1) << id;
+  }
+
+  // b's report of the same round arrives late: recorded, not counted again.
+  ASSERT_TRUE(h.report("b", "j", 0, Rep::EVENT_FAILED, {exit_failure(2, 0, 15, t + 200)}).is_ok());
+  j = h.job("j");
+  EXPECT_EQ(j->state(), pb::JOB_STATE_RENDEZVOUS);
+  EXPECT_EQ(j->round(), 1);
+  EXPECT_EQ(j->restart_count(), 1);
+  EXPECT_EQ(count_failure_events(h.watch("j", 0)), 2);
+  EXPECT_EQ(h.ins("b").round(), 1);
+
+  h.join_all("j", {"a", "b"}, {29501, 29601});
+  ASSERT_EQ(h.core.job_state("j"), pb::JOB_STATE_RUNNING);
+  Ins a = h.ins("a");
+  EXPECT_EQ(a.round(), 1);
+  EXPECT_EQ(a.assignment().restart_count(), 1);
+  EXPECT_EQ(a.assignment().master_port(), 29501);
+
+  // The second failure finds no restart left: the job fails with 128 + SIGKILL.
+  ASSERT_TRUE(h.report("b", "j", 1, Rep::EVENT_FAILED, {exit_failure(3, 0, 9, t + 5'000)}).is_ok());
+  j = h.job("j");
+  EXPECT_EQ(j->state(), pb::JOB_STATE_FAILED);
+  EXPECT_EQ(j->exit_code(), 137);
+  EXPECT_EQ(j->restart_count(), 1);
+  EXPECT_EQ(j->round(), 1);
+  EXPECT_EQ(j->last_failure().signal(), 9);
+  EXPECT_EQ(j->last_failure().node_id(), "b");
+
+  for (const char* id : {"a", "b"}) {
+    Ins in = h.ins(id);
+    EXPECT_EQ(in.action(), Ins::ACTION_IDLE) << id;
+    EXPECT_EQ(in.last_job().job_id(), "j");
+    EXPECT_EQ(in.last_job().state(), pb::JOB_STATE_FAILED);
+    EXPECT_EQ(in.last_job().exit_code(), 137);
+  }
+  auto w = h.watch("j", 0);
+  ASSERT_TRUE(w.done());
+  const std::string& summary = w.outcome().summary();
+  EXPECT_NE(summary.find("no restarts left (max_restarts 1)"), std::string::npos) << summary;
+  std::string root = marked_line(summary);
+  EXPECT_NE(root.find("rank 3 on host-b (pid 1003) failed: signal 9"), std::string::npos) << summary;
+  // Round 0's root cause (a's, the earlier of the two) is listed as an earlier round.
+  std::string earlier = line_with(summary, "earlier: round 0");
+  EXPECT_NE(earlier.find("rank 1 on host-a"), std::string::npos) << summary;
+}
+
+TEST(CoordinatorCore, FailedJobExitCodeIsTheRootCausesExitCode) {
+  Harness h;
+  h.start_job("j", make_spec(1, 1), {"a"});
+  ASSERT_TRUE(h.report("a", "j", 0, Rep::EVENT_FAILED, {exit_failure(0, 42, 0, h.clock.unix_ms())}).is_ok());
+  EXPECT_EQ(h.job("j")->state(), pb::JOB_STATE_FAILED);
+  EXPECT_EQ(h.job("j")->exit_code(), 42);
+}
+
+TEST(CoordinatorCore, RootCauseIsTheEarliestFailureEvenWhenReportedLater) {
+  Harness h;
+  h.start_job("j", make_spec(2, 2), {"a", "b"});
+  const int64_t t = h.clock.unix_ms();
+
+  // One report, earliest second in the list: the earliest still wins.
+  ASSERT_TRUE(h.report("a", "j", 0, Rep::EVENT_FAILED,
+                       {exit_failure(1, 6, 0, t + 3'000, "NCCL error"), exit_failure(0, 3, 0, t + 2'000, "boom")})
+                  .is_ok());
+  auto j = h.job("j");
+  ASSERT_EQ(j->state(), pb::JOB_STATE_FAILED);
+  EXPECT_EQ(j->exit_code(), 3);
+  EXPECT_EQ(j->last_failure().rank(), 0);
+  EXPECT_EQ(j->last_failure().message(), "boom");
+
+  // b's failure happened earlier but is reported after the job ended.
+  auto late = exit_failure(2, 0, 11, t + 1'000, "segfault");
+  late.add_stderr_tail("Segmentation fault (core dumped)");
+  ASSERT_TRUE(h.report("b", "j", 0, Rep::EVENT_FAILED, {late}).is_ok());
+
+  j = h.job("j");
+  EXPECT_EQ(j->state(), pb::JOB_STATE_FAILED);
+  EXPECT_EQ(j->last_failure().node_id(), "b");
+  EXPECT_EQ(j->last_failure().hostname(), host_of("b"));  // filled in from the registration
+  EXPECT_EQ(j->last_failure().kind(), pb::Failure::KIND_EXIT);
+  EXPECT_EQ(j->last_failure().signal(), 11);
+  EXPECT_EQ(j->last_failure().round(), 0);
+
+  auto w = h.watch("j", 0);
+  ASSERT_TRUE(w.done());
+  const std::string& summary = w.outcome().summary();
+  EXPECT_NE(marked_line(summary).find("rank 2 on host-b (pid 1002) failed: signal 11: segfault"),
+            std::string::npos)
+      << summary;
+  EXPECT_TRUE(starts_with(line_with(summary, "  rank 0 on host-a"), "  ")) << summary;  // table row, unmarked
+  EXPECT_TRUE(starts_with(line_with(summary, "  rank 1 on host-a"), "  ")) << summary;
+  // The exit code follows the root cause; the first line still says why the job ended.
+  EXPECT_EQ(w.outcome().exit_code(), 128 + 11);
+  EXPECT_TRUE(starts_with(summary, "accel: job j: rank 0 on host-a")) << summary;
+  EXPECT_NE(summary.find("stderr| Segmentation fault (core dumped)"), std::string::npos) << summary;
+  // Nodes are told the updated summary too.
+  Ins a = h.ins("a");
+  EXPECT_EQ(a.last_job().summary(), summary);
+}
+
+TEST(CoordinatorCore, LateFailureEventKeepsItsOwnRound) {
+  Harness h;
+  auto spec = make_spec(2, 2);
+  spec.set_max_restarts(3);
+  h.start_job("j", spec, {"a", "b"});
+  const int64_t t = h.clock.unix_ms();
+  ASSERT_TRUE(h.report("a", "j", 0, Rep::EVENT_FAILED, {exit_failure(0, 1, 0, t)}).is_ok());
+  ASSERT_EQ(h.job("j")->round(), 1);
+  ASSERT_TRUE(h.report("b", "j", 0, Rep::EVENT_FAILED, {exit_failure(2, 1, 0, t + 1)}).is_ok());
+
+  auto w = h.watch("j", 0);
+  int seen = 0;
+  for (const auto& ev : w.events()) {
+    if (!ev.has_failure()) continue;
+    ++seen;
+    EXPECT_EQ(ev.failure().round(), 0);
+    EXPECT_EQ(ev.round(), 0) << "the failure event of node " << ev.failure().node_id()
+                             << " is labelled with the job's current round";
+  }
+  EXPECT_EQ(seen, 2);
+}
+
+TEST(CoordinatorCore, FailureSummaryFormatting) {
+  std::vector<pb::Failure> fs;
+  auto f0 = exit_failure(0, 1, 0, 5'000);
+  f0.set_round(0);
+  f0.set_node_id("a");
+  f0.set_hostname("host-a");
+  fs.push_back(f0);
+  auto f1 = exit_failure(0, 1, 0, 9'000, "late");
+  f1.set_round(1);
+  f1.set_node_id("a");
+  f1.set_hostname("host-a");
+  fs.push_back(f1);
+  auto f2 = exit_failure(2, 0, 9, 8'000);
+  f2.set_round(1);
+  f2.set_node_id("b");
+  f2.set_hostname("host-b");
+  f2.add_stderr_tail("Killed");
+  fs.push_back(f2);
+
+  std::string s = format_failure_summary("j", fs, 1, 2);
+  EXPECT_TRUE(starts_with(s, "accel: failures of job j, round 1 (root cause = the earliest, marked *):\n")) << s;
+  EXPECT_NE(marked_line(s).find("rank 2 on host-b (pid 1002) failed: signal 9"), std::string::npos) << s;
+  EXPECT_TRUE(starts_with(line_with(s, "rank 0 on host-a (pid 1000) failed: exit code 1: late"), "  ")) << s;
+  EXPECT_NE(s.find("      stderr| Killed\n"), std::string::npos) << s;
+  EXPECT_NE(line_with(s, "earlier: round 0").find("rank 0 on host-a"), std::string::npos) << s;
+
+  // No root: nothing marked.
+  std::string unmarked = format_failure_summary("j", fs, 1, std::nullopt);
+  EXPECT_EQ(marked_line(unmarked), "") << unmarked;
+
+  EXPECT_EQ(failure_status_code(f2), 137);
+  EXPECT_EQ(failure_status_code(exit_failure(0, 3, 0, 0)), 3);
+  pb::Failure lost;
+  lost.set_kind(pb::Failure::KIND_NODE_LOST);
+  lost.set_node_id("c");
+  lost.set_message("no heartbeat");
+  EXPECT_EQ(failure_status_code(lost), 1);
+  EXPECT_EQ(describe_failure(lost), "node c lost: no heartbeat");
+  pb::Failure hang;
+  hang.set_kind(pb::Failure::KIND_HANG);
+  hang.set_rank(5);
+  hang.set_hostname("h");
+  hang.set_message("allreduce");
+  EXPECT_EQ(failure_status_code(hang), 1);
+  EXPECT_EQ(describe_failure(hang), "rank 5 on h hung: allreduce");
+  EXPECT_EQ(job_state_name(pb::JOB_STATE_RESTARTING), "RESTARTING");
+}
+
+// =================================================================================== lease
+
+TEST(CoordinatorCore, SilentNodeIsLostAndSurvivorsRunWithFewerNodes) {
+  Harness h;
+  auto spec = make_spec(2, 3, /*ppn=*/2);
+  spec.set_max_restarts(0);  // a counted restart would fail the job
+  h.start_job("j", spec, {"a", "b", "c"});
+  ASSERT_EQ(h.job("j")->world_size(), 6);
+  const int64_t c_last_seen = h.clock.unix_ms();
+
+  h.clock.advance(milliseconds(5'000));
+  h.sync_resp("a");
+  h.sync_resp("b");
+  h.clock.advance(milliseconds(5'000));  // c silent exactly one lease: not yet lost
+  h.core.tick();
+  EXPECT_FALSE(h.node("c")->lost());
+  EXPECT_EQ(h.core.job_state("j"), pb::JOB_STATE_RUNNING);
+
+  h.clock.advance(milliseconds(1));
+  h.core.take_changes();
+  h.core.tick();
+  EXPECT_TRUE(h.node("c")->lost());
+  EXPECT_FALSE(h.node("a")->lost());
+  EXPECT_TRUE(h.core.take_changes().nodes.contains("c"));
+
+  auto j = h.job("j");
+  EXPECT_EQ(j->state(), pb::JOB_STATE_RENDEZVOUS);
+  EXPECT_EQ(j->round(), 1);
+  EXPECT_EQ(j->restart_count(), 0);
+  EXPECT_EQ(j->last_failure().kind(), pb::Failure::KIND_NODE_LOST);
+  EXPECT_EQ(j->last_failure().node_id(), "c");
+  EXPECT_EQ(j->last_failure().round(), 0);
+  EXPECT_EQ(j->last_failure().rank(), -1);
+  EXPECT_EQ(j->last_failure().time_unix_ms(), c_last_seen);  // when it went silent
+  EXPECT_EQ(count_failure_events(h.watch("j", 0)), 1);
+
+  EXPECT_EQ(h.sync_status("c").code, Code::kNotFound);
+  pb::SyncResponse ignored;
+  EXPECT_EQ(h.core.instruction("c", &ignored).code, Code::kNotFound);
+  EXPECT_EQ(h.join("c", "j", 1).code, Code::kNotFound);
+
+  // The survivors (min_nodes 2) rejoin and run with world size 4.
+  h.join_all("j", {"a", "b"});
+  EXPECT_EQ(h.core.job_state("j"), pb::JOB_STATE_RENDEZVOUS);  // last_call
+  h.clock.advance(milliseconds(1'000));
+  h.core.tick();
+  j = h.job("j");
+  EXPECT_EQ(j->state(), pb::JOB_STATE_RUNNING);
+  EXPECT_EQ(j->num_nodes(), 2);
+  EXPECT_EQ(j->world_size(), 4);
+  EXPECT_EQ(j->restart_count(), 0);
+  Ins b = h.ins("b");
+  ASSERT_EQ(b.action(), Ins::ACTION_RUN);
+  EXPECT_EQ(b.round(), 1);
+  EXPECT_EQ(b.assignment().num_nodes(), 2);
+  EXPECT_EQ(b.assignment().world_size(), 4);
+  EXPECT_EQ(b.assignment().node_rank(), 1);
+  EXPECT_EQ(b.assignment().rank_offset(), 2);
+
+  // The lost node comes back: the job grows again (not counted).
+  ASSERT_TRUE(h.add_node("c").is_ok());
+  h.core.tick();
+  j = h.job("j");
+  EXPECT_EQ(j->state(), pb::JOB_STATE_RENDEZVOUS);
+  EXPECT_EQ(j->round(), 2);
+  EXPECT_EQ(j->restart_count(), 0);
+}
+
+TEST(CoordinatorCore, InstructionDoesNotRenewTheLease) {
+  Harness h;
+  ASSERT_TRUE(h.add_node("a").is_ok());
+  h.clock.advance(milliseconds(9'000));
+  pb::SyncResponse resp;
+  ASSERT_TRUE(h.core.instruction("a", &resp).is_ok());
+  EXPECT_EQ(resp.instruction().action(), Ins::ACTION_IDLE);
+  h.clock.advance(milliseconds(1'001));
+  h.core.tick();
+  EXPECT_TRUE(h.node("a")->lost());
+  EXPECT_EQ(h.core.instruction("a", &resp).code, Code::kNotFound);
+}
+
+TEST(CoordinatorCore, NodeLostWhileJoinedLeavesTheOpenRound) {
+  Harness h;
+  auto spec = make_spec(2, 3);
+  spec.set_last_call_ms(0);
+  ASSERT_TRUE(h.add_node("a").is_ok());
+  ASSERT_TRUE(h.add_node("b").is_ok());
+  ASSERT_TRUE(h.submit("j", spec).is_ok());
+  h.join_all("j", {"a"});
+  h.clock.advance(milliseconds(6'000));
+  h.sync_resp("b");
+  h.clock.advance(milliseconds(4'001));
+  h.core.tick();  // a is lost before b joins
+  ASSERT_TRUE(h.node("a")->lost());
+  h.join_all("j", {"b"});
+  h.core.tick();
+  // Only one node is in the round now: it must not close with fewer than min_nodes.
+  EXPECT_EQ(h.core.job_state("j"), pb::JOB_STATE_RENDEZVOUS);
+  EXPECT_EQ(h.job("j")->restart_count(), 0);
+  EXPECT_FALSE(h.job("j")->has_last_failure());
+}
+
+// ============================================================================ elastic grow
+
+TEST(CoordinatorCore, RunningElasticJobGrowsWhenANewNodeRegisters) {
+  Harness h;
+  auto spec = make_spec(1, 2, /*ppn=*/3);
+  spec.set_last_call_ms(0);
+  spec.set_max_restarts(0);
+  ASSERT_TRUE(h.add_node("a").is_ok());
+  ASSERT_TRUE(h.submit("j", spec).is_ok());
+  h.join_all("j", {"a"});
+  h.core.tick();
+  ASSERT_EQ(h.core.job_state("j"), pb::JOB_STATE_RUNNING);
+  ASSERT_EQ(h.job("j")->num_nodes(), 1);
+  h.core.tick();  // nobody waiting: nothing happens
+  EXPECT_EQ(h.job("j")->round(), 0);
+  EXPECT_EQ(h.core.job_state("j"), pb::JOB_STATE_RUNNING);
+
+  ASSERT_TRUE(h.add_node("b").is_ok());
+  EXPECT_EQ(h.core.job_state("j"), pb::JOB_STATE_RUNNING);  // applied on tick
+  h.core.tick();
+  auto j = h.job("j");
+  EXPECT_EQ(j->state(), pb::JOB_STATE_RENDEZVOUS);
+  EXPECT_EQ(j->round(), 1);
+  EXPECT_EQ(j->restart_count(), 0);
+  EXPECT_TRUE(has_message(h.watch("j", 0), "elastic grow"));
+
+  Ins a = h.ins("a"), b = h.ins("b");
+  EXPECT_EQ(a.action(), Ins::ACTION_JOIN);
+  EXPECT_EQ(a.round(), 1);
+  EXPECT_EQ(b.action(), Ins::ACTION_JOIN);
+  EXPECT_EQ(b.round(), 1);
+  h.join_all("j", {"a", "b"});
+  j = h.job("j");
+  EXPECT_EQ(j->state(), pb::JOB_STATE_RUNNING);
+  ASSERT_EQ(j->node_ids_size(), 2);
+  EXPECT_EQ(j->node_ids(1), "b");
+  EXPECT_EQ(h.ins("b").assignment().world_size(), 6);
+  EXPECT_EQ(h.ins("b").assignment().rank_offset(), 3);
+
+  // At max_nodes a new node does not restart it.
+  ASSERT_TRUE(h.add_node("c").is_ok());
+  h.core.tick();
+  EXPECT_EQ(h.core.job_state("j"), pb::JOB_STATE_RUNNING);
+  EXPECT_EQ(h.job("j")->round(), 1);
+  EXPECT_EQ(h.ins("c").action(), Ins::ACTION_IDLE);
+}
+
+// ================================================================================= success
+
+TEST(CoordinatorCore, JobSucceedsWhenEveryMemberReportsSuccess) {
+  Harness h;
+  h.start_job("j", make_spec(2, 2, /*ppn=*/2), {"a", "b"});
+  ASSERT_TRUE(h.report("a", "j", 0, Rep::EVENT_STARTED).is_ok());
+  EXPECT_FALSE(has_message(h.watch("j", 0), "workers of round 0 started"));
+  ASSERT_TRUE(h.report("b", "j", 0, Rep::EVENT_STARTED).is_ok());
+  EXPECT_TRUE(has_message(h.watch("j", 0), "all 4 workers of round 0 started"));
+
+  ASSERT_TRUE(h.report("a", "j", 0, Rep::EVENT_SUCCEEDED).is_ok());
+  ASSERT_TRUE(h.report("a", "j", 0, Rep::EVENT_SUCCEEDED).is_ok());  // repeated: still one node
+  EXPECT_EQ(h.core.job_state("j"), pb::JOB_STATE_RUNNING);
+  EXPECT_EQ(h.ins("a").action(), Ins::ACTION_RUN);
+  ASSERT_TRUE(h.report("b", "j", 0, Rep::EVENT_SUCCEEDED).is_ok());
+
+  auto j = h.job("j");
+  EXPECT_EQ(j->state(), pb::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(j->exit_code(), 0);
+  for (const char* id : {"a", "b"}) {
+    Ins in = h.ins(id);
+    EXPECT_EQ(in.action(), Ins::ACTION_IDLE) << id;
+    EXPECT_EQ(in.last_job().job_id(), "j");
+    EXPECT_EQ(in.last_job().state(), pb::JOB_STATE_SUCCEEDED);
+    EXPECT_EQ(in.last_job().exit_code(), 0);
+    EXPECT_EQ(in.last_job().summary(), "");
+    EXPECT_EQ(h.node(id)->job_id(), "");
+  }
+  EXPECT_EQ(h.report("a", "j", 0, Rep::EVENT_SUCCEEDED).code, Code::kFailedPrecondition);
+  EXPECT_EQ(h.core.job_state("j"), pb::JOB_STATE_SUCCEEDED);
+}
+
+// ================================================================================== cancel
+
+TEST(CoordinatorCore, CancelEndsJobWithSignalExitCode) {
+  Harness h;
+  h.start_job("j", make_spec(2, 2), {"a", "b"});
+  pb::CancelJobRequest req;
+  req.set_job_id("j");
+  req.set_signal(65);
+  EXPECT_EQ(h.core.cancel_job(req).code, Code::kInvalidArgument);
+  EXPECT_EQ(h.core.job_state("j"), pb::JOB_STATE_RUNNING);
+
+  req.set_signal(9);
+  ASSERT_TRUE(h.core.cancel_job(req).is_ok());
+  auto j = h.job("j");
+  EXPECT_EQ(j->state(), pb::JOB_STATE_CANCELLED);
+  EXPECT_EQ(j->exit_code(), 137);
+  Ins a = h.ins("a");
+  EXPECT_EQ(a.action(), Ins::ACTION_IDLE);
+  EXPECT_EQ(a.last_job().state(), pb::JOB_STATE_CANCELLED);
+  EXPECT_EQ(a.last_job().exit_code(), 137);
+  EXPECT_NE(a.last_job().summary().find("was cancelled"), std::string::npos);
+  auto w = h.watch("j", 0);
+  EXPECT_TRUE(w.done());
+  EXPECT_EQ(w.outcome().exit_code(), 137);
+
+  EXPECT_EQ(h.core.cancel_job(req).code, Code::kFailedPrecondition);
+  EXPECT_EQ(h.job("j")->exit_code(), 137);
+  req.set_job_id("nope");
+  EXPECT_EQ(h.core.cancel_job(req).code, Code::kNotFound);
+
+  // Signal 0 means SIGTERM; a job still in rendezvous can be cancelled too.
+  ASSERT_TRUE(h.submit("k", make_spec(2, 2)).is_ok());
+  pb::CancelJobRequest term;
+  term.set_job_id("k");
+  ASSERT_TRUE(h.core.cancel_job(term).is_ok());
+  EXPECT_EQ(h.job("k")->state(), pb::JOB_STATE_CANCELLED);
+  EXPECT_EQ(h.job("k")->exit_code(), 143);
+}
+
+// ============================================================================ port conflict
+
+TEST(CoordinatorCore, PortConflictOpensNewRoundWithoutCountingRestart) {
+  CoordinatorOptions o = default_options();
+  o.max_port_retries = 2;
+  Harness h(o);
+  auto spec = make_spec(2, 2);
+  spec.set_max_restarts(0);
+  h.start_job("j", spec, {"a", "b"}, {30001, 30002});
+  const int64_t t = h.clock.unix_ms();
+
+  ASSERT_TRUE(h.report("a", "j", 0, Rep::EVENT_FAILED,
+                       {exit_failure(0, 1, 0, t, "The server socket has failed to bind: Address already in use")})
+                  .is_ok());
+  auto j = h.job("j");
+  EXPECT_EQ(j->state(), pb::JOB_STATE_RENDEZVOUS);
+  EXPECT_EQ(j->round(), 1);
+  EXPECT_EQ(j->restart_count(), 0);
+  h.join_all("j", {"a", "b"}, {30003, 30004});
+  EXPECT_EQ(h.ins("b").assignment().master_port(), 30003);  // a new port this round
+
+  // Recognised in the stderr tail too.
+  auto f = exit_failure(0, 1, 0, t + 10);
+  f.add_stderr_tail("OSError: [Errno 98] EADDRINUSE");
+  ASSERT_TRUE(h.report("a", "j", 1, Rep::EVENT_FAILED, {f}).is_ok());
+  j = h.job("j");
+  EXPECT_EQ(j->state(), pb::JOB_STATE_RENDEZVOUS);
+  EXPECT_EQ(j->round(), 2);
+  EXPECT_EQ(j->restart_count(), 0);
+  h.join_all("j", {"a", "b"}, {30005, 30006});
+
+  // Port retries used up: now it is an ordinary failure (and no restarts are left).
+  ASSERT_TRUE(h.report("a", "j", 2, Rep::EVENT_FAILED,
+                       {exit_failure(0, 1, 0, t + 20, "Address already in use")})
+                  .is_ok());
+  j = h.job("j");
+  EXPECT_EQ(j->state(), pb::JOB_STATE_FAILED);
+  EXPECT_EQ(j->exit_code(), 1);
+  EXPECT_EQ(j->restart_count(), 0);
+}
+
+TEST(CoordinatorCore, PortConflictWithFixedMasterPortIsAnOrdinaryFailure) {
+  Harness h;
+  auto spec = make_spec(1, 1);
+  spec.set_master_port(29500);
+  h.start_job("j", spec, {"a"});
+  ASSERT_TRUE(h.report("a", "j", 0, Rep::EVENT_FAILED,
+                       {exit_failure(0, 1, 0, h.clock.unix_ms(), "Address already in use")})
+                  .is_ok());
+  EXPECT_EQ(h.core.job_state("j"), pb::JOB_STATE_FAILED);
+  EXPECT_EQ(h.job("j")->round(), 0);
+}
+
+// ========================================================================= adoption
+
+pb::RegisterNodeRequest with_current(const std::string& id, int node_rank, int num_nodes,
+                                     bool group_succeeded = false) {
+  auto req = Harness::node_req(id);
+  auto* cur = req.mutable_current();
+  cur->set_job_id("j");
+  cur->set_round(3);
+  *cur->mutable_spec() = make_spec(num_nodes, num_nodes, /*ppn=*/2);
+  cur->mutable_spec()->set_max_restarts(2);
+  auto* a = cur->mutable_assignment();
+  a->set_node_rank(node_rank);
+  a->set_num_nodes(num_nodes);
+  a->set_rank_offset(node_rank * 2);
+  a->set_world_size(num_nodes * 2);
+  a->set_master_addr("10.0.0.1");
+  a->set_master_port(29500);
+  a->set_restart_count(2);
+  cur->set_group_succeeded(group_succeeded);
+  return req;
+}
+
+TEST(CoordinatorCore, AdoptsRunningJobAfterCoordinatorRestart) {
+  Harness h;
+  ASSERT_TRUE(h.register_req(with_current("b", 1, 2)).is_ok());  // node rank 1 first
+  auto j = h.job("j");
+  ASSERT_TRUE(j);
+  EXPECT_EQ(j->state(), pb::JOB_STATE_RUNNING);
+  EXPECT_EQ(j->round(), 3);
+  EXPECT_EQ(j->restart_count(), 2);
+  ASSERT_EQ(j->node_ids_size(), 2);
+  EXPECT_EQ(j->node_ids(0), "");
+  EXPECT_EQ(j->node_ids(1), "b");
+  EXPECT_TRUE(has_message(h.watch("j", 0), "adopted job j at round 3"));
+
+  Ins b = h.ins("b");
+  ASSERT_EQ(b.action(), Ins::ACTION_RUN);
+  EXPECT_EQ(b.round(), 3);
+  EXPECT_EQ(b.assignment().node_rank(), 1);
+  EXPECT_EQ(b.assignment().rank_offset(), 2);
+  EXPECT_EQ(b.assignment().world_size(), 4);
+  EXPECT_EQ(b.assignment().master_addr(), "10.0.0.1");
+  EXPECT_EQ(b.assignment().master_port(), 29500);
+  EXPECT_EQ(b.assignment().restart_count(), 2);
+
+  ASSERT_TRUE(h.register_req(with_current("a", 0, 2)).is_ok());
+  j = h.job("j");
+  EXPECT_EQ(j->node_ids(0), "a");
+  EXPECT_EQ(j->node_ids(1), "b");
+  EXPECT_TRUE(has_message(h.watch("j", 0), "all 2 nodes of round 3 are back"));
+
+  // Well past the adoption deadline it still runs the same round.
+  for (int i = 0; i < 3; ++i) {
+    h.clock.advance(milliseconds(6'000));
+    h.sync_resp("a");
+    h.sync_resp("b");
+    h.core.tick();
+  }
+  j = h.job("j");
+  EXPECT_EQ(j->state(), pb::JOB_STATE_RUNNING);
+  EXPECT_EQ(j->round(), 3);
+  EXPECT_EQ(j->restart_count(), 2);
+  EXPECT_EQ(h.ins("a").action(), Ins::ACTION_RUN);
+
+  // Reports for the adopted round are accepted.
+  ASSERT_TRUE(h.report("a", "j", 3, Rep::EVENT_SUCCEEDED).is_ok());
+  ASSERT_TRUE(h.report("b", "j", 3, Rep::EVENT_SUCCEEDED).is_ok());
+  EXPECT_EQ(h.core.job_state("j"), pb::JOB_STATE_SUCCEEDED);
+  // The id stays taken.
+  EXPECT_EQ(h.submit("j", make_spec(1, 1)).code, Code::kAlreadyExists);
+}
+
+TEST(CoordinatorCore, AdoptedJobRestartsWhenANodeNeverComesBack) {
+  Harness h;
+  ASSERT_TRUE(h.register_req(with_current("a", 0, 2)).is_ok());
+  h.clock.advance(kLease - milliseconds(1));
+  h.sync_resp("a");
+  h.core.tick();
+  EXPECT_EQ(h.core.job_state("j"), pb::JOB_STATE_RUNNING);
+  EXPECT_EQ(h.job("j")->round(), 3);
+
+  h.clock.advance(milliseconds(1));
+  h.core.tick();
+  auto j = h.job("j");
+  EXPECT_EQ(j->state(), pb::JOB_STATE_RENDEZVOUS);
+  EXPECT_EQ(j->round(), 4);
+  EXPECT_EQ(j->restart_count(), 2);  // not counted
+  EXPECT_EQ(j->last_failure().kind(), pb::Failure::KIND_NODE_LOST);
+  EXPECT_NE(j->last_failure().message().find("node rank 1 did not come back"), std::string::npos)
+      << j->last_failure().message();
+  Ins a = h.ins("a");
+  EXPECT_EQ(a.action(), Ins::ACTION_JOIN);
+  EXPECT_EQ(a.round(), 4);
+}
+
+TEST(CoordinatorCore, AdoptedJobWhoseGroupsAllSucceededEnds) {
+  Harness h;
+  ASSERT_TRUE(h.register_req(with_current("a", 0, 2, /*group_succeeded=*/true)).is_ok());
+  EXPECT_EQ(h.core.job_state("j"), pb::JOB_STATE_RUNNING);
+  ASSERT_TRUE(h.register_req(with_current("b", 1, 2, /*group_succeeded=*/true)).is_ok());
+  EXPECT_EQ(h.core.job_state("j"), pb::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(h.ins("a").last_job().state(), pb::JOB_STATE_SUCCEEDED);
+}
+
+// ================================================================================== watch
+
+TEST(CoordinatorCore, WatchJobReturnsEventsInOrderAndOutcomeWhenDone) {
+  Harness h;
+  EXPECT_EQ(h.core.last_event_seq("j"), 0u);
+  h.start_job("j", make_spec(1, 1), {"a"});
+  uint64_t mid = h.core.last_event_seq("j");
+  ASSERT_GE(mid, 4u);
+
+  auto w = h.watch("j", 0);
+  ASSERT_EQ(w.events_size(), static_cast<int>(mid));
+  for (int i = 0; i < w.events_size(); ++i) EXPECT_EQ(w.events(i).seq(), static_cast<uint64_t>(i + 1));
+  EXPECT_FALSE(w.done());
+  EXPECT_FALSE(w.has_outcome());
+  EXPECT_EQ(w.dropped(), 0u);
+  EXPECT_EQ(w.state(), pb::JOB_STATE_RUNNING);
+
+  auto none = h.watch("j", mid);
+  EXPECT_EQ(none.events_size(), 0);
+  EXPECT_FALSE(none.done());
+
+  ASSERT_TRUE(h.report("a", "j", 0, Rep::EVENT_SUCCEEDED).is_ok());
+  uint64_t last = h.core.last_event_seq("j");
+  ASSERT_GT(last, mid);
+  auto rest = h.watch("j", mid);
+  ASSERT_EQ(rest.events_size(), static_cast<int>(last - mid));
+  EXPECT_EQ(rest.events(0).seq(), mid + 1);
+  EXPECT_EQ(rest.events(rest.events_size() - 1).state(), pb::JOB_STATE_SUCCEEDED);
+  EXPECT_TRUE(rest.done());
+  EXPECT_EQ(rest.outcome().job_id(), "j");
+  EXPECT_EQ(rest.outcome().state(), pb::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(rest.outcome().exit_code(), 0);
+
+  // States in the order they happened.
+  std::vector<pb::JobState> states;
+  const auto everything = h.watch("j", 0);
+  for (const auto& ev : everything.events()) {
+    if (ev.what_case() == pb::JobEvent::kState) states.push_back(ev.state());
+  }
+  EXPECT_EQ(states, (std::vector<pb::JobState>{pb::JOB_STATE_PENDING, pb::JOB_STATE_RENDEZVOUS,
+                                               pb::JOB_STATE_RUNNING, pb::JOB_STATE_SUCCEEDED}));
+
+  auto caught_up = h.watch("j", last);
+  EXPECT_EQ(caught_up.events_size(), 0);
+  EXPECT_TRUE(caught_up.done());
+
+  pb::WatchJobRequest unknown;
+  unknown.set_job_id("nope");
+  pb::WatchJobResponse resp;
+  EXPECT_EQ(h.core.watch_job(unknown, &resp).code, Code::kNotFound);
+}
+
+TEST(CoordinatorCore, WatchJobIsNotDoneUntilEveryEventWasReturned) {
+  Harness h;
+  auto spec = make_spec(1, 1);
+  spec.set_forward_logs(true);
+  h.start_job("j", spec, {"a"});
+  pb::PushLogsRequest logs;
+  logs.set_node_id("a");
+  logs.set_job_id("j");
+  for (int i = 0; i < 2'500; ++i) {
+    auto* l = logs.add_lines();
+    l->set_rank(0);
+    l->set_text("line " + std::to_string(i));
+  }
+  ASSERT_TRUE(h.core.push_logs(logs).is_ok());
+  pb::CancelJobRequest cancel;
+  cancel.set_job_id("j");
+  ASSERT_TRUE(h.core.cancel_job(cancel).is_ok());
+
+  auto first = h.watch("j", 0);
+  ASSERT_GT(first.events_size(), 0);
+  EXPECT_LT(static_cast<uint64_t>(first.events_size()), h.core.last_event_seq("j"));
+  EXPECT_FALSE(first.done());  // ended, but events are left
+  uint64_t after = first.events(first.events_size() - 1).seq();
+  auto second = h.watch("j", after);
+  ASSERT_GT(second.events_size(), 0);
+  EXPECT_EQ(second.events(0).seq(), after + 1);
+  EXPECT_EQ(second.events(second.events_size() - 1).seq(), h.core.last_event_seq("j"));
+  EXPECT_TRUE(second.done());
+  EXPECT_EQ(second.outcome().state(), pb::JOB_STATE_CANCELLED);
+  EXPECT_EQ(second.outcome().exit_code(), 143);
+}
+
+TEST(CoordinatorCore, WatchJobReportsDroppedEventsBeyondTheBound) {
+  CoordinatorOptions o = default_options();
+  o.max_events_per_job = 5;
+  Harness h(o);
+  auto spec = make_spec(1, 1);
+  spec.set_forward_logs(true);
+  ASSERT_TRUE(h.add_node("a").is_ok());
+  ASSERT_TRUE(h.submit("j", spec).is_ok());  // 3 events
+  pb::PushLogsRequest logs;
+  logs.set_node_id("a");
+  logs.set_job_id("j");
+  for (int i = 0; i < 10; ++i) logs.add_lines()->set_text("l" + std::to_string(i));
+  ASSERT_TRUE(h.core.push_logs(logs).is_ok());
+  ASSERT_EQ(h.core.last_event_seq("j"), 13u);
+
+  auto w = h.watch("j", 0);
+  EXPECT_EQ(w.dropped(), 8u);  // seqs 1..8 are gone
+  ASSERT_EQ(w.events_size(), 5);
+  EXPECT_EQ(w.events(0).seq(), 9u);
+  EXPECT_EQ(w.events(4).seq(), 13u);
+  EXPECT_EQ(w.events(0).log().text(), "l5");
+
+  auto w8 = h.watch("j", 8);
+  EXPECT_EQ(w8.dropped(), 0u);
+  EXPECT_EQ(w8.events_size(), 5);
+  auto w10 = h.watch("j", 10);
+  EXPECT_EQ(w10.dropped(), 0u);
+  ASSERT_EQ(w10.events_size(), 3);
+  EXPECT_EQ(w10.events(0).seq(), 11u);
+}
+
+TEST(CoordinatorCore, PushLogsRequiresForwardLogs) {
+  Harness h;
+  h.start_job("j", make_spec(1, 1), {"a"});
+  uint64_t seq = h.core.last_event_seq("j");
+  pb::PushLogsRequest logs;
+  logs.set_node_id("a");
+  logs.set_job_id("j");
+  logs.add_lines()->set_text("hello");
+  EXPECT_EQ(h.core.push_logs(logs).code, Code::kFailedPrecondition);
+  EXPECT_EQ(h.core.last_event_seq("j"), seq);
+  logs.set_job_id("nope");
+  EXPECT_EQ(h.core.push_logs(logs).code, Code::kNotFound);
+
+  auto spec = make_spec(1, 1);
+  spec.set_forward_logs(true);
+  ASSERT_TRUE(h.submit("k", spec).is_ok());
+  logs.set_job_id("k");
+  logs.set_node_id("ghost");
+  EXPECT_EQ(h.core.push_logs(logs).code, Code::kNotFound);
+  logs.set_node_id("a");
+  uint64_t kseq = h.core.last_event_seq("k");
+  ASSERT_TRUE(h.core.push_logs(logs).is_ok());
+  EXPECT_EQ(h.core.last_event_seq("k"), kseq + 1);
+  auto w = h.watch("k", kseq);
+  ASSERT_EQ(w.events_size(), 1);
+  EXPECT_EQ(w.events(0).log().text(), "hello");
+}
+
+// =============================================================================== versions
+
+TEST(CoordinatorCore, SyncVersionChangesOnlyWhenTheInstructionChanges) {
+  Harness h;
+  ASSERT_TRUE(h.add_node("a").is_ok());
+  uint64_t v1 = h.sync_resp("a").version();
+  EXPECT_GE(v1, 1u);
+  EXPECT_EQ(h.core.node_version("a"), v1);
+  EXPECT_EQ(h.core.node_version("nobody"), 0u);
+
+  pb::SyncRequest req;
+  req.set_node_id("a");
+  req.set_known_version(v1);
+  pb::SyncResponse same;
+  ASSERT_TRUE(h.core.sync(req, &same).is_ok());
+  EXPECT_EQ(same.version(), v1);
+  pb::SyncResponse via_instruction;
+  ASSERT_TRUE(h.core.instruction("a", &via_instruction).is_ok());
+  EXPECT_EQ(via_instruction.version(), v1);
+
+  ASSERT_TRUE(h.submit("j", make_spec(1, 2)).is_ok());
+  auto joined = h.sync_resp("a");
+  EXPECT_EQ(joined.version(), v1 + 1);
+  EXPECT_EQ(joined.instruction().action(), Ins::ACTION_JOIN);
+  EXPECT_EQ(h.sync_resp("a").version(), v1 + 1);
+}
+
+TEST(CoordinatorCore, SyncVersionIsStableForASpecWithExtraEnv) {
+  Harness h;
+  ASSERT_TRUE(h.add_node("a").is_ok());
+  auto spec = make_spec(1, 2);
+  for (int i = 0; i < 16; ++i) (*spec.mutable_extra_env())["VAR_" + std::to_string(i)] = std::to_string(i);
+  ASSERT_TRUE(h.submit("j", spec).is_ok());
+  auto first = h.sync_resp("a");
+  ASSERT_EQ(first.instruction().action(), Ins::ACTION_JOIN);
+  EXPECT_EQ(first.instruction().spec().extra_env_size(), 16);
+  // Nothing changed: the same version every time, or long polls would return at once.
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_EQ(h.sync_resp("a").version(), first.version()) << "sync " << i;
+  }
+}
+
+TEST(CoordinatorCore, TakeChangesReportsWhatChanged) {
+  Harness h;
+  ASSERT_TRUE(h.add_node("a").is_ok());
+  ASSERT_TRUE(h.add_node("b").is_ok());
+  auto c = h.core.take_changes();
+  EXPECT_TRUE(c.all_nodes);  // a new node may be what a round waits for
+  c = h.core.take_changes();
+  EXPECT_FALSE(c.all_nodes);
+  EXPECT_TRUE(c.nodes.empty());
+  EXPECT_TRUE(c.jobs.empty());
+
+  ASSERT_TRUE(h.submit("j", make_spec(2, 2)).is_ok());
+  c = h.core.take_changes();
+  EXPECT_TRUE(c.all_nodes);
+  EXPECT_EQ(c.jobs, (std::set<std::string>{"j"}));
+
+  ASSERT_TRUE(h.join("a", "j", 0).is_ok());
+  c = h.core.take_changes();
+  EXPECT_FALSE(c.all_nodes);
+  EXPECT_EQ(c.nodes, (std::set<std::string>{"a"}));
+
+  // A sync that changes nothing reports nothing.
+  h.sync_resp("a");
+  c = h.core.take_changes();
+  EXPECT_FALSE(c.all_nodes);
+  EXPECT_TRUE(c.nodes.empty());
+  EXPECT_TRUE(c.jobs.empty());
+
+  ASSERT_TRUE(h.join("b", "j", 0).is_ok());  // closes the round
+  c = h.core.take_changes();
+  EXPECT_TRUE(c.all_nodes);
+  EXPECT_TRUE(c.nodes.contains("b"));
+  EXPECT_EQ(c.jobs, (std::set<std::string>{"j"}));
+
+  ASSERT_TRUE(h.report("a", "j", 0, Rep::EVENT_SUCCEEDED).is_ok());
+  ASSERT_TRUE(h.report("b", "j", 0, Rep::EVENT_SUCCEEDED).is_ok());
+  c = h.core.take_changes();
+  EXPECT_TRUE(c.nodes.contains("a"));
+  EXPECT_TRUE(c.nodes.contains("b"));
+  EXPECT_TRUE(c.jobs.contains("j"));
+}
+
+}  // namespace
+}  // namespace accel::coordinator
