@@ -129,6 +129,8 @@ int main(int argc, char** argv) {
   opts.log_dir = cfg.log_dir;
   opts.tee = cfg.tee;
   opts.group.stop_timeout = cfg.stop_timeout;
+  opts.hang.heartbeat_timeout = cfg.heartbeat_timeout;
+  opts.hang.collective_timeout = cfg.hang_timeout;
   bool temp_error_dir = cfg.log_dir.empty();
   opts.error_dir = temp_error_dir ? make_temp_error_dir(opts.job_id)
                                   : cfg.log_dir + "/" + opts.job_id;

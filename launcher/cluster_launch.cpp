@@ -3,6 +3,7 @@
 #include "launcher/cluster_launch.h"
 
 #include <pthread.h>
+#include <pwd.h>
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
@@ -55,7 +56,14 @@ int fail(const std::string& message, int code = 1) {
 
 std::string user_at_host() {
   const char* user = std::getenv("USER");
-  return std::string(user ? user : "?") + "@" + node::local_hostname();
+  std::string name = user ? user : "";
+  if (name.empty()) {
+    passwd pw{};
+    passwd* found = nullptr;
+    char buf[1024];
+    if (::getpwuid_r(::getuid(), &pw, buf, sizeof buf, &found) == 0 && found) name = found->pw_name;
+  }
+  return (name.empty() ? "uid " + std::to_string(::getuid()) : name) + "@" + node::local_hostname();
 }
 
 // Follows a job's events until it ends. Prints coordinator messages and failures (and worker
@@ -132,6 +140,7 @@ class JobWatcher {
       case pb::JobEvent::kMessage: logger()->info("{}", ev.message()); break;
       case pb::JobEvent::kFailure:
         logger()->error("{}", coordinator::describe_failure(ev.failure()));
+        if (!ev.failure().report().empty()) supervisor::write_all(STDERR_FILENO, ev.failure().report());
         break;
       case pb::JobEvent::kLog: {
         const auto& l = ev.log();
@@ -168,6 +177,8 @@ pb::JobSpec make_job_spec(const ClusterLaunch& launch, bool forward_logs) {
   spec.set_forward_logs(forward_logs);
   spec.set_master_port(cfg.main_process_port);
   spec.set_submitted_by(user_at_host());
+  spec.set_heartbeat_timeout_ms(cfg.heartbeat_timeout.count());
+  spec.set_hang_collective_timeout_ms(cfg.hang_timeout.count());
   auto* s = spec.mutable_settings();
   s->set_mixed_precision(std::string(config::to_string(cfg.mixed_precision)));
   s->set_gradient_accumulation_steps(cfg.gradient_accumulation_steps);

@@ -182,6 +182,12 @@ ParseOutcome parse_launch_command(const std::vector<std::string>& args) {
   opt("--join-timeout", "join_timeout",
       "Fail when fewer than the minimum nodes joined a round by then (default 5m)")
       ->type_name("DURATION");
+  opt("--hang-timeout", "hang_timeout",
+      "Stop the group when a collective has been in flight this long; 0 off (default 10m)")
+      ->type_name("DURATION");
+  opt("--heartbeat-timeout", "heartbeat_timeout",
+      "Stop the group when a worker shows no progress outside collectives this long; 0 off (default 30m)")
+      ->type_name("DURATION");
   opt("--last-call", "last_call",
       "Elastic: with the minimum nodes joined, wait this long for more (default 30s)")
       ->type_name("DURATION");

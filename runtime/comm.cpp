@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "accel/error.h"
+#include "runtime/progress.h"
 
 namespace accel {
 namespace {
@@ -58,6 +59,7 @@ Comm::Pending Comm::start(const char* op, std::size_t bytes) {
   p.seq = seq_.fetch_add(1);
   p.bytes = bytes;
   p.started = std::chrono::steady_clock::now();
+  progress::collective_started(p.seq, op, bytes);
   if (trace_) std::fprintf(stderr, "accel: rank %d %s #%llu %zu bytes\n", rank_, op, static_cast<unsigned long long>(p.seq), bytes);
   return p;
 }
@@ -142,7 +144,10 @@ Comm::Pending Comm::allreduce_async(at::Tensor& tensor, c10d::ReduceOp op, bool 
 }
 
 void Comm::wait(Pending& pending) {
-  if (!pending.work) return;
+  if (!pending.work) {
+    progress::collective_finished(pending.seq);
+    return;
+  }
   try {
     pending.work->wait();
   } catch (const std::exception& e) {
@@ -150,6 +155,7 @@ void Comm::wait(Pending& pending) {
     fail(pending, e.what());
   }
   pending.work.reset();
+  progress::collective_finished(pending.seq);
   if (pending.divide.defined()) {
     pending.divide.div_(world_size_);
     pending.divide = at::Tensor();
@@ -168,6 +174,7 @@ at::Tensor Comm::allreduce_copy(const at::Tensor& input, c10d::ReduceOp op) {
     Pending p = start("allreduce", nbytes(input));
     at::Tensor out = at::empty_like(input);
     guarded(p, [&] { shm_->allreduce(out, op, {p.op, p.seq, p.bytes, detail(input, 0, op)}, &input); });
+    wait(p);
     return out;
   }
   at::Tensor out = input.clone();
@@ -177,10 +184,10 @@ at::Tensor Comm::allreduce_copy(const at::Tensor& input, c10d::ReduceOp op) {
 
 void Comm::broadcast(at::Tensor& tensor, int root) {
   Pending p = start("broadcast", nbytes(tensor));
-  if (world_size_ == 1) return;
+  if (world_size_ == 1) return wait(p);
   if (shm_ && ShmGroup::can_move(tensor)) {
     guarded(p, [&] { shm_->broadcast(tensor, root, {p.op, p.seq, p.bytes, detail(tensor, root, c10d::ReduceOp::SUM)}); });
-    return;
+    return wait(p);
   }
   std::vector<at::Tensor> tensors{tensor};
   c10d::BroadcastOptions opts;
@@ -193,11 +200,11 @@ void Comm::allgather(at::Tensor& output, const at::Tensor& input) {
   Pending p = start("allgather", nbytes(input));
   if (world_size_ == 1) {
     output.copy_(input);
-    return;
+    return wait(p);
   }
   if (shm_ && ShmGroup::can_move(input) && ShmGroup::can_move(output)) {
     guarded(p, [&] { shm_->allgather(output, input, {p.op, p.seq, p.bytes, detail(input, 0, c10d::ReduceOp::SUM)}); });
-    return;
+    return wait(p);
   }
   std::vector<std::vector<at::Tensor>> outputs(1);
   const int64_t n = input.dim() == 0 ? 1 : input.size(0);
@@ -212,10 +219,10 @@ void Comm::allgather(at::Tensor& output, const at::Tensor& input) {
 
 void Comm::barrier() {
   Pending p = start("barrier", 0);
-  if (world_size_ == 1) return;
+  if (world_size_ == 1) return wait(p);
   if (shm_) {
     guarded(p, [&] { shm_->barrier({p.op, p.seq, p.bytes}); });
-    return;
+    return wait(p);
   }
   c10d::BarrierOptions opts;
   guarded(p, [&] { p.work = group_->barrier(opts); });

@@ -12,6 +12,7 @@
 
 #include "accel/data.h"
 #include "accel/error.h"
+#include "runtime/progress.h"
 #include "runtime/batch_shard.h"
 
 namespace accel {
@@ -160,6 +161,7 @@ class DataLoader::Pass {
   Batch& current() { return *current_; }
 
   void advance() {
+    progress::heartbeat();
     if (impl_->on_step_boundary) impl_->on_step_boundary();
     current_ = std::move(ahead_);
     ahead_.reset();

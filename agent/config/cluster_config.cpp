@@ -383,6 +383,14 @@ const std::vector<KeySpec>& all_keys() {
       {"last_call", "a duration such as 30s or 0",
        "Elastic jobs: once the minimum number of nodes joined, wait this long for more.",
        set_duration<&C::last_call>, get_duration<&C::last_call>},
+      {"hang_timeout", "a duration such as 10m, or 0 (off)",
+       "The agent stops the group when a worker's collective has been in flight this long, and "
+       "prints which rank lags (progress page; docs/operations.md).",
+       set_duration<&C::hang_timeout>, get_duration<&C::hang_timeout>},
+      {"heartbeat_timeout", "a duration such as 30m, or 0 (off)",
+       "The agent stops the group when a libaccel worker shows no progress (no batch, no "
+       "collective) for this long outside any collective: a CPU hang.",
+       set_duration<&C::heartbeat_timeout>, get_duration<&C::heartbeat_timeout>},
   };
   return kKeys;
 }

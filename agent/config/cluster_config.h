@@ -66,6 +66,8 @@ struct ClusterConfig {
   std::chrono::milliseconds lease_timeout{10'000};  // a node silent this long is lost
   std::chrono::milliseconds join_timeout{300'000};  // a round without min nodes fails the job
   std::chrono::milliseconds last_call{30'000};      // with min nodes, wait this long for more
+  std::chrono::milliseconds hang_timeout{600'000};       // a collective in flight this long: hang; 0 off
+  std::chrono::milliseconds heartbeat_timeout{1'800'000};  // no progress outside collectives: hang; 0 off
 
   // Keyed by config key; a key absent here still has its default.
   std::map<std::string, Origin, std::less<>> origins;

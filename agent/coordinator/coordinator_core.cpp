@@ -329,6 +329,7 @@ RpcStatus CoordinatorCore::sync(const pb::SyncRequest& req, pb::SyncResponse* re
                      std::to_string(options_.lease.count()) + " ms); register again");
   }
   it->second.last_seen = clock_.now();
+  it->second.progress.assign(req.progress().begin(), req.progress().end());
   fill_sync(it->first, it->second, resp);
   return RpcStatus::ok();
 }
@@ -479,6 +480,70 @@ void CoordinatorCore::end_job(Job& job, pb::JobState state, int32_t exit_code, c
   changes_.all_nodes = true;  // nodes it held are free for other jobs
 }
 
+void CoordinatorCore::desync_report(const Job& job, int64_t round, pb::Failure& hang) const {
+  auto members = job.round_members.find(round);
+  if (members == job.round_members.end()) return;
+  struct Seen {
+    const pb::RankProgress* p;
+    std::string host;
+  };
+  std::vector<Seen> all;
+  bool other_nodes = false;
+  for (const auto& id : members->second) {
+    auto it = nodes_.find(id);
+    if (it == nodes_.end()) continue;
+    for (const auto& p : it->second.progress) all.push_back({&p, it->second.info.hostname() + " (" + id + ")"});
+    if (id != hang.node_id() && !it->second.progress.empty()) other_nodes = true;
+  }
+  if (!other_nodes) return;  // the reporting node's own report already says all there is
+  std::sort(all.begin(), all.end(), [](const Seen& a, const Seen& b) { return a.p->rank() < b.p->rank(); });
+  const Seen* lag = nullptr;
+  for (const auto& s : all) {
+    bool behind = !lag || s.p->started() < lag->p->started() ||
+                  (s.p->started() == lag->p->started() && s.p->in_flight().empty() && !lag->p->in_flight().empty());
+    if (behind) lag = &s;
+  }
+  auto secs = [](int64_t ms) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f s", static_cast<double>(ms) / 1000.0);
+    return std::string(buf);
+  };
+  std::string why = "rank " + std::to_string(lag->p->rank()) + " on " + lag->host;
+  if (!lag->p->in_flight().empty()) {
+    why += " is still in " + lag->p->in_flight() + " since " + secs(lag->p->in_flight_ms());
+  } else if (!lag->p->last_finished().empty()) {
+    why += " is outside any collective; its last was " + lag->p->last_finished();
+  } else {
+    why += " has not started any collective";
+  }
+  std::map<std::string, std::vector<int>> waiting;
+  for (const auto& s : all) {
+    if (s.p != lag->p && !s.p->in_flight().empty()) waiting[s.p->in_flight()].push_back(s.p->rank());
+  }
+  for (const auto& [op, ranks] : waiting) {
+    std::string list;
+    for (int r : ranks) list += (list.empty() ? "" : ",") + std::to_string(r);
+    why += "; rank" + std::string(ranks.size() > 1 ? "s " : " ") + list + " wait in " + op;
+  }
+  std::string report = hang.report() + "job-wide, from every agent's last sync:\n";
+  for (const auto& s : all) {
+    std::string line = "  rank " + std::to_string(s.p->rank()) + " on " + s.host + ": ";
+    if (!s.p->in_flight().empty()) {
+      line += "in " + s.p->in_flight() + " for " + secs(s.p->in_flight_ms());
+    } else if (!s.p->last_finished().empty()) {
+      line += "outside any collective; last " + s.p->last_finished();
+    } else {
+      line += "no collective yet";
+    }
+    if (s.p->heartbeat_age_ms() >= 0) line += "; last heartbeat " + secs(s.p->heartbeat_age_ms()) + " ago";
+    if (s.p == lag->p) line += "   <- lagging";
+    report += line + "\n";
+  }
+  hang.set_rank(lag->p->rank());
+  hang.set_message(why);
+  hang.set_report(report);
+}
+
 void CoordinatorCore::summarize(Job& job) {
   const std::string& why = job.end_why;
   if (job.state == pb::JOB_STATE_FAILED) {
@@ -606,6 +671,7 @@ RpcStatus CoordinatorCore::report_group(const pb::ReportGroupRequest& req) {
     f.set_node_id(req.node_id());
     if (f.hostname().empty()) f.set_hostname(node.info.hostname());
     if (f.kind() == pb::Failure::KIND_UNSPECIFIED) f.set_kind(pb::Failure::KIND_EXIT);
+    if (f.kind() == pb::Failure::KIND_HANG) desync_report(job, req.round(), f);
     job.failures.push_back(f);
     pb::JobEvent ev;
     ev.set_round(req.round());

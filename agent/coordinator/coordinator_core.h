@@ -99,6 +99,7 @@ class CoordinatorCore {
     int32_t joined_port = 0;
     std::string last_job_id;     // the last job it took part in
     std::string told_job_id;     // the last job whose outcome was sent to it
+    std::vector<pb::RankProgress> progress;  // its workers, as of its last Sync
   };
 
   struct Job {
@@ -142,6 +143,9 @@ class CoordinatorCore {
   void node_lost(const std::string& node_id, Node& node, const std::string& why);
   void adopt(const std::string& node_id, Node& node, const pb::CurrentWork& work);
   [[nodiscard]] std::optional<size_t> root_cause(const Job& job, int64_t round) const;
+  // A node saw a hang: joins every member's last progress into a job-wide desync report and
+  // names the lagging rank (the one with the fewest collectives started).
+  void desync_report(const Job& job, int64_t round, pb::Failure& hang) const;
 
   void event(Job& job, pb::JobEvent ev);
   void message(Job& job, const std::string& text);

@@ -15,6 +15,7 @@
 
 #include "agent/common/free_port.h"
 #include "agent/supervisor/error_file.h"
+#include "agent/supervisor/hang_monitor.h"
 #include "agent/supervisor/worker_specs.h"
 
 namespace accel::node {
@@ -74,6 +75,7 @@ struct NodeAgent::Active {
   pb::JobSpec spec;
   pb::Assignment assignment;
   std::unique_ptr<supervisor::WorkerGroup> group;
+  std::unique_ptr<supervisor::HangWatch> hang_watch;
   std::string error_dir;
   int succeeded = 0;
   bool failed = false;
@@ -227,6 +229,22 @@ void NodeAgent::do_sync() {
   req.set_node_id(options_.node_id);
   req.set_known_version(known_version_);
   req.set_wait_ms(sync_wait_.count());
+  if (active_ && active_->hang_watch) {
+    auto now = active_->hang_watch->latest_ns();
+    auto ms = [now](std::uint64_t t) { return static_cast<int64_t>(now > t ? (now - t) / 1'000'000 : 0); };
+    for (const auto& v : active_->hang_watch->latest()) {
+      if (!v.valid) continue;
+      auto* p = req.add_progress();
+      p->set_rank(v.rank);
+      p->set_started(v.started);
+      if (v.in_flight) {
+        p->set_in_flight(v.in_flight->op + " #" + std::to_string(v.in_flight->seq));
+        p->set_in_flight_ms(ms(v.in_flight->start_ns));
+      }
+      if (v.last_finished) p->set_last_finished(v.last_finished->op + " #" + std::to_string(v.last_finished->seq));
+      p->set_heartbeat_age_ms(v.heartbeat_ns == 0 ? -1 : ms(v.heartbeat_ns));
+    }
+  }
   client_->sync(req, sync_wait_ + options_.rpc_timeout,
                 [this, gate = alive_, io = &io_](const grpc::Status& st, pb::SyncResponse& resp) {
                   post_from_grpc(gate, io, [this, st, resp] {
@@ -407,8 +425,17 @@ void NodeAgent::start_group(const pb::Instruction& ins) {
     if (ec) act.error_dir.clear();
   }
   plan.error_dir = act.error_dir;
+  supervisor::HangOptions hang;
+  hang.heartbeat_timeout = std::chrono::milliseconds(spec.heartbeat_timeout_ms());
+  hang.collective_timeout = std::chrono::milliseconds(spec.hang_collective_timeout_ms());
+  if (hang.enabled()) plan.progress_dir = act.error_dir;
   plan.host = options_.hostname;
   auto specs = supervisor::make_worker_specs(plan);
+  std::vector<std::pair<int, std::string>> pages;
+  for (const auto& w : specs) {
+    auto it = w.env.find("ACCEL_PROGRESS_FILE");
+    if (it != w.env.end()) pages.emplace_back(w.rank, it->second);
+  }
   if (spec.forward_logs()) {
     log_job_ = ins.job_id();
     for (auto& w : specs) {
@@ -456,6 +483,7 @@ void NodeAgent::start_group(const pb::Instruction& ins) {
   if (!st) {
     act.failed = true;
     act.group.reset();
+    pages.clear();
     rep.set_event(pb::ReportGroupRequest::EVENT_FAILED);
     auto* f = rep.add_failures();
     f->set_kind(pb::Failure::KIND_SPAWN);
@@ -467,8 +495,39 @@ void NodeAgent::start_group(const pb::Instruction& ins) {
     log(LogLevel::kError, "cannot start the workers: " + st.message());
   } else {
     rep.set_event(pb::ReportGroupRequest::EVENT_STARTED);
+    if (!pages.empty()) {
+      act.hang_watch = std::make_unique<supervisor::HangWatch>(
+          io_, hang, std::move(pages), options_.hostname,
+          [this, gen](const supervisor::Hang& h) { on_hang(gen, h); });
+      act.hang_watch->start();
+    }
   }
   report(std::move(rep));
+}
+
+void NodeAgent::on_hang(uint64_t generation, const supervisor::Hang& hang) {
+  if (!active_ || active_->generation != generation || active_->failed || stopping_) return;
+  Active& act = *active_;
+  act.failed = true;
+  pb::Failure f;
+  f.set_kind(pb::Failure::KIND_HANG);
+  f.set_hostname(options_.hostname);
+  f.set_rank(hang.rank);
+  f.set_local_rank(hang.rank - act.assignment.rank_offset());
+  f.set_message(hang.reason);
+  f.set_report(hang.report);
+  f.set_time_unix_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
+                         std::chrono::system_clock::now().time_since_epoch()).count());
+  log(LogLevel::kError, hang.report + "stopping this node's workers and telling the coordinator");
+  flush_logs();
+  pb::ReportGroupRequest rep;
+  rep.set_node_id(options_.node_id);
+  rep.set_job_id(act.job_id);
+  rep.set_round(act.round);
+  rep.set_event(pb::ReportGroupRequest::EVENT_FAILED);
+  *rep.add_failures() = std::move(f);
+  report(std::move(rep));
+  stop_active(SIGTERM);
 }
 
 void NodeAgent::on_worker_exit(uint64_t generation, const supervisor::WorkerExit& exit) {

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "agent/rpc/coordinator_client.h"
+#include "agent/supervisor/hang_monitor.h"
 #include "agent/supervisor/local_job.h"
 #include "agent/supervisor/worker_group.h"
 
@@ -80,6 +81,7 @@ class NodeAgent {
   void start_group(const pb::Instruction& ins);
   void join(const pb::Instruction& ins);
   void on_worker_exit(uint64_t generation, const supervisor::WorkerExit& exit);
+  void on_hang(uint64_t generation, const supervisor::Hang& hang);
   void report(pb::ReportGroupRequest req, int attempt = 0);
   void flush_logs();
   void retry_later(std::chrono::milliseconds delay, std::function<void()> f);

@@ -108,18 +108,39 @@ void LocalJob::start_attempt() {
   plan.log_dir = log_attempt_dir;
   plan.tee = options_.tee;
   plan.error_dir = error_attempt_dir;
+  if (options_.hang.enabled()) plan.progress_dir = error_attempt_dir;
   std::vector<WorkerSpec> specs = make_worker_specs(plan);
+  std::vector<std::pair<int, std::string>> pages;
+  for (const auto& spec : specs) {
+    auto it = spec.env.find("ACCEL_PROGRESS_FILE");
+    if (it != spec.env.end()) pages.emplace_back(spec.rank, it->second);
+  }
 
   result_.attempts.push_back(std::move(record));
   log_(LogLevel::kInfo, "attempt " + std::to_string(attempt) + ": starting " + std::to_string(n) +
                             " worker" + (n == 1 ? "" : "s") + " (MASTER_ADDR=" + env.master_addr +
                             " MASTER_PORT=" + std::to_string(env.master_port) + ")");
   group_ = std::make_unique<WorkerGroup>(io_, options_.group);
+  hang_watch_.reset();
   if (Status s = group_->start(std::move(specs), [this](const WorkerExit& e) { on_worker_exit(e); });
       !s) {
     result_.spawn_error = s.message();
     finish();
+    return;
   }
+  if (!pages.empty()) {
+    hang_watch_ = std::make_unique<HangWatch>(io_, options_.hang, std::move(pages), "this node",
+                                              [this](const Hang& h) { on_hang(h); });
+    hang_watch_->start();
+  }
+}
+
+void LocalJob::on_hang(const Hang& hang) {
+  if (stopping_ || finished_) return;
+  result_.attempts.back().hang = hang;
+  log_(LogLevel::kError, hang.report + "stopping the workers");
+  stopping_ = true;
+  group_->stop(SIGTERM, [this](const StopReport& r) { on_group_stopped(r); });
 }
 
 void LocalJob::on_worker_exit(const WorkerExit& exit) {
@@ -193,6 +214,8 @@ void LocalJob::finish() {
     result_.exit_code = 128 + result_.cancel_signal;
   } else if (!result_.spawn_error.empty()) {
     result_.exit_code = 1;
+  } else if (!result_.attempts.empty() && result_.attempts.back().hang) {
+    result_.exit_code = 1;
   } else if (!result_.attempts.empty() && result_.attempts.back().root_cause) {
     const AttemptRecord& last = result_.attempts.back();
     result_.exit_code = last.exits[*last.root_cause].status_code();
@@ -221,6 +244,7 @@ std::string format_failure_summary(const LocalJobOptions& options, const JobResu
   }
   if (result.attempts.empty()) return out.str();
   const AttemptRecord& last = result.attempts.back();
+  if (last.hang) out << "  root cause: " << last.hang->reason << "\n" << last.hang->report;
   char header[128];
   std::snprintf(header, sizeof header, "  %-6s %-9s %-24s %s\n", "rank", "pid", "result", "time");
   out << header;
@@ -246,6 +270,7 @@ std::string format_failure_summary(const LocalJobOptions& options, const JobResu
   }
   for (size_t a = 0; a + 1 < result.attempts.size(); ++a) {
     const AttemptRecord& rec = result.attempts[a];
+    if (rec.hang) out << "  attempt " << rec.attempt << ": " << rec.hang->reason << "\n";
     if (!rec.root_cause) continue;
     const WorkerExit& e = rec.exits[*rec.root_cause];
     out << "  attempt " << rec.attempt << ": rank " << e.rank << " " << e.describe() << " at "

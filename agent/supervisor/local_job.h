@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "agent/supervisor/error_file.h"
+#include "agent/supervisor/hang_monitor.h"
 #include "agent/supervisor/worker_env.h"
 #include "agent/supervisor/worker_group.h"
 
@@ -30,6 +31,7 @@ struct LocalJobOptions {
   int tee = 3;                    // with log_dir: 1 stdout, 2 stderr, 3 both still on console
   std::string error_dir;          // where the workers' error files go (must exist)
   WorkerGroupOptions group;
+  HangOptions hang;               // progress pages live beside the error files
 };
 
 struct AttemptRecord {
@@ -39,6 +41,7 @@ struct AttemptRecord {
   std::vector<WorkerExit> exits;              // in the order seen
   std::optional<size_t> root_cause;           // index into exits: the first failure
   std::optional<WorkerError> root_cause_error;  // from its error file
+  std::optional<Hang> hang;                    // the group was stopped because it hung
 };
 
 struct JobResult {
@@ -69,6 +72,7 @@ class LocalJob {
  private:
   void start_attempt();
   void on_worker_exit(const WorkerExit& exit);
+  void on_hang(const Hang& hang);
   void on_group_stopped(const StopReport& report);
   void finish();
 
@@ -77,6 +81,7 @@ class LocalJob {
   JobLogger log_;
   std::function<void(const JobResult&)> done_;
   std::unique_ptr<WorkerGroup> group_;
+  std::unique_ptr<HangWatch> hang_watch_;
   JobResult result_;
   int restart_count_ = 0;
   size_t successes_ = 0;

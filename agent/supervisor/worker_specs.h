@@ -23,6 +23,7 @@ struct GroupPlan {
   std::string log_dir;   // this attempt's folder for rank_<r>.log; empty: console only
   int tee = 3;
   std::string error_dir;  // this attempt's folder for rank_<r>.error.json; empty: none
+  std::string progress_dir;  // this attempt's folder for rank_<r>.progress (hang detection); empty: none
   std::string host;      // non-empty: console prefix "[host:rank] ", else "[rank r] "
 };
 

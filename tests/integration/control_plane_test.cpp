@@ -279,6 +279,29 @@ TEST(ControlPlane, JobFinishesAcrossACoordinatorRestart) {
   expect_no_orphans(c.worker_dir());
 }
 
+TEST(ControlPlane, HungRankGetsADesyncReportAndTheGroupRestarts) {
+  TempDir dir;
+  Cluster c(dir);
+  c.serve("node-a");
+  c.agent("node-b");
+  // Rank 1 (node-b) spins in CPU code after three barriers; rank 0 waits in the fourth.
+  Launched launch(dir, ACCEL_LAUNCH_BIN,
+                  {"--coordinator", c.target(), "--nodes", "2", "-n", "1", "--hang-timeout", "2s",
+                   "--max-restarts", "1", RUNTIME_WORKER_BIN, "hang", "1"},
+                  {{"ACCEL_TOKEN", kToken}}, "hang");
+  RunResult r = launch.wait(90s);
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  // node-a sees only rank 0 waiting; the coordinator's job-wide report names rank 1 on node-b.
+  EXPECT_NE(r.err.find("hung: rank 1 on "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("is outside any collective; its last was barrier #2; rank 0 wait in barrier #3"),
+            std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("job-wide, from every agent's last sync:"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("outside any collective; last barrier #2; last heartbeat"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("<- lagging"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("restart 1 of 1"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("rank 1 done"), std::string::npos) << r.out;
+}
+
 TEST(ControlPlane, WrongTokenIsRejectedAndNothingRuns) {
   TempDir dir;
   Cluster c(dir);

@@ -332,5 +332,26 @@ TEST(Launcher, PythonTorchDistributedAllReduce) {
   EXPECT_NE(r.out.find("[rank 1] rank 1/2 allreduce=3"), std::string::npos) << r.out;
 }
 
+TEST(Launcher, HungRankGetsADesyncReportAndTheGroupRestarts) {
+  TempDir dir;
+  RunResult r = run_launcher(dir, {"-n", "2", "--hang-timeout", "2s", "--max-restarts", "1", RUNTIME_WORKER_BIN,
+                                   "hang", "1"}, 90s);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("hang detected on this node: rank 0 has been in barrier #3 for"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("rank 1: outside any collective; last barrier #2 finished"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("<- lagging"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("rank 1 done"), std::string::npos) << r.out;
+}
+
+TEST(Launcher, CpuHangOutsideCollectivesIsCaughtByTheHeartbeat) {
+  TempDir dir;
+  RunResult r = run_launcher(dir, {"-n", "1", "--heartbeat-timeout", "2s", "--hang-timeout", "0", RUNTIME_WORKER_BIN,
+                                   "hang", "0"}, 90s);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("rank 0 has shown no progress for"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("root cause: rank 0 is outside any collective; its last was barrier #2"), std::string::npos)
+      << r.err;
+}
+
 }  // namespace
 }  // namespace accel::testing

@@ -465,6 +465,23 @@ int load_newest(const std::string& dir) {
   return 0;
 }
 
+// Three barriers, then `hang_rank` spins in pure CPU code (outside any collective) on the first
+// attempt while the others wait in a fourth barrier: what the agent's hang detection must catch.
+int hang(int hang_rank) {
+  const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  accel::Accelerator acc;
+  for (int i = 0; i < 3; ++i) acc.wait_for_everyone();
+  std::printf("rank %d ready\n", g_rank);
+  std::fflush(stdout);
+  if (g_rank == hang_rank && (restart == nullptr || std::atoi(restart) == 0)) {
+    volatile unsigned long spin = 0;
+    for (;;) spin = spin + 1;
+  }
+  acc.wait_for_everyone();
+  std::printf("rank %d done\n", g_rank);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -482,6 +499,7 @@ int main(int argc, char** argv) {
   if (mode == "metrics") return metrics(argc, argv);
   if (mode == "train") return train(argc, argv);
   if (mode == "backward_throws") return backward_throws();
+  if (mode == "hang") return hang(argc > 2 ? std::atoi(argv[2]) : 1);
   if (mode == "save_killed" && argc > 3) return save_killed(argv[2], std::atoi(argv[3]));
   if (mode == "load_newest" && argc > 2) return load_newest(argv[2]);
   if (mode == "mismatch" && argc > 2) {

@@ -1,0 +1,202 @@
+// Reading progress pages and deciding what is a hang.
+#include "agent/supervisor/hang_monitor.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "runtime/include/accel/progress_page.h"
+
+namespace accel::supervisor {
+
+namespace {
+
+std::string seconds(std::uint64_t ns) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f s", static_cast<double>(ns) / 1e9);
+  return buf;
+}
+
+std::string name(const PageView::Op& op) { return op.op + " #" + std::to_string(op.seq); }
+
+PageView view_of(const progress::Page& page, int rank) {
+  PageView v;
+  v.rank = rank;
+  if (std::memcmp(page.magic, progress::kMagic, sizeof progress::kMagic) != 0) return v;
+  v.valid = true;
+  v.heartbeat_ns = progress::load(&page.heartbeat_ns);
+  v.started = progress::load(&page.started);
+  for (const auto& slot : page.ring) {
+    progress::Entry e{};
+    if (!progress::read_entry(slot, e)) continue;
+    PageView::Op op{e.seq_plus_one - 1, e.op, e.bytes, e.start_ns, e.end_ns};
+    if (e.end_ns == 0) {
+      if (!v.in_flight || op.seq < v.in_flight->seq) v.in_flight = op;
+    } else if (!v.last_finished || op.seq > v.last_finished->seq) {
+      v.last_finished = op;
+    }
+  }
+  return v;
+}
+
+}  // namespace
+
+std::string page_file_path(const std::string& dir, int rank) {
+  return dir + "/rank_" + std::to_string(rank) + ".progress";
+}
+
+bool create_page_file(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return false;
+  bool ok = ::ftruncate(fd, static_cast<off_t>(progress::kFileBytes)) == 0;
+  ::close(fd);
+  return ok;
+}
+
+std::optional<Hang> detect_hang(const std::vector<PageView>& pages, std::uint64_t now_ns,
+                                const HangOptions& options, const std::string& host) {
+  auto ns = [](std::chrono::milliseconds d) { return static_cast<std::uint64_t>(d.count()) * 1'000'000ull; };
+  auto age = [&](std::uint64_t t) { return now_ns > t ? now_ns - t : 0; };
+  std::optional<Hang> hang;
+  const PageView* culprit = nullptr;
+  std::string why;
+  // A collective in flight for too long: the lagging rank is the one furthest behind.
+  if (options.collective_timeout.count() > 0) {
+    for (const auto& p : pages) {
+      if (!p.valid || !p.in_flight || age(p.in_flight->start_ns) <= ns(options.collective_timeout)) continue;
+      const PageView* behind = nullptr;
+      for (const auto& q : pages) {
+        if (q.valid && (!behind || q.started < behind->started)) behind = &q;
+      }
+      culprit = behind && behind->started < p.started ? behind : &p;
+      why = "rank " + std::to_string(p.rank) + " has been in " + name(*p.in_flight) + " for " +
+            seconds(age(p.in_flight->start_ns)) + " (hang_timeout " + seconds(ns(options.collective_timeout)) + ")";
+      break;
+    }
+  }
+  // No sign of life outside any collective (a CPU hang a NCCL watchdog never sees).
+  if (!culprit && options.heartbeat_timeout.count() > 0) {
+    for (const auto& p : pages) {
+      if (!p.valid || p.heartbeat_ns == 0 || p.in_flight) continue;
+      if (age(p.heartbeat_ns) <= ns(options.heartbeat_timeout)) continue;
+      culprit = &p;
+      why = "rank " + std::to_string(p.rank) + " has shown no progress for " + seconds(age(p.heartbeat_ns)) +
+            " outside any collective (heartbeat_timeout " + seconds(ns(options.heartbeat_timeout)) + ")";
+      break;
+    }
+  }
+  if (!culprit) return std::nullopt;
+  Hang h;
+  h.rank = culprit->rank;
+  std::string where = culprit->in_flight ? "is still in " + name(*culprit->in_flight) + " since " +
+                                               seconds(age(culprit->in_flight->start_ns))
+                      : culprit->last_finished
+                          ? "is outside any collective; its last was " + name(*culprit->last_finished) +
+                                ", finished " + seconds(age(culprit->last_finished->end_ns)) + " ago"
+                          : "has not started any collective";
+  h.reason = "rank " + std::to_string(culprit->rank) + " " + where;
+  // Who waits where: "ranks 0,2 wait in allreduce #813".
+  std::vector<std::pair<std::string, std::vector<int>>> waiting;
+  for (const auto& p : pages) {
+    if (!p.valid || p.rank == culprit->rank || !p.in_flight) continue;
+    std::string n = name(*p.in_flight);
+    auto it = std::find_if(waiting.begin(), waiting.end(), [&](const auto& w) { return w.first == n; });
+    if (it == waiting.end()) waiting.push_back({n, {p.rank}});
+    else it->second.push_back(p.rank);
+  }
+  for (const auto& [op, ranks] : waiting) {
+    std::string list;
+    for (int r : ranks) list += (list.empty() ? "" : ",") + std::to_string(r);
+    h.reason += "; rank" + std::string(ranks.size() > 1 ? "s " : " ") + list + " wait in " + op;
+  }
+  h.report = "accel: hang detected on " + host + ": " + why + "\n";
+  for (const auto& p : pages) {
+    std::string line = "  rank " + std::to_string(p.rank) + ": ";
+    if (!p.valid) {
+      line += "no progress page (not using libaccel, or not started)";
+    } else if (p.in_flight) {
+      line += "in " + name(*p.in_flight) + " (" + std::to_string(p.in_flight->bytes) + " bytes) for " +
+              seconds(age(p.in_flight->start_ns));
+    } else if (p.last_finished) {
+      line += "outside any collective; last " + name(*p.last_finished) + " finished " +
+              seconds(age(p.last_finished->end_ns)) + " ago";
+    } else {
+      line += "no collective yet";
+    }
+    if (p.valid && p.heartbeat_ns != 0) line += "; last heartbeat " + seconds(age(p.heartbeat_ns)) + " ago";
+    if (p.rank == culprit->rank) line += "   <- lagging";
+    h.report += line + "\n";
+  }
+  hang = std::move(h);
+  return hang;
+}
+
+struct HangWatch::Mapping {
+  const progress::Page* page = nullptr;
+  ~Mapping() {
+    if (page) ::munmap(const_cast<progress::Page*>(page), progress::kFileBytes);
+  }
+};
+
+HangWatch::HangWatch(boost::asio::io_context& io, HangOptions options,
+                     std::vector<std::pair<int, std::string>> pages, std::string host,
+                     std::function<void(const Hang&)> on_hang)
+    : options_(options), pages_(std::move(pages)), host_(std::move(host)), on_hang_(std::move(on_hang)),
+      timer_(io) {}
+
+HangWatch::~HangWatch() { timer_.cancel(); }
+
+void HangWatch::start() {
+  if (options_.enabled()) arm();
+}
+
+void HangWatch::arm() {
+  timer_.expires_after(options_.interval);
+  timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec) return;
+    check();
+    if (!fired_) arm();
+  });
+}
+
+void HangWatch::check() {
+  if (maps_.empty()) {
+    for (const auto& [rank, path] : pages_) {
+      auto m = std::make_unique<Mapping>();
+      int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd >= 0) {
+        struct stat st {};
+        if (::fstat(fd, &st) == 0 && st.st_size >= static_cast<off_t>(progress::kFileBytes)) {
+          void* mem = ::mmap(nullptr, progress::kFileBytes, PROT_READ, MAP_SHARED, fd, 0);
+          if (mem != MAP_FAILED) m->page = static_cast<const progress::Page*>(mem);
+        }
+        ::close(fd);
+      }
+      maps_.push_back(std::move(m));
+    }
+  }
+  std::vector<PageView> views;
+  for (size_t i = 0; i < pages_.size(); ++i) {
+    if (maps_[i]->page) {
+      views.push_back(view_of(*maps_[i]->page, pages_[i].first));
+    } else {
+      PageView v;
+      v.rank = pages_[i].first;
+      views.push_back(v);
+    }
+  }
+  latest_ = views;
+  latest_ns_ = progress::monotonic_ns();
+  if (auto hang = detect_hang(views, latest_ns_, options_, host_)) {
+    fired_ = true;
+    on_hang_(*hang);
+  }
+}
+
+}  // namespace accel::supervisor

@@ -1,0 +1,79 @@
+// Maps the progress page and writes it with atomic stores.
+#include "runtime/progress.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+
+#include "accel/progress_page.h"
+
+namespace accel::progress {
+namespace {
+
+Page* open_page() {
+  const char* path = std::getenv("ACCEL_PROGRESS_FILE");
+  if (path == nullptr || *path == '\0') return nullptr;
+  int fd = ::open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    std::fprintf(stderr, "accel: cannot open ACCEL_PROGRESS_FILE %s; hang detection is off for this worker\n", path);
+    return nullptr;
+  }
+  void* mem = MAP_FAILED;
+  if (::ftruncate(fd, static_cast<off_t>(kFileBytes)) == 0) {
+    mem = ::mmap(nullptr, kFileBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  }
+  ::close(fd);
+  if (mem == MAP_FAILED) {
+    std::fprintf(stderr, "accel: cannot map ACCEL_PROGRESS_FILE %s; hang detection is off for this worker\n", path);
+    return nullptr;
+  }
+  auto* page = static_cast<Page*>(mem);
+  const char* rank = std::getenv("RANK");
+  page->version = kVersion;
+  page->ring_size = kRingSize;
+  page->rank = rank ? std::atoi(rank) : 0;
+  page->pid = static_cast<std::int32_t>(::getpid());
+  std::memcpy(page->magic, kMagic, sizeof kMagic);  // Why last: a reader sees a page only when complete
+  return page;
+}
+
+Page* page() {
+  static Page* p = open_page();  // Why a static: one mapping per process, never unmapped
+  return p;
+}
+
+}  // namespace
+
+void heartbeat() {
+  if (Page* p = page()) store(&p->heartbeat_ns, monotonic_ns());
+}
+
+void collective_started(std::uint64_t seq, const char* op, std::size_t bytes) {
+  Page* p = page();
+  if (p == nullptr) return;
+  std::uint64_t now = monotonic_ns();
+  Entry& e = p->ring[seq % kRingSize];
+  store(&e.seq_plus_one, std::uint64_t{0});
+  store(&e.start_ns, now);
+  store(&e.end_ns, std::uint64_t{0});
+  store(&e.bytes, static_cast<std::uint64_t>(bytes));
+  std::strncpy(e.op, op, sizeof e.op - 1);
+  store(&e.seq_plus_one, seq + 1);
+  store(&p->started, seq + 1);
+  store(&p->heartbeat_ns, now);
+}
+
+void collective_finished(std::uint64_t seq) {
+  Page* p = page();
+  if (p == nullptr) return;
+  std::uint64_t now = monotonic_ns();
+  Entry& e = p->ring[seq % kRingSize];
+  if (load(&e.seq_plus_one) == seq + 1) store(&e.end_ns, now);
+  store(&p->heartbeat_ns, now);
+}
+
+}  // namespace accel::progress
