@@ -2,6 +2,7 @@
 #include "agent/coordinator/coordinator_core.h"
 
 #include <algorithm>
+#include <cstring>
 #include <cctype>
 #include <climits>
 #include <cstdint>
@@ -916,8 +917,11 @@ std::string describe_failure(const pb::Failure& f) {
       return "rank " + std::to_string(f.rank()) + " on " + where + " could not start: " + f.message();
     default: break;
   }
-  std::string what = f.signal() != 0 ? "signal " + std::to_string(f.signal())
-                                     : "exit code " + std::to_string(f.exit_code());
+  std::string what = "exit code " + std::to_string(f.exit_code());
+  if (f.signal() != 0) {
+    const char* abbrev = ::sigabbrev_np(f.signal());
+    what = (abbrev ? "SIG" + std::string(abbrev) + " (signal " : "(signal ") + std::to_string(f.signal()) + ")";
+  }
   std::string out = "rank " + std::to_string(f.rank()) + " on " + where + " (pid " +
                     std::to_string(f.pid()) + ") failed: " + what;
   if (!f.message().empty()) out += ": " + f.message();

@@ -97,6 +97,8 @@ Result<std::shared_ptr<grpc::Channel>> make_channel(const std::string& target, c
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // Why: each client its own connection (simulated agents in bench_coordinator share a process).
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   return grpc::CreateCustomChannel(target, *creds, args);
 }
 

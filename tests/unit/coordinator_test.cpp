@@ -820,7 +820,7 @@ TEST(CoordinatorCore, RestartBudgetIsCountedOnceForTheWholeJob) {
   const std::string& summary = w.outcome().summary();
   EXPECT_NE(summary.find("no restarts left (max_restarts 1)"), std::string::npos) << summary;
   std::string root = marked_line(summary);
-  EXPECT_NE(root.find("rank 3 on host-b (pid 1003) failed: signal 9"), std::string::npos) << summary;
+  EXPECT_NE(root.find("rank 3 on host-b (pid 1003) failed: SIGKILL (signal 9)"), std::string::npos) << summary;
   // Round 0's root cause (a's, the earlier of the two) is listed as an earlier round.
   std::string earlier = line_with(summary, "earlier: round 0");
   EXPECT_NE(earlier.find("rank 1 on host-a"), std::string::npos) << summary;
@@ -865,7 +865,7 @@ TEST(CoordinatorCore, RootCauseIsTheEarliestFailureEvenWhenReportedLater) {
   auto w = h.watch("j", 0);
   ASSERT_TRUE(w.done());
   const std::string& summary = w.outcome().summary();
-  EXPECT_NE(marked_line(summary).find("rank 2 on host-b (pid 1002) failed: signal 11: segfault"),
+  EXPECT_NE(marked_line(summary).find("rank 2 on host-b (pid 1002) failed: SIGSEGV (signal 11): segfault"),
             std::string::npos)
       << summary;
   EXPECT_TRUE(starts_with(line_with(summary, "  rank 0 on host-a"), "  ")) << summary;  // table row, unmarked
@@ -922,7 +922,7 @@ TEST(CoordinatorCore, FailureSummaryFormatting) {
 
   std::string s = format_failure_summary("j", fs, 1, 2);
   EXPECT_TRUE(starts_with(s, "accel: failures of job j, round 1 (root cause = the earliest, marked *):\n")) << s;
-  EXPECT_NE(marked_line(s).find("rank 2 on host-b (pid 1002) failed: signal 9"), std::string::npos) << s;
+  EXPECT_NE(marked_line(s).find("rank 2 on host-b (pid 1002) failed: SIGKILL (signal 9)"), std::string::npos) << s;
   EXPECT_TRUE(starts_with(line_with(s, "rank 0 on host-a (pid 1000) failed: exit code 1: late"), "  ")) << s;
   EXPECT_NE(s.find("      stderr| Killed\n"), std::string::npos) << s;
   EXPECT_NE(line_with(s, "earlier: round 0").find("rank 0 on host-a"), std::string::npos) << s;

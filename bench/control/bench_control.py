@@ -1,0 +1,228 @@
+#!/usr/bin/env python3
+"""Control-plane benchmarks, against torchrun in the same run.
+
+1. Launch (whole command, 2 workers running /bin/true) and crash -> replacement started, for:
+   accel-launch local mode, accel with 2 standing agents (mode 3, submit from accel-launch),
+   accel with every node running accel-launch (mode 2, 2 nodes on this machine), torchrun
+   --standalone, and torchrun with c10d rendezvous over 2 nodes on this machine.
+2. Coordinator scale: N simulated agents (bench_coordinator) registering, heartbeating at 1 Hz
+   and completing one rendezvous against a real coordinator process (accel-agent
+   --serve-coordinator --coordinator-only); its CPU and memory.
+3. Agent memory (RSS of an idle and of a working accel-agent) and lost-node detection time.
+
+Usage, from the repo root after scripts/build.sh:
+    python3 bench/control/bench_control.py [--runs 5] [--agents 64,256,1024,4096] [--build build]
+"""
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+PYTHON = "/usr/bin/python3"
+TOKEN = "bench-token"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def env(**extra):
+    e = {k: v for k, v in os.environ.items() if not k.startswith("ACCEL_")}
+    e["ACCEL_TOKEN"] = TOKEN
+    e.update(extra)
+    return e
+
+
+def timed(cmds, extra_env=None, timeout=180):
+    """Starts every command at once; returns seconds until all have exited 0."""
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen(c, env=env(**(extra_env or {})), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE) for c in cmds]
+    for p, c in zip(procs, cmds):
+        _, err = p.communicate(timeout=timeout)
+        if p.returncode != 0:
+            sys.exit(f"command failed ({p.returncode}): {' '.join(c)}\n{err.decode()[-3000:]}")
+    return time.perf_counter() - t0
+
+
+def crash_to_respawn(cmds):
+    with tempfile.TemporaryDirectory() as out:
+        timed(cmds, {"BENCH_OUT": out})
+        with open(os.path.join(out, "crash")) as f:
+            crash = int(f.read())
+        with open(os.path.join(out, "start_0")) as f:
+            start = int(f.read())
+        return (start - crash) / 1e6
+
+
+def median_of(runs, fn):
+    fn()  # warm-up
+    return statistics.median(fn() for _ in range(runs))
+
+
+class Agents:
+    """A coordinator-serving agent and more agents, standing like systemd ones."""
+
+    def __init__(self, bindir, count, lease="10s"):
+        self.port = free_port()
+        self.target = f"127.0.0.1:{self.port}"
+        self.procs = [subprocess.Popen(
+            [f"{bindir}/accel-agent", "--serve-coordinator", self.target, "--node-id", "a0", "-q",
+             "--lease-timeout", lease], env=env(), stderr=subprocess.DEVNULL)]
+        for i in range(1, count):
+            self.procs.append(subprocess.Popen(
+                [f"{bindir}/accel-agent", "--coordinator", self.target, "--node-id", f"a{i}", "-q"],
+                env=env(), stderr=subprocess.DEVNULL))
+        time.sleep(1.0)
+
+    def close(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            p.wait(timeout=20)
+
+
+def rss_kb(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def torchrun_nodes(port, nnodes, rank, extra):
+    return [PYTHON, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--node_rank", str(rank),
+            "--nproc_per_node", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}",
+            "--rdzv_id", f"bench{port}", "--no_python", "--redirects", "9:0", "--tee", "9:0",
+            "--monitor_interval", "0.1"] + extra
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--agents", default="64,256,1024,4096")
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--skip-torchrun", action="store_true")
+    args = ap.parse_args()
+    b = os.path.abspath(os.path.join(args.build, "bin"))
+    launch = f"{b}/accel-launch"
+    crash = f"{b}/bench_crash_worker"
+    for path in (launch, crash, f"{b}/accel-agent", f"{b}/bench_coordinator"):
+        if not os.access(path, os.X_OK):
+            sys.exit(f"{path} not found: run scripts/build.sh first")
+    print(f"# accel control plane vs torchrun, {args.runs} runs each (medians), {os.cpu_count()} CPUs")
+    print()
+    rows = []
+
+    # 1. launch and crash -> replacement
+    rows.append(("launch 2 x /bin/true", "accel-launch -n 2 (local, mode 1)",
+                 1e3 * median_of(args.runs, lambda: timed([[launch, "-q", "-n", "2", "/bin/true"]]))))
+    agents = Agents(b, 2)
+    try:
+        rows.append(("launch 2 x /bin/true", "accel, 2 standing agents (mode 3)",
+                     1e3 * median_of(args.runs, lambda: timed([[launch, "-q", "--coordinator", agents.target,
+                                                                "--nodes", "2", "-n", "1", "/bin/true"]]))))
+        mode3_crash = median_of(args.runs, lambda: crash_to_respawn(
+            [[launch, "-q", "--coordinator", agents.target, "--nodes", "2", "-n", "1", "--max-restarts", "1",
+              crash]]))
+    finally:
+        agents.close()
+
+    def mode2(extra_args, worker):
+        port = free_port()
+        return [[launch, "-q", "--nodes", "2", "--machine-rank", str(r), "-n", "1", "--coordinator-port",
+                 str(port)] + extra_args + [worker] for r in (0, 1)]
+    rows.append(("launch 2 x /bin/true", "accel-launch on each of 2 nodes (mode 2)",
+                 1e3 * median_of(args.runs, lambda: timed(mode2([], "/bin/true")))))
+    local_crash = median_of(args.runs, lambda: crash_to_respawn([[launch, "-q", "-n", "2", "--max-restarts", "1",
+                                                                  crash]]))
+    mode2_crash = median_of(args.runs, lambda: crash_to_respawn(mode2(["--max-restarts", "1"], crash)))
+    if not args.skip_torchrun:
+        standalone = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--no_python",
+                      "--redirects", "9:0", "--tee", "9:0", "--monitor_interval", "0.1"]
+        rows.append(("launch 2 x /bin/true", "torchrun --standalone -n 2",
+                     1e3 * median_of(args.runs, lambda: timed([standalone + ["/bin/true"]]))))
+
+        def tr2(extra):
+            port = free_port()
+            return [torchrun_nodes(port, 2, r, extra) for r in (0, 1)]
+        rows.append(("launch 2 x /bin/true", "torchrun c10d rendezvous, 2 nodes",
+                     1e3 * median_of(args.runs, lambda: timed(tr2(["/bin/true"])))))
+    rows.append(("crash -> replacement started", "accel-launch -n 2 (local, mode 1)", local_crash))
+    rows.append(("crash -> replacement started", "accel, 2 standing agents (mode 3)", mode3_crash))
+    rows.append(("crash -> replacement started", "accel-launch on each of 2 nodes (mode 2)", mode2_crash))
+    if not args.skip_torchrun:
+        rows.append(("crash -> replacement started", "torchrun c10d rendezvous, 2 nodes",
+                     median_of(args.runs, lambda: crash_to_respawn(tr2(["--max_restarts", "1", crash])))))
+    print("| what | launcher | median (ms) |")
+    print("|---|---|---:|")
+    for what, who, ms in rows:
+        print(f"| {what} | {who} | {ms:.1f} |")
+    print()
+
+    # 2. coordinator scale
+    print("| simulated agents | register all (ms) | rendezvous (ms) | coordinator CPU, rendezvous (s) | "
+          "coordinator CPU at 1 Hz heartbeats | coordinator RSS (MB) |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    results = {}
+    for n in [int(x) for x in args.agents.split(",")]:
+        port = free_port()
+        coord = subprocess.Popen([f"{b}/accel-agent", "--serve-coordinator", f"127.0.0.1:{port}", "--coordinator-only",
+                                  "-q", "--lease-timeout", "30s"], env=env(), stderr=subprocess.DEVNULL)
+        time.sleep(0.5)
+        try:
+            out = subprocess.run([f"{b}/bench_coordinator", "--target", f"127.0.0.1:{port}", "--token", TOKEN,
+                                  "--agents", str(n), "--coordinator-pid", str(coord.pid), "--steady-s", "5"],
+                                 capture_output=True, text=True, timeout=300)
+        finally:
+            coord.terminate()
+            coord.wait(timeout=20)
+        if out.returncode != 0:
+            print(f"| {n} | failed: {out.stderr.strip()[-200:]} | | | | |")
+            continue
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        results[n] = r
+        print(f"| {n} | {r['register_ms']:.0f} | {r['rendezvous_ms']:.0f} | {r['rendezvous_cpu_s']:.2f} | "
+              f"{r['steady_cpu_pct']:.0f}% ({r['steady_syncs_per_s']:.0f} syncs/s) | {r['rss_mb']:.0f} |")
+    print()
+
+    # 3. agent memory, lost-node detection
+    agents = Agents(b, 2, lease="10s")
+    try:
+        idle = rss_kb(agents.procs[1].pid)
+        worker_dir = tempfile.mkdtemp()
+        job = subprocess.Popen([launch, "-q", "--coordinator", agents.target, "--nodes", "2", "-n", "2", "--",
+                                "sleep", "2"], env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(1.0)
+        busy = rss_kb(agents.procs[1].pid)
+        job.wait(timeout=60)
+        agents.procs[1].kill()
+        t_kill = time.perf_counter()
+        lost_s = None
+        while time.perf_counter() - t_kill < 30:
+            st = subprocess.run([f"{b}/accel", "status", "--coordinator", agents.target], env=env(),
+                                capture_output=True, text=True)
+            if " a1 " in st.stdout and "LOST" in st.stdout:
+                lost_s = time.perf_counter() - t_kill
+                break
+            time.sleep(0.05)
+    finally:
+        agents.close()
+    print(f"accel-agent RSS: idle {idle / 1024:.1f} MB, running a 2-worker job {busy / 1024:.1f} MB (target < 20 MB)")
+    print(f"lost node detected {lost_s:.1f} s after kill -9 with lease_timeout 10 s (target <= lease)"
+          if lost_s else "lost node NOT detected within 30 s")
+    if 1024 in results:
+        r = results[1024]["rendezvous_ms"]
+        print(f"1024-agent rendezvous: {r:.0f} ms (target < 2000 ms: {'met' if r < 2000 else 'NOT met'})")
+
+
+if __name__ == "__main__":
+    main()

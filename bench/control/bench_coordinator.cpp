@@ -1,0 +1,211 @@
+// bench_coordinator: N simulated node agents against a real coordinator process over gRPC.
+// Each registers, long-polls Sync (wait 1 s: a 1 Hz heartbeat), joins the round it is told
+// to, and counts itself when told to RUN. Prints one JSON line: registration time, rendezvous
+// time (submit -> every agent told RUN) and the coordinator's CPU use and RSS.
+//   bench_coordinator --target 127.0.0.1:29400 --token T --agents 1024 --coordinator-pid PID
+//                     [--channels 16] [--steady-s 5]
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "agent/rpc/coordinator_client.h"
+
+namespace {
+
+namespace pb = accel::v1;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+struct Shared {
+  std::vector<std::shared_ptr<accel::rpc::CoordinatorClient>> clients;
+  std::atomic<int> registered{0};
+  std::atomic<int> running{0};
+  std::atomic<int> errors{0};
+  std::atomic<long> syncs{0};
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  Clock::time_point all_running{};
+};
+
+struct SimAgent : std::enable_shared_from_this<SimAgent> {
+  Shared* s;
+  int index;
+  std::string id;
+  uint64_t known = 0;
+  bool joined = false;
+  bool ran = false;
+  accel::rpc::CoordinatorClient& client() { return *s->clients[static_cast<size_t>(index) % s->clients.size()]; }
+
+  void start() {
+    pb::RegisterNodeRequest req;
+    req.set_node_id(id);
+    req.set_hostname("sim");
+    req.set_address("127.0.0.1");
+    req.set_machine_rank(-1);
+    client().register_node(req, 30s, [self = shared_from_this()](const grpc::Status& st, pb::RegisterNodeResponse&) {
+      if (!st.ok()) {
+        self->s->errors++;
+        return;
+      }
+      self->s->registered++;
+      self->sync();
+    });
+  }
+
+  void sync() {
+    if (s->stop) return;
+    pb::SyncRequest req;
+    req.set_node_id(id);
+    req.set_known_version(known);
+    req.set_wait_ms(1000);
+    client().sync(req, 30s, [self = shared_from_this()](const grpc::Status& st, pb::SyncResponse& resp) {
+      self->s->syncs++;
+      if (!st.ok()) {
+        self->s->errors++;
+        std::this_thread::sleep_for(100ms);
+        self->sync();
+        return;
+      }
+      self->known = resp.version();
+      const auto& ins = resp.instruction();
+      if (ins.action() == pb::Instruction::ACTION_JOIN && !self->joined) {
+        self->joined = true;
+        pb::JoinRoundRequest j;
+        j.set_node_id(self->id);
+        j.set_job_id(ins.job_id());
+        j.set_round(ins.round());
+        self->client().join_round(j, 30s, [self](const grpc::Status& js, pb::JoinRoundResponse&) {
+          if (!js.ok()) self->s->errors++;
+          self->sync();
+        });
+        return;
+      }
+      if (ins.action() == pb::Instruction::ACTION_RUN && !self->ran) {
+        self->ran = true;
+        if (++self->s->running == self->s->registered.load()) {
+          std::lock_guard lock(self->s->mu);
+          self->s->all_running = Clock::now();
+        }
+      }
+      self->sync();
+    });
+  }
+};
+
+// utime + stime of `pid` in seconds, and its resident set in KiB.
+std::pair<double, long> cpu_and_rss(int pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(stat, line);
+  std::istringstream in(line.substr(line.rfind(')') + 2));
+  std::string field;
+  double ticks = 0;
+  for (int i = 3; i <= 15 && in >> field; ++i) {
+    if (i == 14 || i == 15) ticks += std::stod(field);
+  }
+  long rss = 0;
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) rss = std::stol(line.substr(6));
+  }
+  return {ticks / static_cast<double>(::sysconf(_SC_CLK_TCK)), rss};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string target = "127.0.0.1:29400", token;
+  int agents = 64, channels = 16, pid = 0, steady_s = 5;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string k = argv[i], v = argv[i + 1];
+    if (k == "--target") target = v;
+    else if (k == "--token") token = v;
+    else if (k == "--agents") agents = std::atoi(v.c_str());
+    else if (k == "--channels") channels = std::atoi(v.c_str());
+    else if (k == "--coordinator-pid") pid = std::atoi(v.c_str());
+    else if (k == "--steady-s") steady_s = std::atoi(v.c_str());
+  }
+  Shared s;
+  for (int c = 0; c < channels; ++c) {
+    auto client = accel::rpc::CoordinatorClient::create(target, token, {});
+    if (!client) {
+      std::fprintf(stderr, "%s\n", client.message().c_str());
+      return 1;
+    }
+    s.clients.push_back(*client);
+  }
+  auto [cpu0, rss0] = cpu_and_rss(pid);
+  auto t0 = Clock::now();
+  std::vector<std::shared_ptr<SimAgent>> sims;
+  for (int i = 0; i < agents; ++i) {
+    auto a = std::make_shared<SimAgent>();
+    a->s = &s;
+    a->index = i;
+    a->id = "sim-" + std::to_string(i);
+    sims.push_back(a);
+    a->start();
+  }
+  while (s.registered + s.errors < agents && Clock::now() - t0 < 60s) std::this_thread::sleep_for(5ms);
+  auto t_registered = Clock::now();
+  if (s.registered != agents) {
+    std::fprintf(stderr, "only %d of %d agents registered (%d errors)\n", s.registered.load(), agents, s.errors.load());
+    return 1;
+  }
+  auto [cpu1, rss1] = cpu_and_rss(pid);
+  pb::SubmitJobRequest req;
+  auto* spec = req.mutable_spec();
+  spec->add_argv("/bin/true");
+  spec->set_processes_per_node(1);
+  spec->set_min_nodes(agents);
+  spec->set_max_nodes(agents);
+  spec->set_join_timeout_ms(60'000);
+  spec->set_last_call_ms(0);
+  spec->set_stop_timeout_ms(1000);
+  spec->set_master_port(29500);
+  pb::SubmitJobResponse resp;
+  auto t_submit = Clock::now();
+  grpc::Status st = s.clients[0]->submit_job(req, &resp, 10s);
+  if (!st.ok()) {
+    std::fprintf(stderr, "submit: %s\n", accel::rpc::describe(st).c_str());
+    return 1;
+  }
+  while (s.running < agents && Clock::now() - t_submit < 60s) std::this_thread::sleep_for(1ms);
+  if (s.running != agents) {
+    std::fprintf(stderr, "only %d of %d agents were told to run\n", s.running.load(), agents);
+    return 1;
+  }
+  Clock::time_point all;
+  {
+    std::lock_guard lock(s.mu);
+    all = s.all_running;
+  }
+  auto [cpu2, rss2] = cpu_and_rss(pid);
+  // Steady state: every agent heartbeats at 1 Hz.
+  long syncs_before = s.syncs;
+  std::this_thread::sleep_for(std::chrono::seconds(steady_s));
+  auto [cpu3, rss3] = cpu_and_rss(pid);
+  long steady_syncs = s.syncs - syncs_before;
+  s.stop = true;
+  auto ms = [](auto d) { return std::chrono::duration<double, std::milli>(d).count(); };
+  std::printf("{\"agents\": %d, \"register_ms\": %.1f, \"rendezvous_ms\": %.1f, \"register_cpu_s\": %.3f, "
+              "\"rendezvous_cpu_s\": %.3f, \"steady_cpu_pct\": %.1f, \"steady_syncs_per_s\": %.0f, "
+              "\"rss_mb\": %.1f, \"errors\": %d}\n",
+              agents, ms(t_registered - t0), ms(all - t_submit), cpu1 - cpu0, cpu2 - cpu1,
+              100.0 * (cpu3 - cpu2) / steady_s, static_cast<double>(steady_syncs) / steady_s,
+              static_cast<double>(rss3) / 1024.0, s.errors.load());
+  (void)rss0;
+  (void)rss1;
+  (void)rss2;
+  std::fflush(stdout);
+  std::_Exit(0);  // Why: thousands of long polls are still parked; no need to unwind them
+}
