@@ -103,7 +103,8 @@ int main(int argc, char** argv) {
 
   if (!cfg.coordinator.empty() || cfg.nodes.max > 1) {
     accel::launcher::ClusterLaunch launch{.cfg = cfg, .argv = *argv_resolved, .env = {},
-                                          .job_id = cfg.job_id, .checkpoint_dir = checkpoint_dir};
+                                          .job_id = cfg.job_id, .checkpoint_dir = checkpoint_dir,
+                                          .worker_env = cmd.worker_env};
     for (const auto& [k, v] : sources.env) launch.env.emplace(k, v);
     if (!cfg.coordinator.empty()) return accel::launcher::run_submit(launch);  // mode 3
     if (launch.job_id.empty()) launch.job_id = generate_job_id();
@@ -126,6 +127,7 @@ int main(int argc, char** argv) {
   opts.env.debug = cfg.debug;
   opts.env.omp_num_threads = cfg.num_cpu_threads_per_process;
   for (const auto& [k, v] : sources.env) opts.base_env.emplace(k, v);
+  for (const auto& [k, v] : cmd.worker_env) opts.base_env[k] = v;
   opts.log_dir = cfg.log_dir;
   opts.tee = cfg.tee;
   opts.group.stop_timeout = cfg.stop_timeout;

@@ -177,6 +177,7 @@ pb::JobSpec make_job_spec(const ClusterLaunch& launch, bool forward_logs) {
   spec.set_forward_logs(forward_logs);
   spec.set_master_port(cfg.main_process_port);
   spec.set_submitted_by(user_at_host());
+  for (const auto& [k, v] : launch.worker_env) (*spec.mutable_extra_env())[k] = v;
   spec.set_heartbeat_timeout_ms(cfg.heartbeat_timeout.count());
   spec.set_hang_collective_timeout_ms(cfg.hang_timeout.count());
   auto* s = spec.mutable_settings();

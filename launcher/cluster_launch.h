@@ -25,6 +25,7 @@ struct ClusterLaunch {
   supervisor::EnvMap env;         // the launcher's environment
   std::string job_id;             // empty: the coordinator names it (mode 3)
   std::string checkpoint_dir;     // absolute, or empty
+  std::vector<std::pair<std::string, std::string>> worker_env;  // --env
 };
 
 // The job as the coordinator sees it.

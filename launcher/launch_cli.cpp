@@ -4,6 +4,8 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <cctype>
+#include <cstdlib>
 #include <map>
 
 #include "accel_version.h"
@@ -206,6 +208,10 @@ ParseOutcome parse_launch_command(const std::vector<std::string>& args) {
       ->type_name("MODULE");
   bool no_python = false;
   app.add_flag("--no-python", no_python, "Run PROGRAM as given even if it ends in .py");
+  std::vector<std::string> worker_env;
+  app.add_option("--env", worker_env,
+                 "Set KEY=VALUE (or KEY as it is here) for every worker on every node; repeatable")
+      ->type_name("KEY[=VALUE]");
 
   Split split = split_args(app, args);
   std::vector<std::string> reversed(split.options.rbegin(), split.options.rend());
@@ -235,6 +241,23 @@ ParseOutcome parse_launch_command(const std::vector<std::string>& args) {
   cmd.print_config = print_config;
   cmd.program = std::move(split.program);
   cmd.program.no_python = no_python;
+  for (const auto& kv : worker_env) {
+    auto eq = kv.find('=');
+    std::string key = kv.substr(0, eq);
+    bool valid = !key.empty() && !std::isdigit(static_cast<unsigned char>(key[0])) &&
+                 std::all_of(key.begin(), key.end(), [](unsigned char c) { return std::isalnum(c) || c == '_'; });
+    if (!valid) {
+      outcome.exit_code = 2;
+      outcome.text_is_error = true;
+      outcome.text = "accel-launch: --env " + kv + ": expected KEY=VALUE or KEY, KEY of [A-Za-z0-9_]\n";
+      return outcome;
+    }
+    if (eq != std::string::npos) {
+      cmd.worker_env.emplace_back(key, kv.substr(eq + 1));
+    } else if (const char* v = std::getenv(key.c_str())) {
+      cmd.worker_env.emplace_back(key, v);
+    }
+  }
   outcome.command = std::move(cmd);
   return outcome;
 }

@@ -16,6 +16,10 @@ struct LaunchCommand {
   std::vector<config::FlagValue> flags;
   std::optional<std::string> config_file;
   bool print_config = false;
+  // --env KEY=VALUE / --env KEY (its value here): set for every worker on every node, after
+  // the contract's variables. Standing agents (mode 3) give workers their own environment, so
+  // this is how a submitter passes variables along.
+  std::vector<std::pair<std::string, std::string>> worker_env;
   ProgramSpec program;
 };
 

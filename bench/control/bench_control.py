@@ -132,7 +132,7 @@ def main():
                                                                 "--nodes", "2", "-n", "1", "/bin/true"]]))))
         mode3_crash = median_of(args.runs, lambda: crash_to_respawn(
             [[launch, "-q", "--coordinator", agents.target, "--nodes", "2", "-n", "1", "--max-restarts", "1",
-              crash]]))
+              "--env", "BENCH_OUT", crash]]))
     finally:
         agents.close()
 

@@ -80,6 +80,8 @@ class Cluster {
   }
 
   std::string target() const { return "127.0.0.1:" + std::to_string(port_); }
+  // Added to every accel-agent and accel-launch command line (TLS flags).
+  std::vector<std::string> common_args;
   fs::path worker_dir() const { return dir_.path() / "w"; }
 
   // The agent that also serves the coordinator.
@@ -102,6 +104,7 @@ class Cluster {
                                    std::vector<std::string> worker_args = {},
                                    const std::string& token = kToken) {
     std::vector<std::string> args = {"--coordinator", target()};
+    args.insert(args.end(), common_args.begin(), common_args.end());
     args.insert(args.end(), launch_args.begin(), launch_args.end());
     args.insert(args.end(), {"--", CONTROL_WORKER_BIN, worker_dir().string()});
     args.insert(args.end(), worker_args.begin(), worker_args.end());
@@ -120,8 +123,10 @@ class Cluster {
  private:
   Launched& add(const std::vector<std::string>& args, const std::string& name,
                 const std::string& token = kToken) {
+    std::vector<std::string> all = args;
+    all.insert(all.end(), common_args.begin(), common_args.end());
     procs_.push_back(std::make_unique<Launched>(
-        dir_, ACCEL_AGENT_BIN, args, std::map<std::string, std::string>{{"ACCEL_TOKEN", token}},
+        dir_, ACCEL_AGENT_BIN, all, std::map<std::string, std::string>{{"ACCEL_TOKEN", token}},
         "agent_" + name + "_" + std::to_string(procs_.size())));
     return *procs_.back();
   }
@@ -300,6 +305,34 @@ TEST(ControlPlane, HungRankGetsADesyncReportAndTheGroupRestarts) {
   EXPECT_NE(r.err.find("<- lagging"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("restart 1 of 1"), std::string::npos) << r.err;
   EXPECT_NE(r.out.find("rank 1 done"), std::string::npos) << r.out;
+}
+
+TEST(ControlPlane, MutualTlsJobRunsAndAPlaintextClientIsTurnedAway) {
+  TempDir dir;
+  std::string d = dir.path().string();
+  std::string script =
+      "cd " + d + " && openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 1 "
+      "-subj /CN=accel-test-ca && openssl req -newkey rsa:2048 -nodes -keyout node.key -out node.csr "
+      "-subj /CN=accel-node && printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > ext.cnf && "
+      "openssl x509 -req -in node.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out node.pem -days 1 "
+      "-extfile ext.cnf";
+  ASSERT_EQ(std::system((script + " >/dev/null 2>&1").c_str()), 0) << script;
+  Cluster c(dir);
+  c.common_args = {"--tls-cert", d + "/node.pem", "--tls-key", d + "/node.key", "--tls-ca", d + "/ca.pem"};
+  c.serve("node-a");
+  c.agent("node-b");
+  auto launch = c.submit({"--nodes", "2", "-n", "1"}, {"--run-ms", "0"});
+  RunResult r = launch->wait(60s);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(markers(c.worker_dir()).size(), 2u);
+  // Without TLS the launcher cannot even talk to the coordinator; nothing runs.
+  c.common_args.clear();
+  Launched plain(dir, ACCEL_LAUNCH_BIN, {"--coordinator", c.target(), "-n", "1", "--", CONTROL_WORKER_BIN, d},
+                 {{"ACCEL_TOKEN", kToken}}, "plain");
+  RunResult p = plain.wait(60s);
+  EXPECT_EQ(p.exit_code, 1) << p.err;
+  EXPECT_NE(p.err.find("cannot submit the job to the coordinator"), std::string::npos) << p.err;
+  EXPECT_EQ(markers(c.worker_dir()).size(), 2u);
 }
 
 TEST(ControlPlane, WrongTokenIsRejectedAndNothingRuns) {
