@@ -18,7 +18,9 @@
 #include "agent/config/config_loader.h"
 #include "agent/supervisor/line_sink.h"
 #include "agent/supervisor/local_job.h"
+#if ACCEL_LAUNCH_CLUSTER
 #include "launcher/cluster_launch.h"
+#endif
 #include "launcher/launch_cli.h"
 
 namespace {
@@ -102,6 +104,7 @@ int main(int argc, char** argv) {
   logger->set_level(cfg.quiet ? spdlog::level::warn : spdlog::level::info);
 
   if (!cfg.coordinator.empty() || cfg.nodes.max > 1) {
+#if ACCEL_LAUNCH_CLUSTER
     accel::launcher::ClusterLaunch launch{.cfg = cfg, .argv = *argv_resolved, .env = {},
                                           .job_id = cfg.job_id, .checkpoint_dir = checkpoint_dir,
                                           .worker_env = cmd.worker_env};
@@ -109,6 +112,16 @@ int main(int argc, char** argv) {
     if (!cfg.coordinator.empty()) return accel::launcher::run_submit(launch);  // mode 3
     if (launch.job_id.empty()) launch.job_id = generate_job_id();
     return accel::launcher::run_multi_node(launch);  // mode 2
+#else
+    // Why a second binary: gRPC's 50-odd shared libraries cost ~20 ms at every start; the local
+    // mode (the common one) must not pay for the control plane it does not use.
+    std::error_code ec;
+    fs::path self = fs::read_symlink("/proc/self/exe", ec);
+    std::string cluster = (self.parent_path() / "accel-launch-cluster").string();
+    ::execv(cluster.c_str(), argv);
+    return fail("multi-node and --coordinator jobs need " + cluster + " (installed beside accel-launch): " +
+                std::strerror(errno), 1);
+#endif
   }
 
   accel::supervisor::LocalJobOptions opts;

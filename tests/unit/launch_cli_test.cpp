@@ -57,6 +57,24 @@ TEST(LaunchCli, CheckpointFlags) {
   EXPECT_EQ(flag_value(parse_ok({"p"}), "checkpoint_dir"), "<absent>");
 }
 
+TEST(LaunchCli, ControlPlaneFlagsAndWorkerEnv) {
+  ::setenv("ACCEL_TEST_FORWARDED", "from-here", 1);
+  LaunchCommand cmd = parse_ok({"--coordinator", "10.0.0.1:29400", "--nodes", "2:4", "--lease-timeout", "5s",
+                                "--hang-timeout", "0", "--env", "A=1", "--env", "ACCEL_TEST_FORWARDED",
+                                "--env", "A=2", "--env", "UNSET_HERE_XYZ", "./train"});
+  EXPECT_EQ(flag_value(cmd, "coordinator"), "10.0.0.1:29400");
+  EXPECT_EQ(flag_value(cmd, "nodes"), "2:4");
+  EXPECT_EQ(flag_value(cmd, "lease_timeout"), "5s");
+  EXPECT_EQ(flag_value(cmd, "hang_timeout"), "0");
+  // In the order typed (the last A wins where they are applied); a KEY not set here is skipped.
+  using KV = std::pair<std::string, std::string>;
+  EXPECT_EQ(cmd.worker_env, (std::vector<KV>{{"A", "1"}, {"ACCEL_TEST_FORWARDED", "from-here"}, {"A", "2"}}));
+  ParseOutcome bad = parse_launch_command({"--env", "1BAD=x", "./train"});
+  EXPECT_FALSE(bad.command);
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.text.find("--env 1BAD=x: expected KEY=VALUE or KEY"), std::string::npos) << bad.text;
+}
+
 TEST(LaunchCli, BooleanFlagsTakeAValue) {
   LaunchCommand off = parse_ok({"--cpu=false", "--debug", "p"});
   EXPECT_EQ(flag_value(off, "use_cpu"), "false");
