@@ -14,6 +14,7 @@
 #include <atomic>
 #include <csignal>
 #include <filesystem>
+#include <functional>
 #include <thread>
 
 #include "agent/common/clock.h"
@@ -99,6 +100,17 @@ class JobWatcher {
           logger()->warn("lost the coordinator at {} ({}); waiting up to {} ms for it",
                          client_->target(), rpc::describe(st), patience_.count());
         }
+        if (st.error_code() == grpc::StatusCode::NOT_FOUND && resubmit_ && now - trouble_since > resubmit_after_) {
+          auto again = std::move(resubmit_);
+          resubmit_ = nullptr;
+          logger()->warn("the coordinator does not know job {} any more ({}); submitting it again", job_id_,
+                         st.error_message());
+          if (again()) {
+            in_trouble = false;
+            after = 0;
+            continue;
+          }
+        }
         if (now - trouble_since > patience_) {
           return fail("gave up following job " + job_id_ + ": the coordinator at " +
                       client_->target() + " says " + rpc::describe(st));
@@ -132,6 +144,12 @@ class JobWatcher {
   }
 
   void stop() { stop_ = true; }
+  // Called once when the job stays unknown for `after` (a restarted coordinator that no agent
+  // could tell about it: it was still waiting for nodes); returns whether it was submitted again.
+  void on_lost_job(std::chrono::milliseconds after, std::function<bool()> resubmit) {
+    resubmit_after_ = after;
+    resubmit_ = std::move(resubmit);
+  }
   [[nodiscard]] const pb::JobOutcome& outcome() const { return outcome_; }
 
  private:
@@ -157,6 +175,8 @@ class JobWatcher {
   std::chrono::milliseconds patience_;
   std::atomic<bool> stop_{false};
   pb::JobOutcome outcome_;
+  std::chrono::milliseconds resubmit_after_{0};
+  std::function<bool()> resubmit_;
 };
 
 }  // namespace
@@ -262,6 +282,14 @@ int run_submit(const ClusterLaunch& launch) {
                      : std::to_string(launch.cfg.nodes.min) + "-" + std::to_string(launch.cfg.nodes.max));
 
   JobWatcher watcher(*client, job_id, std::max<std::chrono::milliseconds>(60s, 6 * launch.cfg.lease_timeout));
+  req.set_job_id(job_id);
+  watcher.on_lost_job(2 * launch.cfg.lease_timeout, [&, c = *client] {
+    pb::SubmitJobResponse again;
+    grpc::Status rs = c->submit_job(req, &again, 10s);
+    if (rs.error_code() == grpc::StatusCode::ALREADY_EXISTS) return true;  // an agent brought it back meanwhile
+    if (!rs.ok()) logger()->error("submitting job {} again failed: {}", job_id, rpc::describe(rs));
+    return rs.ok();
+  });
   std::thread signals([&, c = *client] {
     int cancels = 0;
     for (;;) {
@@ -375,7 +403,16 @@ int run_multi_node(const ClusterLaunch& launch) {
   std::thread watch_thread;
   if (server) {
     watcher = std::make_unique<JobWatcher>(*client, job_id, 10s);
-    watch_thread = std::thread([w = watcher.get()] { w->run(); });
+    // Why finish from here too: this node may have left the job's last round (elastic), and
+    // then its agent never hears of the end; the watcher does.
+    watch_thread = std::thread([&, w = watcher.get()] {
+      int code = w->run();
+      boost::asio::post(io, [&, code, summary = w->outcome().summary()] {
+        if (ended) return;
+        if (code != 0 && !summary.empty()) supervisor::write_all(STDERR_FILENO, summary);
+        finish(code);
+      });
+    });
   }
 
   boost::asio::signal_set signals(io, SIGINT, SIGTERM, SIGHUP);
@@ -389,7 +426,10 @@ int run_multi_node(const ClusterLaunch& launch) {
         logger()->warn("received {}: cancelling the job on every node (again to stop at once)",
                        supervisor::signal_name(sig));
         pb::CancelJobRequest cancel;
-        cancel.set_job_id(job_id);
+        // Why the agent's: without --job-id every node names the job differently; the one the
+        // coordinator (machine rank 0) gave is the one this node's agent runs.
+        std::string running = agent->current_job_id();
+        cancel.set_job_id(running.empty() ? job_id : running);
         cancel.set_signal(sig);
         // Why a thread: the call blocks up to 2 s and the io thread runs the workers.
         std::thread([c = *client, cancel] { c->cancel_job(cancel, 2s); }).detach();

@@ -58,6 +58,7 @@ void collective_started(std::uint64_t seq, const char* op, std::size_t bytes) {
   std::uint64_t now = monotonic_ns();
   Entry& e = p->ring[seq % kRingSize];
   store(&e.seq_plus_one, std::uint64_t{0});
+  __atomic_thread_fence(__ATOMIC_RELEASE);  // Why: readers must see 0 before any new field
   store(&e.start_ns, now);
   store(&e.end_ns, std::uint64_t{0});
   store(&e.bytes, static_cast<std::uint64_t>(bytes));

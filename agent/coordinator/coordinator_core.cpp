@@ -469,8 +469,10 @@ void CoordinatorCore::end_job(Job& job, pb::JobState state, int32_t exit_code, c
       node.job_id.clear();
       node.last_job_id = job.id;
       changes_.nodes.insert(id);
-    } else if (std::find(job.members.begin(), job.members.end(), id) != job.members.end()) {
-      node.last_job_id = job.id;
+    } else if (std::any_of(job.round_members.begin(), job.round_members.end(), [&](const auto& rm) {
+                 return std::find(rm.second.begin(), rm.second.end(), id) != rm.second.end();
+               })) {
+      node.last_job_id = job.id;  // it took part in an earlier round (mode 2: it waits to hear)
       changes_.nodes.insert(id);
     }
   }
@@ -679,7 +681,8 @@ RpcStatus CoordinatorCore::report_group(const pb::ReportGroupRequest& req) {
     *ev.mutable_failure() = std::move(f);
     event(job, std::move(ev));
   };
-  bool current = req.round() == job.round && job.state == pb::JOB_STATE_RUNNING;
+  bool current = req.round() == job.round && job.state == pb::JOB_STATE_RUNNING &&
+                 !(req.event() == pb::ReportGroupRequest::EVENT_FAILED && job.succeeded.contains(req.node_id()));
   if (!current) {
     // A late report of an earlier round: kept (it may be the root cause), nothing else changes.
     if (req.event() != pb::ReportGroupRequest::EVENT_FAILED || req.round() > job.round) {

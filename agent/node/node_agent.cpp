@@ -111,6 +111,11 @@ void NodeAgent::post_from_grpc(const std::shared_ptr<Gate>& gate, asio::io_conte
 
 void NodeAgent::start() { do_register(); }
 
+std::string NodeAgent::current_job_id() const {
+  if (active_) return active_->job_id;
+  return desired_.job_id();
+}
+
 std::vector<pid_t> NodeAgent::worker_pids() const {
   if (!active_ || !active_->group) return {};
   return active_->group->pids();
@@ -156,7 +161,7 @@ void NodeAgent::do_register() {
   req.set_address(options_.address);
   req.set_machine_rank(options_.machine_rank);
   req.set_only_job_id(options_.only_job_id);
-  if (active_ && (active_->group || active_->all_succeeded())) {
+  if (active_) {
     auto* cur = req.mutable_current();
     cur->set_job_id(active_->job_id);
     cur->set_round(active_->round);
@@ -185,6 +190,8 @@ void NodeAgent::do_register() {
                              lease_ = std::chrono::milliseconds(resp.lease_ms());
                              sync_wait_ = std::chrono::milliseconds(resp.sync_wait_ms());
                              registered_ = true;
+                             joined_job_.clear();  // Why: a new registration has joined nothing yet
+                             joined_round_ = -1;
                              failures_in_a_row_ = 0;
                              unreachable_since_.reset();
                              known_version_ = 0;
@@ -217,6 +224,21 @@ void NodeAgent::coordinator_unreachable(const grpc::Status& status) {
     log(LogLevel::kError, "no contact with the coordinator for longer than the lease (" +
                               std::to_string(lease_.count()) +
                               " ms): stopping the workers, peers may be gone");
+    active_->failed = true;
+    pb::ReportGroupRequest rep;
+    rep.set_node_id(options_.node_id);
+    rep.set_job_id(active_->job_id);
+    rep.set_round(active_->round);
+    rep.set_event(pb::ReportGroupRequest::EVENT_FAILED);
+    auto* f = rep.add_failures();
+    f->set_kind(pb::Failure::KIND_NODE_LOST);
+    f->set_hostname(options_.hostname);
+    f->set_rank(-1);
+    f->set_local_rank(-1);
+    f->set_message("node " + options_.node_id + " lost the coordinator for longer than the lease and stopped its workers");
+    f->set_time_unix_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
+                            std::chrono::system_clock::now().time_since_epoch()).count());
+    report(std::move(rep));  // retried until the coordinator is back
     stop_active(SIGTERM);
   }
 }
@@ -279,6 +301,10 @@ void NodeAgent::on_sync(const grpc::Status& status, const pb::SyncResponse& resp
   const auto& outcome = desired_.last_job();
   if (!outcome.job_id().empty() && outcome.job_id() != reported_outcome_) {
     reported_outcome_ = outcome.job_id();
+    if (outcome.state() == pb::JOB_STATE_CANCELLED && active_ && active_->job_id == outcome.job_id() &&
+        outcome.exit_code() > 128) {
+      stop_signal_ = outcome.exit_code() - 128;  // the launcher's signal goes to the workers first
+    }
     if (hooks_.on_job_end) hooks_.on_job_end(outcome);
   }
   reconcile();
@@ -297,7 +323,9 @@ void NodeAgent::reconcile() {
     if (active_->group && active_->group->running() > 0) {
       log(LogLevel::kInfo, "stopping the workers of job " + active_->job_id + " round " +
                                std::to_string(active_->round));
-      stop_active(SIGTERM);
+      int sig = stop_signal_;
+      stop_signal_ = SIGTERM;
+      stop_active(sig);
       return;
     }
     active_.reset();
@@ -533,6 +561,7 @@ void NodeAgent::on_hang(uint64_t generation, const supervisor::Hang& hang) {
 void NodeAgent::on_worker_exit(uint64_t generation, const supervisor::WorkerExit& exit) {
   if (!active_ || active_->generation != generation) return;
   Active& act = *active_;
+  if (act.hang_watch) act.hang_watch->forget(exit.rank);  // an exited worker cannot hang
   if (exit.during_stop || act.failed) return;
   if (exit.success()) {
     if (++act.succeeded == act.spec.processes_per_node()) {
@@ -621,11 +650,11 @@ void NodeAgent::shutdown(int signal, std::function<void()> done) {
   flush_logs();
   if (active_ && active_->group && active_->group->running() > 0) {
     if (done) stopped_waiters_.push_back(std::move(done));
-    if (again || stopping_) {
+    if (again) {
       active_->group->stop(SIGKILL, nullptr);
-    } else {
+    } else if (!stopping_) {
       stop_active(signal);
-    }
+    }  // else: a stop is under way; its grace is kept and the waiter runs when it ends
     return;
   }
   if (done) asio::post(io_, std::move(done));

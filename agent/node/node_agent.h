@@ -68,6 +68,8 @@ class NodeAgent {
   void shutdown(int signal, std::function<void()> done);
 
   [[nodiscard]] std::vector<pid_t> worker_pids() const;
+  // The job this node runs or was told to join; empty when idle.
+  [[nodiscard]] std::string current_job_id() const;
 
  private:
   struct Active;
@@ -118,6 +120,7 @@ class NodeAgent {
   std::unique_ptr<Active> active_;
   uint64_t generation_ = 0;
   bool stopping_ = false;
+  int stop_signal_ = 15;  // SIGTERM, or a cancelling launcher's signal
   std::vector<std::function<void()>> stopped_waiters_;
   std::string joined_job_;
   int64_t joined_round_ = -1;

@@ -150,7 +150,19 @@ HangWatch::HangWatch(boost::asio::io_context& io, HangOptions options,
     : options_(options), pages_(std::move(pages)), host_(std::move(host)), on_hang_(std::move(on_hang)),
       timer_(io) {}
 
-HangWatch::~HangWatch() { timer_.cancel(); }
+HangWatch::~HangWatch() {
+  *alive_ = false;
+  timer_.cancel();
+}
+
+void HangWatch::forget(int rank) {
+  for (size_t i = 0; i < pages_.size(); ++i) {
+    if (pages_[i].first != rank) continue;
+    pages_.erase(pages_.begin() + static_cast<long>(i));
+    if (i < maps_.size()) maps_.erase(maps_.begin() + static_cast<long>(i));
+    return;
+  }
+}
 
 void HangWatch::start() {
   if (options_.enabled()) arm();
@@ -158,15 +170,17 @@ void HangWatch::start() {
 
 void HangWatch::arm() {
   timer_.expires_after(options_.interval);
-  timer_.async_wait([this](const boost::system::error_code& ec) {
-    if (ec) return;
+  timer_.async_wait([this, alive = alive_](const boost::system::error_code& ec) {
+    if (ec || !*alive) return;
     check();
     if (!fired_) arm();
   });
 }
 
 void HangWatch::check() {
-  if (maps_.empty()) {
+  if (pages_.empty()) return;
+  if (maps_.size() != pages_.size()) {
+    maps_.clear();
     for (const auto& [rank, path] : pages_) {
       auto m = std::make_unique<Mapping>();
       int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);

@@ -65,6 +65,8 @@ class HangWatch {
   HangWatch(const HangWatch&) = delete;
   HangWatch& operator=(const HangWatch&) = delete;
   void start();
+  // Stops watching `rank` (its worker exited: old heartbeats are not a hang).
+  void forget(int rank);
   // The pages as of the last check, and when that was (CLOCK_MONOTONIC ns).
   [[nodiscard]] const std::vector<PageView>& latest() const { return latest_; }
   [[nodiscard]] std::uint64_t latest_ns() const { return latest_ns_; }
@@ -81,6 +83,7 @@ class HangWatch {
   std::function<void(const Hang&)> on_hang_;
   boost::asio::steady_timer timer_;
   bool fired_ = false;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // Why: a queued timer completion may outlive us
   std::vector<PageView> latest_;
   std::uint64_t latest_ns_ = 0;
 };

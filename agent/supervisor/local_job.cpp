@@ -146,6 +146,7 @@ void LocalJob::on_hang(const Hang& hang) {
 void LocalJob::on_worker_exit(const WorkerExit& exit) {
   AttemptRecord& record = result_.attempts.back();
   record.exits.push_back(exit);
+  if (hang_watch_) hang_watch_->forget(exit.rank);
   if (stopping_) return;  // a worker we are stopping
   if (exit.success()) {
     if (++successes_ == static_cast<size_t>(options_.num_processes)) finish();

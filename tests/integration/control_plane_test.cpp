@@ -351,6 +351,30 @@ TEST(ControlPlane, WrongTokenIsRejectedAndNothingRuns) {
   EXPECT_EQ(c.status().find("intruder"), std::string::npos);
 }
 
+TEST(ControlPlane, CtrlCOnAnyNodeCancelsTheJobEverywhere) {
+  TempDir dir;
+  fs::create_directories(dir.path() / "w");
+  int port = free_port();
+  auto node = [&](int rank) {
+    return std::make_unique<Launched>(
+        dir, ACCEL_LAUNCH_BIN,
+        std::vector<std::string>{"--nodes", "2", "--machine-rank", std::to_string(rank), "-n", "1",
+                                 "--coordinator-port", std::to_string(port), "--", CONTROL_WORKER_BIN,
+                                 (dir.path() / "w").string()},
+        std::map<std::string, std::string>{{"ACCEL_TOKEN", kToken}}, "node" + std::to_string(rank));
+  };
+  auto n0 = node(0);
+  auto n1 = node(1);
+  ASSERT_TRUE(wait_until([&] { return markers(dir.path() / "w").size() == 2; }, 30s)) << n0->err_so_far();
+  n1->signal(SIGINT);  // not the node that hosts the coordinator, and no --job-id given
+  RunResult r1 = n1->wait(30s);
+  RunResult r0 = n0->wait(30s);
+  EXPECT_EQ(r1.exit_code, 128 + SIGINT) << r1.err;
+  EXPECT_EQ(r0.exit_code, 128 + SIGINT) << r0.err;
+  EXPECT_NE(r0.err.find("cancelled by a launcher (signal 2)"), std::string::npos) << r0.err;
+  expect_no_orphans(dir.path() / "w");
+}
+
 TEST(ControlPlane, EveryNodeRunsAccelLaunchAndTrainsTogether) {
   TempDir dir;
   int port = free_port();

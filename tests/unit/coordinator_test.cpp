@@ -1130,6 +1130,43 @@ TEST(CoordinatorCore, JobSucceedsWhenEveryMemberReportsSuccess) {
   EXPECT_EQ(h.core.job_state("j"), pb::JOB_STATE_SUCCEEDED);
 }
 
+TEST(CoordinatorCore, AFailureFromANodeThatAlreadySucceededRestartsNothing) {
+  Harness h;
+  h.start_job("j", make_spec(2, 2, /*ppn=*/1), {"a", "b"});
+  ASSERT_TRUE(h.report("a", "j", 0, Rep::EVENT_SUCCEEDED).is_ok());
+  // a's agent then flags a stale page of its exited worker: a late report, kept, nothing else.
+  pb::Failure f = exit_failure(0, 0, 0, 1'000, "hang after success");
+  f.set_kind(pb::Failure::KIND_HANG);
+  ASSERT_TRUE(h.report("a", "j", 0, Rep::EVENT_FAILED, {f}).is_ok());
+  auto j = h.job("j");
+  EXPECT_EQ(j->state(), pb::JOB_STATE_RUNNING);
+  EXPECT_EQ(j->restart_count(), 0);
+  EXPECT_EQ(j->round(), 0);
+  ASSERT_TRUE(h.report("b", "j", 0, Rep::EVENT_SUCCEEDED).is_ok());
+  EXPECT_EQ(h.job("j")->state(), pb::JOB_STATE_SUCCEEDED);
+}
+
+TEST(CoordinatorCore, NodesOfEarlierRoundsHearHowTheJobEnded) {
+  Harness h;
+  h.start_job("j", make_spec(1, 2, /*ppn=*/1), {"a", "b"});
+  // b is lost; a runs round 1 alone and finishes. b comes back and must learn the outcome.
+  h.clock.advance(std::chrono::milliseconds(5'000));
+  (void)h.sync_resp("a");
+  h.clock.advance(std::chrono::milliseconds(6'000));
+  h.core.tick();
+  ASSERT_EQ(h.job("j")->round(), 1);
+  ASSERT_TRUE(h.join("a", "j", 1).is_ok());
+  h.clock.advance(std::chrono::milliseconds(60'000));
+  (void)h.sync_resp("a");
+  h.core.tick();
+  ASSERT_EQ(h.core.job_state("j"), pb::JOB_STATE_RUNNING);
+  ASSERT_TRUE(h.report("a", "j", 1, Rep::EVENT_SUCCEEDED).is_ok());
+  ASSERT_EQ(h.core.job_state("j"), pb::JOB_STATE_SUCCEEDED);
+  ASSERT_TRUE(h.add_node("b").is_ok());  // re-registers after being declared lost
+  EXPECT_EQ(h.ins("b").last_job().job_id(), "j");
+  EXPECT_EQ(h.ins("b").last_job().state(), pb::JOB_STATE_SUCCEEDED);
+}
+
 // ================================================================================== cancel
 
 TEST(CoordinatorCore, CancelEndsJobWithSignalExitCode) {

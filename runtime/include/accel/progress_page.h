@@ -68,6 +68,7 @@ inline bool read_entry(const Entry& e, Entry& out) {
   std::memcpy(out.op, e.op, sizeof out.op);
   out.op[sizeof out.op - 1] = '\0';
   out.seq_plus_one = first;
+  __atomic_thread_fence(__ATOMIC_ACQUIRE);  // Why: the copy above must not move below the check
   return load(&e.seq_plus_one) == first;
 }
 
