@@ -9,6 +9,8 @@
 #include <spdlog/spdlog.h>
 
 #include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 
@@ -188,5 +190,8 @@ int main(int argc, char** argv) {
   agent.reset();
   if (server) server->shutdown();
   logger->info("stopped");
-  return exit_code;
+  // Why _Exit: the workers are gone and the server is shut down; gRPC completions may still be
+  // running on its threads, and static destructors racing them abort the process.
+  std::fflush(nullptr);
+  std::_Exit(exit_code);
 }

@@ -109,9 +109,17 @@ int main(int argc, char** argv) {
                                           .job_id = cfg.job_id, .checkpoint_dir = checkpoint_dir,
                                           .worker_env = cmd.worker_env};
     for (const auto& [k, v] : sources.env) launch.env.emplace(k, v);
-    if (!cfg.coordinator.empty()) return accel::launcher::run_submit(launch);  // mode 3
-    if (launch.job_id.empty()) launch.job_id = generate_job_id();
-    return accel::launcher::run_multi_node(launch);  // mode 2
+    int code = 0;
+    if (!cfg.coordinator.empty()) {
+      code = accel::launcher::run_submit(launch);  // mode 3
+    } else {
+      if (launch.job_id.empty()) launch.job_id = generate_job_id();
+      code = accel::launcher::run_multi_node(launch);  // mode 2
+    }
+    // Why _Exit: gRPC completions may still be running on its threads; static destructors
+    // racing them abort the process ("ref_counted.h: assertion failed") after the job is done.
+    std::fflush(nullptr);
+    std::_Exit(code);
 #else
     // Why a second binary: gRPC's 50-odd shared libraries cost ~20 ms at every start; the local
     // mode (the common one) must not pay for the control plane it does not use.

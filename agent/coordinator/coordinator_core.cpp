@@ -331,6 +331,7 @@ RpcStatus CoordinatorCore::sync(const pb::SyncRequest& req, pb::SyncResponse* re
   }
   it->second.last_seen = clock_.now();
   it->second.progress.assign(req.progress().begin(), req.progress().end());
+  it->second.progress_at = clock_.now();
   fill_sync(it->first, it->second, resp);
   return RpcStatus::ok();
 }
@@ -487,7 +488,7 @@ void CoordinatorCore::desync_report(const Job& job, int64_t round, pb::Failure& 
   auto members = job.round_members.find(round);
   if (members == job.round_members.end()) return;
   struct Seen {
-    const pb::RankProgress* p;
+    pb::RankProgress p;
     std::string host;
   };
   std::vector<Seen> all;
@@ -495,15 +496,22 @@ void CoordinatorCore::desync_report(const Job& job, int64_t round, pb::Failure& 
   for (const auto& id : members->second) {
     auto it = nodes_.find(id);
     if (it == nodes_.end()) continue;
-    for (const auto& p : it->second.progress) all.push_back({&p, it->second.info.hostname() + " (" + id + ")"});
+    // Why aged: the ages were measured when the node last synced, up to a sync wait ago.
+    auto since = duration_cast<milliseconds>(clock_.now() - it->second.progress_at).count();
+    for (const auto& p : it->second.progress) {
+      pb::RankProgress aged = p;
+      if (!aged.in_flight().empty()) aged.set_in_flight_ms(aged.in_flight_ms() + since);
+      if (aged.heartbeat_age_ms() >= 0) aged.set_heartbeat_age_ms(aged.heartbeat_age_ms() + since);
+      all.push_back({std::move(aged), it->second.info.hostname() + " (" + id + ")"});
+    }
     if (id != hang.node_id() && !it->second.progress.empty()) other_nodes = true;
   }
   if (!other_nodes) return;  // the reporting node's own report already says all there is
-  std::sort(all.begin(), all.end(), [](const Seen& a, const Seen& b) { return a.p->rank() < b.p->rank(); });
+  std::sort(all.begin(), all.end(), [](const Seen& a, const Seen& b) { return a.p.rank() < b.p.rank(); });
   const Seen* lag = nullptr;
   for (const auto& s : all) {
-    bool behind = !lag || s.p->started() < lag->p->started() ||
-                  (s.p->started() == lag->p->started() && s.p->in_flight().empty() && !lag->p->in_flight().empty());
+    bool behind = !lag || s.p.started() < lag->p.started() ||
+                  (s.p.started() == lag->p.started() && s.p.in_flight().empty() && !lag->p.in_flight().empty());
     if (behind) lag = &s;
   }
   auto secs = [](int64_t ms) {
@@ -511,17 +519,17 @@ void CoordinatorCore::desync_report(const Job& job, int64_t round, pb::Failure& 
     std::snprintf(buf, sizeof buf, "%.1f s", static_cast<double>(ms) / 1000.0);
     return std::string(buf);
   };
-  std::string why = "rank " + std::to_string(lag->p->rank()) + " on " + lag->host;
-  if (!lag->p->in_flight().empty()) {
-    why += " is still in " + lag->p->in_flight() + " since " + secs(lag->p->in_flight_ms());
-  } else if (!lag->p->last_finished().empty()) {
-    why += " is outside any collective; its last was " + lag->p->last_finished();
+  std::string why = "rank " + std::to_string(lag->p.rank()) + " on " + lag->host;
+  if (!lag->p.in_flight().empty()) {
+    why += " is still in " + lag->p.in_flight() + " since " + secs(lag->p.in_flight_ms());
+  } else if (!lag->p.last_finished().empty()) {
+    why += " is outside any collective; its last was " + lag->p.last_finished();
   } else {
     why += " has not started any collective";
   }
   std::map<std::string, std::vector<int>> waiting;
   for (const auto& s : all) {
-    if (s.p != lag->p && !s.p->in_flight().empty()) waiting[s.p->in_flight()].push_back(s.p->rank());
+    if (&s != lag && !s.p.in_flight().empty()) waiting[s.p.in_flight()].push_back(s.p.rank());
   }
   for (const auto& [op, ranks] : waiting) {
     std::string list;
@@ -530,19 +538,19 @@ void CoordinatorCore::desync_report(const Job& job, int64_t round, pb::Failure& 
   }
   std::string report = hang.report() + "job-wide, from every agent's last sync:\n";
   for (const auto& s : all) {
-    std::string line = "  rank " + std::to_string(s.p->rank()) + " on " + s.host + ": ";
-    if (!s.p->in_flight().empty()) {
-      line += "in " + s.p->in_flight() + " for " + secs(s.p->in_flight_ms());
-    } else if (!s.p->last_finished().empty()) {
-      line += "outside any collective; last " + s.p->last_finished();
+    std::string line = "  rank " + std::to_string(s.p.rank()) + " on " + s.host + ": ";
+    if (!s.p.in_flight().empty()) {
+      line += "in " + s.p.in_flight() + " for " + secs(s.p.in_flight_ms());
+    } else if (!s.p.last_finished().empty()) {
+      line += "outside any collective; last " + s.p.last_finished();
     } else {
       line += "no collective yet";
     }
-    if (s.p->heartbeat_age_ms() >= 0) line += "; last heartbeat " + secs(s.p->heartbeat_age_ms()) + " ago";
-    if (s.p == lag->p) line += "   <- lagging";
+    if (s.p.heartbeat_age_ms() >= 0) line += "; last heartbeat " + secs(s.p.heartbeat_age_ms()) + " ago";
+    if (&s == lag) line += "   <- lagging";
     report += line + "\n";
   }
-  hang.set_rank(lag->p->rank());
+  hang.set_rank(lag->p.rank());
   hang.set_message(why);
   hang.set_report(report);
 }

@@ -100,6 +100,7 @@ class CoordinatorCore {
     std::string last_job_id;     // the last job it took part in
     std::string told_job_id;     // the last job whose outcome was sent to it
     std::vector<pb::RankProgress> progress;  // its workers, as of its last Sync
+    Clock::time_point progress_at;           // when that Sync arrived
   };
 
   struct Job {

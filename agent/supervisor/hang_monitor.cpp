@@ -130,7 +130,14 @@ std::optional<Hang> detect_hang(const std::vector<PageView>& pages, std::uint64_
       line += "no collective yet";
     }
     if (p.valid && p.heartbeat_ns != 0) line += "; last heartbeat " + seconds(age(p.heartbeat_ns)) + " ago";
-    if (p.rank == culprit->rank) line += "   <- lagging";
+    if (p.rank == culprit->rank) {
+      // Why two words: a rank alone in a collective on this node may be waiting for a peer
+      // elsewhere; only a rank behind the others, or outside any collective, is known to lag.
+      bool behind = !culprit->in_flight || std::any_of(pages.begin(), pages.end(), [&](const PageView& q) {
+        return q.valid && q.started > culprit->started;
+      });
+      line += behind ? "   <- lagging" : "   <- waiting longest (its peers are elsewhere)";
+    }
     h.report += line + "\n";
   }
   hang = std::move(h);
