@@ -15,7 +15,7 @@ packages=(
   # (header-only, checkpoint checksums)
   libtorch-dev libgloo-dev libopenblas0-pthread libxxhash-dev
   # tests and benchmarks
-  libgtest-dev libgmock-dev python3 python3-torch python3-numpy procps psmisc
+  libgtest-dev libgmock-dev python3 python3-torch python3-numpy procps psmisc openssl
 )
 
 missing=()
