@@ -67,6 +67,16 @@ std::string route_address_to(const std::string& target) {
   return out;
 }
 
+namespace {
+
+int64_t now_unix_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
 // One job round's local workers.
 struct NodeAgent::Active {
   uint64_t generation = 0;
@@ -224,22 +234,12 @@ void NodeAgent::coordinator_unreachable(const grpc::Status& status) {
     log(LogLevel::kError, "no contact with the coordinator for longer than the lease (" +
                               std::to_string(lease_.count()) +
                               " ms): stopping the workers, peers may be gone");
-    active_->failed = true;
-    pb::ReportGroupRequest rep;
-    rep.set_node_id(options_.node_id);
-    rep.set_job_id(active_->job_id);
-    rep.set_round(active_->round);
-    rep.set_event(pb::ReportGroupRequest::EVENT_FAILED);
-    auto* f = rep.add_failures();
-    f->set_kind(pb::Failure::KIND_NODE_LOST);
-    f->set_hostname(options_.hostname);
-    f->set_rank(-1);
-    f->set_local_rank(-1);
-    f->set_message("node " + options_.node_id + " lost the coordinator for longer than the lease and stopped its workers");
-    f->set_time_unix_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
-                            std::chrono::system_clock::now().time_since_epoch()).count());
-    report(std::move(rep));  // retried until the coordinator is back
-    stop_active(SIGTERM);
+    pb::Failure f;
+    f.set_kind(pb::Failure::KIND_NODE_LOST);
+    f.set_rank(-1);
+    f.set_local_rank(-1);
+    f.set_message("node " + options_.node_id + " lost the coordinator for longer than the lease and stopped its workers");
+    fail_round(std::move(f));
   }
 }
 
@@ -504,58 +504,36 @@ void NodeAgent::start_group(const pb::Instruction& ins) {
   Status st = act.group->start(std::move(specs), [this, gen](const supervisor::WorkerExit& e) {
     on_worker_exit(gen, e);
   });
-  pb::ReportGroupRequest rep;
-  rep.set_node_id(options_.node_id);
-  rep.set_job_id(act.job_id);
-  rep.set_round(act.round);
   if (!st) {
-    act.failed = true;
     act.group.reset();
-    pages.clear();
-    rep.set_event(pb::ReportGroupRequest::EVENT_FAILED);
-    auto* f = rep.add_failures();
-    f->set_kind(pb::Failure::KIND_SPAWN);
-    f->set_hostname(options_.hostname);
-    f->set_rank(a.rank_offset());
-    f->set_message(st.message());
-    f->set_time_unix_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
-                            std::chrono::system_clock::now().time_since_epoch()).count());
     log(LogLevel::kError, "cannot start the workers: " + st.message());
-  } else {
-    rep.set_event(pb::ReportGroupRequest::EVENT_STARTED);
-    if (!pages.empty()) {
-      act.hang_watch = std::make_unique<supervisor::HangWatch>(
-          io_, hang, std::move(pages), options_.hostname,
-          [this, gen](const supervisor::Hang& h) { on_hang(gen, h); });
-      act.hang_watch->start();
-    }
+    pb::Failure f;
+    f.set_kind(pb::Failure::KIND_SPAWN);
+    f.set_rank(a.rank_offset());
+    f.set_message(st.message());
+    fail_round(std::move(f));
+    return;
   }
-  report(std::move(rep));
+  report_event(pb::ReportGroupRequest::EVENT_STARTED);
+  if (!pages.empty()) {
+    act.hang_watch = std::make_unique<supervisor::HangWatch>(
+        io_, hang, std::move(pages), options_.hostname,
+        [this, gen](const supervisor::Hang& h) { on_hang(gen, h); });
+    act.hang_watch->start();
+  }
 }
 
 void NodeAgent::on_hang(uint64_t generation, const supervisor::Hang& hang) {
   if (!active_ || active_->generation != generation || active_->failed || stopping_) return;
   Active& act = *active_;
-  act.failed = true;
   pb::Failure f;
   f.set_kind(pb::Failure::KIND_HANG);
-  f.set_hostname(options_.hostname);
   f.set_rank(hang.rank);
   f.set_local_rank(hang.rank - act.assignment.rank_offset());
   f.set_message(hang.reason);
   f.set_report(hang.report);
-  f.set_time_unix_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
-                         std::chrono::system_clock::now().time_since_epoch()).count());
   log(LogLevel::kError, hang.report + "stopping this node's workers and telling the coordinator");
-  flush_logs();
-  pb::ReportGroupRequest rep;
-  rep.set_node_id(options_.node_id);
-  rep.set_job_id(act.job_id);
-  rep.set_round(act.round);
-  rep.set_event(pb::ReportGroupRequest::EVENT_FAILED);
-  *rep.add_failures() = std::move(f);
-  report(std::move(rep));
-  stop_active(SIGTERM);
+  fail_round(std::move(f));
 }
 
 void NodeAgent::on_worker_exit(uint64_t generation, const supervisor::WorkerExit& exit) {
@@ -568,19 +546,12 @@ void NodeAgent::on_worker_exit(uint64_t generation, const supervisor::WorkerExit
       log(LogLevel::kInfo, "job " + act.job_id + " round " + std::to_string(act.round) +
                                ": every local worker exited 0");
       flush_logs();
-      pb::ReportGroupRequest rep;
-      rep.set_node_id(options_.node_id);
-      rep.set_job_id(act.job_id);
-      rep.set_round(act.round);
-      rep.set_event(pb::ReportGroupRequest::EVENT_SUCCEEDED);
-      report(std::move(rep));
+      report_event(pb::ReportGroupRequest::EVENT_SUCCEEDED);
     }
     return;
   }
-  act.failed = true;
   pb::Failure f;
   f.set_kind(pb::Failure::KIND_EXIT);
-  f.set_hostname(options_.hostname);
   f.set_rank(exit.rank);
   f.set_local_rank(exit.local_rank);
   f.set_pid(exit.pid);
@@ -601,14 +572,25 @@ void NodeAgent::on_worker_exit(uint64_t generation, const supervisor::WorkerExit
                             ") failed: " + exit.describe() +
                             (f.message().empty() ? "" : ": " + f.message()) +
                             "; stopping this node's workers and telling the coordinator");
-  flush_logs();
+  fail_round(std::move(f));
+}
+
+void NodeAgent::report_event(pb::ReportGroupRequest::Event event, std::optional<pb::Failure> failure) {
   pb::ReportGroupRequest rep;
   rep.set_node_id(options_.node_id);
-  rep.set_job_id(act.job_id);
-  rep.set_round(act.round);
-  rep.set_event(pb::ReportGroupRequest::EVENT_FAILED);
-  *rep.add_failures() = std::move(f);
+  rep.set_job_id(active_->job_id);
+  rep.set_round(active_->round);
+  rep.set_event(event);
+  if (failure) *rep.add_failures() = std::move(*failure);
   report(std::move(rep));
+}
+
+void NodeAgent::fail_round(pb::Failure failure) {
+  active_->failed = true;
+  if (failure.hostname().empty()) failure.set_hostname(options_.hostname);
+  if (failure.time_unix_ms() == 0) failure.set_time_unix_ms(now_unix_ms());
+  flush_logs();
+  report_event(pb::ReportGroupRequest::EVENT_FAILED, std::move(failure));  // retried while the coordinator is away
   stop_active(SIGTERM);
 }
 

@@ -85,6 +85,10 @@ class NodeAgent {
   void on_worker_exit(uint64_t generation, const supervisor::WorkerExit& exit);
   void on_hang(uint64_t generation, const supervisor::Hang& hang);
   void report(pb::ReportGroupRequest req, int attempt = 0);
+  // Reports `event` for the active round.
+  void report_event(pb::ReportGroupRequest::Event event, std::optional<pb::Failure> failure = std::nullopt);
+  // The active round failed here: report it (retried) and stop the local workers.
+  void fail_round(pb::Failure failure);
   void flush_logs();
   void retry_later(std::chrono::milliseconds delay, std::function<void()> f);
   std::chrono::milliseconds backoff();
