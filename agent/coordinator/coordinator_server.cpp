@@ -3,6 +3,8 @@
 
 #include "accel/v1/coordinator.grpc.pb.h"
 
+#include <optional>
+
 namespace accel::coordinator {
 
 namespace {
@@ -60,47 +62,28 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
 
   grpc::ServerUnaryReactor* Sync(grpc::CallbackServerContext* ctx, const v1::SyncRequest* req,
                                  v1::SyncResponse* resp) override {
-    auto* reactor = ctx->DefaultReactor();
-    if (!rpc::token_matches(*ctx, s_.options_.token)) {
-      reactor->Finish(unauthenticated());
-      return reactor;
-    }
-    RpcStatus st;
-    {
-      std::lock_guard lock(s_.mu_);
-      st = s_.core_.sync(*req, resp);
-      if (st.is_ok() && resp->version() == req->known_version() && req->wait_ms() > 0 && !s_.stopping_) {
-        auto wait = std::min(std::chrono::milliseconds(req->wait_ms()), s_.options_.max_wait);
-        s_.parked_syncs_[req->node_id()].push_back(
-            {reactor, resp, req->known_version(), std::chrono::steady_clock::now() + wait});
-        return reactor;
+    return answer_or_park(ctx, [&](CoordinatorCore& core, grpc::ServerUnaryReactor* reactor) {
+      RpcStatus st = core.sync(*req, resp);
+      bool unchanged = st.is_ok() && resp->version() == req->known_version();
+      if (unchanged && req->wait_ms() > 0 && !s_.stopping_) {
+        s_.parked_syncs_[req->node_id()].push_back({reactor, resp, req->known_version(), deadline(req->wait_ms())});
+        return std::optional<RpcStatus>();
       }
-    }
-    s_.wake();
-    reactor->Finish(to_grpc(st));
-    return reactor;
+      return std::optional<RpcStatus>(st);
+    });
   }
 
   grpc::ServerUnaryReactor* WatchJob(grpc::CallbackServerContext* ctx, const v1::WatchJobRequest* req,
                                      v1::WatchJobResponse* resp) override {
-    auto* reactor = ctx->DefaultReactor();
-    if (!rpc::token_matches(*ctx, s_.options_.token)) {
-      reactor->Finish(unauthenticated());
-      return reactor;
-    }
-    RpcStatus st;
-    {
-      std::lock_guard lock(s_.mu_);
-      st = s_.core_.watch_job(*req, resp);
-      if (st.is_ok() && resp->events().empty() && !resp->done() && req->wait_ms() > 0 && !s_.stopping_) {
-        auto wait = std::min(std::chrono::milliseconds(req->wait_ms()), s_.options_.max_wait);
-        s_.parked_watches_[req->job_id()].push_back(
-            {reactor, *req, resp, std::chrono::steady_clock::now() + wait});
-        return reactor;
+    return answer_or_park(ctx, [&](CoordinatorCore& core, grpc::ServerUnaryReactor* reactor) {
+      RpcStatus st = core.watch_job(*req, resp);
+      bool nothing = st.is_ok() && resp->events().empty() && !resp->done();
+      if (nothing && req->wait_ms() > 0 && !s_.stopping_) {
+        s_.parked_watches_[req->job_id()].push_back({reactor, *req, resp, deadline(req->wait_ms())});
+        return std::optional<RpcStatus>();
       }
-    }
-    reactor->Finish(to_grpc(st));
-    return reactor;
+      return std::optional<RpcStatus>(st);
+    });
   }
 
  private:
@@ -110,21 +93,35 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
             "(ACCEL_TOKEN or token_file)"};
   }
 
+  std::chrono::steady_clock::time_point deadline(int64_t wait_ms) const {
+    return std::chrono::steady_clock::now() + std::min(std::chrono::milliseconds(wait_ms), s_.options_.max_wait);
+  }
+
+  // Checks the token, runs `f` on the core under the lock and answers with its status; when
+  // `f` returns none it has parked the reactor, which collect_ready answers later.
   template <class F>
-  grpc::ServerUnaryReactor* simple(grpc::CallbackServerContext* ctx, F f) {
+  grpc::ServerUnaryReactor* answer_or_park(grpc::CallbackServerContext* ctx, F f) {
     auto* reactor = ctx->DefaultReactor();
     if (!rpc::token_matches(*ctx, s_.options_.token)) {
       reactor->Finish(unauthenticated());
       return reactor;
     }
-    RpcStatus st;
+    std::optional<RpcStatus> st;
     {
       std::lock_guard lock(s_.mu_);
-      st = f(s_.core_);
+      st = f(s_.core_, reactor);
+      if (!st) return reactor;
     }
     s_.wake();
-    reactor->Finish(to_grpc(st));
+    reactor->Finish(to_grpc(*st));
     return reactor;
+  }
+
+  template <class F>
+  grpc::ServerUnaryReactor* simple(grpc::CallbackServerContext* ctx, F f) {
+    return answer_or_park(ctx, [&](CoordinatorCore& core, grpc::ServerUnaryReactor*) {
+      return std::optional<RpcStatus>(f(core));
+    });
   }
 
   CoordinatorServer& s_;
