@@ -395,6 +395,17 @@ void rotate(const fs::path& just_written, int64_t limit) {
   for (std::size_t i = 0; i + static_cast<std::size_t>(limit) < complete.size(); ++i) {
     if (complete[i] != just_written) ckpt::checkpoint_fs().remove_all(complete[i]);
   }
+  // Why: a process killed inside an earlier rotation's remove_all leaves an older numbered folder
+  // without its manifest; no save is ever in progress under a numbered name (saves are renamed
+  // into place), so such a folder is garbage that would otherwise stay forever.
+  int64_t newest = checkpoint_number(just_written.filename().string());
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(just_written.parent_path(), ec)) {
+    int64_t n = checkpoint_number(entry.path().filename().string());
+    if (n >= 0 && n < newest && entry.is_directory(ec) && !fs::exists(entry.path() / kManifest, ec)) {
+      ckpt::checkpoint_fs().remove_all(entry.path());
+    }
+  }
 }
 
 }  // namespace

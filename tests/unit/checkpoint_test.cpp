@@ -765,6 +765,20 @@ TEST(CheckpointNaming, RotationNeverRemovesTheCheckpointJustWritten) {
   EXPECT_EQ(rig.acc.latest_checkpoint(), saved);
 }
 
+TEST(CheckpointNaming, RotationRemovesAnOlderFolderAKilledRotationHalfDeleted) {
+  TempDir tmp;
+  auto root = tmp.path() / "checkpoints";
+  Rig rig(project_rig(tmp.path(), 2, /*automatic_resume=*/true));
+  rig.step();
+  rig.acc.save_state();  // checkpoint_0
+  // A process killed inside a rotation's remove_all: the manifest is gone, other files remain.
+  fs::remove(root / "checkpoint_0" / "manifest.json");
+  rig.step();
+  rig.acc.save_state();  // checkpoint_1
+  EXPECT_FALSE(fs::exists(root / "checkpoint_0")) << "a half-deleted older checkpoint stayed forever";
+  EXPECT_TRUE(fs::exists(root / "checkpoint_1" / "manifest.json"));
+}
+
 TEST(CheckpointNaming, SaveStateWithNoFolderNeedsAProject) {
   Rig rig;
   EXPECT_THROW(rig.acc.save_state(), UsageError);
