@@ -3,6 +3,7 @@
 
 #include "accel/v1/coordinator.grpc.pb.h"
 
+#include <algorithm>
 #include <optional>
 
 namespace accel::coordinator {
@@ -185,50 +186,68 @@ void CoordinatorServer::with_core(const std::function<void(CoordinatorCore&)>& f
   wake();
 }
 
-void CoordinatorServer::collect_ready(std::vector<std::function<void()>>& finish) {
+namespace {
+
+// Answers the parked calls of one key (`answer` returns true when it finished one), and drops
+// the key when none is left.
+template <class Map, class Answer>
+void answer_key(Map& parked, typename Map::iterator it, Answer answer) {
+  auto& list = it->second;
+  list.erase(std::remove_if(list.begin(), list.end(), answer), list.end());
+  if (list.empty()) parked.erase(it);
+}
+
+}  // namespace
+
+void CoordinatorServer::collect_ready(std::vector<std::function<void()>>& finish, bool expire) {
   auto changes = core_.take_changes();
   auto now = std::chrono::steady_clock::now();
-  for (auto it = parked_syncs_.begin(); it != parked_syncs_.end();) {
-    const std::string& node = it->first;
-    bool changed = changes.all_nodes || changes.nodes.contains(node);
-    auto& list = it->second;
-    for (size_t i = 0; i < list.size();) {
-      ParkedSync& p = list[i];
-      if (!changed && now < p.deadline) {
-        ++i;
-        continue;
-      }
+  auto sync_answer = [&](const std::string& node, bool changed) {
+    return [&, changed](ParkedSync& p) {
+      bool late = now >= p.deadline;
+      if (!changed && !late) return false;
       v1::SyncResponse fresh;
       RpcStatus st = core_.instruction(node, &fresh);
-      if (st.is_ok() && fresh.version() == p.known && now < p.deadline) {
-        ++i;
-        continue;
-      }
+      if (st.is_ok() && fresh.version() == p.known && !late) return false;
       if (st.is_ok()) *p.resp = std::move(fresh);
       finish.push_back([r = p.reactor, g = to_grpc(st)] { r->Finish(g); });
-      list.erase(list.begin() + static_cast<long>(i));
-    }
-    it = list.empty() ? parked_syncs_.erase(it) : std::next(it);
-  }
-  for (auto it = parked_watches_.begin(); it != parked_watches_.end();) {
-    bool changed = changes.jobs.contains(it->first);
-    auto& list = it->second;
-    for (size_t i = 0; i < list.size();) {
-      ParkedWatch& p = list[i];
-      if (!changed && now < p.deadline) {
-        ++i;
-        continue;
-      }
+      return true;
+    };
+  };
+  auto watch_answer = [&](bool changed) {
+    return [&, changed](ParkedWatch& p) {
+      bool late = now >= p.deadline;
+      if (!changed && !late) return false;
       p.resp->Clear();
       RpcStatus st = core_.watch_job(p.req, p.resp);
-      if (st.is_ok() && p.resp->events().empty() && !p.resp->done() && now < p.deadline) {
-        ++i;
-        continue;
-      }
+      if (st.is_ok() && p.resp->events().empty() && !p.resp->done() && !late) return false;
       finish.push_back([r = p.reactor, g = to_grpc(st)] { r->Finish(g); });
-      list.erase(list.begin() + static_cast<long>(i));
+      return true;
+    };
+  };
+  // Why two paths: after an RPC only what it changed needs a look (a heartbeat of one node
+  // must not scan thousands of parked polls); the ticker also answers expired waits.
+  if (expire || changes.all_nodes) {
+    for (auto it = parked_syncs_.begin(); it != parked_syncs_.end();) {
+      auto next = std::next(it);
+      answer_key(parked_syncs_, it, sync_answer(it->first, changes.all_nodes || changes.nodes.contains(it->first)));
+      it = next;
     }
-    it = list.empty() ? parked_watches_.erase(it) : std::next(it);
+  } else {
+    for (const auto& node : changes.nodes) {
+      if (auto it = parked_syncs_.find(node); it != parked_syncs_.end()) answer_key(parked_syncs_, it, sync_answer(node, true));
+    }
+  }
+  if (expire) {
+    for (auto it = parked_watches_.begin(); it != parked_watches_.end();) {
+      auto next = std::next(it);
+      answer_key(parked_watches_, it, watch_answer(changes.jobs.contains(it->first)));
+      it = next;
+    }
+  } else {
+    for (const auto& job : changes.jobs) {
+      if (auto it = parked_watches_.find(job); it != parked_watches_.end()) answer_key(parked_watches_, it, watch_answer(true));
+    }
   }
 }
 
@@ -236,7 +255,7 @@ void CoordinatorServer::wake() {
   std::vector<std::function<void()>> finish;
   {
     std::lock_guard lock(mu_);
-    collect_ready(finish);
+    collect_ready(finish, /*expire=*/false);
   }
   for (auto& f : finish) f();
 }
@@ -248,7 +267,7 @@ void CoordinatorServer::ticker() {
     if (stopping_) break;
     core_.tick();
     std::vector<std::function<void()>> finish;
-    collect_ready(finish);
+    collect_ready(finish, /*expire=*/true);
     lock.unlock();
     for (auto& f : finish) f();
     lock.lock();

@@ -56,8 +56,9 @@ class CoordinatorServer {
  private:
   CoordinatorServer(ServerOptions options, const Clock& clock);
   void ticker();
-  // Under mu_: collects the parked calls the core's changes (or their deadlines) answer.
-  void collect_ready(std::vector<std::function<void()>>& finish);
+  // Under mu_: collects the parked calls the core's changes answer, and with `expire` (the
+  // ticker) those whose wait is over.
+  void collect_ready(std::vector<std::function<void()>>& finish, bool expire);
   void wake();
 
   friend class Service;
