@@ -16,6 +16,7 @@
 
 #include "accel_version.h"
 #include "agent/common/clock.h"
+#include "agent/common/temp_dir.h"
 #include "agent/config/config_loader.h"
 #include "agent/coordinator/coordinator_server.h"
 #include "agent/supervisor/line_sink.h"
@@ -103,24 +104,19 @@ int main(int argc, char** argv) {
     return fail("give --coordinator HOST:PORT (join one) or --serve-coordinator PORT (host one); see --help");
   }
   if (coordinator_only && serve.empty()) return fail("--coordinator-only needs --serve-coordinator");
-  auto token = accel::launcher::config_token(cfg, env);
-  if (!token) return fail(token.message());
+  auto auth = accel::launcher::control_plane_auth(cfg, env);
+  if (!auth) return fail(auth.message());
 
   accel::SystemClock clock;
   std::unique_ptr<accel::coordinator::CoordinatorServer> server;
   std::string target = cfg.coordinator;
   if (!serve.empty()) {
     std::string listen = serve.find(':') == std::string::npos ? "0.0.0.0:" + serve : serve;
-    accel::coordinator::ServerOptions so;
-    so.listen_address = listen;
-    so.token = *token;
-    so.tls = accel::launcher::config_tls(cfg);
-    so.core.lease = cfg.lease_timeout;
-    so.core.sync_wait = std::min<std::chrono::milliseconds>(std::chrono::seconds(2), cfg.lease_timeout / 4);
-    auto started = accel::coordinator::CoordinatorServer::start(so, clock);
+    auto started =
+        accel::coordinator::CoordinatorServer::start(accel::launcher::server_options(cfg, listen, *auth), clock);
     if (!started) return fail("--serve-coordinator " + serve + ": " + started.message(), 1);
     server = std::move(*started);
-    logger->info("coordinator {} listening on {} (port {})", "", listen, server->port());
+    logger->info("coordinator listening on {} (port {})", listen, server->port());
     if (target.empty()) {
       std::string host = listen.substr(0, listen.rfind(':'));
       if (host == "0.0.0.0" || host.empty()) host = "127.0.0.1";
@@ -132,14 +128,13 @@ int main(int argc, char** argv) {
   std::unique_ptr<accel::node::NodeAgent> agent;
   int exit_code = 0;
   if (!coordinator_only) {
-    auto client = accel::rpc::CoordinatorClient::create(target, *token, accel::launcher::config_tls(cfg));
+    auto client = accel::rpc::CoordinatorClient::create(target, auth->token, auth->tls);
     if (!client) return fail(client.message());
     auto opts = accel::launcher::make_agent_options(cfg, env, target);
     if (!state_dir.empty()) {
       opts.state_dir = state_dir;
     } else {
-      opts.state_dir = (std::getenv("TMPDIR") ? std::string(std::getenv("TMPDIR")) : "/tmp") +
-                       "/accel-agent-" + opts.node_id;
+      opts.state_dir = accel::temp_root() + "/accel-agent-" + opts.node_id;
     }
     std::error_code ec;
     fs::create_directories(opts.state_dir, ec);

@@ -15,6 +15,7 @@
 #include <iostream>
 #include <random>
 
+#include "agent/common/temp_dir.h"
 #include "agent/config/config_loader.h"
 #include "agent/supervisor/line_sink.h"
 #include "agent/supervisor/local_job.h"
@@ -44,20 +45,6 @@ int fail(const std::string& message, int code = 2) {
   std::string text = "accel-launch: error: " + message + "\n";
   accel::supervisor::write_all(STDERR_FILENO, text);
   return code;
-}
-
-std::string temp_root() {
-  const char* tmp = std::getenv("TMPDIR");
-  return tmp && *tmp ? tmp : "/tmp";
-}
-
-// A private folder for the workers' error files when no log_dir keeps them.
-std::string make_temp_error_dir(const std::string& job_id) {
-  std::string pattern = temp_root() + "/accel-" + job_id + "-XXXXXX";
-  std::vector<char> buf(pattern.begin(), pattern.end());
-  buf.push_back('\0');
-  if (::mkdtemp(buf.data()) == nullptr) return {};
-  return buf.data();
 }
 
 }  // namespace
@@ -155,12 +142,12 @@ int main(int argc, char** argv) {
   opts.hang.heartbeat_timeout = cfg.heartbeat_timeout;
   opts.hang.collective_timeout = cfg.hang_timeout;
   bool temp_error_dir = cfg.log_dir.empty();
-  opts.error_dir = temp_error_dir ? make_temp_error_dir(opts.job_id)
+  opts.error_dir = temp_error_dir ? accel::make_temp_dir("accel-" + opts.job_id + "-")
                                   : cfg.log_dir + "/" + opts.job_id;
   if (opts.error_dir.empty()) {
     logger->warn("cannot create a folder for the workers' error files in {} ({}); failures will "
                  "be reported without their error messages",
-                 temp_root(), std::strerror(errno));
+                 accel::temp_root(), std::strerror(errno));
   }
 
   boost::asio::io_context io;

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "agent/common/clock.h"
+#include "agent/common/temp_dir.h"
 #include "agent/config/cluster_config.h"
 #include "agent/coordinator/coordinator_core.h"
 #include "agent/coordinator/coordinator_server.h"
@@ -213,21 +214,40 @@ pb::JobSpec make_job_spec(const ClusterLaunch& launch, bool forward_logs) {
   return spec;
 }
 
-Result<std::string> config_token(const config::ClusterConfig& cfg, const supervisor::EnvMap& env) {
+Result<ControlPlaneAuth> control_plane_auth(const config::ClusterConfig& cfg, const supervisor::EnvMap& env) {
+  // Why the origin: "tls_ca /etc/x.pem: cannot read it" alone does not say which file or flag set it.
+  auto located = [&cfg](const std::string& message) {
+    std::string key = message.substr(0, message.find(' '));
+    const auto& where = cfg.origin(key).where;
+    return Status::error(where.empty() ? message : where + ": " + message);
+  };
   auto it = env.find("ACCEL_TOKEN");
-  return rpc::load_token(cfg.token_file, it == env.end() ? nullptr : it->second.c_str());
+  auto token = rpc::load_token(cfg.token_file, it == env.end() ? nullptr : it->second.c_str());
+  if (!token) return located(token.message());
+  ControlPlaneAuth auth{*token, {.cert = cfg.tls_cert, .key = cfg.tls_key, .ca = cfg.tls_ca}};
+  // Read the PEM files now, so a bad one is an error before anything starts.
+  if (auto server = rpc::server_credentials(auth.tls); !server) return located(server.message());
+  if (auto client = rpc::channel_credentials(auth.tls); !client) return located(client.message());
+  return auth;
 }
 
-rpc::TlsFiles config_tls(const config::ClusterConfig& cfg) {
-  return {.cert = cfg.tls_cert, .key = cfg.tls_key, .ca = cfg.tls_ca};
+coordinator::ServerOptions server_options(const config::ClusterConfig& cfg, const std::string& listen,
+                                          const ControlPlaneAuth& auth) {
+  coordinator::ServerOptions so;
+  so.listen_address = listen;
+  so.token = auth.token;
+  so.tls = auth.tls;
+  so.core.lease = cfg.lease_timeout;
+  so.core.sync_wait = std::min<std::chrono::milliseconds>(2s, cfg.lease_timeout / 4);
+  return so;
 }
 
 Result<std::shared_ptr<rpc::CoordinatorClient>> connect(const config::ClusterConfig& cfg,
                                                         const supervisor::EnvMap& env,
                                                         const std::string& target) {
-  auto token = config_token(cfg, env);
-  if (!token) return token.status();
-  return rpc::CoordinatorClient::create(target, *token, config_tls(cfg));
+  auto auth = control_plane_auth(cfg, env);
+  if (!auth) return auth.status();
+  return rpc::CoordinatorClient::create(target, auth->token, auth->tls);
 }
 
 node::NodeAgentOptions make_agent_options(const config::ClusterConfig& cfg,
@@ -326,20 +346,12 @@ int run_submit(const ClusterLaunch& launch) {
 int run_multi_node(const ClusterLaunch& launch) {
   const auto& cfg = launch.cfg;
   const std::string target = cfg.main_process_ip + ":" + std::to_string(cfg.coordinator_port);
-  auto token = config_token(cfg, launch.env);
-  if (!token) {
-    return fail("multi-node jobs need a shared token on every node: " + token.message());
-  }
+  auto auth = control_plane_auth(cfg, launch.env);
+  if (!auth) return fail(auth.message());
   SystemClock clock;
   std::unique_ptr<coordinator::CoordinatorServer> server;
   if (cfg.machine_rank == 0) {
-    coordinator::ServerOptions so;
-    so.listen_address = target;
-    so.token = *token;
-    so.tls = config_tls(cfg);
-    so.core.lease = cfg.lease_timeout;
-    so.core.sync_wait = std::min<std::chrono::milliseconds>(2s, cfg.lease_timeout / 4);
-    auto started = coordinator::CoordinatorServer::start(so, clock);
+    auto started = coordinator::CoordinatorServer::start(server_options(cfg, target, *auth), clock);
     if (!started) {
       return fail(cfg.origin("coordinator_port").where.empty()
                       ? "machine rank 0 cannot serve the coordinator: " + started.message()
@@ -348,7 +360,7 @@ int run_multi_node(const ClusterLaunch& launch) {
     server = std::move(*started);
     logger()->info("coordinator listening on {}", target);
   }
-  auto client = rpc::CoordinatorClient::create(target, *token, config_tls(cfg));
+  auto client = rpc::CoordinatorClient::create(target, auth->token, auth->tls);
   if (!client) return fail(client.message());
 
   std::string job_id = launch.job_id;
@@ -367,11 +379,7 @@ int run_multi_node(const ClusterLaunch& launch) {
   opts.machine_rank = cfg.machine_rank;
   opts.exit_after_job = true;
   opts.give_up_after = cfg.join_timeout;
-  std::string state_pattern = (std::getenv("TMPDIR") ? std::string(std::getenv("TMPDIR")) : "/tmp") +
-                              "/accel-node-XXXXXX";
-  std::vector<char> buf(state_pattern.begin(), state_pattern.end());
-  buf.push_back('\0');
-  if (::mkdtemp(buf.data()) != nullptr) opts.state_dir = buf.data();
+  opts.state_dir = make_temp_dir("accel-node-");  // empty: failures go without error files
   if (server) opts.address = cfg.node_address.empty() ? cfg.main_process_ip : cfg.node_address;
 
   int exit_code = 1;

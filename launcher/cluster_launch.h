@@ -13,6 +13,7 @@
 
 #include "accel/v1/coordinator.pb.h"
 #include "agent/config/cluster_config.h"
+#include "agent/coordinator/coordinator_server.h"
 #include "agent/node/node_agent.h"
 #include "agent/rpc/coordinator_client.h"
 #include "agent/supervisor/worker_env.h"
@@ -31,9 +32,16 @@ struct ClusterLaunch {
 // The job as the coordinator sees it.
 v1::JobSpec make_job_spec(const ClusterLaunch& launch, bool forward_logs);
 
-// Token and TLS from the config (errors name the key or file).
-Result<std::string> config_token(const config::ClusterConfig& cfg, const supervisor::EnvMap& env);
-rpc::TlsFiles config_tls(const config::ClusterConfig& cfg);
+struct ControlPlaneAuth {
+  std::string token;
+  rpc::TlsFiles tls;
+};
+// The token and TLS files of the config, read now: an error names the key, where it was set
+// and the file.
+Result<ControlPlaneAuth> control_plane_auth(const config::ClusterConfig& cfg, const supervisor::EnvMap& env);
+// A coordinator serving at `listen` with the config's lease.
+coordinator::ServerOptions server_options(const config::ClusterConfig& cfg, const std::string& listen,
+                                          const ControlPlaneAuth& auth);
 Result<std::shared_ptr<rpc::CoordinatorClient>> connect(const config::ClusterConfig& cfg,
                                                         const supervisor::EnvMap& env,
                                                         const std::string& target);

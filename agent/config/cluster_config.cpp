@@ -194,18 +194,6 @@ Status set_job_id(ClusterConfig& cfg, std::string_view text) {
   return Status::ok();
 }
 
-Status set_stop_timeout(ClusterConfig& cfg, std::string_view text) {
-  auto d = parse_duration(text);
-  if (!d || d->count() <= 0) {
-    return Status::error("expected a positive duration such as 10s, 500ms or 2m, got " +
-                         quoted(trim(text)));
-  }
-  cfg.stop_timeout = *d;
-  return Status::ok();
-}
-
-std::string get_stop_timeout(const ClusterConfig& cfg) { return format_duration(cfg.stop_timeout); }
-
 Status set_collective_timeout(ClusterConfig& cfg, std::string_view text) {
   auto d = parse_duration(text);
   if (!d || d->count() <= 0) {
@@ -215,7 +203,6 @@ Status set_collective_timeout(ClusterConfig& cfg, std::string_view text) {
   return Status::ok();
 }
 
-std::string get_collective_timeout(const ClusterConfig& cfg) { return format_duration(cfg.collective_timeout); }
 
 // "c.yaml:2:15: machine_rank", or just the key when it has its default.
 std::string where_key(const ClusterConfig& cfg, std::string_view key) {
@@ -331,11 +318,11 @@ const std::vector<KeySpec>& all_keys() {
       {"debug", "true or false", "Sets ACCELERATE_DEBUG_MODE for the workers.",
        set_bool<&C::debug>, get_bool<&C::debug>},
       {"stop_timeout", "a duration such as 10s or 500ms",
-       "Grace between SIGTERM and SIGKILL when a worker group is stopped.", set_stop_timeout,
-       get_stop_timeout},
+       "Grace between SIGTERM and SIGKILL when a worker group is stopped.",
+       set_positive_duration<&C::stop_timeout>, get_duration<&C::stop_timeout>},
       {"collective_timeout", "a duration such as 30m or 90s",
        "Bound on every collective and the rendezvous store in the workers (ACCEL_COLLECTIVE_TIMEOUT).",
-       set_collective_timeout, get_collective_timeout},
+       set_collective_timeout, get_duration<&C::collective_timeout>},
       {"checkpoint_dir", "a directory",
        "Folder where libaccel saves checkpoints (checkpoints/checkpoint_<n> inside it) and from "
        "which a restarted group resumes by itself (ACCEL_CHECKPOINT_DIR); empty: none.",

@@ -48,9 +48,8 @@ Result<std::string> load_token(const std::string& token_file, const char* env_va
 
 Result<std::shared_ptr<grpc::ServerCredentials>> server_credentials(const TlsFiles& tls) {
   if (!tls.server_tls()) {
-    if (!tls.cert.empty() || !tls.key.empty()) {
-      return Status::error("TLS needs both tls_cert and tls_key");
-    }
+    if (!tls.cert.empty()) return Status::error("tls_cert " + tls.cert + " has no tls_key: TLS needs both");
+    if (!tls.key.empty()) return Status::error("tls_key " + tls.key + " has no tls_cert: TLS needs both");
     return grpc::InsecureServerCredentials();
   }
   auto cert = read_pem(tls.cert, "tls_cert");
