@@ -17,13 +17,14 @@ import argparse
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-PYTHON = "/usr/bin/python3"
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "launch"))
+from bench_launch import PYTHON, median_of  # noqa: E402  (shared with the local launch benchmark)
+
 TOKEN = "bench-token"
 
 
@@ -60,11 +61,6 @@ def crash_to_respawn(cmds):
         with open(os.path.join(out, "start_0")) as f:
             start = int(f.read())
         return (start - crash) / 1e6
-
-
-def median_of(runs, fn):
-    fn()  # warm-up
-    return statistics.median(fn() for _ in range(runs))
 
 
 class Agents:
