@@ -4,6 +4,9 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <ctime>
+#include <string>
 
 namespace accel {
 
@@ -41,5 +44,23 @@ class FakeClock final : public Clock {
   static constexpr int64_t kEpochMs = 1'790'000'000'000;  // late 2026
   time_point now_{};
 };
+
+// "13:50:13.007" in local time: failure times in summaries and reports.
+inline std::string clock_time(int64_t unix_ms) {
+  std::time_t secs = static_cast<std::time_t>(unix_ms / 1000);
+  std::tm tm{};
+  ::localtime_r(&secs, &tm);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%02d:%02d:%02d.%03lld", tm.tm_hour, tm.tm_min, tm.tm_sec,
+                static_cast<long long>(unix_ms % 1000));
+  return buf;
+}
+
+// "2.5 s": ages and waits in hang reports.
+inline std::string seconds_text(double seconds) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f s", seconds);
+  return buf;
+}
 
 }  // namespace accel

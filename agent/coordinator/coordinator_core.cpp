@@ -514,11 +514,7 @@ void CoordinatorCore::desync_report(const Job& job, int64_t round, pb::Failure& 
                   (s.p.started() == lag->p.started() && s.p.in_flight().empty() && !lag->p.in_flight().empty());
     if (behind) lag = &s;
   }
-  auto secs = [](int64_t ms) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.1f s", static_cast<double>(ms) / 1000.0);
-    return std::string(buf);
-  };
+  auto secs = [](int64_t ms) { return seconds_text(static_cast<double>(ms) / 1000.0); };
   std::string why = "rank " + std::to_string(lag->p.rank()) + " on " + lag->host;
   if (!lag->p.in_flight().empty()) {
     why += " is still in " + lag->p.in_flight() + " since " + secs(lag->p.in_flight_ms());
@@ -943,15 +939,6 @@ std::string format_failure_summary(const std::string& job_id, const std::vector<
                                    int64_t last_round, std::optional<size_t> root) {
   std::string out = "accel: failures of job " + job_id + ", round " + std::to_string(last_round) +
                     " (root cause = the earliest, marked *):\n";
-  auto clock_time = [](int64_t ms) {
-    std::time_t secs = static_cast<std::time_t>(ms / 1000);
-    std::tm tm{};
-    ::localtime_r(&secs, &tm);
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%02d:%02d:%02d.%03lld", tm.tm_hour, tm.tm_min, tm.tm_sec,
-                  static_cast<long long>(ms % 1000));
-    return std::string(buf);
-  };
   for (size_t i = 0; i < failures.size(); ++i) {
     const auto& f = failures[i];
     if (f.round() != last_round) continue;

@@ -11,17 +11,14 @@
 #include <cstring>
 #include <filesystem>
 
+#include "agent/common/clock.h"
 #include "runtime/include/accel/progress_page.h"
 
 namespace accel::supervisor {
 
 namespace {
 
-std::string seconds(std::uint64_t ns) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f s", static_cast<double>(ns) / 1e9);
-  return buf;
-}
+std::string seconds(std::uint64_t ns) { return seconds_text(static_cast<double>(ns) / 1e9); }
 
 std::string name(const PageView::Op& op) { return op.op + " #" + std::to_string(op.seq); }
 

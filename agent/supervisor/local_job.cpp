@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "agent/common/clock.h"
 #include "agent/common/free_port.h"
 #include "agent/supervisor/worker_specs.h"
 
@@ -18,18 +19,8 @@ namespace fs = std::filesystem;
 namespace {
 
 std::string clock_time(std::chrono::system_clock::time_point t) {
-  std::time_t secs = std::chrono::system_clock::to_time_t(t);
-  std::tm tm{};
-  ::localtime_r(&secs, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%H:%M:%S", &tm);
-  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count() %
-            1000;
-  char out[48];
-  std::snprintf(out, sizeof out, "%s.%03lld", buf, static_cast<long long>(ms));
-  return out;
+  return accel::clock_time(std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count());
 }
-
 std::vector<std::string> split_lines(const std::string& text) {
   std::vector<std::string> out;
   std::istringstream in(text);
