@@ -4,7 +4,7 @@
 Prints a Markdown table (medians over --runs runs) and the ratios. Usage, from the repo root
 after scripts/build.sh:
 
-    python3 bench/launch/bench_launch.py [--runs 10] [--build build]
+    python3 bench/launch/bench_launch.py [--runs 10] [--build build] [--baseline OLD/accel-launch]
 
 torchrun is Debian's python3-torch 1.13 (/usr/bin/python3 -m torch.distributed.run), run with
 --redirects 9:0 --tee 9:0 (works around its Python 3.11 start-up crash, see
@@ -57,6 +57,8 @@ def main():
     ap.add_argument("--build", default="build")
     ap.add_argument("--skip-default-interval", action="store_true",
                     help="skip torchrun with its 5 s default monitor interval (slow)")
+    ap.add_argument("--baseline", metavar="ACCEL_LAUNCH",
+                    help="also time this accel-launch binary (an older build) in the same run")
     args = ap.parse_args()
 
     launch = os.path.join(args.build, "bin", "accel-launch")
@@ -74,6 +76,9 @@ def main():
     rows = []
     accel_launch = median_of(args.runs, lambda: timed([launch, "-q", "-n", "2", "/bin/true"]))
     rows.append(("launch 2 x /bin/true, whole command", "accel-launch", accel_launch * 1e3))
+    if args.baseline:
+        baseline = median_of(args.runs, lambda: timed([args.baseline, "-q", "-n", "2", "/bin/true"]))
+        rows.append(("launch 2 x /bin/true, whole command", f"baseline {args.baseline}", baseline * 1e3))
     torch_launch = {}
     for iv in intervals:
         torch_launch[iv] = median_of(args.runs, lambda iv=iv: timed(
