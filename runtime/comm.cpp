@@ -103,6 +103,9 @@ std::string Comm::desync_report(const Pending& pending) {
 }
 
 void Comm::fail(const Pending& pending, const std::string& cause) {
+  // Why: a failed collective is no longer in flight; a caller that catches the error and goes on
+  // must not look hung to the agent.
+  progress::collective_finished(pending.seq);
   auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
                                                                       pending.started);
   bool timed_out = elapsed >= timeout_ * 9 / 10;

@@ -7,6 +7,8 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
 
+#include <cstdio>
+
 #include "accel/error.h"
 
 namespace accel {
@@ -28,7 +30,8 @@ GradSync::GradSync(Comm& comm, std::vector<torch::Tensor> params, GradSyncOption
   auto close = [&] {
     if (current.params.empty()) return;
     auto& first = params_[current.params.front()];
-    current.flat = torch::zeros({current.offsets.back()}, first.options());
+    current.flags = current.offsets.back();
+    current.flat = torch::zeros({current.flags + static_cast<int64_t>(current.params.size())}, first.options());
     current.offsets.pop_back();
     buckets_.push_back(std::move(current));
     current = Bucket{};
@@ -52,7 +55,10 @@ GradSync::GradSync(Comm& comm, std::vector<torch::Tensor> params, GradSyncOption
   close();
   for (auto& b : buckets_) {
     b.pending = b.params.size();
-    for (std::size_t k = 0; k < b.params.size(); ++k) attach_grad(b, k);
+    // Why only defined ones: a parameter that never gets a gradient must keep an undefined one.
+    for (std::size_t k = 0; k < b.params.size(); ++k) {
+      if (params_[b.params[k]].grad().defined()) attach_grad(b, k);
+    }
   }
 }
 
@@ -93,17 +99,41 @@ void GradSync::install_hooks() {
   }
 }
 
+// Rides in the engine's final callback of one round. When backward throws, the engine drops its
+// callbacks with the graph task, before the exception leaves backward(): a token that dies with
+// its round still open ends that round then (drained), whichever way backward was called.
+struct GradSync::RoundToken {
+  std::weak_ptr<GradSync> sync;
+  std::uint64_t round = 0;
+  RoundToken(std::weak_ptr<GradSync> s, std::uint64_t r) : sync(std::move(s)), round(r) {}
+  RoundToken(const RoundToken&) = delete;
+  RoundToken& operator=(const RoundToken&) = delete;
+  ~RoundToken() {
+    if (auto self = sync.lock()) self->end_round(round);
+  }
+};
+
 void GradSync::on_grad_ready(std::size_t param) {
   if (!require_sync_) return;
   // Why a lock: CPU and CUDA gradients of one model are accumulated on different engine threads.
   std::lock_guard lock(mu_);
+  // Why: a round whose callback is gone belongs to a backward that ended without finalize. The
+  // token's destructor normally ends it first; this holds even if an engine kept it longer.
+  if (round_active_ && token_.expired()) drain_and_reset_round();
   if (!round_active_) {
+    auto token = std::make_shared<RoundToken>(weak_from_this(), round_ + 1);
+    try {
+      // Why: runs when this backward has finished, so loss.backward() alone also syncs.
+      torch::autograd::Engine::get_default_engine().queue_callback([token] {
+        if (auto self = token->sync.lock()) self->finalize();
+      });
+    } catch (...) {
+      token->sync.reset();  // Why: it dies here, under mu_, and must not try to end a round
+      throw;
+    }
+    ++round_;
+    token_ = token;
     round_active_ = true;
-    std::weak_ptr<GradSync> weak = weak_from_this();
-    // Why: runs when this backward has finished, so loss.backward() alone also syncs.
-    torch::autograd::Engine::get_default_engine().queue_callback([weak] {
-      if (auto self = weak.lock()) self->finalize();
-    });
   }
   if (ready_[param]) return;  // a parameter used twice fires once per use; count it once
   ready_[param] = true;
@@ -113,14 +143,22 @@ void GradSync::on_grad_ready(std::size_t param) {
 
 void GradSync::launch(Bucket& bucket) {
   torch::NoGradGuard no_grad;
+  const auto n = static_cast<int64_t>(bucket.params.size());
+  std::vector<float> had_grad(bucket.params.size(), 1.0f);
+  bucket.all_had_grad = true;
   for (std::size_t k = 0; k < bucket.params.size(); ++k) {
-    if (is_attached(bucket, k)) continue;  // accumulated in place: nothing to copy
-    // The grad was replaced (zero_grad(set_to_none), or assigned by the user): copy it in.
     auto& p = params_[bucket.params[k]];
+    if (!p.grad().defined()) {
+      had_grad[k] = 0.0f;
+      bucket.all_had_grad = false;
+    }
+    if (is_attached(bucket, k)) continue;  // accumulated in place: nothing to copy
+    // The grad was replaced (zero_grad(set_to_none), or assigned by the user), or is new: copy it in.
     auto slot = bucket.flat.narrow(0, bucket.offsets[k], p.numel());
     if (p.grad().defined()) slot.copy_(p.grad().reshape({-1}));
-    else slot.zero_();  // unused in this forward: contributes zero, as DDP's find_unused does
+    else slot.zero_();  // unused here: contributes zero, as DDP's find_unused does
   }
+  bucket.flat.narrow(0, bucket.flags, n).copy_(torch::from_blob(had_grad.data(), {n}, torch::kFloat));
   bucket.work = comm_.allreduce_async(bucket.flat, c10d::ReduceOp::SUM, /*average=*/true);
   bucket.launched = true;
 }
@@ -133,7 +171,12 @@ void GradSync::launch_ready_buckets() {
 
 void GradSync::abort_round() {
   std::lock_guard lock(mu_);
-  reset_round();
+  if (round_active_) drain_and_reset_round();
+}
+
+void GradSync::end_round(std::uint64_t round) {
+  std::lock_guard lock(mu_);
+  if (round_active_ && round_ == round) drain_and_reset_round();
 }
 
 void GradSync::finalize() {
@@ -144,25 +187,50 @@ void GradSync::finalize() {
   try {
     torch::NoGradGuard no_grad;
     for (auto& bucket : buckets_) {
+      bucket.launched = false;  // Why first: a failed wait must not be waited for again
       comm_.wait(bucket.work);  // averaged by now
-      for (std::size_t k = 0; k < bucket.params.size(); ++k) {
-        if (!is_attached(bucket, k)) {
-          params_[bucket.params[k]].mutable_grad() = torch::Tensor();  // attach_grad copies nothing then
-          attach_grad(bucket, k);
-        }
-      }
+      attach_reduced(bucket);
     }
   } catch (...) {
-    reset_round();
+    drain_and_reset_round();
     throw;
   }
-  reset_round();
+  drain_and_reset_round();
 }
 
-void GradSync::reset_round() {
+// After the wait: a parameter some rank had a gradient for gets the average as its .grad (a
+// view of the bucket); one no rank had one for keeps an undefined .grad, as on one process.
+void GradSync::attach_reduced(Bucket& bucket) {
+  torch::Tensor had_grad;  // summed flags, read only when this rank lacked a gradient
+  if (!bucket.all_had_grad) {
+    had_grad = bucket.flat.narrow(0, bucket.flags, static_cast<int64_t>(bucket.params.size()))
+                   .to(torch::kCPU, torch::kFloat)
+                   .contiguous();
+  }
+  for (std::size_t k = 0; k < bucket.params.size(); ++k) {
+    auto& p = params_[bucket.params[k]];
+    bool any_rank = bucket.all_had_grad || had_grad.data_ptr<float>()[k] > 0.0f;
+    if (!any_rank) continue;  // undefined here, as everywhere
+    if (!is_attached(bucket, k) || !p.grad().defined()) {
+      p.mutable_grad() = torch::Tensor();  // attach_grad copies nothing then
+      attach_grad(bucket, k);
+    }
+  }
+}
+
+// Invariant: after this no collective of the round is in flight, so nothing writes into the
+// gradients later, and every progress entry the round opened is closed.
+void GradSync::drain_and_reset_round() {
   for (auto& b : buckets_) {
+    if (b.launched) {
+      b.launched = false;
+      try {
+        comm_.wait(b.work);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "accel: a gradient all-reduce of a backward that failed also failed: %s\n", e.what());
+      }
+    }
     b.pending = b.params.size();
-    b.launched = false;
     b.work = {};
   }
   std::fill(ready_.begin(), ready_.end(), false);

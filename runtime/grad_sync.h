@@ -5,6 +5,12 @@
 // them in place. Each .grad aliases its bucket's storage (DDP's gradient_as_bucket_view), so
 // autograd accumulates straight into the buffer that is all-reduced. Buckets are launched strictly in index order on every rank, so the
 // collectives match even when ranks finish gradients in a different order.
+// Each bucket also carries one "has a gradient" flag per parameter, summed with the gradients: a
+// parameter no rank gave a gradient keeps an undefined .grad, as on one process (the optimizer
+// then skips it, as DDP's find_unused_parameters does), with no extra collective.
+// A backward that throws is drained before the exception leaves backward: every launched bucket
+// is waited for (so no reduction lands in .grad after the caller's zero_grad) and its progress
+// entry closed (so the agent does not take it for a hang).
 // Thread: hooks run on the autograd engine's thread (the caller's, on CPU); everything else on
 // the training thread. Backward passes do not overlap.
 #pragma once
@@ -12,6 +18,7 @@
 #include <torch/types.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -47,19 +54,24 @@ class GradSync : public std::enable_shared_from_this<GradSync> {
 
   std::size_t num_buckets() const { return buckets_.size(); }
 
-  // Forgets a round whose backward threw before it finished (the engine then drops finalize);
-  // otherwise the next backward would find its parameters already counted and never sync.
+  // Ends a round whose backward threw before it finished: waits for the buckets it launched
+  // (their errors are printed, not thrown) and forgets the rest, so the next backward syncs.
+  // Also runs by itself when the engine drops this round's finalize (a plain loss.backward()
+  // that threw); calling it with no round open does nothing.
   void abort_round();
 
  private:
   struct Bucket {
     std::vector<std::size_t> params;  // indices into params_
     std::vector<int64_t> offsets;     // element offset of each param in `flat`
-    torch::Tensor flat;
+    int64_t flags = 0;                // offset of the has-a-gradient flags (one per param) in `flat`
+    torch::Tensor flat;               // the gradients, then the flags
     std::size_t pending = 0;          // gradients not yet ready this backward
-    bool launched = false;
+    bool launched = false;            // all-reduce started and not yet waited for
+    bool all_had_grad = false;        // every param of this rank had a gradient at launch
     Comm::Pending work;
   };
+  struct RoundToken;
 
   GradSync(Comm& comm, std::vector<torch::Tensor> params, GradSyncOptions options);
   void install_hooks();
@@ -68,7 +80,9 @@ class GradSync : public std::enable_shared_from_this<GradSync> {
   void launch(Bucket& bucket);
   void attach_grad(Bucket& bucket, std::size_t k);
   bool is_attached(const Bucket& bucket, std::size_t k) const;
-  void reset_round();
+  void drain_and_reset_round();
+  void end_round(std::uint64_t round);
+  void attach_reduced(Bucket& bucket);
 
   Comm& comm_;
   std::vector<torch::Tensor> params_;
@@ -78,8 +92,10 @@ class GradSync : public std::enable_shared_from_this<GradSync> {
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // Why: hooks live on these nodes
   std::size_t next_to_launch_ = 0;
   bool round_active_ = false;
+  std::uint64_t round_ = 0;            // counts rounds; a RoundToken names the one it belongs to
+  std::weak_ptr<RoundToken> token_;   // the open round's, held by the engine's callback
   bool require_sync_ = true;
-  std::mutex mu_;  // guards the round state (ready_, buckets_' counters, next_to_launch_, round_active_)
+  std::mutex mu_;  // guards the round state (ready_, buckets_' counters, next_to_launch_, round_active_, round_, token_)
 };
 
 }  // namespace accel

@@ -160,14 +160,45 @@ TEST(Runtime, AccumulationAndNoSyncTrainLikeTheGlobalBatch) {
   }
 }
 
-// A backward that throws after some gradient hooks fired leaves no half-open sync round behind.
+// A backward that throws after some buckets were launched, caught, through acc.backward and a
+// plain loss.backward(), over both transports: nothing of it lands in .grad after zero_grad,
+// nothing stays open on the progress page, and gradients sync again.
 TEST(Runtime, GradientsStillSyncAfterABackwardThatThrew) {
-  for (std::string shm : {"1", "0"}) {
-    TempDir dir;
-    auto r = run_worker(dir, 2, {"backward_throws"}, {{"ACCEL_SHM_COLLECTIVES", shm}});
-    EXPECT_JOB_OK(r) << " ACCEL_SHM_COLLECTIVES=" << shm;
-    EXPECT_NE(r.out.find("OK backward_throws"), std::string::npos) << r.out;
+  for (std::string how : {"acc", "plain"}) {
+    for (std::string shm : {"1", "0"}) {
+      TempDir dir;
+      auto r = run_worker(dir, 2, {"backward_throws", how}, {{"ACCEL_SHM_COLLECTIVES", shm}});
+      EXPECT_JOB_OK(r) << how << " ACCEL_SHM_COLLECTIVES=" << shm;
+      EXPECT_NE(r.out.find("OK backward_throws"), std::string::npos) << r.out;
+    }
   }
+}
+
+// The same run with a caught throwing backward trains to the weights of 1 process (where the
+// exception costs nothing but the lost batch's partial gradients, which zero_grad drops).
+TEST(Runtime, ACaughtThrowingBackwardTrainsLikeOneProcess) {
+  TempDir dir;
+  auto one = run_worker(dir, 1, {"train", dir / "w1", "12", "10", "plain"});
+  EXPECT_JOB_OK(one);
+  auto reference = read_weights(dir / "w1");
+  for (std::string mode : {"throw_acc", "throw_plain"}) {
+    for (std::string shm : {"1", "0"}) {
+      std::string file = dir / (mode + shm);
+      auto r = run_worker(dir, 2, {"train", file, "12", "10", mode}, {{"ACCEL_SHM_COLLECTIVES", shm}});
+      EXPECT_JOB_OK(r) << mode << " shm " << shm;
+      EXPECT_LT(max_abs_diff(reference, read_weights(file)), kTolerance) << mode << " shm " << shm;
+    }
+  }
+}
+
+// A caught throwing backward is no hang: its collectives are closed on the progress page, so
+// slow steps afterwards (each shorter than the hang timeout) run to the end.
+TEST(Runtime, ACaughtThrowingBackwardIsNotTakenForAHang) {
+  TempDir dir;
+  std::vector<std::string> argv{"-n", "2", "--hang-timeout", "1s", "--", RUNTIME_WORKER_BIN, "backward_throws", "plain", "500"};
+  auto r = run_launcher(dir, argv, 120s, {{"ACCEL_TEST_DIR", dir.path().string()}, {"ACCEL_SHM_COLLECTIVES", "0"}});
+  EXPECT_JOB_OK(r);
+  EXPECT_EQ(r.err.find("hang detected"), std::string::npos) << r.err;
 }
 
 TEST(Runtime, RankThatSkipsABarrierFailsWithinTheTimeoutNamingIt) {

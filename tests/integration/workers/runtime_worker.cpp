@@ -4,9 +4,9 @@
 //   runtime_worker collectives
 //   runtime_worker shard SIZE BATCH {even|uneven|drop_last|split}
 //   runtime_worker metrics SIZE BATCH {even|uneven} [stream]
-//   runtime_worker train OUT_FILE GLOBAL_BATCH STEPS {plain|set_to_none|accumulate|no_sync}
+//   runtime_worker train OUT_FILE GLOBAL_BATCH STEPS {plain|set_to_none|accumulate|no_sync|throw_acc|throw_plain}
 //   runtime_worker mismatch {sleep|other_collective|dtype}
-//   runtime_worker backward_throws
+//   runtime_worker backward_throws {acc|plain} [STEP_MS]
 //   runtime_worker save_killed DIR K    (one process: checkpoint_0, then SIGKILL at I/O op K of checkpoint_1)
 //   runtime_worker load_newest DIR      (one process: load_state() of the newest checkpoint, print its hash)
 #include <ATen/CPUGeneratorImpl.h>
@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "accel/accel.h"
+#include "accel/progress_page.h"
 #include "runtime/checkpoint_io.h"
 
 namespace {
@@ -233,12 +234,60 @@ int metrics(int argc, char** argv) {
   return 0;
 }
 
-// The equivalence model: a 2-layer MLP with fixed initial weights (seeded on every rank alike).
+// The equivalence model: a 2-layer MLP with fixed initial weights (seeded on every rank alike),
+// and a head that forward never uses: on 1 process its gradient stays undefined and AdamW's
+// weight decay leaves it alone, so it must not move on N processes either. Registered first, so
+// its bucket is the last one (the fc buckets still launch during backward).
 struct NetImpl : torch::nn::Module {
-  NetImpl() : fc1(register_module("fc1", torch::nn::Linear(6, 16))), fc2(register_module("fc2", torch::nn::Linear(16, 2))) {}
+  NetImpl()
+      : unused_head(register_module("unused_head", torch::nn::Linear(16, 3))),
+        fc1(register_module("fc1", torch::nn::Linear(6, 16))), fc2(register_module("fc2", torch::nn::Linear(16, 2))) {}
   torch::Tensor forward(const torch::Tensor& x) { return fc2->forward(torch::tanh(fc1->forward(x))); }
-  torch::nn::Linear fc1, fc2;
+  torch::nn::Linear unused_head, fc1, fc2;
 };
+
+// Identity forward, throwing backward: a backward pass that fails halfway, after some gradient
+// hooks have fired (fc2's, whose buckets are launched by then).
+struct Boom : torch::autograd::Function<Boom> {
+  static torch::Tensor forward(torch::autograd::AutogradContext*, const torch::Tensor& x) { return x.clone(); }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*, torch::autograd::variable_list) {
+    throw std::runtime_error("boom in backward");
+  }
+};
+
+// acc.backward(loss), or autograd's own loss.backward() (the hooks alone must sync then).
+void run_backward(accel::Accelerator& acc, const torch::Tensor& loss, bool plain) {
+  if (plain) loss.backward();
+  else acc.backward(loss);
+}
+
+// A backward that throws halfway, caught as a training loop would, then zero_grad.
+void caught_throwing_backward(accel::Accelerator& acc, NetImpl& m, accel::PreparedOptimizer& o, bool plain) {
+  try {
+    auto hidden = Boom::apply(torch::tanh(m.fc1->forward(torch::randn({4, 6}))));
+    run_backward(acc, m.fc2->forward(hidden).pow(2).mean(), plain);
+    REQUIRE(false, "backward should have thrown");
+  } catch (const std::runtime_error& e) {
+    REQUIRE(std::string(e.what()).find("boom in backward") != std::string::npos, e.what());
+  }
+  o.zero_grad();
+}
+
+// The collectives this worker's progress page shows in flight (end time 0); the agent takes one
+// that stays open past hang_timeout for a hang.
+int open_collectives_on_progress_page() {
+  const char* path = std::getenv("ACCEL_PROGRESS_FILE");
+  REQUIRE(path != nullptr, "ACCEL_PROGRESS_FILE is not set: run under accel-launch");
+  std::ifstream in(path, std::ios::binary);
+  accel::progress::Page page{};
+  in.read(reinterpret_cast<char*>(&page), sizeof page);
+  REQUIRE(in.gcount() == static_cast<std::streamsize>(sizeof page), std::string("short progress page ") + path);
+  int open = 0;
+  for (const auto& e : page.ring) {
+    if (e.seq_plus_one != 0 && e.end_ns == 0) ++open;
+  }
+  return open;
+}
 
 // All of the model's weights, flattened; fails with `what` unless every rank holds the same bits.
 torch::Tensor same_weights_everywhere(accel::Accelerator& acc, torch::nn::Module& model, const std::string& what) {
@@ -258,10 +307,12 @@ int train(int argc, char** argv) {
   std::string mode = argv[5];
   accel::AcceleratorOptions opts;
   if (mode == "accumulate") opts.gradient_accumulation_steps = 2;
+  if (mode == "throw_acc" || mode == "throw_plain") opts.bucket_cap_bytes = 64;  // launched before the throw
   accel::Accelerator acc(opts);
   g_rank = acc.process_index();
   const int n = acc.num_processes();
-  const long micro = mode == "plain" || mode == "set_to_none" ? 1 : 2;  // micro-steps per optimizer step
+  const bool throws = mode == "throw_acc" || mode == "throw_plain";
+  const long micro = mode == "accumulate" || mode == "no_sync" ? 2 : 1;  // micro-steps per optimizer step
   REQUIRE(global % (n * micro) == 0, "global batch must divide by processes x micro-steps");
   torch::manual_seed(1234);
   // Different seeds per rank before this point would not matter: prepare() broadcasts rank 0.
@@ -282,6 +333,13 @@ int train(int argc, char** argv) {
       acc.backward(torch::mse_loss(m->forward(batch.input), batch.target) / 2);
       opt->step();
       opt->zero_grad();
+    } else if (throws) {
+      // After the first step (gradients live in the all-reduce buckets by then) a backward throws
+      // halfway and is caught; the run must go on exactly as if it had never happened.
+      if (micro_step == 1) caught_throwing_backward(acc, *m, o, mode == "throw_plain");
+      run_backward(acc, torch::mse_loss(m->forward(batch.input), batch.target), mode == "throw_plain");
+      o.step();
+      o.zero_grad();
     } else if (mode == "set_to_none") {
       // Gradients dropped after each step (torch 2.x's zero_grad default): sync must re-attach them.
       acc.backward(torch::mse_loss(m->forward(batch.input), batch.target));
@@ -307,38 +365,45 @@ int train(int argc, char** argv) {
   return 0;
 }
 
-// Identity forward, throwing backward: a backward pass that fails halfway, after some gradient
-// hooks have fired.
-struct Boom : torch::autograd::Function<Boom> {
-  static torch::Tensor forward(torch::autograd::AutogradContext*, const torch::Tensor& x) { return x.clone(); }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*, torch::autograd::variable_list) {
-    throw std::runtime_error("boom in backward");
-  }
-};
-
-// After a backward that threw (and was caught on every rank), gradients must sync again.
-int backward_throws() {
-  accel::Accelerator acc;
+// Backwards that throw halfway, each caught on every rank, through acc.backward or a plain
+// loss.backward(): no reduction of theirs may land in .grad after zero_grad (gloo finishes it
+// later, unless the failed round is drained), none may stay open on the progress page, and
+// gradients must sync again afterwards. STEP_MS slows the later steps (for hang detection).
+int backward_throws(bool plain, int step_ms) {
+  accel::AcceleratorOptions options;
+  options.bucket_cap_bytes = 64;  // small buckets: several are launched before the throw
+  accel::Accelerator acc(options);
   g_rank = acc.process_index();
   torch::manual_seed(5);
   auto model = std::make_shared<NetImpl>();
   auto opt = std::make_shared<torch::optim::SGD>(model->parameters(), 0.1);
   auto [m, o] = acc.prepare(model, opt);
   torch::manual_seed(100 + acc.process_index());  // every rank trains on different data
-  try {
-    auto hidden = Boom::apply(torch::tanh(m->fc1->forward(torch::randn({4, 6}))));
-    acc.backward(m->fc2->forward(hidden).pow(2).mean());
-    REQUIRE(false, "backward should have thrown");
-  } catch (const std::runtime_error& e) {
-    REQUIRE(std::string(e.what()).find("boom in backward") != std::string::npos, e.what());
-  }
-  o.zero_grad();
-  for (int step = 0; step < 5; ++step) {
-    acc.backward(torch::mse_loss(m->forward(torch::randn({4, 6})), torch::randn({4, 2})));
+  auto step = [&] {
+    run_backward(acc, torch::mse_loss(m->forward(torch::randn({4, 6})), torch::randn({4, 2})), plain);
     o.step();
     o.zero_grad();
+  };
+  step();  // .grad now aliases the buckets, where a late reduction would write
+  for (int trial = 0; trial < 10; ++trial) {
+    caught_throwing_backward(acc, *m, o, plain);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // a reduction still in flight lands by now
+    for (auto& p : m->parameters()) {
+      REQUIRE(!p.grad().defined() || p.grad().abs().max().item<float>() == 0.0f,
+              "trial " + std::to_string(trial) + ": a reduction of the failed backward wrote into .grad after zero_grad");
+    }
+    // Why not with STEP_MS: then the launcher's hang detection is what must see no open collective.
+    if (step_ms == 0) {
+      REQUIRE(open_collectives_on_progress_page() == 0,
+              "trial " + std::to_string(trial) + ": the failed backward left a collective open on the progress page");
+    }
+  }
+  for (int k = 0; k < 5; ++k) {
+    step();
+    std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
   }
   same_weights_everywhere(acc, *m, "ranks diverged: gradients stopped syncing after the failed backward");
+  REQUIRE(open_collectives_on_progress_page() == 0, "a collective is still open on the progress page");
   acc.print("OK backward_throws");
   return 0;
 }
@@ -498,7 +563,9 @@ int main(int argc, char** argv) {
   if (mode == "shard") return shard(argc, argv);
   if (mode == "metrics") return metrics(argc, argv);
   if (mode == "train") return train(argc, argv);
-  if (mode == "backward_throws") return backward_throws();
+  if (mode == "backward_throws" && argc > 2) {
+    return backward_throws(std::string(argv[2]) == "plain", argc > 3 ? std::atoi(argv[3]) : 0);
+  }
   if (mode == "hang") return hang(argc > 2 ? std::atoi(argv[2]) : 1);
   if (mode == "save_killed" && argc > 3) return save_killed(argv[2], std::atoi(argv[3]));
   if (mode == "load_newest" && argc > 2) return load_newest(argv[2]);
