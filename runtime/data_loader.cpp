@@ -182,7 +182,15 @@ class DataLoader::Pass {
     finished_ = true;
     impl_->in_pass = false;
     if (impl_->gradient_state) impl_->gradient_state->pop_loader(impl_->position.get());
-    if (!current_ && !ahead_ && consumed_all_) ++impl_->epoch;
+    if (consumed_all_ && !ahead_) {
+      // Every batch was handed out (a break on the last one counts): the epoch is done.
+      ++impl_->epoch;
+      impl_->skip = 0;
+    } else if (impl_->handed_out > impl_->skip) {
+      // Left early (a break, an exception): the next pass, and a checkpoint taken now, start at
+      // the first batch not handed out, as a resumed run would.
+      impl_->skip = impl_->handed_out;
+    }
   }
 
   // A stream cannot jump: the batches to skip are read and dropped (before any worker starts).
@@ -415,7 +423,11 @@ std::size_t DataLoader::size() const {
   return shard_batches(order, impl_->spec()).size();
 }
 
-void DataLoader::set_epoch(int64_t epoch) { impl_->epoch = epoch; }
+void DataLoader::set_epoch(int64_t epoch) {
+  // Why only on a change: set_epoch(e) at the top of each epoch must not undo a resume into e.
+  if (epoch != impl_->epoch) impl_->skip = 0;
+  impl_->epoch = epoch;
+}
 int64_t DataLoader::epoch() const { return impl_->epoch; }
 bool DataLoader::end_of_dataloader() const { return impl_->position->end_of_dataloader; }
 int64_t DataLoader::remainder() const { return impl_->position->remainder; }

@@ -194,6 +194,45 @@ TEST(DataLoader, BreakingOutEarlyStopsThreads) {
   EXPECT_EQ(k, 3);
 }
 
+// The batches of one pass as their first sample ("0,2,4"), starting where the loader stands;
+// stops after `limit` batches, as a loop with a break would.
+std::string pass_of(DataLoader& dl, std::size_t limit = SIZE_MAX, LoaderState* inside = nullptr) {
+  std::string out;
+  std::size_t k = 0;
+  for (auto& b : dl) {
+    out += (out.empty() ? "" : ",") + std::to_string(b.input[0].item<int64_t>());
+    if (inside) *inside = dl.state();
+    if (++k == limit) break;
+  }
+  return out;
+}
+
+// A loop left with a break keeps the loader's place: state() after the loop is the position the
+// loop reached (so save_state there resumes at the next unseen batch), and the next pass starts
+// there. A break on the last batch has finished the epoch.
+TEST(DataLoader, ABreakKeepsThePositionForStateAndTheNextPass) {
+  for (std::size_t workers : {0u, 2u}) {
+    SCOPED_TRACE("workers " + std::to_string(workers));
+    DataLoader dl(std::make_shared<TensorDataset>(torch::arange(10)), {.batch_size = 2, .num_workers = workers});
+    LoaderState inside;
+    EXPECT_EQ(pass_of(dl, 3, &inside), "0,2,4");
+    EXPECT_EQ(inside, (LoaderState{0, 3}));
+    EXPECT_EQ(dl.state(), (LoaderState{0, 3})) << "the position reached, not the start of the epoch";
+    EXPECT_EQ(pass_of(dl, 2, &inside), "6,8") << "the next pass goes on with the first unseen batch";
+    EXPECT_EQ(inside, (LoaderState{1, 0})) << "the last batch was handed out";
+    EXPECT_EQ(dl.state(), (LoaderState{1, 0})) << "a break on the last batch finished the epoch";
+    EXPECT_EQ(pass_of(dl), "0,2,4,6,8");
+    EXPECT_EQ(dl.state(), (LoaderState{2, 0}));
+    EXPECT_EQ(pass_of(dl, 1), "0");
+    dl.set_epoch(2);
+    EXPECT_EQ(dl.state(), (LoaderState{2, 1})) << "set_epoch to the same epoch keeps the place (a resume)";
+    dl.set_epoch(5);
+    EXPECT_EQ(dl.state(), (LoaderState{5, 0})) << "another epoch starts at its first batch";
+    dl.load_state({5, 4});
+    EXPECT_EQ(pass_of(dl), "8");
+  }
+}
+
 class Stream : public IterableDataset {
  public:
   explicit Stream(int64_t n) : n_(n) {}

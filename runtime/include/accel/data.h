@@ -135,20 +135,24 @@ class DataLoader {
     std::shared_ptr<Pass> pass_;
   };
 
-  // Starts a pass over epoch epoch() (and advances epoch() when the pass ends).
+  // Starts a pass over epoch epoch() at state().batches (and advances epoch() when the pass ends).
   Iterator begin();
   std::default_sentinel_t end() const { return {}; }
 
   // Batches this rank yields per epoch; throws DataError for an iterable data set.
   std::size_t size() const;
-  // The epoch the next pass uses for shuffling (HF: set_epoch / iteration).
+  // The epoch the next pass uses for shuffling (HF: set_epoch / iteration). Another epoch than
+  // the current one also drops a pending skip (a resumed or abandoned position in the old one).
   void set_epoch(int64_t epoch);
   int64_t epoch() const;
   // A new loader over the same data whose first pass skips its first `n` batches (HF's
   // skip_first_batches): the order is the same, the skipped batches are never built.
   DataLoader skip_first_batches(std::size_t n) const;
   // The position after the batches handed out so far: inside a pass, the batches taken (the last
-  // one counts as consumed); a finished pass is the next epoch at batch 0.
+  // one counts as consumed); a finished pass is the next epoch at batch 0. A pass left early (a
+  // break) keeps its place: the next pass starts at the first batch not handed out, so a loop
+  // that breaks at max_steps and then saves resumes exactly where it stopped. set_epoch() to
+  // another epoch, or load_state({epoch, 0}), starts at that epoch's first batch.
   LoaderState state() const;
   // The next pass uses state.epoch and skips state.batches batches. UsageError during a pass.
   void load_state(const LoaderState& state);
