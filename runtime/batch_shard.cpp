@@ -8,6 +8,15 @@
 namespace accel {
 namespace {
 
+// Appends copies of `v` to itself until it holds at least `n` elements. Why a copy per round:
+// inserting a vector's own range into it is undefined behaviour (the insert may reallocate).
+void repeat_until(std::vector<int64_t>& v, std::size_t n) {
+  while (!v.empty() && v.size() < n) {
+    const std::vector<int64_t> copy = v;
+    v.insert(v.end(), copy.begin(), copy.end());
+  }
+}
+
 void check(const ShardSpec& spec) {
   if (spec.batch_size == 0) throw DataError("accel: batch_size must be at least 1");
   if (spec.num_processes == 0 || spec.process_index >= spec.num_processes) {
@@ -41,7 +50,7 @@ IndexBatches split_mode(const IndexBatches& batches, const ShardSpec& spec) {
     return out;
   }
   std::vector<int64_t> initial = batches.front();
-  while (initial.size() < spec.batch_size) initial.insert(initial.end(), initial.begin(), initial.end());
+  repeat_until(initial, spec.batch_size);
   last.insert(last.end(), initial.begin(), initial.end());
   out.push_back(slice(last, lo, hi));
   return out;
@@ -70,7 +79,7 @@ IndexBatches round_robin_mode(const IndexBatches& batches, const ShardSpec& spec
     return out;
   }
   if (to_yield.size() == bs) out.push_back(to_yield);
-  while (initial.size() < n * bs) initial.insert(initial.end(), initial.begin(), initial.end());
+  repeat_until(initial, n * bs);
   if (batch.size() == bs) {
     batch.clear();
     ++idx;

@@ -338,6 +338,29 @@ std::string rank_state(int rank, const std::vector<DataLoader>& loaders) {
   return join(safetensors::encode(tensors, {{"rank", std::to_string(rank)}, {"loaders", positions.dump()}}));
 }
 
+// Where an overwrite without RENAME_EXCHANGE keeps the old folder while the new one moves in.
+fs::path set_aside_name(const fs::path& target) {
+  return target.parent_path() / ("." + target.filename().string() + ".old-" + std::to_string(::getpid()));
+}
+
+// Puts a folder an interrupted overwrite set aside back at `target` when `target` is missing,
+// and removes it when `target` is there (the overwrite got that far). Returns true when it moved one.
+bool restore_set_aside(ckpt::CheckpointFs& io, const fs::path& target) {
+  const auto prefix = "." + target.filename().string() + ".old-";
+  std::error_code ec;
+  bool restored = false;
+  for (const auto& entry : fs::directory_iterator(target.parent_path().empty() ? fs::path(".") : target.parent_path(), ec)) {
+    if (entry.path().filename().string().rfind(prefix, 0) != 0) continue;
+    if (!restored && !fs::exists(target, ec)) {
+      io.rename(entry.path(), target);
+      restored = true;
+    } else {
+      io.remove_all(entry.path());
+    }
+  }
+  return restored;
+}
+
 // Writes every file into `tmp`, then the manifest listing them, fsyncs, and puts `tmp` in place
 // of `target` (a swap when `target` exists, so there is no moment without it).
 void fill_and_publish(ckpt::CheckpointFs& io, const fs::path& tmp, const fs::path& target, const fs::path& parent,
@@ -354,13 +377,24 @@ void fill_and_publish(ckpt::CheckpointFs& io, const fs::path& tmp, const fs::pat
   io.write_file(tmp / kManifest, {manifest.dump(2)});
   io.sync_dir(tmp);
   std::error_code ec;
-  if (fs::exists(target, ec)) {
-    io.exchange(tmp, target);  // the new folder is in place; tmp now holds the old one
+  if (!fs::exists(target, ec)) {
+    io.rename(tmp, target);
+    io.sync_dir(parent);
+  } else if (io.exchange(tmp, target)) {  // the new folder is in place; tmp now holds the old one
     io.sync_dir(parent);
     io.remove_all(tmp);
   } else {
+    // No RENAME_EXCHANGE (NFS): the old folder steps aside, then the new one takes its name.
+    // Why this is still safe: both folders are complete (fsynced) before either rename, so at
+    // every moment a complete checkpoint is at `target` or at `aside`. An error between the two
+    // renames puts the old one back at once (write_checkpoint); after a crash there, the next
+    // save to `target` puts it back first (restore_set_aside), and latest_checkpoint() meanwhile
+    // finds the newest other checkpoint.
+    auto aside = set_aside_name(target);
+    io.rename(target, aside);
     io.rename(tmp, target);
     io.sync_dir(parent);
+    io.remove_all(aside);
   }
 }
 
@@ -370,12 +404,13 @@ void write_checkpoint(const fs::path& target, const std::vector<std::string>& ra
   auto& io = ckpt::checkpoint_fs();
   auto parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
   auto name = target.filename().string();
-  io.create_directories(parent);
+  io.create_directories_durably(parent);
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(parent, ec)) {
     auto other = entry.path().filename().string();
     if (other.rfind("." + name + ".tmp-", 0) == 0) io.remove_all(entry.path());  // a crashed save's leftovers
   }
+  if (restore_set_aside(io, target)) io.sync_dir(parent);
   auto tmp = parent / ("." + name + ".tmp-" + std::to_string(::getpid()));
   try {
     io.create_directories(tmp);
@@ -383,6 +418,7 @@ void write_checkpoint(const fs::path& target, const std::vector<std::string>& ra
   } catch (...) {
     try {
       io.remove_all(tmp);  // what the failed save wrote; a later save also cleans it
+      restore_set_aside(io, target);
     } catch (...) {
     }
     throw;

@@ -13,6 +13,7 @@
 #include <exception>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -108,10 +109,11 @@ void CheckpointFs::rename(const fs::path& from, const fs::path& to) {
   if (::rename(from.c_str(), to.c_str()) != 0) fail(from, "cannot rename to " + to.string(), errno);
 }
 
-void CheckpointFs::exchange(const fs::path& a, const fs::path& b) {
-  if (::renameat2(AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_EXCHANGE) != 0) {
-    fail(a, "cannot exchange with " + b.string(), errno);
-  }
+bool CheckpointFs::exchange(const fs::path& a, const fs::path& b) {
+  if (::renameat2(AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_EXCHANGE) == 0) return true;
+  int err = errno;
+  if (err == EINVAL || err == ENOSYS || err == EOPNOTSUPP || err == ENOTSUP) return false;
+  fail(a, "cannot exchange with " + b.string(), err);
 }
 
 void CheckpointFs::remove_all(const fs::path& path) {
@@ -124,6 +126,19 @@ void CheckpointFs::create_directories(const fs::path& path) {
   std::error_code ec;
   fs::create_directories(path, ec);
   if (ec) fail(path, "cannot create folder", ec.value());
+}
+
+void CheckpointFs::create_directories_durably(const fs::path& path) {
+  std::vector<fs::path> created;  // the missing folders, deepest first
+  std::error_code ec;
+  for (fs::path p = path; !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
+    created.push_back(p);
+    if (p == p.parent_path()) break;
+  }
+  create_directories(path);
+  for (auto it = created.rbegin(); it != created.rend(); ++it) {
+    sync_dir(it->has_parent_path() ? it->parent_path() : fs::path("."));
+  }
 }
 
 std::string CheckpointFs::read_file(const fs::path& path) {

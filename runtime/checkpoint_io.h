@@ -63,9 +63,13 @@ class CheckpointFs {
   virtual void sync_dir(const fs::path& dir);
   virtual void rename(const fs::path& from, const fs::path& to);
   // Swaps two existing entries in one step (renameat2 RENAME_EXCHANGE): no moment without `b`.
-  virtual void exchange(const fs::path& a, const fs::path& b);
+  // False, with nothing changed, when the file system cannot (NFS and some FUSE file systems).
+  virtual bool exchange(const fs::path& a, const fs::path& b);
   virtual void remove_all(const fs::path& path);
   virtual void create_directories(const fs::path& path);
+  // create_directories, then sync_dir of the parent of every folder it created, so that a new
+  // folder's entry survives a power loss too.
+  void create_directories_durably(const fs::path& path);
   // The whole file; CheckpointError when it cannot be opened or read.
   virtual std::string read_file(const fs::path& path);
   // The whole file, mapped; CheckpointError when it cannot be opened or mapped.

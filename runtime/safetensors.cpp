@@ -7,6 +7,7 @@
 #include <cctype>
 #include <climits>
 #include <cstring>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <tuple>
 #include <unordered_set>
@@ -442,18 +443,19 @@ void remove_stale(const fs::path& dir, const std::string& prefix, const std::vec
   for (const auto& path : stale) ckpt::checkpoint_fs().remove_all(path);
 }
 
-// Writes `dir/name` under a temp name and renames it; the temp file does not outlive a failure.
-void publish(const fs::path& dir, const std::string& name,
-             const std::vector<std::string_view>& parts) {
-  auto& cfs = ckpt::checkpoint_fs();
-  const fs::path tmp = dir / (name + ".tmp");
+// Writes and fsyncs every file under its temp name (`name`.tmp, through `write(k, temp path)`)
+// before any takes its real name; on a failure no temp file outlives it.
+void stage(const fs::path& dir, const std::vector<std::string>& names,
+           const std::function<void(std::size_t, const fs::path&)>& write) {
+  std::size_t k = 0;
   try {
-    cfs.write_file(tmp, parts);
-    cfs.rename(tmp, dir / name);
+    for (; k < names.size(); ++k) write(k, dir / (names[k] + ".tmp"));
   } catch (...) {
-    try {
-      cfs.remove_all(tmp);
-    } catch (const Error&) {  // Why: the write's error is the one worth reporting
+    for (std::size_t i = 0; i <= k && i < names.size(); ++i) {
+      try {
+        ckpt::checkpoint_fs().remove_all(dir / (names[i] + ".tmp"));
+      } catch (const Error&) {  // Why: the write's error is the one worth reporting
+      }
     }
     throw;
   }
@@ -484,22 +486,48 @@ std::vector<std::string> save_sharded(const NamedTensors& tensors, const fs::pat
     throw ConfigError("accel: save_sharded: file prefix " + in_quotes(prefix) +
                       " must be a non-empty file name");
   check_tensors(tensors, (dir / prefix).string());
-  ckpt::checkpoint_fs().create_directories(dir);
+  ckpt::checkpoint_fs().create_directories_durably(dir);
   const auto shards = plan_shards(tensors, max_shard_bytes);
   const std::size_t n = shards.size();
   std::vector<std::string> written;
-  for (std::size_t k = 0; k < n; ++k) {
+  for (std::size_t k = 0; k < n; ++k) written.push_back(n == 1 ? prefix + ".safetensors" : shard_name(prefix, k + 1, n));
+  if (n > 1) written.push_back(prefix + ".safetensors.index.json");
+  auto& cfs = ckpt::checkpoint_fs();
+  stage(dir, written, [&](std::size_t k, const fs::path& temp) {
+    if (k == n) {
+      cfs.write_file(temp, {index_json(tensors, shards, prefix)});
+      return;
+    }
     NamedTensors part;
     for (std::size_t i : shards[k]) part.push_back(tensors[i]);
-    written.push_back(n == 1 ? prefix + ".safetensors" : shard_name(prefix, k + 1, n));
-    publish(dir, written.back(), encode(part, {{"format", "pt"}}, (dir / written.back()).string()).parts());
+    cfs.write_file(temp, encode(part, {{"format", "pt"}}, (dir / written[k]).string()).parts());
+  });
+  auto put_in_place = [&](const std::string& name) { cfs.rename(dir / (name + ".tmp"), dir / name); };
+  try {
+    if (n == 1) {
+      put_in_place(written[0]);  // one rename: the old model, then the new one
+      remove_stale(dir, prefix, written);
+    } else {
+      // Why this order: a loader enters a model through model.safetensors or the index, never
+      // through a shard. With the old entry points gone before the first shard is renamed and
+      // the new index renamed last, a reader finds the old model, no model (an error that says
+      // so), or the new one, never old and new shards of one name mixed under an index.
+      std::error_code ec;
+      for (const auto& entry : {prefix + ".safetensors", prefix + ".safetensors.index.json"}) {
+        if (fs::exists(dir / entry, ec)) cfs.remove_all(dir / entry);
+      }
+      cfs.sync_dir(dir);
+      for (const auto& name : written) put_in_place(name);  // the index last
+      remove_stale(dir, prefix, written);
+    }
+  } catch (...) {
+    for (const auto& name : written) {
+      std::error_code ec;
+      fs::remove(dir / (name + ".tmp"), ec);  // what was not renamed; the first error is the one to report
+    }
+    throw;
   }
-  if (n > 1) written.push_back(prefix + ".safetensors.index.json");
-  // Why before the index: a reader must never find an old model.safetensors beside the new index
-  // (loaders prefer the single file); between the two it finds no complete model and says so.
-  remove_stale(dir, prefix, written);
-  if (n > 1) publish(dir, written.back(), {index_json(tensors, shards, prefix)});
-  ckpt::checkpoint_fs().sync_dir(dir);
+  cfs.sync_dir(dir);
   return written;
 }
 

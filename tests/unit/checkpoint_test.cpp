@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -507,6 +508,8 @@ class Rig {
   }
 
   DataLoader& loader() { return *loader_; }
+  // Leaves the current pass, as a `break` out of the loop does.
+  void break_out() { pass_.reset(); }
 
   Accelerator acc;
   std::shared_ptr<Net> model;
@@ -623,6 +626,31 @@ TEST(CheckpointRoundTrip, ResumedLoaderYieldsTheBatchesTheOriginalWouldHaveNext)
     for (int i = 0; i < 9; ++i) resumed.step();
     expect_bitwise(original.inputs_seen, resumed.inputs_seen, "batch");
   }
+}
+
+// "Train to max_steps, break, save_state()": the checkpoint resumes at the first batch the loop
+// did not take, and so does the loop itself when it goes on; both see what an uninterrupted run
+// sees next.
+TEST(CheckpointRoundTrip, SaveAfterABreakResumesAtTheNextUnseenBatch) {
+  TempDir tmp;
+  Rig uninterrupted({.init_seed = 1});
+  for (int i = 0; i < 12; ++i) uninterrupted.step();
+  const std::vector<torch::Tensor> after_three(uninterrupted.inputs_seen.begin() + 3, uninterrupted.inputs_seen.end());
+
+  Rig original({.init_seed = 1});
+  for (int i = 0; i < 3; ++i) original.step();
+  original.break_out();
+  EXPECT_EQ(original.loader().state(), (LoaderState{0, 3}));
+  auto dir = original.acc.save_state(tmp.path() / "ckpt");
+  for (int i = 0; i < 9; ++i) original.step();
+  expect_bitwise(uninterrupted.inputs_seen, original.inputs_seen, "batch of the run that broke out and went on");
+
+  Rig resumed({.init_seed = 2});
+  resumed.acc.load_state(dir);
+  EXPECT_EQ(resumed.loader().state(), (LoaderState{0, 3}));
+  for (int i = 0; i < 9; ++i) resumed.step();
+  expect_bitwise(after_three, resumed.inputs_seen, "batch after resume");
+  expect_same(snapshot(uninterrupted), snapshot(resumed));
 }
 
 std::vector<torch::Tensor> one_pass(DataLoader& loader) {
@@ -959,7 +987,8 @@ TEST(CheckpointCorrupt, AFailedOptimizerLoadRestoresTheOptimizersLoadedBeforeIt)
 // half of its first part behind. Records the operations it saw.
 class FaultyFs : public ckpt::CheckpointFs {
  public:
-  explicit FaultyFs(int64_t fail_at) : fail_at_(fail_at) {}
+  // `can_exchange` false: a file system without RENAME_EXCHANGE (NFS), exchange() says so.
+  explicit FaultyFs(int64_t fail_at, bool can_exchange = true) : fail_at_(fail_at), can_exchange_(can_exchange) {}
 
   ckpt::WrittenFile write_stream(const fs::path& path, const std::function<void(const ckpt::Sink&)>& produce) override {
     if (next("write " + path.filename().string())) {
@@ -980,11 +1009,11 @@ class FaultyFs : public ckpt::CheckpointFs {
     }
     CheckpointFs::rename(from, to);
   }
-  void exchange(const fs::path& a, const fs::path& b) override {
+  bool exchange(const fs::path& a, const fs::path& b) override {
     if (next("exchange " + a.filename().string() + " <-> " + b.filename().string())) {
       throw CheckpointError("accel: checkpoint: " + a.string() + ": injected exchange failure");
     }
-    CheckpointFs::exchange(a, b);
+    return can_exchange_ && CheckpointFs::exchange(a, b);
   }
   void sync_dir(const fs::path& dir) override {
     if (next("sync " + dir.filename().string())) {
@@ -1002,6 +1031,7 @@ class FaultyFs : public ckpt::CheckpointFs {
   }
 
   int64_t fail_at_;
+  bool can_exchange_;
   std::vector<std::string> operations_;
 };
 
@@ -1016,11 +1046,12 @@ class UseFs {
 
 // The operations of one save_state(`target`) of a rig like `options`'s (after a first save to the
 // same place when `overwrite`).
-std::vector<std::string> save_operations(const RigOptions& options, const fs::path& target, bool overwrite) {
+std::vector<std::string> save_operations(const RigOptions& options, const fs::path& target, bool overwrite,
+                                         bool can_exchange = true) {
   Rig probe(options);
   probe.step();
   if (overwrite) probe.acc.save_state(target);
-  FaultyFs counting(std::numeric_limits<int64_t>::max());
+  FaultyFs counting(std::numeric_limits<int64_t>::max(), can_exchange);
   UseFs use(&counting);
   probe.acc.save_state(target);
   return counting.operations();
@@ -1043,6 +1074,7 @@ std::string describe(const std::vector<std::string>& ops, std::size_t k) {
 TEST(CheckpointAtomicity, AFailedSaveLeavesThePreviousCheckpointIntact) {
   TempDir tmp, probe_dir;
   auto root = tmp.path() / "checkpoints";
+  fs::create_directories(probe_dir.path() / "checkpoints");  // as the rig's, made by its first save
   auto ops = save_operations(project_rig(probe_dir.path(), std::nullopt, false), fs::path(), false);
   auto publish = last_index_of(ops, "rename ");
   ASSERT_LT(publish, ops.size()) << "a save renames its temp folder into place";
@@ -1081,6 +1113,7 @@ TEST(CheckpointAtomicity, AFailedSaveLeavesThePreviousCheckpointIntact) {
 TEST(CheckpointAtomicity, AFailedSaveRemovesItsTempFolder) {
   TempDir tmp, probe_dir;
   auto root = tmp.path() / "checkpoints";
+  fs::create_directories(probe_dir.path() / "checkpoints");  // as the rig's, made by its first save
   auto ops = save_operations(project_rig(probe_dir.path(), std::nullopt, false), fs::path(), false);
   auto publish = last_index_of(ops, "rename ");
   Rig rig(project_rig(tmp.path(), std::nullopt, false));
@@ -1103,35 +1136,101 @@ TEST(CheckpointAtomicity, AFailedSaveRemovesItsTempFolder) {
 }
 
 // save_state(dir) over an existing checkpoint: at every failure point, `dir` still loads, as the
-// old checkpoint until the new one is complete, then as the new one.
+// old checkpoint until the new one is complete, then as the new one. Also where the file system
+// has no RENAME_EXCHANGE (the old folder steps aside while the new one moves in).
 TEST(CheckpointAtomicity, OverwritingAFolderKeepsALoadableCheckpointThere) {
-  TempDir tmp, probe_dir;
-  auto dir = tmp.path() / "ckpt";
-  auto ops = save_operations({}, probe_dir.path() / "ckpt", /*overwrite=*/true);
-  auto publish = last_index_of(ops, "exchange .ckpt.tmp-");  // the new folder takes the old one's place
-  ASSERT_LT(publish, ops.size()) << ::testing::PrintToString(ops);
+  for (bool can_exchange : {true, false}) {
+    SCOPED_TRACE(can_exchange ? "with RENAME_EXCHANGE" : "without RENAME_EXCHANGE");
+    TempDir tmp, probe_dir;
+    auto dir = tmp.path() / "ckpt";
+    auto ops = save_operations({}, probe_dir.path() / "ckpt", /*overwrite=*/true, can_exchange);
+    // The new folder takes the old one's place: a swap, or its rename after the old one's.
+    auto publish = last_index_of(ops, can_exchange ? "exchange .ckpt.tmp-" : "rename .ckpt.tmp-");
+    ASSERT_LT(publish, ops.size()) << ::testing::PrintToString(ops);
+    if (!can_exchange) {
+      ASSERT_EQ(ops[publish - 1].rfind("rename ckpt -> .ckpt.old-", 0), 0u) << ::testing::PrintToString(ops);
+    }
 
+    Rig rig;
+    rig.step();
+    rig.acc.save_state(dir);
+    auto first_state = snapshot(rig);
+    rig.step();
+    auto second_state = snapshot(rig);
+    for (std::size_t k = 0; k < ops.size(); ++k) {
+      SCOPED_TRACE(describe(ops, k));
+      {
+        FaultyFs faulty(static_cast<int64_t>(k), can_exchange);
+        UseFs use(&faulty);
+        EXPECT_THROW(rig.acc.save_state(dir), CheckpointError);
+      }
+      // Without RENAME_EXCHANGE, a failure of the new folder's rename that also fails the old
+      // one's rename back (every operation fails from k on) leaves the old folder set aside,
+      // complete, for the next save to put back (the next test); nothing else may go missing.
+      auto loads_from = dir;
+      std::optional<fs::path> aside;
+      for (const auto& entry : fs::directory_iterator(tmp.path())) {
+        if (entry.path().filename() == "ckpt") continue;
+        EXPECT_EQ(entry.path().filename().string().rfind(".ckpt.old-", 0), 0u) << "left behind: " << entry.path();
+        aside = entry.path();
+      }
+      if (aside) {
+        EXPECT_FALSE(can_exchange);
+        EXPECT_EQ(k, publish) << "only the new folder's rename can leave the old one aside";
+        EXPECT_FALSE(fs::exists(dir));
+        loads_from = *aside;
+      }
+      Rig check({.init_seed = 9});
+      try {
+        check.acc.load_state(loads_from);
+        expect_same(k > publish ? second_state : first_state, snapshot(check));
+      } catch (const CheckpointError& e) {
+        ADD_FAILURE() << "the checkpoint no longer loads: " << e.what();
+      }
+      if (aside) fs::rename(*aside, dir);  // as the next save would, so the next round starts alike
+    }
+  }
+}
+
+// A process killed between the two renames of an overwrite without RENAME_EXCHANGE leaves the
+// old checkpoint set aside and no folder at its name; the next save there puts it back first,
+// so even a save that then fails leaves it loadable.
+TEST(CheckpointAtomicity, AnOverwriteKilledBetweenItsRenamesIsRepairedByTheNextSave) {
+  TempDir tmp;
+  auto dir = tmp.path() / "ckpt";
   Rig rig;
   rig.step();
   rig.acc.save_state(dir);
   auto first_state = snapshot(rig);
-  rig.step();
-  auto second_state = snapshot(rig);
-  for (std::size_t k = 0; k < ops.size(); ++k) {
-    SCOPED_TRACE(describe(ops, k));
-    {
-      FaultyFs faulty(static_cast<int64_t>(k));
-      UseFs use(&faulty);
-      EXPECT_THROW(rig.acc.save_state(dir), CheckpointError);
-    }
-    Rig check({.init_seed = 9});
-    try {
-      check.acc.load_state(dir);
-      expect_same(k > publish ? second_state : first_state, snapshot(check));
-    } catch (const CheckpointError& e) {
-      ADD_FAILURE() << "the folder no longer loads: " << e.what();
-    }
+  fs::rename(dir, tmp.path() / ".ckpt.old-12345");  // what the killed overwrite left
+  {
+    FaultyFs faulty(/*fail_at=*/1, /*can_exchange=*/false);  // the save fails after putting it back
+    UseFs use(&faulty);
+    EXPECT_THROW(rig.acc.save_state(dir), CheckpointError);
   }
+  Rig check({.init_seed = 9});
+  check.acc.load_state(dir);
+  expect_same(first_state, snapshot(check));
+  EXPECT_FALSE(fs::exists(tmp.path() / ".ckpt.old-12345"));
+}
+
+// A save that creates its folder fsyncs the parent of every folder it made, so the new folder's
+// entry is on disk before the checkpoint is called saved.
+TEST(CheckpointAtomicity, ANewFolderIsSyncedIntoItsParent) {
+  TempDir tmp;
+  auto dir = tmp.path() / "runs" / "a" / "ckpt";
+  auto ops = [&] {
+    Rig rig;
+    rig.step();
+    FaultyFs counting(std::numeric_limits<int64_t>::max());
+    UseFs use(&counting);
+    rig.acc.save_state(dir);
+    return counting.operations();
+  }();
+  ASSERT_GE(ops.size(), 2u);
+  // Before anything else: "runs" into tmp, "a" into runs (ckpt itself is renamed into "a").
+  EXPECT_EQ(ops[0], "sync " + tmp.path().filename().string()) << ::testing::PrintToString(ops);
+  EXPECT_EQ(ops[1], "sync runs") << ::testing::PrintToString(ops);
 }
 
 // --- save_model -----------------------------------------------------------------------------
@@ -1139,6 +1238,74 @@ TEST(CheckpointAtomicity, OverwritingAFolderKeepsALoadableCheckpointThere) {
 std::map<std::string, torch::Tensor> decoded(const fs::path& file) {
   auto d = safetensors::decode(read_file(file), file.string());
   return {d.tensors.begin(), d.tensors.end()};
+}
+
+// What a loader finds in a save_model folder, entering as transformers does (model.safetensors,
+// else the index and the shards it names): "none", or which of `models` every tensor matches
+// ("0", "1"), or "mixed".
+std::string model_found(const fs::path& dir, const std::vector<std::map<std::string, torch::Tensor>>& models) {
+  std::map<std::string, torch::Tensor> found;
+  if (fs::exists(dir / "model.safetensors")) {
+    found = decoded(dir / "model.safetensors");
+  } else if (fs::exists(dir / "model.safetensors.index.json")) {
+    auto index = json::parse(read_file(dir / "model.safetensors.index.json"));
+    for (const auto& [name, file] : index["weight_map"].items()) found[name] = decoded(dir / file.get<std::string>()).at(name);
+  } else {
+    return "none";
+  }
+  for (std::size_t m = 0; m < models.size(); ++m) {
+    bool all = found.size() == models[m].size();
+    for (const auto& [name, t] : models[m]) all = all && found.count(name) && torch::equal(found.at(name), t);
+    if (all) return std::to_string(m);
+  }
+  return "mixed";
+}
+
+// Re-saving a sharded model (same shard names) that fails at any file operation: a loader finds
+// the old model, the new one, or none, never old and new shards under one index.
+TEST(CheckpointSaveModel, AFailedResaveNeverMixesOldAndNewShards) {
+  TempDir tmp;
+  Accelerator acc;
+  auto dir = tmp.path() / "model";
+  auto make = [](int seed) {
+    torch::manual_seed(seed);
+    return torch::nn::Sequential(torch::nn::Linear(16, 16), torch::nn::Linear(16, 16), torch::nn::Linear(16, 4));
+  };
+  auto old_model = make(1), new_model = make(2);
+  std::vector<std::map<std::string, torch::Tensor>> models;
+  for (auto* m : {&old_model, &new_model}) {
+    std::map<std::string, torch::Tensor> named;
+    for (const auto& p : (*m)->named_parameters()) named[p.key()] = p.value().detach().clone();
+    models.push_back(named);
+  }
+  acc.save_model(old_model.ptr(), dir, {.max_shard_size = "1KB"});
+  ASSERT_EQ(model_found(dir, models), "0");
+  std::vector<std::string> ops;
+  {
+    TempDir probe;
+    acc.save_model(old_model.ptr(), probe.path(), {.max_shard_size = "1KB"});
+    FaultyFs counting(std::numeric_limits<int64_t>::max());
+    UseFs use(&counting);
+    acc.save_model(new_model.ptr(), probe.path(), {.max_shard_size = "1KB"});
+    ops = counting.operations();
+  }
+  ASSERT_GE(std::count_if(ops.begin(), ops.end(), [](const std::string& op) { return op.rfind("rename ", 0) == 0; }), 3)
+      << "several shards: " << ::testing::PrintToString(ops);
+  for (std::size_t k = 0; k < ops.size(); ++k) {
+    SCOPED_TRACE(describe(ops, k));
+    acc.save_model(old_model.ptr(), dir, {.max_shard_size = "1KB"});
+    {
+      FaultyFs faulty(static_cast<int64_t>(k));
+      UseFs use(&faulty);
+      EXPECT_THROW(acc.save_model(new_model.ptr(), dir, {.max_shard_size = "1KB"}), CheckpointError);
+    }
+    EXPECT_NE(model_found(dir, models), "mixed");
+    for (const auto& entry : fs::directory_iterator(dir)) {
+      EXPECT_NE(entry.path().extension(), ".tmp") << "left behind: " << entry.path();
+    }
+  }
+  acc.save_model(new_model.ptr(), dir, {.max_shard_size = "1KB"});
+  EXPECT_EQ(model_found(dir, models), "1");
 }
 
 TEST(CheckpointSaveModel, OneFileUnderTheLimitShardsWithAnIndexOverIt) {
