@@ -116,6 +116,12 @@ std::vector<fs::path> complete_checkpoints(const fs::path& root) {
 }
 
 // The checked contents of a checkpoint folder: its manifest, and its files' bytes on demand.
+// A name that stays inside its folder when joined to it: no separator, not "." or "..", no NUL.
+bool is_plain_file_name(const std::string& name) {
+  return !name.empty() && name.size() <= 255 && name != "." && name != ".." &&
+         name.find('/') == std::string::npos && name.find('\0') == std::string::npos;
+}
+
 class CheckpointReader {
  public:
   // `checksums` false: read() checks sizes only (the files were verified a moment ago).
@@ -159,7 +165,14 @@ class CheckpointReader {
           !v["size"].is_number_unsigned() || !v.contains("xxh64") || !v["xxh64"].is_string()) {
         fail(path, "files[" + f.key() + "] is not {\"name\", \"size\", \"xxh64\"}");
       }
-      files_[v["name"].get<std::string>()] = v;
+      const auto name = v["name"].get<std::string>();
+      // Why: a name is joined to the folder and opened; "../x", "/etc/passwd" or "a/b" would
+      // read (and checksum) a file outside the checkpoint.
+      if (!is_plain_file_name(name)) {
+        fail(path, "files[" + f.key() + "] has the name " + json(name).dump() +
+                       ": a checkpoint lists plain file names inside its folder (no '/', not '.' or '..')");
+      }
+      files_[name] = v;
     }
   }
 

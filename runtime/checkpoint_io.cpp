@@ -45,6 +45,22 @@ struct Fd {
 
 std::atomic<CheckpointFs*> g_override{nullptr};
 
+// Opens `path` for reading only if it is a regular file: not through a symbolic link
+// (O_NOFOLLOW), and never waiting on a FIFO or a device (O_NONBLOCK, then fstat).
+int open_regular(const fs::path& path) {
+  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)};
+  if (f.fd < 0) {
+    if (errno == ELOOP) fail(path, "is a symbolic link; checkpoint files must be regular files inside the folder");
+    fail(path, "cannot open", errno);
+  }
+  struct stat st {};
+  if (::fstat(f.fd, &st) != 0) fail(path, "cannot stat", errno);
+  if (!S_ISREG(st.st_mode)) {
+    fail(path, "is not a regular file (a FIFO, device or folder); checkpoint files must be regular files");
+  }
+  return std::exchange(f.fd, -1);
+}
+
 }  // namespace
 
 uint64_t checksum(std::string_view bytes) { return XXH64(bytes.data(), bytes.size(), 0); }
@@ -142,8 +158,7 @@ void CheckpointFs::create_directories_durably(const fs::path& path) {
 }
 
 std::string CheckpointFs::read_file(const fs::path& path) {
-  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
-  if (f.fd < 0) fail(path, "cannot open", errno);
+  Fd f{open_regular(path)};
   off_t end = ::lseek(f.fd, 0, SEEK_END);
   if (end < 0 || ::lseek(f.fd, 0, SEEK_SET) < 0) fail(path, "cannot seek", errno);
   std::string out(static_cast<std::size_t>(end), '\0');
@@ -162,8 +177,7 @@ std::string CheckpointFs::read_file(const fs::path& path) {
 }
 
 MappedFile CheckpointFs::map_file(const fs::path& path) {
-  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
-  if (f.fd < 0) fail(path, "cannot open", errno);
+  Fd f{open_regular(path)};
   struct stat st {};
   if (::fstat(f.fd, &st) != 0) fail(path, "cannot stat", errno);
   if (st.st_size == 0) return {};

@@ -7,6 +7,7 @@
 #include <c10/util/string_utils.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <torch/torch.h>
 
 #include <cmath>
@@ -837,6 +838,50 @@ void edit_manifest(const fs::path& dir, const std::function<void(json&)>& edit) 
   auto manifest = json::parse(read_file(dir / "manifest.json"));
   edit(manifest);
   write_file(dir / "manifest.json", manifest.dump(2));
+}
+
+// A manifest is input like any other: a listed name that leads outside the folder is refused
+// before anything is opened, so no foreign file is read, hashed or loaded, even one whose size
+// and hash match (here: a copy of the real model file outside the folder).
+TEST(CheckpointCorrupt, AManifestNameOutsideTheFolderIsRefusedUnread) {
+  TempDir tmp;
+  auto dir = good_checkpoint(tmp.path() / "ckpt");
+  fs::copy_file(dir / "model.safetensors", tmp.path() / "outside.safetensors");
+  for (const std::string& name : std::vector<std::string>{"../outside.safetensors", (tmp.path() / "outside.safetensors").string(), "sub/x", "..", "."}) {
+    SCOPED_TRACE(name);
+    auto bad = tmp.path() / "bad";
+    fs::remove_all(bad);
+    fs::copy(dir, bad);
+    edit_manifest(bad, [&](json& m) {
+      for (auto& f : m["files"]) {
+        if (f["name"] == "model.safetensors") f["name"] = name;
+      }
+    });
+    try {
+      Rig rig({.init_seed = 11});
+      rig.acc.load_state(bad);
+      ADD_FAILURE() << "loaded a checkpoint whose manifest names " << name;
+    } catch (const CheckpointError& e) {
+      std::string what = e.what();
+      EXPECT_NE(what.find((bad / "manifest.json").string()), std::string::npos) << what;
+      EXPECT_NE(what.find("plain file names inside its folder"), std::string::npos) << what;
+      EXPECT_EQ(what.find("xxh64"), std::string::npos) << "no hash of any file: " << what;
+    }
+  }
+}
+
+// Files are opened without following a symbolic link, and only if they are regular files: a
+// link to a copy with the right size and hash is refused, and a FIFO fails at once (it would
+// block every rank's open until a writer came).
+TEST(CheckpointCorrupt, ASymbolicLinkOrAFifoInTheFolderIsRefused) {
+  TempDir tmp;
+  auto dir = good_checkpoint(tmp.path() / "ckpt");
+  fs::rename(dir / "model.safetensors", tmp.path() / "real.safetensors");
+  fs::create_symlink(tmp.path() / "real.safetensors", dir / "model.safetensors");
+  expect_refused(dir, {(dir / "model.safetensors").string(), "is a symbolic link"});
+  fs::remove(dir / "model.safetensors");
+  ASSERT_EQ(::mkfifo((dir / "model.safetensors").c_str(), 0600), 0);
+  expect_refused(dir, {(dir / "model.safetensors").string(), "is not a regular file"});
 }
 
 TEST(CheckpointCorrupt, TruncatedModelFile) {

@@ -463,7 +463,9 @@ struct SeamGuard {
   ~SeamGuard() { ckpt::set_checkpoint_fs_for_testing(nullptr); }
 };
 
-TEST(SafetensorsSaveSharded, WritesTempFilesThenRenamesThenSyncsTheFolder) {
+// Every file is written (and fsynced) under its temp name before any is renamed; the index is
+// renamed last, after the old entry points are gone (synced), and the folder is synced at the end.
+TEST(SafetensorsSaveSharded, WritesEveryTempFileThenRenamesTheIndexLastThenSyncsTheFolder) {
   TempDir tmp;
   RecordingFs rec;
   SeamGuard guard(&rec);
@@ -472,10 +474,11 @@ TEST(SafetensorsSaveSharded, WritesTempFilesThenRenamesThenSyncsTheFolder) {
       rec.calls,
       (std::vector<std::string>{
           "write model-00001-of-00002.safetensors.tmp",
-          "rename model-00001-of-00002.safetensors.tmp model-00001-of-00002.safetensors",
           "write model-00002-of-00002.safetensors.tmp",
-          "rename model-00002-of-00002.safetensors.tmp model-00002-of-00002.safetensors",
           "write model.safetensors.index.json.tmp",
+          "sync_dir",
+          "rename model-00001-of-00002.safetensors.tmp model-00001-of-00002.safetensors",
+          "rename model-00002-of-00002.safetensors.tmp model-00002-of-00002.safetensors",
           "rename model.safetensors.index.json.tmp model.safetensors.index.json", "sync_dir"}));
 }
 
@@ -512,7 +515,7 @@ TEST(SafetensorsSaveSharded, AFailedWriteLeavesNoTempFile) {
   rec.fail_on = "model-00002-of-00002.safetensors.tmp";
   SeamGuard guard(&rec);
   EXPECT_THROW(save_sharded(floats({{"a", 10}, {"b", 10}}), tmp.path(), 40), CheckpointError);
-  EXPECT_EQ(files_in(tmp.path()), std::set<std::string>{"model-00001-of-00002.safetensors"});
+  EXPECT_EQ(files_in(tmp.path()), std::set<std::string>{}) << "nothing is renamed before every file is written";
 }
 
 // Runs `command`, returning its exit status and its output (stdout and stderr).
