@@ -18,6 +18,8 @@
 #include "agent/common/clock.h"
 #include "agent/common/temp_dir.h"
 #include "agent/config/config_loader.h"
+#include "agent/rpc/rpc_security.h"
+#include "agent/common/file_limit.h"
 #include "agent/coordinator/coordinator_server.h"
 #include "agent/supervisor/line_sink.h"
 #include "launcher/cluster_launch.h"
@@ -46,6 +48,7 @@ SIGTERM or Ctrl-C stop the workers and the agent; SIGHUP is ignored. Docs: docs/
 }  // namespace
 
 int main(int argc, char** argv) {
+  accel::rpc::prepare_grpc_process();
   std::signal(SIGPIPE, SIG_IGN);
   CLI::App app("accel-agent: per-node daemon of accel's control plane.", "accel-agent");
   app.footer(kFooter);
@@ -66,6 +69,8 @@ int main(int argc, char** argv) {
   opt("--tls-key", "tls_key", "PEM key of --tls-cert")->type_name("FILE");
   opt("--tls-ca", "tls_ca", "PEM CA of the peers' certificates")->type_name("FILE");
   opt("--lease-timeout", "lease_timeout", "Served coordinator: a node silent this long is lost (default 10s)")
+      ->type_name("DURATION");
+  opt("--retention", "retention", "Served coordinator: forget ended jobs and lost nodes after (default 1h)")
       ->type_name("DURATION");
   opt("--stop-timeout", "stop_timeout", "SIGTERM -> SIGKILL grace for workers (default 10s)")->type_name("DURATION");
   std::string config_file;
@@ -110,10 +115,18 @@ int main(int argc, char** argv) {
   accel::SystemClock clock;
   std::unique_ptr<accel::coordinator::CoordinatorServer> server;
   std::string target = cfg.coordinator;
+  // Why here: a served coordinator and the workers' pipes both hold descriptors; a flood of
+  // connections must meet gRPC's connection limits before EMFILE.
+  auto files = accel::raise_file_limit();
+  if (files.now < 4096) {
+    logger->warn("open-file limit is {} (hard limit); a busy coordinator or many workers may run out: "
+                 "raise it (LimitNOFILE= in the systemd unit, ulimit -Hn)", files.now);
+  }
   if (!serve.empty()) {
     std::string listen = serve.find(':') == std::string::npos ? "0.0.0.0:" + serve : serve;
-    auto started =
-        accel::coordinator::CoordinatorServer::start(accel::launcher::server_options(cfg, listen, *auth), clock);
+    auto options = accel::launcher::server_options(cfg, listen, *auth);
+    for (const auto& w : accel::coordinator::exposure_warnings(options)) logger->warn("{}", w);
+    auto started = accel::coordinator::CoordinatorServer::start(std::move(options), clock);
     if (!started) return fail("--serve-coordinator " + serve + ": " + started.message(), 1);
     server = std::move(*started);
     logger->info("coordinator listening on {} (port {})", listen, server->port());

@@ -20,6 +20,7 @@
 #include "agent/supervisor/line_sink.h"
 #include "agent/supervisor/local_job.h"
 #if ACCEL_LAUNCH_CLUSTER
+#include "agent/rpc/rpc_security.h"
 #include "launcher/cluster_launch.h"
 #endif
 #include "launcher/launch_cli.h"
@@ -92,6 +93,7 @@ int main(int argc, char** argv) {
 
   if (!cfg.coordinator.empty() || cfg.nodes.max > 1) {
 #if ACCEL_LAUNCH_CLUSTER
+    accel::rpc::prepare_grpc_process();
     accel::launcher::ClusterLaunch launch{.cfg = cfg, .argv = *argv_resolved, .env = {},
                                           .job_id = cfg.job_id, .checkpoint_dir = checkpoint_dir,
                                           .worker_env = cmd.worker_env};

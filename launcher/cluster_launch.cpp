@@ -21,6 +21,7 @@
 #include "agent/common/temp_dir.h"
 #include "agent/config/cluster_config.h"
 #include "agent/coordinator/coordinator_core.h"
+#include "agent/common/file_limit.h"
 #include "agent/coordinator/coordinator_server.h"
 #include "agent/supervisor/line_sink.h"
 
@@ -238,6 +239,7 @@ coordinator::ServerOptions server_options(const config::ClusterConfig& cfg, cons
   so.token = auth.token;
   so.tls = auth.tls;
   so.core.lease = cfg.lease_timeout;
+  so.core.retention = cfg.retention;
   so.core.sync_wait = std::min<std::chrono::milliseconds>(2s, cfg.lease_timeout / 4);
   return so;
 }
@@ -351,7 +353,10 @@ int run_multi_node(const ClusterLaunch& launch) {
   SystemClock clock;
   std::unique_ptr<coordinator::CoordinatorServer> server;
   if (cfg.machine_rank == 0) {
-    auto started = coordinator::CoordinatorServer::start(server_options(cfg, target, *auth), clock);
+    raise_file_limit();  // Why: a flood of connections must meet gRPC's limits before EMFILE
+    auto options = server_options(cfg, target, *auth);
+    for (const auto& w : coordinator::exposure_warnings(options)) logger()->warn("{}", w);
+    auto started = coordinator::CoordinatorServer::start(std::move(options), clock);
     if (!started) {
       return fail(cfg.origin("coordinator_port").where.empty()
                       ? "machine rank 0 cannot serve the coordinator: " + started.message()

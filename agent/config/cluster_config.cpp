@@ -364,6 +364,10 @@ const std::vector<KeySpec>& all_keys() {
       {"lease_timeout", "a duration such as 10s",
        "A node whose agent has not been heard from for this long is lost; the others go on "
        "without it.", set_positive_duration<&C::lease_timeout>, get_duration<&C::lease_timeout>},
+      {"retention", "a duration such as 1h",
+       "A served coordinator forgets an ended job and a lost node this long after it ended or was "
+       "lost (accel status stops listing it).",
+       set_positive_duration<&C::retention>, get_duration<&C::retention>},
       {"join_timeout", "a duration such as 5m",
        "A rendezvous round that has not reached the minimum number of nodes by then fails the job.",
        set_positive_duration<&C::join_timeout>, get_duration<&C::join_timeout>},

@@ -64,6 +64,7 @@ struct ClusterConfig {
   std::string node_id;                   // empty: <hostname>-<pid>-<random>
   std::string node_address;              // MASTER_ADDR when this node is rank 0; empty: found
   std::chrono::milliseconds lease_timeout{10'000};  // a node silent this long is lost
+  std::chrono::milliseconds retention{3'600'000};   // served coordinator: ended jobs, lost nodes kept
   std::chrono::milliseconds join_timeout{300'000};  // a round without min nodes fails the job
   std::chrono::milliseconds last_call{30'000};      // with min nodes, wait this long for more
   std::chrono::milliseconds hang_timeout{600'000};       // a collective in flight this long: hang; 0 off

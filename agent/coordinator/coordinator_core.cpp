@@ -1,6 +1,8 @@
 // The coordinator's rules: membership, rounds, restarts, failures, events.
 #include "agent/coordinator/coordinator_core.h"
 
+#include "agent/coordinator/request_limits.h"
+
 #include <algorithm>
 #include <cstring>
 #include <cctype>
@@ -44,6 +46,11 @@ std::string stable_bytes(const google::protobuf::MessageLite& m) {
     m.SerializeToCodedStream(&coded);
   }
   return out;
+}
+
+// A peer's string for an error message: printable and at most 64 bytes of it.
+std::string quoted(const std::string& s) {
+  return "'" + limits::printable(s.substr(0, 64)) + (s.size() > 64 ? "...' (" + std::to_string(s.size()) + " bytes)" : "'");
 }
 
 bool valid_id(const std::string& id) {
@@ -107,8 +114,13 @@ void CoordinatorCore::event(Job& job, pb::JobEvent ev) {
   ev.set_seq(job.next_seq++);
   ev.set_time_unix_ms(clock_.unix_ms());
   if (ev.round() == 0) ev.set_round(ev.has_failure() ? ev.failure().round() : job.round);
+  job.event_bytes += ev.ByteSizeLong();
   job.events.push_back(std::move(ev));
-  while (job.events.size() > options_.max_events_per_job) job.events.pop_front();
+  while (job.events.size() > options_.max_events_per_job ||
+         (job.event_bytes > options_.max_event_bytes_per_job && job.events.size() > 1)) {
+    job.event_bytes -= job.events.front().ByteSizeLong();
+    job.events.pop_front();
+  }
   changes_.jobs.insert(job.id);
 }
 
@@ -215,26 +227,19 @@ bool CoordinatorCore::everyone_told(const std::string& job_id) const {
 RpcStatus CoordinatorCore::register_node(const pb::RegisterNodeRequest& req,
                                          pb::RegisterNodeResponse* resp) {
   if (!valid_id(req.node_id())) {
-    return invalid("node_id '" + req.node_id() +
-                   "' must be 1-128 characters of [A-Za-z0-9._:-]");
+    return invalid("node_id " + quoted(req.node_id()) + " must be 1-128 characters of [A-Za-z0-9._:-]");
   }
-  if (req.address().empty()) return invalid("node " + req.node_id() + ": address is empty");
-  if (req.machine_rank() < -1) {
-    return invalid("node " + req.node_id() + ": machine_rank " +
-                   std::to_string(req.machine_rank()) + " is negative");
-  }
-  if (req.has_current() && !req.current().job_id().empty()) {
-    const auto& cur = req.current();
-    if (cur.spec().processes_per_node() < 1 || cur.assignment().num_nodes() < 1 ||
-        cur.assignment().node_rank() < 0 ||
-        cur.assignment().node_rank() >= cur.assignment().num_nodes()) {
-      return invalid("node " + req.node_id() + ": current work of job " + cur.job_id() +
-                     " has an impossible assignment (node rank " +
-                     std::to_string(cur.assignment().node_rank()) + " of " +
-                     std::to_string(cur.assignment().num_nodes()) + ")");
-    }
+  if (auto why = limits::check(req); !why.empty()) return invalid("node " + req.node_id() + ": " + why);
+  if (req.has_current() && !req.current().job_id().empty() && !valid_id(req.current().job_id())) {
+    return invalid("node " + req.node_id() + ": current job id " + quoted(req.current().job_id()) +
+                   " must be 1-128 characters of [A-Za-z0-9._:-]");
   }
   auto it = nodes_.find(req.node_id());
+  if (it == nodes_.end() && !make_room_for_node()) {
+    return RpcStatus::error(Code::kResourceExhausted,
+                            "the coordinator keeps " + std::to_string(nodes_.size()) +
+                                " nodes, its most, and none of them is lost; node " + req.node_id() + " is refused");
+  }
   if (it != nodes_.end() && !it->second.lost &&
       (it->second.info.hostname() != req.hostname() || it->second.info.address() != req.address())) {
     return RpcStatus::error(
@@ -329,8 +334,13 @@ RpcStatus CoordinatorCore::sync(const pb::SyncRequest& req, pb::SyncResponse* re
     return not_found("node " + req.node_id() + " was declared lost (no heartbeat for " +
                      std::to_string(options_.lease.count()) + " ms); register again");
   }
+  if (req.progress_size() > limits::kMaxProcessesPerNode) {
+    return invalid("node " + req.node_id() + " reports the progress of " + std::to_string(req.progress_size()) +
+                   " ranks; a node runs at most " + std::to_string(limits::kMaxProcessesPerNode));
+  }
   it->second.last_seen = clock_.now();
   it->second.progress.assign(req.progress().begin(), req.progress().end());
+  for (auto& p : it->second.progress) limits::cut(p);
   it->second.progress_at = clock_.now();
   fill_sync(it->first, it->second, resp);
   return RpcStatus::ok();
@@ -350,6 +360,7 @@ uint64_t CoordinatorCore::node_version(const std::string& node_id) const {
 
 void CoordinatorCore::node_lost(const std::string& node_id, Node& node, const std::string& why) {
   node.lost = true;
+  node.lost_at = clock_.now();
   changes_.nodes.insert(node_id);
   if (node.job_id.empty()) return;
   auto jt = jobs_.find(node.job_id);
@@ -464,6 +475,7 @@ void CoordinatorCore::end_job(Job& job, pb::JobState state, int32_t exit_code, c
   job.state = state;
   job.exit_code = exit_code;
   job.end_why = why;
+  job.ended_at = clock_.now();
   summarize(job);
   for (auto& [id, node] : nodes_) {
     if (node.job_id == job.id) {
@@ -575,14 +587,7 @@ std::optional<size_t> CoordinatorCore::root_cause(const Job& job, int64_t round)
 RpcStatus CoordinatorCore::submit_job(const pb::SubmitJobRequest& req, pb::SubmitJobResponse* resp) {
   const pb::JobSpec& s = req.spec();
   if (s.argv().empty() || s.argv(0).empty()) return invalid("job spec: argv is empty (no program)");
-  if (s.processes_per_node() < 1) {
-    return invalid("job spec: processes_per_node must be >= 1, got " +
-                   std::to_string(s.processes_per_node()));
-  }
-  if (s.min_nodes() < 1 || s.max_nodes() < s.min_nodes()) {
-    return invalid("job spec: nodes must satisfy 1 <= min_nodes <= max_nodes, got " +
-                   std::to_string(s.min_nodes()) + ":" + std::to_string(s.max_nodes()));
-  }
+  if (auto why = limits::check(s); !why.empty()) return invalid("job spec: " + why);
   if (s.max_restarts() < 0) return invalid("job spec: max_restarts must be >= 0");
   if (s.join_timeout_ms() <= 0 || s.last_call_ms() < 0 || s.stop_timeout_ms() <= 0) {
     return invalid("job spec: join_timeout_ms and stop_timeout_ms must be > 0 and last_call_ms >= 0");
@@ -594,11 +599,15 @@ RpcStatus CoordinatorCore::submit_job(const pb::SubmitJobRequest& req, pb::Submi
   if (id.empty()) {
     do id = "job-" + random_hex(8); while (jobs_.contains(id));
   } else if (!valid_id(id)) {
-    return invalid("job id '" + id + "' must be 1-128 characters of [A-Za-z0-9._:-]");
+    return invalid("job id " + quoted(id) + " must be 1-128 characters of [A-Za-z0-9._:-]");
   } else if (jobs_.contains(id)) {
     return RpcStatus::error(Code::kAlreadyExists,
                             "job " + id + " exists already (" + job_state_name(jobs_.at(id).state) +
                                 "); choose another --job-id");
+  }
+  if (!make_room_for_job()) {
+    return RpcStatus::error(Code::kResourceExhausted, "the coordinator keeps " + std::to_string(jobs_.size()) +
+                                                          " jobs, its most, and none of them has ended; try later");
   }
   Job& job = jobs_[id];
   job.id = id;
@@ -634,6 +643,11 @@ RpcStatus CoordinatorCore::join_round(const pb::JoinRoundRequest& req) {
                                                    : ": it only takes part in job " +
                                                          node.info.only_job_id()));
   }
+  if (node.info.machine_rank() >= job.spec.max_nodes()) {
+    return invalid("node " + req.node_id() + " asks for machine_rank " + std::to_string(node.info.machine_rank()) +
+                   " but job " + job.id + " has at most " + std::to_string(job.spec.max_nodes()) +
+                   " nodes (machine ranks 0.." + std::to_string(job.spec.max_nodes() - 1) + ")");
+  }
   if (std::find(job.joined.begin(), job.joined.end(), req.node_id()) != job.joined.end()) {
     node.joined_port = req.master_port();
     return RpcStatus::ok();  // a retried join
@@ -664,6 +678,11 @@ RpcStatus CoordinatorCore::report_group(const pb::ReportGroupRequest& req) {
   if (req.event() == pb::ReportGroupRequest::EVENT_FAILED && req.failures().empty()) {
     return invalid("a FAILED report must carry at least one failure");
   }
+  const size_t per_round = limits::max_failures_per_node_round(job.spec);
+  if (static_cast<size_t>(req.failures_size()) > per_round) {
+    return invalid("a report of node " + req.node_id() + " carries " + std::to_string(req.failures_size()) +
+                   " failures; a node of job " + job.id + " has at most " + std::to_string(per_round));
+  }
   auto members = job.round_members.find(req.round());
   bool member = members != job.round_members.end() &&
                 std::find(members->second.begin(), members->second.end(), req.node_id()) !=
@@ -672,21 +691,31 @@ RpcStatus CoordinatorCore::report_group(const pb::ReportGroupRequest& req) {
     return precondition("node " + req.node_id() + " is not a member of " + round_name(req.round()) +
                         " of job " + job.id);
   }
+  bool current = req.round() == job.round && job.state == pb::JOB_STATE_RUNNING &&
+                 !(req.event() == pb::ReportGroupRequest::EVENT_FAILED && job.succeeded.contains(req.node_id()));
   auto record = [&](const pb::Failure& in) {
+    // Why a cap: a node that repeats a late report must not grow the job's failures for ever.
+    auto& kept = job.failures_kept[{req.round(), req.node_id()}];
+    // (A late report past the job's cap is dropped too; the current round's first is always kept,
+    // so a failed round has a root cause.)
+    if (kept >= per_round || (!current && job.failures.size() >= limits::kMaxFailuresPerJob)) {
+      ++job.failures_dropped;
+      return;
+    }
+    ++kept;
     pb::Failure f = in;
     f.set_round(req.round());
     f.set_node_id(req.node_id());
     if (f.hostname().empty()) f.set_hostname(node.info.hostname());
     if (f.kind() == pb::Failure::KIND_UNSPECIFIED) f.set_kind(pb::Failure::KIND_EXIT);
     if (f.kind() == pb::Failure::KIND_HANG) desync_report(job, req.round(), f);
+    limits::cut(f);
     job.failures.push_back(f);
     pb::JobEvent ev;
     ev.set_round(req.round());
     *ev.mutable_failure() = std::move(f);
     event(job, std::move(ev));
   };
-  bool current = req.round() == job.round && job.state == pb::JOB_STATE_RUNNING &&
-                 !(req.event() == pb::ReportGroupRequest::EVENT_FAILED && job.succeeded.contains(req.node_id()));
   if (!current) {
     // A late report of an earlier round: kept (it may be the root cause), nothing else changes.
     if (req.event() != pb::ReportGroupRequest::EVENT_FAILED || req.round() > job.round) {
@@ -750,9 +779,17 @@ RpcStatus CoordinatorCore::push_logs(const pb::PushLogsRequest& req) {
   if (!nodes_.contains(req.node_id())) return not_found("node " + req.node_id() + " is not registered");
   Job& job = jt->second;
   if (!job.spec.forward_logs()) return precondition("job " + job.id + " does not forward logs");
+  if (!took_part(job, req.node_id())) {
+    return precondition("node " + req.node_id() + " takes no part in job " + job.id + "; it cannot push its logs");
+  }
+  if (static_cast<size_t>(req.lines_size()) > limits::kMaxLinesPerPush) {
+    return invalid("a push of " + std::to_string(req.lines_size()) + " lines; the most is " +
+                   std::to_string(limits::kMaxLinesPerPush));
+  }
   for (const auto& line : req.lines()) {
     pb::JobEvent ev;
     *ev.mutable_log() = line;
+    limits::cut(*ev.mutable_log());
     event(job, std::move(ev));
   }
   return RpcStatus::ok();
@@ -766,11 +803,16 @@ RpcStatus CoordinatorCore::watch_job(const pb::WatchJobRequest& req, pb::WatchJo
   const Job& job = jt->second;
   resp->set_coordinator_id(options_.coordinator_id);
   resp->set_state(job.state);
+  // Why both bounds: a reply must stay far under the 4 MiB message limit (64 KiB log lines).
   constexpr size_t kMaxBatch = 2000;
+  constexpr size_t kMaxBatchBytes = 2u << 20;
   uint64_t first = job.events.empty() ? job.next_seq : job.events.front().seq();
   if (req.after_seq() + 1 < first) resp->set_dropped(first - req.after_seq() - 1);
   size_t start = req.after_seq() < first ? 0 : static_cast<size_t>(req.after_seq() + 1 - first);
+  size_t bytes = 0;
   for (size_t i = start; i < job.events.size() && resp->events_size() < static_cast<int>(kMaxBatch); ++i) {
+    bytes += job.events[i].ByteSizeLong();
+    if (bytes > kMaxBatchBytes && resp->events_size() > 0) break;
     *resp->add_events() = job.events[i];
   }
   uint64_t last = resp->events().empty() ? req.after_seq() : resp->events().rbegin()->seq();
@@ -831,7 +873,16 @@ void CoordinatorCore::get_status(pb::GetStatusResponse* resp) const {
       if (pos != m.end()) n->set_node_rank(static_cast<int>(pos - m.begin()));
     }
   }
-  for (const auto& [id, job] : jobs_) {
+  // The most recent jobs only, each with its command line cut: a reply stays far below the
+  // message limit whatever was submitted.
+  std::vector<const Job*> recent;
+  for (const auto& [id, job] : jobs_) recent.push_back(&job);
+  std::sort(recent.begin(), recent.end(), [](const Job* a, const Job* b) { return a->submitted_order > b->submitted_order; });
+  if (recent.size() > limits::kStatusJobs) recent.resize(limits::kStatusJobs);
+  std::sort(recent.begin(), recent.end(), [](const Job* a, const Job* b) { return a->submitted_order < b->submitted_order; });
+  for (const Job* jp : recent) {
+    const Job& job = *jp;
+    const std::string& id = job.id;
     auto* j = resp->add_jobs();
     j->set_job_id(id);
     j->set_state(job.state);
@@ -842,6 +893,16 @@ void CoordinatorCore::get_status(pb::GetStatusResponse* resp) const {
     j->set_world_size(static_cast<int>(job.members.size()) * job.spec.processes_per_node());
     j->set_exit_code(job.exit_code);
     *j->mutable_spec() = job.spec;
+    j->mutable_spec()->clear_extra_env();
+    size_t argv_bytes = 0;
+    auto* argv = j->mutable_spec()->mutable_argv();
+    for (int k = 0; k < argv->size(); ++k) {
+      argv_bytes += argv->Get(k).size();
+      if (argv_bytes > limits::kStatusArgvBytes) {
+        argv->DeleteSubrange(k, argv->size() - k);
+        break;
+      }
+    }
     for (const auto& m : job.members) j->add_node_ids(m);
     if (auto root = root_cause(job, job.last_failed_round)) *j->mutable_last_failure() = job.failures[*root];
   }
@@ -849,8 +910,63 @@ void CoordinatorCore::get_status(pb::GetStatusResponse* resp) const {
 
 // ----------------------------------------------------------------------------------- time
 
+bool CoordinatorCore::took_part(const Job& job, const std::string& node_id) const {
+  if (std::find(job.joined.begin(), job.joined.end(), node_id) != job.joined.end()) return true;
+  return std::any_of(job.round_members.begin(), job.round_members.end(), [&](const auto& rm) {
+    return std::find(rm.second.begin(), rm.second.end(), node_id) != rm.second.end();
+  });
+}
+
+bool CoordinatorCore::make_room_for_job() {
+  if (jobs_.size() < limits::kMaxJobs) return true;
+  auto oldest = jobs_.end();
+  for (auto it = jobs_.begin(); it != jobs_.end(); ++it) {
+    if (terminal(it->second) && (oldest == jobs_.end() || *it->second.ended_at < *oldest->second.ended_at)) oldest = it;
+  }
+  if (oldest == jobs_.end()) return false;
+  jobs_.erase(oldest);
+  return true;
+}
+
+bool CoordinatorCore::make_room_for_node() {
+  if (nodes_.size() < limits::kMaxRegisteredNodes) return true;
+  auto oldest = nodes_.end();
+  for (auto it = nodes_.begin(); it != nodes_.end(); ++it) {
+    if (it->second.lost && (oldest == nodes_.end() || it->second.lost_at < oldest->second.lost_at)) oldest = it;
+  }
+  if (oldest == nodes_.end()) return false;
+  nodes_.erase(oldest);
+  return true;
+}
+
+void CoordinatorCore::forget_expired() {
+  auto now = clock_.now();
+  std::erase_if(jobs_, [&](const auto& kv) {
+    return terminal(kv.second) && kv.second.ended_at && now - *kv.second.ended_at > options_.retention;
+  });
+  std::erase_if(nodes_, [&](const auto& kv) { return kv.second.lost && now - kv.second.lost_at > options_.retention; });
+}
+
+size_t CoordinatorCore::stored_bytes() const {
+  size_t total = 0;
+  for (const auto& [id, node] : nodes_) {
+    total += id.size() + node.info.ByteSizeLong() + node.sent.size() + node.job_id.size() + node.last_job_id.size() +
+             node.told_job_id.size();
+    for (const auto& p : node.progress) total += p.ByteSizeLong();
+  }
+  for (const auto& [id, job] : jobs_) {
+    total += id.size() + job.spec.ByteSizeLong() + job.event_bytes + job.summary.size() + job.end_why.size();
+    for (const auto& f : job.failures) total += f.ByteSizeLong();
+    for (const auto& [round, members] : job.round_members) {
+      for (const auto& m : members) total += m.size();
+    }
+  }
+  return total;
+}
+
 void CoordinatorCore::tick() {
   auto now = clock_.now();
+  forget_expired();
   for (auto& [id, node] : nodes_) {
     if (!node.lost && now - node.last_seen > options_.lease) {
       node_lost(id, node, "no heartbeat for " +

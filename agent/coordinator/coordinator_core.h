@@ -30,7 +30,7 @@ namespace accel::coordinator {
 namespace pb = ::accel::v1;
 
 // gRPC's codes, without gRPC (the adapter maps them one to one).
-enum class Code { kOk, kInvalidArgument, kNotFound, kFailedPrecondition, kAlreadyExists };
+enum class Code { kOk, kInvalidArgument, kNotFound, kFailedPrecondition, kAlreadyExists, kResourceExhausted };
 
 struct RpcStatus {
   Code code = Code::kOk;
@@ -43,7 +43,10 @@ struct RpcStatus {
 struct CoordinatorOptions {
   std::chrono::milliseconds lease{10'000};     // a node silent this long is lost
   std::chrono::milliseconds sync_wait{2'000};  // long-poll wait agents are told to use
-  size_t max_events_per_job = 50'000;          // older events are dropped (watchers are told)
+  size_t max_events_per_job = 250'000;         // older events are dropped (watchers are told)
+  size_t max_event_bytes_per_job = 16u << 20;  // the same, by their serialized size
+  // Ended jobs and lost nodes are forgotten this long after they ended or were lost.
+  std::chrono::milliseconds retention{3'600'000};
   int max_port_retries = 3;                    // MASTER_PORT taken: new round, not counted
   std::string coordinator_id;                  // empty: generated
 };
@@ -86,6 +89,11 @@ class CoordinatorCore {
   // True once every live node that took part in the ended job has been sent its outcome (the
   // hosting launcher of mode 2 waits for this before it exits).
   [[nodiscard]] bool everyone_told(const std::string& job_id) const;
+  // The bytes of what the core keeps for its nodes and jobs (serialized sizes): what the limits
+  // of request_limits.h bound, for tests and docs/operations.md.
+  [[nodiscard]] size_t stored_bytes() const;
+  [[nodiscard]] size_t node_count() const { return nodes_.size(); }
+  [[nodiscard]] size_t job_count() const { return jobs_.size(); }
 
  private:
   struct Node {
@@ -101,6 +109,7 @@ class CoordinatorCore {
     std::string told_job_id;     // the last job whose outcome was sent to it
     std::vector<pb::RankProgress> progress;  // its workers, as of its last Sync
     Clock::time_point progress_at;           // when that Sync arrived
+    Clock::time_point lost_at;               // when `lost` was set
   };
 
   struct Job {
@@ -126,8 +135,12 @@ class CoordinatorCore {
     std::string summary;
     std::string end_why;  // why it ended, the summary's first line
     std::deque<pb::JobEvent> events;
+    size_t event_bytes = 0;  // serialized size of `events`
     uint64_t next_seq = 1;
     uint64_t submitted_order = 0;
+    std::optional<Clock::time_point> ended_at;
+    std::map<std::pair<int64_t, std::string>, size_t> failures_kept;  // per (round, node)
+    uint64_t failures_dropped = 0;  // beyond limits::max_failures_per_node_round
   };
 
   [[nodiscard]] bool terminal(const Job& job) const;
@@ -149,6 +162,14 @@ class CoordinatorCore {
   void desync_report(const Job& job, int64_t round, pb::Failure& hang) const;
 
   void event(Job& job, pb::JobEvent ev);
+  // Whether `node_id` takes or took part in `job` (joined its open round or is in any closed one).
+  [[nodiscard]] bool took_part(const Job& job, const std::string& node_id) const;
+  // At the cap of kept jobs / nodes: forgets the oldest ended job / lost node. False when every
+  // kept one is live (the new one is refused).
+  bool make_room_for_job();
+  bool make_room_for_node();
+  // Forgets ended jobs and lost nodes past `retention` (tick).
+  void forget_expired();
   void message(Job& job, const std::string& text);
   void mark_job_nodes(const Job& job);
 

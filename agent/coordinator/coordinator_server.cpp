@@ -3,12 +3,46 @@
 
 #include "accel/v1/coordinator.grpc.pb.h"
 
+#include <grpc/support/log.h>
+#include <grpcpp/resource_quota.h>
+
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
 #include <optional>
 
 namespace accel::coordinator {
 
 namespace {
+
+// Why: gRPC 1.51's listener gives up for good when accept4 fails (EMFILE/ENFILE: a connection
+// flood ran the process out of descriptors); it only logs "Failed accept4". This hook counts
+// those lines (and prints every line as gRPC would) so the ticker can rebuild the listener.
+std::atomic<uint64_t> g_accept_failures{0};
+
+void log_hook(gpr_log_func_args* args) {
+  if (args->severity == GPR_LOG_SEVERITY_ERROR && args->message != nullptr &&
+      std::strncmp(args->message, "Failed accept4", 14) == 0) {
+    g_accept_failures.fetch_add(1);
+  }
+  const char* file = args->file != nullptr ? std::strrchr(args->file, '/') : nullptr;
+  std::fprintf(stderr, "%s %s:%d] %s\n", gpr_log_severity_string(args->severity),
+               file != nullptr ? file + 1 : (args->file != nullptr ? args->file : "?"), args->line,
+               args->message != nullptr ? args->message : "");
+}
+
+std::once_flag g_log_hook_once;
+
+// "host:port" -> host, without IPv6 brackets.
+std::string host_of(const std::string& address) {
+  auto host = address.substr(0, address.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return host;
+}
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
 
 grpc::Status to_grpc(const RpcStatus& s) {
   switch (s.code) {
@@ -17,6 +51,7 @@ grpc::Status to_grpc(const RpcStatus& s) {
     case Code::kNotFound: return {grpc::StatusCode::NOT_FOUND, s.message};
     case Code::kFailedPrecondition: return {grpc::StatusCode::FAILED_PRECONDITION, s.message};
     case Code::kAlreadyExists: return {grpc::StatusCode::ALREADY_EXISTS, s.message};
+    case Code::kResourceExhausted: return {grpc::StatusCode::RESOURCE_EXHAUSTED, s.message};
   }
   return {grpc::StatusCode::INTERNAL, s.message};
 }
@@ -131,28 +166,105 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
 CoordinatorServer::CoordinatorServer(ServerOptions options, const Clock& clock)
     : options_(std::move(options)), clock_(clock), core_(clock, options_.core) {}
 
+std::vector<std::string> exposure_warnings(const ServerOptions& options) {
+  std::vector<std::string> out;
+  const auto host = host_of(options.listen_address);
+  if (!options.tls.server_tls() && !is_loopback(host)) {
+    out.push_back("the coordinator serves " + options.listen_address +
+                  " in plaintext: anyone who can see its traffic can read the token and act as any node. "
+                  "Give it tls_cert and tls_key (and tls_ca for client certificates), or bind a loopback "
+                  "or private address only");
+  }
+  if (options.token.size() < kMinTokenBytes) {
+    out.push_back("the token is " + std::to_string(options.token.size()) + " bytes long; use at least " +
+                  std::to_string(kMinTokenBytes) + " random bytes (openssl rand -hex 32)");
+  }
+  return out;
+}
+
 Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::start(ServerOptions options,
                                                                     const Clock& clock) {
   if (options.token.empty()) return Status::error("the coordinator needs a token");
-  auto creds = rpc::server_credentials(options.tls);
-  if (!creds) return creds.status();
+  if (auto creds = rpc::server_credentials(options.tls); !creds) return creds.status();
+  std::call_once(g_log_hook_once, [] { gpr_set_log_function(log_hook); });
   std::unique_ptr<CoordinatorServer> self(new CoordinatorServer(std::move(options), clock));
-  self->service_ = std::make_unique<Service>(*self);
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(self->options_.listen_address, *creds, &self->port_);
-  builder.RegisterService(self->service_.get());
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
-  // Why: SO_REUSEPORT would let two coordinators bind one port and split the agents.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  self->server_ = builder.BuildAndStart();
-  if (!self->server_ || self->port_ == 0) {
+  self->accept_failures_seen_ = g_accept_failures.load();
+  if (!self->listen(self->options_.listen_address)) {
     return Status::error("cannot listen on " + self->options_.listen_address +
                          " (the port is in use, or the address is not one of this host's)");
   }
   self->ticker_ = std::thread([p = self.get()] { p->ticker(); });
   return self;
+}
+
+bool CoordinatorServer::listen(const std::string& address) {
+  auto creds = rpc::server_credentials(options_.tls);
+  if (!creds) return false;
+  const auto& lim = options_.limits;
+  auto service = std::make_unique<Service>(*this);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(address, *creds, &port);
+  builder.RegisterService(service.get());
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  // Why: SO_REUSEPORT would let two coordinators bind one port and split the agents.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, static_cast<int>(lim.handshake_timeout.count()));
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, lim.max_streams_per_connection);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, static_cast<int>(lim.max_connection_idle.count()));
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS, static_cast<int>(lim.max_connection_age.count()));
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
+                             static_cast<int>(lim.max_connection_age_grace.count()));
+  builder.SetMaxReceiveMessageSize(lim.max_message_bytes);
+  builder.SetMaxSendMessageSize(lim.max_message_bytes);
+  grpc::ResourceQuota quota("accel-coordinator");
+  quota.Resize(lim.memory_quota_bytes);
+  builder.SetResourceQuota(quota);
+  auto server = builder.BuildAndStart();
+  if (!server || port == 0) return false;
+  std::lock_guard lock(server_mu_);
+  service_ = std::move(service);
+  server_ = std::move(server);
+  port_ = port;
+  return true;
+}
+
+void CoordinatorServer::rebuild_listener() {
+  std::vector<std::function<void()>> finish;
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) return;
+    // Why: the parked calls belong to the old server; their clients retry on the new one.
+    for (auto& [node, list] : parked_syncs_) {
+      for (auto& p : list) finish.push_back([r = p.reactor] { r->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator listener restarting")); });
+    }
+    for (auto& [job, list] : parked_watches_) {
+      for (auto& p : list) finish.push_back([r = p.reactor] { r->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator listener restarting")); });
+    }
+    parked_syncs_.clear();
+    parked_watches_.clear();
+  }
+  for (auto& f : finish) f();
+  std::unique_ptr<grpc::Server> old_server;
+  std::unique_ptr<Service> old_service;
+  {
+    std::lock_guard lock(server_mu_);
+    old_server = std::move(server_);
+    old_service = std::move(service_);
+  }
+  if (old_server) old_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  old_server.reset();
+  old_service.reset();
+  // The same port, so agents and launchers find it where they left it.
+  const auto address = options_.listen_address.substr(0, options_.listen_address.rfind(':')) + ":" +
+                       std::to_string(port_);
+  listener_down_ = !listen(address);
+  if (!listener_down_) rebuilds_.fetch_add(1);
+  std::fprintf(stderr, "accel: coordinator: gRPC stopped accepting connections (out of file descriptors); %s\n",
+               listener_down_ ? "listening again failed, retrying every second"
+                              : ("listening again on " + address).c_str());
 }
 
 CoordinatorServer::~CoordinatorServer() { shutdown(); }
@@ -175,6 +287,7 @@ void CoordinatorServer::shutdown() {
   tick_cv_.notify_all();
   for (auto& f : finish) f();
   if (ticker_.joinable()) ticker_.join();
+  std::lock_guard lock(server_mu_);
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }
 
@@ -262,9 +375,20 @@ void CoordinatorServer::wake() {
 
 void CoordinatorServer::ticker() {
   std::unique_lock lock(mu_);
+  auto last_try = std::chrono::steady_clock::now();
   while (!stopping_) {
     tick_cv_.wait_for(lock, options_.tick);
     if (stopping_) break;
+    uint64_t failures = g_accept_failures.load();
+    bool retry = listener_down_ && std::chrono::steady_clock::now() - last_try >= std::chrono::seconds(1);
+    if (failures != accept_failures_seen_ || retry) {
+      accept_failures_seen_ = failures;
+      last_try = std::chrono::steady_clock::now();
+      lock.unlock();
+      rebuild_listener();
+      lock.lock();
+      continue;
+    }
     core_.tick();
     std::vector<std::function<void()>> finish;
     collect_ready(finish, /*expire=*/true);

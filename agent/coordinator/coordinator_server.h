@@ -9,7 +9,9 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <condition_variable>
 #include <functional>
 #include <map>
@@ -26,14 +28,37 @@
 
 namespace accel::coordinator {
 
+// What one peer, with or without the token, can hold of the server's connections and memory.
+// The defaults serve thousands of agents (each holds one connection with one parked call).
+struct ConnectionLimits {
+  // A connection must finish TLS and send its HTTP/2 settings within this, or it is closed: a
+  // peer that opens connections and sends nothing holds each only this long.
+  std::chrono::milliseconds handshake_timeout{10'000};
+  int max_streams_per_connection = 64;                      // concurrent calls on one connection
+  std::chrono::milliseconds max_connection_idle{600'000};   // closed after 10 min without a call
+  std::chrono::milliseconds max_connection_age{7'200'000};  // clients reconnect every 2 h
+  std::chrono::milliseconds max_connection_age_grace{40'000};  // > max_wait: parked polls finish
+  std::size_t memory_quota_bytes = 256u << 20;  // gRPC's buffers for all connections together
+  int max_message_bytes = 4 << 20;              // one request or reply
+};
+
 struct ServerOptions {
-  std::string listen_address = "0.0.0.0:29400";  // port 0: any free port (see port())
+  // Port 0: any free port (see port()). "0.0.0.0:P" serves every interface.
+  std::string listen_address = "0.0.0.0:29400";
   std::string token;                              // required: every call must carry it
   rpc::TlsFiles tls;
   CoordinatorOptions core;
+  ConnectionLimits limits;
   std::chrono::milliseconds tick{100};
   std::chrono::milliseconds max_wait{30'000};     // bound on a long poll's wait_ms
 };
+
+// The token length below which exposure_warnings() warns.
+inline constexpr std::size_t kMinTokenBytes = 16;
+
+// What is risky about serving with `options`, one sentence each: plaintext on an address other
+// hosts reach (anyone on the path reads the token), a token shorter than kMinTokenBytes.
+std::vector<std::string> exposure_warnings(const ServerOptions& options);
 
 class CoordinatorServer {
  public:
@@ -44,6 +69,8 @@ class CoordinatorServer {
   CoordinatorServer& operator=(const CoordinatorServer&) = delete;
 
   [[nodiscard]] int port() const { return port_; }
+  // How often the listener was rebuilt after gRPC stopped accepting (see coordinator_server.cpp).
+  [[nodiscard]] uint64_t listener_rebuilds() const { return rebuilds_.load(); }
   // Answers every parked call and stops serving (bounded: 2 s).
   void shutdown();
 
@@ -55,6 +82,11 @@ class CoordinatorServer {
 
  private:
   CoordinatorServer(ServerOptions options, const Clock& clock);
+  // Builds service_ and server_ on `address`; false when gRPC cannot listen there.
+  bool listen(const std::string& address);
+  // gRPC stopped accepting: answers the parked calls, shuts the old listener down and builds a
+  // new one on the same port over the same core. Called by the ticker, without mu_.
+  void rebuild_listener();
   void ticker();
   // Under mu_: collects the parked calls the core's changes answer, and with `expire` (the
   // ticker) those whose wait is over.
@@ -83,10 +115,14 @@ class CoordinatorServer {
   std::map<std::string, std::vector<ParkedWatch>> parked_watches_;
   bool stopping_ = false;
   std::condition_variable tick_cv_;
+  std::mutex server_mu_;  // guards service_ and server_ (rebuild_listener swaps them)
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;
   std::thread ticker_;
   int port_ = 0;
+  uint64_t accept_failures_seen_ = 0;  // ticker thread only
+  bool listener_down_ = false;         // ticker thread only: a rebuild has not succeeded yet
+  std::atomic<uint64_t> rebuilds_{0};
 };
 
 }  // namespace accel::coordinator

@@ -1,6 +1,8 @@
 // The node agent's loop: register, sync, reconcile local workers with the instruction, report.
 #include "agent/node/node_agent.h"
 
+#include "agent/coordinator/request_limits.h"
+
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -68,6 +70,9 @@ std::string route_address_to(const std::string& target) {
 }
 
 namespace {
+
+// One PushLogs call carries at most this much: far under gRPC's 4 MiB message limit.
+constexpr size_t kMaxPushBytes = 1u << 20;
 
 int64_t now_unix_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -473,9 +478,12 @@ void NodeAgent::start_group(const pb::Instruction& ins) {
         l.set_rank(rank);
         l.set_hostname(options_.hostname);
         l.set_stderr(is_stderr);
-        l.set_text(std::string(line));
+        // Why cut here: one line must fit in a push (the coordinator keeps 64 KiB of it anyway;
+        // the rank's log file on this node keeps it whole).
+        l.set_text(coordinator::limits::cut_text(std::string(line), coordinator::limits::kMaxLineBytes));
+        log_buffer_bytes_ += l.ByteSizeLong();
         log_buffer_.push_back(std::move(l));
-        if (log_buffer_.size() >= 500) {
+        if (log_buffer_.size() >= 500 || log_buffer_bytes_ >= kMaxPushBytes) {
           flush_logs();
         } else if (!log_timer_armed_) {
           log_timer_armed_ = true;
@@ -594,36 +602,87 @@ void NodeAgent::fail_round(pb::Failure failure) {
   stop_active(SIGTERM);
 }
 
-void NodeAgent::report(pb::ReportGroupRequest req, int attempt) {
-  client_->report_group(req, options_.rpc_timeout,
-                        [this, req, attempt, gate = alive_, io = &io_](const grpc::Status& st, pb::ReportGroupResponse&) {
-                          post_from_grpc(gate, io, [this, req, attempt, st] {
-                            if (st.ok()) return;
-                            bool transient = st.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                                             st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
-                                             st.error_code() == grpc::StatusCode::NOT_FOUND;
-                            // Why NOT_FOUND is retried: after a coordinator restart the job is
-                            // known again once this node has re-registered with its work.
-                            if (transient && attempt < 40) {
-                              retry_later(backoff(), [this, req, attempt] { report(req, attempt + 1); });
-                            } else if (!transient) {
-                              log(LogLevel::kInfo, "report for job " + req.job_id() + " round " +
-                                                       std::to_string(req.round()) + " not taken: " +
-                                                       rpc::describe(st));
-                            }
-                          });
-                        });
+void NodeAgent::report(pb::ReportGroupRequest req) {
+  // Why behind the logs: the coordinator must hold every line of the round before its outcome.
+  flush_logs();
+  outbox_.push_back({std::move(req), 0});
+  send_next();
 }
 
 void NodeAgent::flush_logs() {
   if (log_buffer_.empty()) return;
   pb::PushLogsRequest req;
-  req.set_node_id(options_.node_id);
-  req.set_job_id(log_job_);
-  for (auto& l : log_buffer_) *req.add_lines() = std::move(l);
+  size_t bytes = 0;
+  auto close = [&] {
+    if (req.lines().empty()) return;
+    outbox_.push_back({std::move(req), 0});
+    req = pb::PushLogsRequest();
+    bytes = 0;
+  };
+  for (auto& l : log_buffer_) {
+    size_t size = l.ByteSizeLong() + 8;
+    if (bytes + size > kMaxPushBytes || static_cast<size_t>(req.lines_size()) >= coordinator::limits::kMaxLinesPerPush) {
+      close();
+    }
+    if (req.lines().empty()) {
+      req.set_node_id(options_.node_id);
+      req.set_job_id(log_job_);
+    }
+    *req.add_lines() = std::move(l);
+    bytes += size;
+  }
+  close();
   log_buffer_.clear();
-  // Why no retry: forwarded output is a convenience; the rank logs on the node are the record.
-  client_->push_logs(req, options_.rpc_timeout, [](const grpc::Status&, pb::PushLogsResponse&) {});
+  log_buffer_bytes_ = 0;
+  send_next();
+}
+
+void NodeAgent::send_next() {
+  if (sending_ || outbox_.empty() || !alive_->open) return;
+  sending_ = true;
+  auto on_done = [this, gate = alive_, io = &io_](const grpc::Status& st) {
+    post_from_grpc(gate, io, [this, st] {
+      sending_ = false;
+      if (outbox_.empty()) return;
+      Outgoing& front = outbox_.front();
+      bool transient = st.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                       st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                       st.error_code() == grpc::StatusCode::NOT_FOUND ||
+                       st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+      // Why NOT_FOUND is retried: after a coordinator restart the job is known again once this
+      // node has re-registered with its work.
+      if (!st.ok() && transient && front.attempt < 40) {
+        ++front.attempt;
+        sending_ = true;  // Why: nothing may overtake the call that waits for its retry
+        retry_later(backoff(), [this] {
+          sending_ = false;
+          send_next();
+        });
+        return;
+      }
+      if (!st.ok()) {
+        if (const auto* push = std::get_if<pb::PushLogsRequest>(&front.call)) {
+          lines_not_forwarded_ += static_cast<uint64_t>(push->lines_size());
+          log(LogLevel::kWarn, std::to_string(push->lines_size()) + " output lines of job " + push->job_id() +
+                                   " were not forwarded (" + rpc::describe(st) + "); they are in this node's log_dir");
+        } else {
+          const auto& rep = std::get<pb::ReportGroupRequest>(front.call);
+          log(LogLevel::kInfo, "report for job " + rep.job_id() + " round " + std::to_string(rep.round()) +
+                                   " not taken: " + rpc::describe(st));
+        }
+      }
+      outbox_.pop_front();
+      send_next();
+    });
+  };
+  Outgoing& front = outbox_.front();
+  if (const auto* push = std::get_if<pb::PushLogsRequest>(&front.call)) {
+    client_->push_logs(*push, options_.rpc_timeout,
+                       [on_done](const grpc::Status& st, pb::PushLogsResponse&) { on_done(st); });
+  } else {
+    client_->report_group(std::get<pb::ReportGroupRequest>(front.call), options_.rpc_timeout,
+                          [on_done](const grpc::Status& st, pb::ReportGroupResponse&) { on_done(st); });
+  }
 }
 
 void NodeAgent::shutdown(int signal, std::function<void()> done) {

@@ -2,7 +2,9 @@
 // its lease alive with Sync long polls, and does what the instruction says: join a round, run
 // the job's local workers (the supervisor library), stop them, stay idle. It reports its
 // group's start, success and failures (with the workers' error files) and forwards output when
-// the job asks. It survives a coordinator restart: it reconnects with backoff, re-registers
+// the job asks. Log pushes and reports go out through one ordered outbox, one call at a time,
+// each retried until the coordinator takes it: a round's output is at the coordinator before
+// the node's report of that round, so a launcher prints every line before the job's end. It survives a coordinator restart: it reconnects with backoff, re-registers
 // with the work it runs, and its workers keep running while the coordinator is away for less
 // than the lease (after that it stops them: it cannot know whether its peers are alive).
 //
@@ -18,6 +20,8 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <deque>
+#include <variant>
 #include <string>
 #include <vector>
 
@@ -84,12 +88,16 @@ class NodeAgent {
   void join(const pb::Instruction& ins);
   void on_worker_exit(uint64_t generation, const supervisor::WorkerExit& exit);
   void on_hang(uint64_t generation, const supervisor::Hang& hang);
-  void report(pb::ReportGroupRequest req, int attempt = 0);
+  void report(pb::ReportGroupRequest req);
   // Reports `event` for the active round.
   void report_event(pb::ReportGroupRequest::Event event, std::optional<pb::Failure> failure = std::nullopt);
   // The active round failed here: report it (retried) and stop the local workers.
   void fail_round(pb::Failure failure);
+  // Moves the buffered lines into the outbox, in pushes under the message limit.
   void flush_logs();
+  // Sends the outbox's first call unless one is in flight; on success the next, on a transient
+  // error the same one again after a backoff.
+  void send_next();
   void retry_later(std::chrono::milliseconds delay, std::function<void()> f);
   std::chrono::milliseconds backoff();
   void fatal(const std::string& why);
@@ -132,7 +140,15 @@ class NodeAgent {
   std::string reported_outcome_;  // the job whose end was handed to on_job_end
 
   std::vector<pb::LogLine> log_buffer_;
+  size_t log_buffer_bytes_ = 0;
   std::string log_job_;
+  struct Outgoing {
+    std::variant<pb::PushLogsRequest, pb::ReportGroupRequest> call;
+    int attempt = 0;
+  };
+  std::deque<Outgoing> outbox_;
+  bool sending_ = false;
+  uint64_t lines_not_forwarded_ = 0;  // pushes the coordinator refused for good
   boost::asio::steady_timer log_timer_;
   bool log_timer_armed_ = false;
 };

@@ -1,6 +1,10 @@
 // Token loading, TLS credentials, channel construction.
 #include "agent/rpc/rpc_security.h"
 
+#include <grpc/grpc.h>
+
+#include <cstdlib>
+
 #include <fstream>
 #include <sstream>
 
@@ -85,6 +89,14 @@ Result<std::shared_ptr<grpc::ChannelCredentials>> channel_credentials(const TlsF
   return grpc::SslCredentials(opts);
 }
 
+void prepare_grpc_process() {
+  constexpr const char* kBackupPoll = "GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS";
+  bool ours = std::getenv(kBackupPoll) == nullptr;
+  if (ours) ::setenv(kBackupPoll, "100", 0);
+  grpc_init();  // reads the variable; never shut down (the processes end with _Exit)
+  if (ours) ::unsetenv(kBackupPoll);
+}
+
 Result<std::shared_ptr<grpc::Channel>> make_channel(const std::string& target, const TlsFiles& tls) {
   auto creds = channel_credentials(tls);
   if (!creds) return creds.status();
@@ -94,8 +106,11 @@ Result<std::shared_ptr<grpc::Channel>> make_channel(const std::string& target, c
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   // Why short backoff: after a coordinator restart agents should be back within a second.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // Why 5 s: gRPC reads this as the time one connection attempt (TCP connect and TLS handshake)
+  // may take, not as a backoff. At 100 ms a busy machine never finished a TLS handshake in time,
+  // and a launcher started before its coordinator retried for 15 s without connecting.
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 5000);
   // Why: each client its own connection (simulated agents in bench_coordinator share a process).
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   return grpc::CreateCustomChannel(target, *creds, args);

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <iterator>
 #include <stdexcept>
+#include <cstdlib>
 #include <string>
 
 namespace accel::testing {
@@ -21,7 +22,10 @@ class TempDir {
     if (!::mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed for " + pattern);
     path_ = pattern;
   }
+  // ACCEL_TEST_KEEP=1 keeps the folders (the processes' .out/.err files) for a look after a run.
   ~TempDir() {
+    const char* keep = std::getenv("ACCEL_TEST_KEEP");
+    if (keep != nullptr && std::string(keep) == "1") return;
     std::error_code ignored;
     fs::remove_all(path_, ignored);
   }

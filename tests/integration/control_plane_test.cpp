@@ -3,11 +3,13 @@
 // Every test ends by checking that no worker it started is still alive.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include <algorithm>
 #include <functional>
 #include <memory>
+#include <sstream>
 
 #include "tests/integration/harness.h"
 
@@ -96,6 +98,25 @@ class Cluster {
     return add(args, node_id);
   }
 
+  // serve() coordinator-only, under `ulimit -n nofile` (soft and hard): it cannot raise it.
+  Launched& serve_with_file_limit(int nofile) {
+    std::vector<std::string> args = {"-c", "ulimit -n " + std::to_string(nofile) + " && exec \"$0\" \"$@\"",
+                                     ACCEL_AGENT_BIN, "--serve-coordinator", "127.0.0.1:" + std::to_string(port_),
+                                     "--coordinator-only"};
+    procs_.push_back(std::make_unique<Launched>(dir_, "/bin/sh", args,
+                                                std::map<std::string, std::string>{{"ACCEL_TOKEN", kToken}},
+                                                "coordinator_" + std::to_string(procs_.size())));
+    return *procs_.back();
+  }
+
+  // accel status's result, bounded by `timeout`.
+  RunResult status_result(std::chrono::milliseconds timeout) {
+    Launched s(dir_, ACCEL_BIN, {"status", "--coordinator", target()}, {{"ACCEL_TOKEN", kToken}},
+               "status_" + std::to_string(++statuses_));
+    return s.wait(timeout);
+  }
+  int port() const { return port_; }
+
   Launched& agent(const std::string& node_id, const std::string& token = kToken) {
     return add({"--coordinator", target(), "--node-id", node_id, "--stop-timeout", "2s"}, node_id, token);
   }
@@ -135,6 +156,7 @@ class Cluster {
   int port_;
   std::string lease_;
   int launches_ = 0;
+  int statuses_ = 0;
   std::vector<std::unique_ptr<Launched>> procs_;  // SIGKILLed by ~Launched if still running
 };
 
@@ -319,9 +341,12 @@ TEST(ControlPlane, MutualTlsJobRunsAndAPlaintextClientIsTurnedAway) {
   ASSERT_EQ(std::system((script + " >/dev/null 2>&1").c_str()), 0) << script;
   Cluster c(dir);
   c.common_args = {"--tls-cert", d + "/node.pem", "--tls-key", d + "/node.key", "--tls-ca", d + "/ca.pem"};
+  // The launcher first: it must connect once the coordinator is up (gRPC's reconnect used to
+  // wait for its 5 s backup poller and give a TLS handshake 100 ms, so it never did).
+  auto launch = c.submit({"--nodes", "2", "-n", "1"}, {"--run-ms", "0"});
+  std::this_thread::sleep_for(300ms);
   c.serve("node-a");
   c.agent("node-b");
-  auto launch = c.submit({"--nodes", "2", "-n", "1"}, {"--run-ms", "0"});
   RunResult r = launch->wait(60s);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(markers(c.worker_dir()).size(), 2u);
@@ -349,6 +374,92 @@ TEST(ControlPlane, WrongTokenIsRejectedAndNothingRuns) {
   EXPECT_NE(a.err.find("refused this node: UNAUTHENTICATED"), std::string::npos) << a.err;
   EXPECT_TRUE(markers(c.worker_dir()).empty());
   EXPECT_EQ(c.status().find("intruder"), std::string::npos);
+}
+
+// Anyone who reaches the port, without the token: 1,100 connections that send half of the HTTP/2
+// preface and wait, against a coordinator whose open-file limit is 1,024 (soft and hard, so it
+// cannot raise it). gRPC's accept fails with EMFILE and its listener gives up; the coordinator
+// must notice and listen again, so that once the flood closes, `accel status` answers.
+TEST(ControlPlane, AConnectionFloodPastTheFileLimitDoesNotDisableTheCoordinator) {
+  constexpr int kFlood = 1100;
+  rlimit lim{};
+  ::getrlimit(RLIMIT_NOFILE, &lim);
+  if (lim.rlim_max < kFlood + 200) GTEST_SKIP() << "the test needs " << kFlood + 200 << " descriptors";
+  rlimit raised{lim.rlim_max, lim.rlim_max};
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &raised), 0);
+  TempDir dir;
+  Cluster c(dir);
+  c.serve_with_file_limit(1024);
+  ASSERT_TRUE(wait_until([&] { return c.status_result(5s).exit_code == 0; }, 15s)) << "the coordinator never answered";
+
+  std::vector<int> flood;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(c.port()));
+  const char half_preface[] = "PRI * HTTP/2.0\r\n";  // 16 of the preface's 24 bytes
+  for (int i = 0; i < kFlood; ++i) {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(fd, 0) << "socket " << i;
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+      (void)!::write(fd, half_preface, sizeof half_preface - 1);
+    }
+    flood.push_back(fd);
+  }
+  std::this_thread::sleep_for(5s);  // held, as the attack does
+  auto during = c.status_result(5s);
+  for (int fd : flood) ::close(fd);
+
+  auto start = std::chrono::steady_clock::now();
+  RunResult after;
+  bool answered = wait_until([&] { return (after = c.status_result(5s)).exit_code == 0; }, 30s);
+  EXPECT_TRUE(answered) << "accel status after the flood:\n" << after.out << after.err;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 30s);
+  std::cerr << "during the flood accel status exited " << during.exit_code << "; answered "
+            << std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count()
+            << " ms after it ended\n";
+}
+
+// Every forwarded line of "line <rank> <i> xxx" in `out`, per rank, must be 0..n-1 in order.
+void expect_every_line_in_order(const std::string& out, int ranks, int n) {
+  std::vector<int> next(static_cast<size_t>(ranks), 0);
+  int bad = 0;
+  for (const auto& line : lines_of(out)) {
+    auto at = line.find("] line ");
+    if (at == std::string::npos) continue;
+    std::istringstream in(line.substr(at + 7));
+    int rank = -1, i = -1;
+    in >> rank >> i;
+    ASSERT_TRUE(rank >= 0 && rank < ranks) << line.substr(0, 120);
+    if (i != next[static_cast<size_t>(rank)] && ++bad < 5) {
+      ADD_FAILURE() << "rank " << rank << ": line " << i << " where " << next[static_cast<size_t>(rank)] << " was due";
+    }
+    next[static_cast<size_t>(rank)] = i + 1;
+  }
+  for (int r = 0; r < ranks; ++r) EXPECT_EQ(next[static_cast<size_t>(r)], n) << "rank " << r << "'s lines";
+}
+
+// Mode 3 forwards output losslessly: a node's lines reach the coordinator before its report of
+// the round, pushes stay under the message limit, so the launcher prints every line, in order per
+// rank, before it exits. Long lines (100 x 60 KB: 6 MB a rank) and many short ones (20,000 a rank).
+TEST(ControlPlane, ForwardedOutputArrivesWholeAndInOrderBeforeTheJobEnds) {
+  TempDir dir;
+  Cluster c(dir);
+  c.serve("node-a");
+  c.agent("node-b");
+  struct Case {
+    int lines, bytes;
+  };
+  for (Case k : {Case{100, 60'000}, Case{20'000, 40}}) {
+    SCOPED_TRACE(std::to_string(k.lines) + " lines of " + std::to_string(k.bytes) + " bytes");
+    auto launch = c.submit({"--nodes", "2", "-n", "2"}, {"--run-ms", "0", "--print-lines", std::to_string(k.lines),
+                                                         "--line-bytes", std::to_string(k.bytes)});
+    RunResult r = launch->wait(90s);
+    ASSERT_EQ(r.exit_code, 0) << r.err.substr(0, 4000);
+    expect_every_line_in_order(r.out, 4, k.lines);
+    EXPECT_EQ(r.err.find("were dropped"), std::string::npos) << "no event may be dropped";
+  }
+  expect_no_orphans(c.worker_dir());
 }
 
 TEST(ControlPlane, CtrlCOnAnyNodeCancelsTheJobEverywhere) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "agent/coordinator/coordinator_core.h"
+#include "agent/coordinator/request_limits.h"
 
 namespace accel::coordinator {
 namespace {
@@ -1453,32 +1454,33 @@ TEST(CoordinatorCore, WatchJobReportsDroppedEventsBeyondTheBound) {
   Harness h(o);
   auto spec = make_spec(1, 1);
   spec.set_forward_logs(true);
-  ASSERT_TRUE(h.add_node("a").is_ok());
-  ASSERT_TRUE(h.submit("j", spec).is_ok());  // 3 events
+  h.start_job("j", spec, {"a"});
+  const uint64_t base = h.core.last_event_seq("j");
   pb::PushLogsRequest logs;
   logs.set_node_id("a");
   logs.set_job_id("j");
   for (int i = 0; i < 10; ++i) logs.add_lines()->set_text("l" + std::to_string(i));
   ASSERT_TRUE(h.core.push_logs(logs).is_ok());
-  ASSERT_EQ(h.core.last_event_seq("j"), 13u);
+  ASSERT_EQ(h.core.last_event_seq("j"), base + 10);
 
   auto w = h.watch("j", 0);
-  EXPECT_EQ(w.dropped(), 8u);  // seqs 1..8 are gone
+  EXPECT_EQ(w.dropped(), base + 5);  // everything before the last 5 is gone
   ASSERT_EQ(w.events_size(), 5);
-  EXPECT_EQ(w.events(0).seq(), 9u);
-  EXPECT_EQ(w.events(4).seq(), 13u);
+  EXPECT_EQ(w.events(0).seq(), base + 6);
+  EXPECT_EQ(w.events(4).seq(), base + 10);
   EXPECT_EQ(w.events(0).log().text(), "l5");
 
-  auto w8 = h.watch("j", 8);
+  auto w8 = h.watch("j", base + 5);
   EXPECT_EQ(w8.dropped(), 0u);
   EXPECT_EQ(w8.events_size(), 5);
-  auto w10 = h.watch("j", 10);
+  auto w10 = h.watch("j", base + 7);
   EXPECT_EQ(w10.dropped(), 0u);
   ASSERT_EQ(w10.events_size(), 3);
-  EXPECT_EQ(w10.events(0).seq(), 11u);
+  EXPECT_EQ(w10.events(0).seq(), base + 8);
 }
 
-TEST(CoordinatorCore, PushLogsRequiresForwardLogs) {
+// Only a node that takes part in the job may push its logs; a job must forward logs.
+TEST(CoordinatorCore, PushLogsRequiresForwardLogsAndANodeOfTheJob) {
   Harness h;
   h.start_job("j", make_spec(1, 1), {"a"});
   uint64_t seq = h.core.last_event_seq("j");
@@ -1493,17 +1495,219 @@ TEST(CoordinatorCore, PushLogsRequiresForwardLogs) {
 
   auto spec = make_spec(1, 1);
   spec.set_forward_logs(true);
+  ASSERT_TRUE(h.add_node("b").is_ok());
   ASSERT_TRUE(h.submit("k", spec).is_ok());
   logs.set_job_id("k");
   logs.set_node_id("ghost");
   EXPECT_EQ(h.core.push_logs(logs).code, Code::kNotFound);
-  logs.set_node_id("a");
   uint64_t kseq = h.core.last_event_seq("k");
+  logs.set_node_id("b");
+  EXPECT_EQ(h.core.push_logs(logs).code, Code::kFailedPrecondition) << "b has not joined k";
+  logs.set_node_id("a");
+  EXPECT_EQ(h.core.push_logs(logs).code, Code::kFailedPrecondition) << "a runs another job";
+  EXPECT_EQ(h.core.last_event_seq("k"), kseq);
+  ASSERT_TRUE(h.join("b", "k", 0).is_ok());
+  kseq = h.core.last_event_seq("k");
+  logs.set_node_id("b");
   ASSERT_TRUE(h.core.push_logs(logs).is_ok());
   EXPECT_EQ(h.core.last_event_seq("k"), kseq + 1);
   auto w = h.watch("k", kseq);
   ASSERT_EQ(w.events_size(), 1);
   EXPECT_EQ(w.events(0).log().text(), "hello");
+}
+
+// ================================================================================= limits
+// What a peer holding the token can make the coordinator keep is bounded (request_limits.h).
+
+TEST(CoordinatorLimits, AnAdoptedAssignmentOfTenMillionNodesIsRefusedAndAllocatesNothing) {
+  Harness h;
+  auto req = Harness::node_req("a");
+  auto* cur = req.mutable_current();
+  cur->set_job_id("j");
+  *cur->mutable_spec() = make_spec(1, 2);
+  cur->mutable_assignment()->set_num_nodes(10'000'000);
+  cur->mutable_assignment()->set_node_rank(0);
+  auto st = h.register_req(req);
+  EXPECT_EQ(st.code, Code::kInvalidArgument);
+  EXPECT_NE(st.message.find("impossible assignment"), std::string::npos) << st.message;
+  EXPECT_EQ(h.core.node_count(), 0u);
+  EXPECT_EQ(h.core.job_count(), 0u);
+  cur->mutable_spec()->set_max_nodes(10'000'000);
+  EXPECT_EQ(h.register_req(req).code, Code::kInvalidArgument) << "max_nodes is bounded too";
+}
+
+TEST(CoordinatorLimits, HugeOrControlCharacterHostNamesAndAddressesAreRefusedWithoutEchoingThem) {
+  Harness h;
+  auto req = Harness::node_req("a");
+  req.set_hostname(std::string(3 << 20, 'h'));
+  auto st = h.register_req(req);
+  EXPECT_EQ(st.code, Code::kInvalidArgument);
+  EXPECT_LT(st.message.size(), 400u) << "the error must not echo the 3 MB value";
+  EXPECT_NE(st.message.find("3145728 bytes"), std::string::npos) << st.message;
+  req = Harness::node_req("a");
+  req.set_address("1.2.3.4\nINJECTED LINE");
+  st = h.register_req(req);
+  EXPECT_EQ(st.code, Code::kInvalidArgument);
+  EXPECT_EQ(st.message.find('\n'), std::string::npos) << st.message;
+  EXPECT_NE(st.message.find("\\x0a"), std::string::npos) << st.message;
+  pb::RegisterNodeRequest long_id = Harness::node_req(std::string(50 << 20, 'n'));
+  st = h.register_req(long_id);
+  EXPECT_EQ(st.code, Code::kInvalidArgument);
+  EXPECT_LT(st.message.size(), 400u);
+  EXPECT_EQ(h.core.node_count(), 0u);
+}
+
+TEST(CoordinatorLimits, AMachineRankBeyondTheJobsNodesIsRefusedAtJoin) {
+  Harness h;
+  ASSERT_TRUE(h.add_node("a", 7).is_ok());
+  ASSERT_TRUE(h.submit("j", make_spec(2, 2)).is_ok());
+  auto st = h.join("a", "j", 0);
+  EXPECT_EQ(st.code, Code::kInvalidArgument);
+  EXPECT_NE(st.message.find("machine_rank 7"), std::string::npos) << st.message;
+  EXPECT_NE(st.message.find("at most 2 nodes"), std::string::npos) << st.message;
+  EXPECT_EQ(h.register_req(Harness::node_req("b", 1'000'000)).code, Code::kInvalidArgument);
+}
+
+TEST(CoordinatorLimits, LogsFromANodeOutsideTheJobAreNotStoredAndLongLinesAreCut) {
+  Harness h;
+  auto spec = make_spec(1, 1);
+  spec.set_forward_logs(true);
+  h.start_job("j", spec, {"a"});
+  ASSERT_TRUE(h.add_node("intruder").is_ok());
+  const size_t before = h.core.stored_bytes();
+  pb::PushLogsRequest flood;
+  flood.set_node_id("intruder");
+  flood.set_job_id("j");
+  for (int i = 0; i < 100; ++i) flood.add_lines()->set_text(std::string(60'000, 'x'));
+  EXPECT_EQ(h.core.push_logs(flood).code, Code::kFailedPrecondition);
+  EXPECT_EQ(h.core.stored_bytes(), before);
+  pb::PushLogsRequest big;
+  big.set_node_id("a");
+  big.set_job_id("j");
+  big.add_lines()->set_text(std::string(1 << 20, 'y'));
+  ASSERT_TRUE(h.core.push_logs(big).is_ok());
+  auto w = h.watch("j", h.core.last_event_seq("j") - 1);
+  ASSERT_EQ(w.events_size(), 1);
+  EXPECT_LT(w.events(0).log().text().size(), limits::kMaxLineBytes + 64);
+  EXPECT_NE(w.events(0).log().text().find("bytes cut]"), std::string::npos);
+}
+
+TEST(CoordinatorLimits, AJobsEventsAreBoundedByBytes) {
+  CoordinatorOptions o = default_options();
+  o.max_event_bytes_per_job = 1 << 20;
+  Harness h(o);
+  auto spec = make_spec(1, 1);
+  spec.set_forward_logs(true);
+  h.start_job("j", spec, {"a"});
+  pb::PushLogsRequest logs;
+  logs.set_node_id("a");
+  logs.set_job_id("j");
+  for (int i = 0; i < 1000; ++i) logs.add_lines()->set_text(std::string(10'000, 'z'));
+  for (int k = 0; k < 10; ++k) ASSERT_TRUE(h.core.push_logs(logs).is_ok());  // 100 MB pushed
+  EXPECT_LT(h.core.stored_bytes(), (1u << 20) + (64u << 10));
+  auto w = h.watch("j", 0);
+  EXPECT_GT(w.dropped(), 9000u) << "a watcher is told how many it missed";
+}
+
+// A member of the last round repeats a late FAILED report of a job that has ended: what is kept
+// stays bounded (one failure per local rank and one for the node, each cut).
+TEST(CoordinatorLimits, RepeatedLateFailureReportsOfAnEndedJobKeepABoundedRecord) {
+  Harness h;
+  h.start_job("j", make_spec(1, 1, 2), {"a"});
+  ASSERT_TRUE(h.report("a", "j", 0, Rep::EVENT_FAILED, {exit_failure(0, 1, 0, 1000)}).is_ok());
+  ASSERT_EQ(h.core.job_state("j"), pb::JOB_STATE_FAILED);
+  const size_t after_end = h.core.stored_bytes();
+  std::vector<pb::Failure> fat{exit_failure(1, 2, 0, 900, std::string(1 << 20, 'm')),
+                               exit_failure(0, 3, 0, 950, std::string(1 << 20, 'n'))};
+  for (int i = 0; i < 40; ++i) h.report("a", "j", 0, Rep::EVENT_FAILED, fat);
+  EXPECT_LT(h.core.stored_bytes() - after_end, 8 * limits::kMaxTextBytes) << "40 x 2 MB reports";
+  std::vector<pb::Failure> too_many(10, exit_failure(0, 1, 0, 1));
+  EXPECT_EQ(h.report("a", "j", 0, Rep::EVENT_FAILED, too_many).code, Code::kInvalidArgument);
+}
+
+TEST(CoordinatorLimits, EndedJobsAndLostNodesAreForgottenAfterTheRetention) {
+  CoordinatorOptions o = default_options();
+  o.retention = milliseconds(60'000);
+  Harness h(o);
+  h.start_job("j", make_spec(1, 1), {"a"});
+  ASSERT_TRUE(h.report("a", "j", 0, Rep::EVENT_SUCCEEDED).is_ok());
+  ASSERT_TRUE(h.add_node("b").is_ok());
+  h.clock.advance(kLease + milliseconds(1));
+  h.sync_resp("a");
+  h.core.tick();  // b is lost now
+  ASSERT_TRUE(h.node("b")->lost());
+  h.clock.advance(milliseconds(30'000));
+  h.sync_resp("a");
+  h.core.tick();
+  EXPECT_TRUE(h.job("j").has_value()) << "within the retention";
+  EXPECT_TRUE(h.node("b").has_value());
+  h.clock.advance(milliseconds(31'000));
+  h.sync_resp("a");
+  h.core.tick();
+  EXPECT_FALSE(h.job("j").has_value()) << "an ended job is forgotten after the retention";
+  EXPECT_FALSE(h.node("b").has_value()) << "a lost node is forgotten after the retention";
+  EXPECT_TRUE(h.node("a").has_value()) << "a live node stays";
+}
+
+TEST(CoordinatorLimits, StatusListsTheMostRecentJobsWithCutCommandLines) {
+  Harness h;
+  auto spec = make_spec(1, 1);
+  for (int i = 0; i < 20; ++i) spec.add_argv(std::string(1000, 'a'));
+  for (int i = 0; i < 150; ++i) {
+    ASSERT_TRUE(h.submit("j" + std::to_string(i), spec).is_ok());
+    pb::CancelJobRequest c;
+    c.set_job_id("j" + std::to_string(i));
+    ASSERT_TRUE(h.core.cancel_job(c).is_ok());
+  }
+  auto st = h.status();
+  ASSERT_EQ(st.jobs_size(), static_cast<int>(limits::kStatusJobs));
+  EXPECT_EQ(st.jobs(0).job_id(), "j50");
+  EXPECT_EQ(st.jobs(st.jobs_size() - 1).job_id(), "j149");
+  size_t argv_bytes = 0;
+  for (const auto& a : st.jobs(0).spec().argv()) argv_bytes += a.size();
+  EXPECT_LE(argv_bytes, limits::kStatusArgvBytes);
+  EXPECT_LT(st.ByteSizeLong(), 1u << 20);
+}
+
+TEST(CoordinatorLimits, TheJobAndNodeCapsForgetEndedOnesFirstAndThenRefuse) {
+  Harness h;
+  auto spec = make_spec(1, 1);
+  for (size_t i = 0; i < limits::kMaxJobs; ++i) ASSERT_TRUE(h.submit("j" + std::to_string(i), spec).is_ok());
+  auto st = h.submit("one-more", spec);
+  EXPECT_EQ(st.code, Code::kResourceExhausted) << "every kept job is still waiting for nodes";
+  pb::CancelJobRequest c;
+  c.set_job_id("j3");
+  ASSERT_TRUE(h.core.cancel_job(c).is_ok());
+  EXPECT_TRUE(h.submit("one-more", spec).is_ok()) << "the ended job makes room";
+  EXPECT_EQ(h.core.job_count(), limits::kMaxJobs);
+  EXPECT_FALSE(h.job("j3").has_value());
+}
+
+// The bound docs/operations.md states: per node and per job, whatever the requests were.
+TEST(CoordinatorLimits, StoredBytesStayWithinThePerNodeAndPerJobBound) {
+  Harness h;
+  auto spec = make_spec(1, 2, 4);
+  spec.set_forward_logs(true);
+  h.start_job("j", spec, {"a", "b"});
+  pb::SyncRequest sync;
+  sync.set_node_id("a");
+  for (int r = 0; r < limits::kMaxProcessesPerNode; ++r) {
+    auto* p = sync.add_progress();
+    p->set_in_flight(std::string(10'000, 'p'));
+    p->set_last_finished(std::string(10'000, 'q'));
+  }
+  pb::SyncResponse resp;
+  ASSERT_TRUE(h.core.sync(sync, &resp).is_ok());
+  pb::PushLogsRequest logs;
+  logs.set_node_id("b");
+  logs.set_job_id("j");
+  for (int i = 0; i < 1000; ++i) logs.add_lines()->set_text(std::string(100'000, 'l'));
+  for (int k = 0; k < 5; ++k) ASSERT_TRUE(h.core.push_logs(logs).is_ok());
+  // 2 nodes, 1 job: per node info + progress, per job spec + events + failures.
+  const size_t per_node = 2 * limits::kMaxHostBytes + 4 * limits::kMaxIdBytes +
+                          limits::kMaxProcessesPerNode * (2 * (limits::kMaxProgressBytes + 32) + 16) + 4096;
+  const size_t per_job = limits::kMaxSpecBytes + default_options().max_event_bytes_per_job + 4096;
+  EXPECT_LT(h.core.stored_bytes(), 2 * per_node + per_job);
 }
 
 // =============================================================================== versions
