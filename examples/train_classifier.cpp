@@ -36,7 +36,9 @@ constexpr int64_t kClasses = 4;
 
 }  // namespace
 
-int main(int argc, char** argv) {
+namespace {
+
+int run_training(int argc, char** argv) {
   accel::examples::Args args("train_classifier",
                              "Trains an MLP classifier on a seeded non-linear 4-class problem and reports the evaluation "
                              "accuracy over exactly --eval-samples samples (gather_for_metrics).");
@@ -108,3 +110,7 @@ int main(int argc, char** argv) {
   }
   return 0;
 }
+
+}  // namespace
+
+int main(int argc, char** argv) { return accel::examples::run_example(run_training, argc, argv); }

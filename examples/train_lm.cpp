@@ -62,7 +62,9 @@ struct TinyLmImpl : torch::nn::Module {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+namespace {
+
+int run_training(int argc, char** argv) {
   accel::examples::Args args("train_lm", "Trains a character-level transformer language model and samples from it.");
   args.flag("text", "", "a UTF-8/ASCII text file to train on (default: a generated corpus)")
       .flag("sentences", "1500", "sentences in the generated corpus")
@@ -168,3 +170,7 @@ int main(int argc, char** argv) {
   acc.wait_for_everyone();
   return 0;
 }
+
+}  // namespace
+
+int main(int argc, char** argv) { return accel::examples::run_example(run_training, argc, argv); }

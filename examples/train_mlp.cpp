@@ -17,7 +17,9 @@ struct MlpImpl : torch::nn::Module {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+namespace {
+
+int run_training(int argc, char** argv) {
   accel::examples::Args args("train_mlp", "Trains a 10->64->1 MLP regressor on y = x.w + noise (seeded), with AdamW.");
   args.flag("epochs", "2", "passes over the data set")
       .flag("batch-size", "8", "batch size per process")
@@ -72,3 +74,7 @@ int main(int argc, char** argv) {
   acc.wait_for_everyone();
   return 0;
 }
+
+}  // namespace
+
+int main(int argc, char** argv) { return accel::examples::run_example(run_training, argc, argv); }

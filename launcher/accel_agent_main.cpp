@@ -36,9 +36,9 @@ int fail(const std::string& message, int code = 2) {
 
 constexpr const char* kFooter = R"(
 Examples:
-  ACCEL_TOKEN=s3cret accel-agent --serve-coordinator 29400          # node 0: coordinator + agent
-  ACCEL_TOKEN=s3cret accel-agent --coordinator 10.0.0.1:29400       # every other node
-  ACCEL_TOKEN=s3cret accel-agent --serve-coordinator 29400 --coordinator-only
+  ACCEL_TOKEN=$(cat ~/.accel-token) accel-agent --serve-coordinator 29400          # node 0: coordinator + agent
+  ACCEL_TOKEN=$(cat ~/.accel-token) accel-agent --coordinator 10.0.0.1:29400       # every other node
+  ACCEL_TOKEN=$(cat ~/.accel-token) accel-agent --serve-coordinator 29400 --coordinator-only
   accel-agent --config /etc/accel/agent.yaml                        # keys as in cluster.yaml
 
 Then submit from anywhere: accel-launch --coordinator 10.0.0.1:29400 -n 4 --nodes 2 ./train
@@ -111,6 +111,8 @@ int main(int argc, char** argv) {
   if (coordinator_only && serve.empty()) return fail("--coordinator-only needs --serve-coordinator");
   auto auth = accel::launcher::control_plane_auth(cfg, env);
   if (!auth) return fail(auth.message());
+  accel::rpc::forget_token_in_environment();
+  env.erase("ACCEL_TOKEN");
 
   accel::SystemClock clock;
   std::unique_ptr<accel::coordinator::CoordinatorServer> server;

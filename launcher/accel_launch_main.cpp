@@ -81,6 +81,19 @@ int main(int argc, char** argv) {
     checkpoint_dir = abs.string();
   }
 
+  if (!cfg.coordinator.empty()) {
+    // Why: these keys belong to `--nodes N` launches, where every node runs accel-launch (mode 2);
+    // a standing coordinator assigns machine ranks itself and has its own port. Ignoring them made
+    // a job wait for nodes that would never come.
+    for (const char* key : {"machine_rank", "coordinator_port"}) {
+      const auto& origin = cfg.origin(key);
+      if (origin.source != accel::config::Source::kDefault) {
+        return fail(origin.where + ": " + key + " does not go with coordinator (" + cfg.origin("coordinator").where +
+                    "): a standing coordinator places the nodes itself. For every node running "
+                    "accel-launch, drop coordinator and give nodes, machine_rank and main_process_ip");
+      }
+    }
+  }
   if (cmd.program.program.empty() && !cmd.program.module) {
     return fail("no PROGRAM given: accel-launch [OPTIONS] PROGRAM [ARGS...] (see --help)");
   }

@@ -350,6 +350,7 @@ int run_multi_node(const ClusterLaunch& launch) {
   const std::string target = cfg.main_process_ip + ":" + std::to_string(cfg.coordinator_port);
   auto auth = control_plane_auth(cfg, launch.env);
   if (!auth) return fail(auth.message());
+  rpc::forget_token_in_environment();
   SystemClock clock;
   std::unique_ptr<coordinator::CoordinatorServer> server;
   if (cfg.machine_rank == 0) {

@@ -9,6 +9,7 @@
 #include <map>
 
 #include "accel_version.h"
+#include "agent/supervisor/worker_env.h"
 
 namespace accel::launcher {
 namespace {
@@ -22,9 +23,9 @@ Examples:
   accel-launch -n 2 --print-config                         # show the resolved config and exit
   accel-launch -n 2 -- sh -c 'echo "rank $RANK of $WORLD_SIZE"'
   # two machines, the same command on each (machine rank 0 hosts the coordinator)
-  ACCEL_TOKEN=s3cret accel-launch --nodes 2 --machine-rank 0 --main-process-ip 10.0.0.1 -n 8 ./train
+  ACCEL_TOKEN=$(cat ~/.accel-token) accel-launch --nodes 2 --machine-rank 0 --main-process-ip 10.0.0.1 -n 8 ./train
   # standing agents (accel-agent): submit from anywhere, stream the output, exit with the code
-  ACCEL_TOKEN=s3cret accel-launch --coordinator 10.0.0.1:29400 --nodes 2:4 -n 8 ./train
+  ACCEL_TOKEN=$(cat ~/.accel-token) accel-launch --coordinator 10.0.0.1:29400 --nodes 2:4 -n 8 ./train
 
 Every long flag also takes underscores (--num_processes). A flag you type beats an ACCEL_*
 environment variable, which beats the config file, which beats the default.
@@ -250,6 +251,12 @@ ParseOutcome parse_launch_command(const std::vector<std::string>& args) {
       outcome.exit_code = 2;
       outcome.text_is_error = true;
       outcome.text = "accel-launch: --env " + kv + ": expected KEY=VALUE or KEY, KEY of [A-Za-z0-9_]\n";
+      return outcome;
+    }
+    if (auto why = supervisor::reserved_worker_variable(key)) {
+      outcome.exit_code = 2;
+      outcome.text_is_error = true;
+      outcome.text = "accel-launch: --env " + key + ": " + *why + "\n";
       return outcome;
     }
     if (eq != std::string::npos) {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cstdio>
 #include <climits>
 #include <cmath>
 
@@ -23,7 +24,24 @@ std::string lower(std::string_view s) {
   return out;
 }
 
-std::string quoted(std::string_view s) { return "'" + std::string(s) + "'"; }
+// A value for an error message: at most 80 bytes of it, control characters escaped, so a huge
+// or binary value cannot flood the terminal.
+std::string quoted(std::string_view s) {
+  constexpr size_t kShown = 80;
+  std::string out = "'";
+  for (unsigned char c : s.substr(0, kShown)) {
+    if (c < 0x20 || c == 0x7f) {
+      char buf[5];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  out += "'";
+  if (s.size() > kShown) out += " (" + std::to_string(s.size()) + " bytes)";
+  return out;
+}
 
 std::optional<long long> parse_integer(std::string_view text) {
   text = trim(text);
@@ -163,8 +181,9 @@ std::string get_mixed_precision(const ClusterConfig& cfg) {
 
 Status set_host(ClusterConfig& cfg, std::string_view text) {
   std::string_view t = trim(text);
-  if (t.empty() || std::any_of(t.begin(), t.end(), [](unsigned char c) { return std::isspace(c); })) {
-    return Status::error("expected a host name or IP address, got " + quoted(text));
+  if (t.empty() || t.size() > 255 ||
+      std::any_of(t.begin(), t.end(), [](unsigned char c) { return c <= 0x20 || c >= 0x7f; })) {
+    return Status::error("expected a host name or IP address (1-255 printable characters), got " + quoted(text));
   }
   cfg.main_process_ip = std::string(t);
   return Status::ok();
@@ -411,11 +430,11 @@ std::string nearest_key(std::string_view unknown) {
 }
 
 std::string unknown_key_message(std::string_view key) {
-  std::string near = nearest_key(key);
-  if (!near.empty()) return "unknown key '" + std::string(key) + "' (did you mean '" + near + "'?)";
+  std::string near = key.size() > 64 ? "" : nearest_key(key);
+  if (!near.empty()) return "unknown key " + quoted(key) + " (did you mean '" + near + "'?)";
   std::string all;
   for (const auto& k : all_keys()) all += (all.empty() ? "" : ", ") + std::string(k.name);
-  return "unknown key '" + std::string(key) + "' (valid keys: " + all + ")";
+  return "unknown key " + quoted(key) + " (valid keys: " + all + ")";
 }
 
 std::string env_var_for(std::string_view key) {

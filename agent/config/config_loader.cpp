@@ -6,6 +6,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -90,6 +91,10 @@ std::string default_config_path(const EnvMap& env) {
 }
 
 Status load_yaml_text(ClusterConfig& cfg, const std::string& text, const std::string& name) {
+  if (text.size() > kMaxConfigFileBytes) {
+    return Status::error(name + ": the config is " + std::to_string(text.size()) + " bytes; the most accepted is " +
+                         std::to_string(kMaxConfigFileBytes));
+  }
   try {
     return load_root(cfg, YAML::Load(text), name);
   } catch (const YAML::Exception& e) {
@@ -98,6 +103,14 @@ Status load_yaml_text(ClusterConfig& cfg, const std::string& text, const std::st
 }
 
 Status load_yaml_file(ClusterConfig& cfg, const std::string& path) {
+  // Why a bound: yaml-cpp holds a whole document in memory many times over (a 48 MB file took
+  // 2.9 GB); a config file is a few dozen lines.
+  std::error_code ec;
+  auto size = std::filesystem::file_size(path, ec);
+  if (!ec && size > kMaxConfigFileBytes) {
+    return Status::error(path + ": the config file is " + std::to_string(size) + " bytes; the most accepted is " +
+                         std::to_string(kMaxConfigFileBytes) + " (is it the right file?)");
+  }
   std::ifstream in(path);
   if (!in) return Status::error(path + ": cannot read the config file");
   std::stringstream text;

@@ -2,6 +2,7 @@
 // variables, typed flags) and renders the result with where each value came from.
 #pragma once
 
+#include <cstddef>
 #include <map>
 #include <optional>
 #include <string>
@@ -13,6 +14,9 @@
 namespace accel::config {
 
 using EnvMap = std::map<std::string, std::string, std::less<>>;
+
+// The largest config file read (a config is a few dozen lines; yaml-cpp needs ~60x a file's size).
+inline constexpr std::size_t kMaxConfigFileBytes = 1u << 20;
 
 // A flag the user typed: key, its value as text, and the flag's spelling for messages.
 struct FlagValue {

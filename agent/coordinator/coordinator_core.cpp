@@ -1053,9 +1053,15 @@ std::string describe_failure(const pb::Failure& f) {
 
 std::string format_failure_summary(const std::string& job_id, const std::vector<pb::Failure>& failures,
                                    int64_t last_round, std::optional<size_t> root) {
-  std::string out = "accel: failures of job " + job_id + ", round " + std::to_string(last_round) +
-                    " (root cause = the earliest, marked *):\n";
-  for (size_t i = 0; i < failures.size(); ++i) {
+  // Why the check: a job can fail with no failure of its own (no node joined before join_timeout);
+  // then the caller's reason is the whole story, not an empty table of "round -1".
+  const bool any_in_last = last_round >= 0 && std::any_of(failures.begin(), failures.end(), [&](const pb::Failure& f) {
+                             return f.round() == last_round;
+                           });
+  std::string out = !any_in_last ? std::string()
+                                 : "accel: failures of job " + job_id + ", round " + std::to_string(last_round) +
+                                       " (root cause = the earliest, marked *):\n";
+  for (size_t i = 0; i < failures.size() && any_in_last; ++i) {
     const auto& f = failures[i];
     if (f.round() != last_round) continue;
     bool is_root = root && *root == i;
@@ -1071,7 +1077,7 @@ std::string format_failure_summary(const std::string& job_id, const std::vector<
   // Root causes of earlier rounds.
   std::map<int64_t, const pb::Failure*> earlier;
   for (const auto& f : failures) {
-    if (f.round() >= last_round) continue;
+    if (any_in_last && f.round() >= last_round) continue;
     auto& slot = earlier[f.round()];
     if (slot == nullptr || f.time_unix_ms() < slot->time_unix_ms()) slot = &f;
   }

@@ -91,10 +91,24 @@ struct NodeAgent::Active {
   pb::Assignment assignment;
   std::unique_ptr<supervisor::WorkerGroup> group;
   std::unique_ptr<supervisor::HangWatch> hang_watch;
-  std::string error_dir;
+  std::string error_dir;  // <state_dir>/<job>/attempt_<round>: error files, progress pages
   int succeeded = 0;
   bool failed = false;
   [[nodiscard]] bool all_succeeded() const { return succeeded == spec.processes_per_node(); }
+
+  Active() = default;
+  Active(const Active&) = delete;
+  Active& operator=(const Active&) = delete;
+  // Why: a standing agent runs job after job; each round's folder is read while its workers
+  // exit and is garbage once the round is over (the job's folder too, once empty).
+  ~Active() {
+    if (error_dir.empty()) return;
+    hang_watch.reset();
+    group.reset();
+    std::error_code ec;
+    fs::remove_all(error_dir, ec);
+    fs::remove(fs::path(error_dir).parent_path(), ec);  // only when empty
+  }
 };
 
 NodeAgent::NodeAgent(asio::io_context& io, std::shared_ptr<rpc::CoordinatorClient> client,

@@ -2,8 +2,11 @@
 #include "agent/rpc/rpc_security.h"
 
 #include <grpc/grpc.h>
+#include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
+#include <string_view>
 
 #include <fstream>
 #include <sstream>
@@ -95,6 +98,17 @@ void prepare_grpc_process() {
   if (ours) ::setenv(kBackupPoll, "100", 0);
   grpc_init();  // reads the variable; never shut down (the processes end with _Exit)
   if (ours) ::unsetenv(kBackupPoll);
+}
+
+void forget_token_in_environment() {
+  constexpr std::string_view kPrefix = "ACCEL_TOKEN=";
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (std::string_view(*e).substr(0, kPrefix.size()) == kPrefix) {
+      char* value = *e + kPrefix.size();
+      std::memset(value, 0, std::strlen(value));  // the bytes /proc/<pid>/environ shows
+    }
+  }
+  ::unsetenv("ACCEL_TOKEN");
 }
 
 Result<std::shared_ptr<grpc::Channel>> make_channel(const std::string& target, const TlsFiles& tls) {

@@ -29,6 +29,11 @@ struct TlsFiles {
 // do not inherit it); one already set by the user wins.
 void prepare_grpc_process();
 
+// Blanks ACCEL_TOKEN's value in this process's original environment block and removes it from
+// the environment. Call once the token has been read. Why: /proc/<pid>/environ shows the block
+// the process started with to every process of the same user, its workers included.
+void forget_token_in_environment();
+
 // The token: the first line of `token_file` if set, else $ACCEL_TOKEN. Errors name the file.
 // Empty tokens are refused: the control plane never runs open.
 Result<std::string> load_token(const std::string& token_file, const char* env_value);

@@ -1,11 +1,44 @@
 // Builds one worker's environment.
 #include "agent/supervisor/worker_env.h"
 
+#include <set>
+
 namespace accel::supervisor {
+
+std::optional<std::string> reserved_worker_variable(std::string_view key) {
+  static const std::set<std::string_view> kPerWorker = {
+      "RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE", "WORLD_SIZE",
+      "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
+      "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE",
+      "TORCHELASTIC_ERROR_FILE", "ACCEL_JOB_ID", "ACCEL_RESTART_COUNT", "ACCEL_ERROR_FILE", "ACCEL_PROGRESS_FILE"};
+  static const std::map<std::string_view, std::string_view> kFromConfig = {
+      {"ACCEL_MIXED_PRECISION", "--mixed-precision"},
+      {"ACCELERATE_MIXED_PRECISION", "--mixed-precision"},
+      {"ACCEL_GRADIENT_ACCUMULATION_STEPS", "--gradient-accumulation-steps"},
+      {"ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "--gradient-accumulation-steps"},
+      {"ACCEL_USE_CPU", "--cpu"},
+      {"ACCELERATE_USE_CPU", "--cpu"},
+      {"ACCELERATE_DEBUG_MODE", "--debug"},
+      {"ACCEL_COLLECTIVE_TIMEOUT", "--collective-timeout"},
+      {"ACCEL_CHECKPOINT_DIR", "--checkpoint-dir"},
+      {"ACCEL_CHECKPOINT_INTERVAL", "--checkpoint-interval"}};
+  if (kPerWorker.contains(key)) {
+    return std::string(key) + " is set by accel for each worker (rank, world, rendezvous); --env cannot change it";
+  }
+  if (auto it = kFromConfig.find(key); it != kFromConfig.end()) {
+    return std::string(key) + " comes from the launch configuration; use " + std::string(it->second) +
+           " (or its config key) instead";
+  }
+  if (key == "ACCEL_TOKEN") return std::string("ACCEL_TOKEN is the control plane's secret and is never given to workers");
+  return std::nullopt;
+}
 
 EnvMap build_worker_env(const EnvMap& base, const WorkerIdentity& id, const JobEnv& job,
                         const std::string& error_file) {
   EnvMap env = base;
+  // Why: the control plane's secret is never a worker's (a worker runs the user's code, and in
+  // local mode the launcher's own environment is the base).
+  env.erase("ACCEL_TOKEN");
   auto set = [&env](const char* k, const std::string& v) { env[k] = v; };
   auto num = [](int v) { return std::to_string(v); };
 

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <map>
+#include <optional>
+#include <string_view>
 #include <string>
 
 namespace accel::supervisor {
@@ -35,6 +37,11 @@ struct JobEnv {
   int checkpoint_interval = 0;   // ACCEL_CHECKPOINT_INTERVAL when > 0; otherwise unset
   int omp_num_threads = 0;  // 0: 1 when local_world_size > 1 and unset in `base`, else inherit
 };
+
+// Why `--env KEY=...` cannot set `key`, or nullopt when it can: a variable the launcher sets for
+// each worker (RANK, MASTER_PORT, ...) or from a configuration key (then the flag to use), or the
+// control plane's token.
+std::optional<std::string> reserved_worker_variable(std::string_view key);
 
 // `base` (the launcher's own environment) plus the contract's variables. Variables of the
 // contract always override `base`, except TORCH_NCCL_ASYNC_ERROR_HANDLING and OMP_NUM_THREADS,

@@ -368,6 +368,9 @@ void WorkerGroup::stop(int signal, StopHandler done) {
     return;
   }
   signal_groups(*st, signal, /*include_exited=*/true);
+  // Why: a stopped process (SIGSTOP, Ctrl-Z, a debugger detached) does not act on the signal
+  // until it runs again; it would cost the whole stop_timeout. systemd does the same.
+  if (signal != SIGCONT) signal_groups(*st, SIGCONT, /*include_exited=*/true);
   st->timer.expires_after(st->options.stop_timeout);
   std::weak_ptr<State> weak = st;
   st->timer.async_wait([weak](const boost::system::error_code& ec) {

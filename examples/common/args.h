@@ -1,4 +1,5 @@
-// A small flag parser for the example programs: --name VALUE, --name=VALUE, --help.
+// A small flag parser for the example programs (--name VALUE, --name=VALUE, --help) and their
+// main's error handling.
 #pragma once
 
 #include <cstdlib>
@@ -6,6 +7,8 @@
 #include <map>
 #include <string>
 #include <vector>
+
+#include "accel/error.h"
 
 namespace accel::examples {
 
@@ -93,5 +96,17 @@ class Args {
 
   std::map<std::string, std::string> values_, help_, defaults_;
 };
+
+// Runs an example's `run_training(argc, argv)`: an accel::Error (no intact checkpoint to resume from, a
+// bad configuration) is printed and the process exits 1, instead of ending in std::terminate and
+// SIGABRT with the same message buried in a crash report.
+inline int run_example(int (*train)(int, char**), int argc, char** argv) {
+  try {
+    return train(argc, argv);
+  } catch (const accel::Error& e) {
+    std::cerr << e.what() << std::endl;
+    return 1;
+  }
+}
 
 }  // namespace accel::examples

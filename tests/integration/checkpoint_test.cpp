@@ -41,6 +41,27 @@ std::vector<std::string> classifier_args(const std::string& model_dir) {
   return {TRAIN_CLASSIFIER_BIN, "--epochs", "4", "--train-samples", "3000", "--save-model", model_dir};
 }
 
+// A restart that finds no intact checkpoint stops with the runtime's clear error and exit 1 on
+// every rank (it used to end in std::terminate: SIGABRT, the message in a crash report).
+TEST(Checkpoint, NoIntactCheckpointIsAClearErrorAndExit1) {
+  TempDir dir;
+  std::map<std::string, std::string> env{{"OMP_NUM_THREADS", "1"}};
+  auto ck = dir.path() / "ck";
+  std::vector<std::string> first = {"-n", "1", "--checkpoint-dir", ck.string(), "--checkpoint-interval", "5", "--",
+                                    TRAIN_CLASSIFIER_BIN, "--epochs", "1", "--train-samples", "400"};
+  auto r = run_launcher(dir, first, 120s, env);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_TRUE(has_checkpoint(ck));
+  for (const auto& e : fs::directory_iterator(ck / "checkpoints")) {
+    fs::resize_file(e.path() / "model.safetensors", 10);  // every checkpoint damaged
+  }
+  auto again = run_launcher(dir, first, 120s, env);
+  EXPECT_EQ(again.exit_code, 1) << again.err;
+  std::string all = again.out + again.err;
+  EXPECT_NE(all.find("is intact"), std::string::npos) << all;
+  EXPECT_EQ(all.find("SIGABRT"), std::string::npos) << all;
+}
+
 TEST(Checkpoint, KilledWorkersResumeToTheWeightsOfAnUninterruptedRun) {
   TempDir dir;
   std::map<std::string, std::string> env{{"OMP_NUM_THREADS", "1"}};

@@ -117,6 +117,12 @@ class Cluster {
   }
   int port() const { return port_; }
 
+  Launched& agent_with_args(const std::string& node_id, std::vector<std::string> extra) {
+    std::vector<std::string> args = {"--coordinator", target(), "--node-id", node_id, "--stop-timeout", "2s"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return add(args, node_id);
+  }
+
   Launched& agent(const std::string& node_id, const std::string& token = kToken) {
     return add({"--coordinator", target(), "--node-id", node_id, "--stop-timeout", "2s"}, node_id, token);
   }
@@ -459,6 +465,28 @@ TEST(ControlPlane, ForwardedOutputArrivesWholeAndInOrderBeforeTheJobEnds) {
     expect_every_line_in_order(r.out, 4, k.lines);
     EXPECT_EQ(r.err.find("were dropped"), std::string::npos) << "no event may be dropped";
   }
+  expect_no_orphans(c.worker_dir());
+}
+
+// A standing agent's workers cannot read the token from the agent (/proc/<pid>/environ shows the
+// environment it started with), and each round's folder under --state-dir goes when the round is
+// over (a standing agent runs job after job).
+TEST(ControlPlane, AStandingAgentHidesItsTokenAndCleansItsStateFolder) {
+  TempDir dir;
+  Cluster c(dir);
+  c.serve("node-a", /*coordinator_only=*/true);
+  auto state = dir.path() / "state";
+  Launched& agent = c.agent_with_args("node-b", {"--state-dir", state.string()});
+  ASSERT_TRUE(wait_until([&] { return c.status().find("node-b") != std::string::npos; }, 15s));
+  std::string environ_block = read_file("/proc/" + std::to_string(agent.pid()) + "/environ");
+  EXPECT_EQ(environ_block.find(kToken), std::string::npos) << "the token is readable in /proc/<pid>/environ";
+  for (int job = 0; job < 2; ++job) {
+    auto launch = c.submit({"-n", "2"}, {"--run-ms", "0"});
+    RunResult r = launch->wait(60s);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+  EXPECT_TRUE(wait_until([&] { return fs::is_empty(state); }, 10s))
+      << "left in " << state << ": " << (fs::is_empty(state) ? "" : fs::begin(fs::directory_iterator(state))->path().string());
   expect_no_orphans(c.worker_dir());
 }
 

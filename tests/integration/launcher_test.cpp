@@ -298,6 +298,24 @@ TEST(Launcher, BadConfigAndFlagsAreClearErrors) {
   auto missing = run_launcher(dir, {"-n", "2", "no-such-program-xyz"});
   EXPECT_EQ(missing.exit_code, 127);
   EXPECT_NE(missing.err.find("'no-such-program-xyz' not found on PATH"), std::string::npos);
+  // Keys of `--nodes N` launches given with --coordinator used to be ignored (the job then
+  // waited for nodes that never came).
+  auto mixed = run_launcher(dir, {"--coordinator", "127.0.0.1:1", "--machine-rank", "1", "--nodes", "2", "/bin/true"});
+  EXPECT_EQ(mixed.exit_code, 2);
+  EXPECT_NE(mixed.err.find("machine_rank does not go with coordinator"), std::string::npos) << mixed.err;
+  auto port = run_launcher(dir, {"--coordinator", "127.0.0.1:1", "--coordinator-port", "29411", "/bin/true"});
+  EXPECT_EQ(port.exit_code, 2);
+  EXPECT_NE(port.err.find("coordinator_port does not go with coordinator"), std::string::npos) << port.err;
+}
+
+// The control plane's token stays with the launcher, in local mode too.
+TEST(Launcher, WorkersNeverSeeTheToken) {
+  TempDir dir;
+  auto r = run_launcher(dir, {"-n", "1", "/bin/sh", "-c", "echo token=[$ACCEL_TOKEN]"}, 30s,
+                        {{"ACCEL_TOKEN", "local-secret-123456"}});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("token=[]"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("local-secret"), std::string::npos) << r.out;
 }
 
 TEST(Launcher, ChildrenLeftBehindBySuccessfulWorkersAreStopped) {

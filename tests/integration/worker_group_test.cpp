@@ -92,6 +92,33 @@ TEST(WorkerGroup, StopEscalatesToSigkill) {
   EXPECT_EQ(group.running(), 0u);
 }
 
+// A worker stopped with SIGSTOP (Ctrl-Z, a detached debugger) gets SIGCONT after the stop's
+// signal, so it ends at once instead of costing the whole stop_timeout.
+TEST(WorkerGroup, AStoppedWorkerIsContinuedSoTheStopSignalActs) {
+  TempDir dir;
+  boost::asio::io_context io;
+  WorkerGroupOptions opts;
+  opts.stop_timeout = 30s;
+  WorkerGroup group(io, opts);
+  std::vector<WorkerExit> exits;
+  ASSERT_TRUE(group.start({shell(0, "touch " + (dir / "ready") + "; exec sleep 60")},
+                          [&](const WorkerExit& e) { exits.push_back(e); }).is_ok());
+  ASSERT_TRUE(accel::testing::wait_for_file(dir / "ready", 10s, 0));
+  ASSERT_EQ(::kill(group.pids().at(0), SIGSTOP), 0);
+  bool stopped = false;
+  StopReport report;
+  auto t0 = std::chrono::steady_clock::now();
+  group.stop(SIGTERM, [&](const StopReport& r) {
+    report = r;
+    stopped = true;
+  });
+  run_until(io, stopped);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s) << "waited for the 30 s stop_timeout";
+  EXPECT_FALSE(report.escalated_to_sigkill);
+  ASSERT_EQ(exits.size(), 1u);
+  EXPECT_EQ(exits[0].signal, SIGTERM);
+}
+
 TEST(WorkerGroup, StopKillsTheWorkersOwnChildren) {
   TempDir dir;
   boost::asio::io_context io;

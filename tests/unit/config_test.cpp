@@ -343,6 +343,32 @@ TEST_F(ConfigSourcesTest, ExplicitFileMustExist) {
   EXPECT_NE(r.message().find("(from ACCEL_CONFIG_FILE)"), std::string::npos);
 }
 
+// A huge config file is refused before yaml-cpp reads it (48 MB once took 2.9 GB and 13 s), and
+// an error never echoes a whole huge or binary value.
+TEST_F(ConfigSourcesTest, AHugeFileIsRefusedUnreadAndErrorsQuoteAtMost80BytesOfAValue) {
+  auto big = dir_ / "big.yaml";
+  {
+    std::ofstream out(big);
+    out << "num_processes: 2\n# " << std::string(kMaxConfigFileBytes, 'x') << "\n";
+  }
+  ConfigSources src;
+  src.config_file = big.string();
+  auto r = resolve_config(src);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.message().find(big.string() + ": the config file is "), std::string::npos) << r.message();
+  EXPECT_NE(r.message().find("the most accepted is 1048576"), std::string::npos) << r.message();
+
+  std::string huge(50'000, 'v');
+  auto msg = load_error("main_process_ip: " + huge + "\n");
+  EXPECT_LT(msg.size(), 300u) << "echoed the whole value";
+  EXPECT_NE(msg.find("(50000 bytes)"), std::string::npos) << msg;
+  auto key = load_error(std::string(10'000, 'k') + ": 1\n");
+  EXPECT_LT(key.size(), 1200u);
+  auto ctrl = load_error("mixed_precision: \"bf\\e[31m16\"\n");
+  EXPECT_EQ(ctrl.find('\x1b'), std::string::npos) << "a terminal escape reached the message";
+  EXPECT_NE(ctrl.find("\\x1b"), std::string::npos) << ctrl;
+}
+
 TEST(ConfigExamples, ShippedClusterYamlLoads) {
   ClusterConfig cfg;
   Status s = load_yaml_file(cfg, ACCEL_SOURCE_DIR "/configs/cluster.yaml");

@@ -668,6 +668,9 @@ TEST(CoordinatorCore, JoinTimeoutWithFewerThanMinNodesFailsJob) {
             std::string::npos)
       << w.outcome().summary();
   EXPECT_TRUE(has_message(w, "only 1 of the 2 nodes"));
+  // No worker ever ran: the reason alone, not an empty failure table of "round -1".
+  EXPECT_EQ(w.outcome().summary().find("round -1"), std::string::npos) << w.outcome().summary();
+  EXPECT_EQ(w.outcome().summary().find("failures of job"), std::string::npos) << w.outcome().summary();
 
   Ins a = h.ins("a");
   EXPECT_EQ(a.action(), Ins::ACTION_IDLE);

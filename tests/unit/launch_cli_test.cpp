@@ -75,6 +75,21 @@ TEST(LaunchCli, ControlPlaneFlagsAndWorkerEnv) {
   EXPECT_NE(bad.text.find("--env 1BAD=x: expected KEY=VALUE or KEY"), std::string::npos) << bad.text;
 }
 
+// --env cannot set what accel sets for each worker or derives from the configuration: it used
+// to be overridden in silence (--env RANK=99 gave rank 0).
+TEST(LaunchCli, EnvOfAVariableAccelSetsIsAnErrorThatSaysWhatToUse) {
+  ParseOutcome rank = parse_launch_command({"--env", "RANK=99", "./train"});
+  EXPECT_EQ(rank.exit_code, 2);
+  EXPECT_NE(rank.text.find("--env RANK: RANK is set by accel for each worker"), std::string::npos) << rank.text;
+  ParseOutcome mp = parse_launch_command({"--env", "ACCELERATE_MIXED_PRECISION=bf16", "./train"});
+  EXPECT_EQ(mp.exit_code, 2);
+  EXPECT_NE(mp.text.find("use --mixed-precision"), std::string::npos) << mp.text;
+  ParseOutcome token = parse_launch_command({"--env", "ACCEL_TOKEN", "./train"});
+  EXPECT_EQ(token.exit_code, 2);
+  EXPECT_NE(token.text.find("never given to workers"), std::string::npos) << token.text;
+  EXPECT_EQ(parse_launch_command({"--env", "RANKING=1", "./train"}).exit_code, 0);
+}
+
 TEST(LaunchCli, BooleanFlagsTakeAValue) {
   LaunchCommand off = parse_ok({"--cpu=false", "--debug", "p"});
   EXPECT_EQ(flag_value(off, "use_cpu"), "false");
