@@ -197,6 +197,7 @@ int main(int argc, char** argv) {
                                    accel::supervisor::format_failure_summary(opts, result));
     } else {
       logger->info("job {} succeeded", opts.job_id);
+      for (const auto& problem : result.log_problems) logger->warn("but its log is incomplete: {}", problem);
     }
     boost::system::error_code ignored;
     signals.cancel(ignored);

@@ -514,6 +514,7 @@ void NodeAgent::start_group(const pb::Instruction& ins) {
 
   auto group_opts = options_.group;
   if (spec.stop_timeout_ms() > 0) group_opts.stop_timeout = std::chrono::milliseconds(spec.stop_timeout_ms());
+  group_opts.on_warning = [this](const std::string& problem) { log(LogLevel::kWarn, problem); };
   act.group = std::make_unique<supervisor::WorkerGroup>(io_, group_opts);
   log(LogLevel::kInfo, "job " + ins.job_id() + " round " + std::to_string(ins.round()) +
                            ": starting ranks " + std::to_string(a.rank_offset()) + ".." +

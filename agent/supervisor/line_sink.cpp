@@ -3,7 +3,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstring>
 
 namespace accel::supervisor {
 
@@ -18,6 +20,10 @@ bool write_all(int fd, std::string_view data) {
   }
   return true;
 }
+
+namespace {
+size_t lines_in_batch(const std::string& batch) { return static_cast<size_t>(std::count(batch.begin(), batch.end(), '\n')); }
+}  // namespace
 
 LineSink::LineSink(Options options) : options_(std::move(options)) {}
 
@@ -81,10 +87,18 @@ void LineSink::flush_batches() {
     write_all(options_.console_fd, console_batch_);
     console_batch_.clear();
   }
-  if (!log_batch_.empty()) {
-    write_all(options_.log_fd, log_batch_);
-    log_batch_.clear();
+  if (!log_batch_.empty() && !*options_.log_failed) {
+    if (!write_all(options_.log_fd, log_batch_)) {
+      int err = errno;
+      *options_.log_failed = true;
+      if (options_.on_log_error) {
+        options_.on_log_error("cannot write the log file " + options_.log_path + ": " + std::strerror(err) +
+                              "; from line " + std::to_string(lines_ - lines_in_batch(log_batch_) + 1) +
+                              " on, this output is on the console only");
+      }
+    }
   }
+  log_batch_.clear();
 }
 
 }  // namespace accel::supervisor

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -21,6 +22,12 @@ class LineSink {
     size_t keep_last = 0;        // lines kept for last_lines()
     size_t max_line = 64 * 1024; // a longer line without '\n' is cut and emitted in pieces
     std::function<void(std::string_view line)> on_line{};  // also handed every line (forwarding)
+    std::string log_path{};      // for the message when writing the log file fails
+    // Told once when a write to the log file fails (ENOSPC, EIO): the file and the error. Later
+    // lines go to the console only. Streams sharing a log file share `log_failed`, so the file is
+    // reported once.
+    std::function<void(const std::string& problem)> on_log_error{};
+    std::shared_ptr<bool> log_failed = std::make_shared<bool>(false);
   };
 
   explicit LineSink(Options options);

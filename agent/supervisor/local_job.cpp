@@ -37,7 +37,14 @@ std::string attempt_dir(const std::string& root, int attempt) {
 }  // namespace
 
 LocalJob::LocalJob(boost::asio::io_context& io, LocalJobOptions options, JobLogger log)
-    : io_(io), options_(std::move(options)), log_(std::move(log)) {}
+    : io_(io), options_(std::move(options)), log_(std::move(log)) {
+  // Why here: a full disk must not truncate a rank's log in silence; it is said at once and
+  // again at the end, even when the job succeeds.
+  options_.group.on_warning = [this](const std::string& problem) {
+    log_(LogLevel::kWarn, problem);
+    result_.log_problems.push_back(problem);
+  };
+}
 
 LocalJob::~LocalJob() = default;
 
@@ -234,6 +241,7 @@ std::string format_failure_summary(const LocalJobOptions& options, const JobResu
         << result.attempts.size() << " attempt" << (result.attempts.size() == 1 ? "" : "s")
         << " (max_restarts " << options.max_restarts << ")\n";
   }
+  for (const auto& problem : result.log_problems) out << "  log: " << problem << "\n";
   if (result.attempts.empty()) return out.str();
   const AttemptRecord& last = result.attempts.back();
   if (last.hang) out << "  root cause: " << last.hang->reason << "\n" << last.hang->report;

@@ -51,6 +51,7 @@ struct JobResult {
   std::string spawn_error;  // set when workers could not be started
   std::vector<AttemptRecord> attempts;
   std::vector<pid_t> unkillable;
+  std::vector<std::string> log_problems;  // rank log files that could not be written, once each
 };
 
 enum class LogLevel { kInfo, kWarn, kError };

@@ -233,6 +233,7 @@ Status spawn(const std::shared_ptr<State>& st, Worker& w) {
       return Status::error("cannot open log file " + spec.log_path + ": " + std::strerror(errno));
     }
   }
+  auto log_failed = std::make_shared<bool>(false);  // shared by the rank's two streams
   auto make_stream = [&](bool to_console, int console_fd, size_t keep, bool is_stderr) {
     Stream s;
     LineSink::Options o{
@@ -241,6 +242,9 @@ Status spawn(const std::shared_ptr<State>& st, Worker& w) {
         .log_fd = w.log_fd,
         .keep_last = keep,
     };
+    o.log_path = spec.log_path;
+    o.on_log_error = st->options.on_warning;
+    o.log_failed = log_failed;
     if (spec.forward) {
       o.on_line = [f = spec.forward, is_stderr](std::string_view line) { f(is_stderr, line); };
     }

@@ -71,6 +71,8 @@ struct WorkerGroupOptions {
   int console_stdout_fd = STDOUT_FILENO;
   int console_stderr_fd = STDERR_FILENO;
   size_t stderr_tail_lines = 8;
+  // Told once per rank log file that cannot be written (the file and the error; see LineSink).
+  std::function<void(const std::string& problem)> on_warning{};
 };
 
 // "SIGTERM" for 15; "signal 77" when the number has no name.

@@ -308,6 +308,26 @@ TEST(Launcher, BadConfigAndFlagsAreClearErrors) {
   EXPECT_NE(port.err.find("coordinator_port does not go with coordinator"), std::string::npos) << port.err;
 }
 
+// A rank log that cannot be written (the disk is full: here the log file is /dev/full) is said
+// once in the run's output and again at the end, though the job succeeds; the terminal copy is
+// whole.
+TEST(Launcher, AFullLogDiskIsReportedAndTheConsoleKeepsEveryLine) {
+  TempDir dir;
+  auto attempt = dir.path() / "logs" / "full-job" / "attempt_0";
+  fs::create_directories(attempt);
+  fs::create_symlink("/dev/full", attempt / "rank_0.log");
+  auto r = run_launcher(dir, {"-n", "1", "--log-dir", (dir.path() / "logs").string(), "--job-id", "full-job",
+                              "/bin/sh", "-c", "i=0; while [ $i -lt 1000 ]; do echo line $i; i=$((i+1)); done"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("line 999"), std::string::npos);
+  const std::string problem = "cannot write the log file " + (attempt / "rank_0.log").string() + ": No space left on device";
+  size_t first = r.err.find(problem);
+  ASSERT_NE(first, std::string::npos) << r.err;
+  size_t again = r.err.find(problem, first + 1);
+  EXPECT_NE(again, std::string::npos) << "said again at the end:\n" << r.err;
+  EXPECT_NE(r.err.find("but its log is incomplete"), std::string::npos) << r.err;
+}
+
 // The control plane's token stays with the launcher, in local mode too.
 TEST(Launcher, WorkersNeverSeeTheToken) {
   TempDir dir;

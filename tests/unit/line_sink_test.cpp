@@ -2,7 +2,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+
 #include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "agent/supervisor/line_sink.h"
 
@@ -49,6 +54,36 @@ TEST(LineSink, CutsOverlongLines) {
   LineSink sink({.prefix = "> ", .console_fd = console.fd(), .max_line = 4});
   sink.feed("abcdefghij\n");
   EXPECT_EQ(console.text(), "> abcd\n> efgh\n> ij\n");
+}
+
+// A log file that cannot be written (here /dev/full: ENOSPC) is reported once, with the file and
+// the error; the console copy goes on, and so does a second stream sharing the file.
+TEST(LineSink, AFullLogFileIsReportedOnceAndTheConsoleGoesOn) {
+  Capture console;
+  int full = ::open("/dev/full", O_WRONLY | O_CLOEXEC);
+  ASSERT_GE(full, 0);
+  std::vector<std::string> problems;
+  auto failed = std::make_shared<bool>(false);
+  auto options = [&] {
+    LineSink::Options o{.prefix = "[r0] ", .console_fd = console.fd(), .log_fd = full};
+    o.log_path = "/dev/full";
+    o.on_log_error = [&](const std::string& p) { problems.push_back(p); };
+    o.log_failed = failed;
+    return o;
+  };
+  LineSink out(options()), err(options());
+  for (int i = 0; i < 100; ++i) {
+    out.feed("out " + std::to_string(i) + "\n");
+    err.feed("err " + std::to_string(i) + "\n");
+  }
+  ::close(full);
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_NE(problems[0].find("cannot write the log file /dev/full: No space left on device"), std::string::npos)
+      << problems[0];
+  EXPECT_NE(problems[0].find("from line 1 on"), std::string::npos) << problems[0];
+  auto text = console.text();
+  EXPECT_NE(text.find("[r0] out 99\n"), std::string::npos);
+  EXPECT_NE(text.find("[r0] err 99\n"), std::string::npos);
 }
 
 TEST(LineSink, NoConsoleNoLog) {
