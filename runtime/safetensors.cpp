@@ -18,9 +18,16 @@
 namespace accel::safetensors {
 
 // Why: tensors are copied to and from the file byte for byte, with no swap.
-static_assert(std::endian::native == std::endian::little, "safetensors is little-endian");
+// Why the macro and not std::endian: this file also builds as C++17 (fuzz/, with clang, whose
+// C++20 mode cannot compile libtorch 1.13's headers).
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors is little-endian");
 
 namespace {
+
+bool ends_with(std::string_view s, std::string_view tail) {
+  return s.size() >= tail.size() && s.substr(s.size() - tail.size()) == tail;
+}
+bool starts_with(std::string_view s, std::string_view head) { return s.substr(0, head.size()) == head; }
 
 namespace fs = std::filesystem;
 using OrderedJson = nlohmann::ordered_json;
@@ -261,7 +268,9 @@ OrderedJson parse_header(std::string_view bytes, const std::string& where) {
   OrderedJson header;
   try {
     header = OrderedJson::parse(bytes.substr(8, n));
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
+    // Why the base class: a number out of range (1e999) is out_of_range, not parse_error (found
+    // by fuzz/fuzz_safetensors); any of them means a damaged file.
     fail(where, std::string("header is not valid JSON: ") + e.what());
   }
   if (!header.is_object())
@@ -366,7 +375,7 @@ uint64_t parse_size(const std::string& text, const std::string& name) {
   std::string upper = trim(text);
   for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   const Unit* unit = std::find_if(std::begin(kUnits), std::end(kUnits),
-                                  [&](const Unit& u) { return upper.ends_with(u.suffix); });
+                                  [&](const Unit& u) { return ends_with(upper, u.suffix); });
   std::string digits =
       trim(std::string_view(upper).substr(0, upper.size() - std::strlen(unit->suffix)));
   if (digits.empty() ||
@@ -411,7 +420,7 @@ std::string shard_name(const std::string& prefix, std::size_t k, std::size_t n) 
 // True when `name` is "<prefix>-ddddd-of-ddddd.safetensors".
 bool is_shard_name(std::string_view name, const std::string& prefix) {
   const std::string_view tail = ".safetensors";
-  if (!name.starts_with(prefix + "-") || !name.ends_with(tail)) return false;
+  if (!starts_with(name, prefix + "-") || !ends_with(name, tail)) return false;
   name = name.substr(prefix.size() + 1, name.size() - prefix.size() - 1 - tail.size());
   auto digits = [](std::string_view s) {
     return s.size() == 5 &&
@@ -423,7 +432,7 @@ bool is_shard_name(std::string_view name, const std::string& prefix) {
 
 // True when `name` is one of the files save_sharded writes for `prefix`, or its temp file.
 bool is_saved_file(std::string_view name, const std::string& prefix) {
-  if (name.ends_with(".tmp")) name.remove_suffix(4);
+  if (ends_with(name, ".tmp")) name.remove_suffix(4);
   return name == prefix + ".safetensors" || name == prefix + ".safetensors.index.json" ||
          is_shard_name(name, prefix);
 }

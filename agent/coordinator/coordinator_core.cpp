@@ -482,9 +482,7 @@ void CoordinatorCore::end_job(Job& job, pb::JobState state, int32_t exit_code, c
       node.job_id.clear();
       node.last_job_id = job.id;
       changes_.nodes.insert(id);
-    } else if (std::any_of(job.round_members.begin(), job.round_members.end(), [&](const auto& rm) {
-                 return std::find(rm.second.begin(), rm.second.end(), id) != rm.second.end();
-               })) {
+    } else if (took_part(job, id)) {
       node.last_job_id = job.id;  // it took part in an earlier round (mode 2: it waits to hear)
       changes_.nodes.insert(id);
     }

@@ -11,9 +11,16 @@ namespace accel::supervisor {
 std::optional<WorkerError> read_error_file(const std::string& path) {
   std::ifstream in(path);
   if (!in) return std::nullopt;
-  std::stringstream text;
-  text << in.rdbuf();
-  auto doc = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  // Why a bound: the worker writes this file; a huge one must not cost the agent its memory.
+  std::string text(kMaxErrorFileBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > kMaxErrorFileBytes) return WorkerError{"(error file " + path + " is larger than 1 MiB)", ""};
+  return parse_error_file(text, path);
+}
+
+WorkerError parse_error_file(std::string_view text, const std::string& path) {
+  auto doc = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded() || !doc.is_object() || !doc.contains("message")) {
     return WorkerError{"(unreadable error file " + path + ")", ""};
   }

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <optional>
+#include <cstddef>
 #include <string>
+#include <string_view>
 
 namespace accel::supervisor {
 
@@ -17,5 +19,9 @@ struct WorkerError {
 // Returns nothing when the file is absent; a file that is not such JSON yields a message
 // saying so, so a corrupt report is visible rather than silently dropped.
 std::optional<WorkerError> read_error_file(const std::string& path);
+// The same for the file's text (`path` only names it in messages).
+WorkerError parse_error_file(std::string_view text, const std::string& path);
+
+inline constexpr std::size_t kMaxErrorFileBytes = 1u << 20;  // larger: reported, not parsed
 
 }  // namespace accel::supervisor

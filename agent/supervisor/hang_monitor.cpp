@@ -22,9 +22,15 @@ std::string seconds(std::uint64_t ns) { return seconds_text(static_cast<double>(
 
 std::string name(const PageView::Op& op) { return op.op + " #" + std::to_string(op.seq); }
 
-PageView view_of(const progress::Page& page, int rank) {
+}  // namespace
+
+PageView parse_page(std::string_view bytes, int rank) {
   PageView v;
   v.rank = rank;
+  if (bytes.size() < sizeof(progress::Page)) return v;
+  // Why a copy: the bytes may be unaligned (a fuzzer's) or still changing (a live page).
+  progress::Page page;
+  std::memcpy(&page, bytes.data(), sizeof page);
   if (std::memcmp(page.magic, progress::kMagic, sizeof progress::kMagic) != 0) return v;
   v.valid = true;
   v.heartbeat_ns = progress::load(&page.heartbeat_ns);
@@ -41,8 +47,6 @@ PageView view_of(const progress::Page& page, int rank) {
   }
   return v;
 }
-
-}  // namespace
 
 std::string page_file_path(const std::string& dir, int rank) {
   return dir + "/rank_" + std::to_string(rank) + ".progress";
@@ -141,10 +145,18 @@ std::optional<Hang> detect_hang(const std::vector<PageView>& pages, std::uint64_
   return hang;
 }
 
+// Why pread and not mmap: the worker owns its page file; one that truncates it would make a
+// mapped read SIGBUS the agent. A 4 KiB read per worker per interval costs nothing.
 struct HangWatch::Mapping {
-  const progress::Page* page = nullptr;
+  int fd = -1;
   ~Mapping() {
-    if (page) ::munmap(const_cast<progress::Page*>(page), progress::kFileBytes);
+    if (fd >= 0) ::close(fd);
+  }
+  std::string read() const {
+    std::string bytes(progress::kFileBytes, '\0');
+    ssize_t n = fd < 0 ? -1 : ::pread(fd, bytes.data(), bytes.size(), 0);
+    bytes.resize(n < 0 ? 0 : static_cast<size_t>(n));
+    return bytes;
   }
 };
 
@@ -187,28 +199,12 @@ void HangWatch::check() {
     maps_.clear();
     for (const auto& [rank, path] : pages_) {
       auto m = std::make_unique<Mapping>();
-      int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd >= 0) {
-        struct stat st {};
-        if (::fstat(fd, &st) == 0 && st.st_size >= static_cast<off_t>(progress::kFileBytes)) {
-          void* mem = ::mmap(nullptr, progress::kFileBytes, PROT_READ, MAP_SHARED, fd, 0);
-          if (mem != MAP_FAILED) m->page = static_cast<const progress::Page*>(mem);
-        }
-        ::close(fd);
-      }
+      m->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
       maps_.push_back(std::move(m));
     }
   }
   std::vector<PageView> views;
-  for (size_t i = 0; i < pages_.size(); ++i) {
-    if (maps_[i]->page) {
-      views.push_back(view_of(*maps_[i]->page, pages_[i].first));
-    } else {
-      PageView v;
-      v.rank = pages_[i].first;
-      views.push_back(v);
-    }
-  }
+  for (size_t i = 0; i < pages_.size(); ++i) views.push_back(parse_page(maps_[i]->read(), pages_[i].first));
   latest_ = views;
   latest_ns_ = progress::monotonic_ns();
   if (auto hang = detect_hang(views, latest_ns_, options_, host_)) {

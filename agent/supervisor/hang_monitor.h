@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace accel::supervisor {
@@ -47,6 +48,10 @@ struct Hang {
   std::string reason;      // one line
   std::string report;      // the desync report, one line per rank
 };
+
+// A progress page's bytes (as read from its file; any bytes at all) as a view; not valid when
+// too short or without the magic. Entries being rewritten are skipped.
+PageView parse_page(std::string_view bytes, int rank);
 
 std::optional<Hang> detect_hang(const std::vector<PageView>& pages, std::uint64_t now_ns,
                                 const HangOptions& options, const std::string& host);

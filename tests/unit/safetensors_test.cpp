@@ -120,6 +120,23 @@ TEST(Safetensors, RoundTripsEveryDtypeBitwise) {
   for (const auto& [name, t] : out.tensors) EXPECT_TRUE(t.is_contiguous()) << name;
 }
 
+// Found by fuzz/fuzz_safetensors: a header number out of double's range made nlohmann throw
+// out_of_range, which escaped decode as another exception than CheckpointError (a damaged file
+// must always be a CheckpointError naming it).
+TEST(Safetensors, AnOutOfRangeNumberInTheHeaderIsACheckpointError) {
+  std::string header = R"({"a": {"dtype": "F32", "shape": [1e999], "data_offsets": [0, 4]}})";
+  std::string file(8, '\0');
+  uint64_t n = header.size();
+  std::memcpy(file.data(), &n, 8);
+  file += header + std::string(4, '\0');
+  try {
+    decode(file, "x.safetensors");
+    FAIL() << "decoded a header with 1e999";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("x.safetensors"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Safetensors, DecodedTensorsOwnTheirMemory) {
   NamedTensors in = {{"w", torch::arange(6, torch::kFloat)}};
   std::string bytes = file_bytes(encode(in));
