@@ -231,20 +231,29 @@ bool CoordinatorServer::listen(const std::string& address) {
   return true;
 }
 
+std::vector<std::function<void()>> CoordinatorServer::take_parked(const std::string& why) {
+  std::vector<std::function<void()>> finish;
+  auto answer = [&](grpc::ServerUnaryReactor* r) {
+    finish.push_back([r, why] { r->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, why)); });
+  };
+  for (auto& [node, list] : parked_syncs_) {
+    for (auto& p : list) answer(p.reactor);
+  }
+  for (auto& [job, list] : parked_watches_) {
+    for (auto& p : list) answer(p.reactor);
+  }
+  parked_syncs_.clear();
+  parked_watches_.clear();
+  return finish;
+}
+
 void CoordinatorServer::rebuild_listener() {
   std::vector<std::function<void()>> finish;
   {
     std::lock_guard lock(mu_);
     if (stopping_) return;
     // Why: the parked calls belong to the old server; their clients retry on the new one.
-    for (auto& [node, list] : parked_syncs_) {
-      for (auto& p : list) finish.push_back([r = p.reactor] { r->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator listener restarting")); });
-    }
-    for (auto& [job, list] : parked_watches_) {
-      for (auto& p : list) finish.push_back([r = p.reactor] { r->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator listener restarting")); });
-    }
-    parked_syncs_.clear();
-    parked_watches_.clear();
+    finish = take_parked("coordinator listener restarting");
   }
   for (auto& f : finish) f();
   std::unique_ptr<grpc::Server> old_server;
@@ -275,14 +284,7 @@ void CoordinatorServer::shutdown() {
     std::lock_guard lock(mu_);
     if (stopping_) return;
     stopping_ = true;
-    for (auto& [node, list] : parked_syncs_) {
-      for (auto& p : list) finish.push_back([r = p.reactor] { r->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down")); });
-    }
-    for (auto& [job, list] : parked_watches_) {
-      for (auto& p : list) finish.push_back([r = p.reactor] { r->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down")); });
-    }
-    parked_syncs_.clear();
-    parked_watches_.clear();
+    finish = take_parked("coordinator shutting down");
   }
   tick_cv_.notify_all();
   for (auto& f : finish) f();

@@ -87,6 +87,9 @@ class CoordinatorServer {
   // gRPC stopped accepting: answers the parked calls, shuts the old listener down and builds a
   // new one on the same port over the same core. Called by the ticker, without mu_.
   void rebuild_listener();
+  // Under mu_: empties the parked calls; the returned functions answer them UNAVAILABLE (`why`),
+  // to be run outside mu_.
+  std::vector<std::function<void()>> take_parked(const std::string& why);
   void ticker();
   // Under mu_: collects the parked calls the core's changes answer, and with `expire` (the
   // ticker) those whose wait is over.
