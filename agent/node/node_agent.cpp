@@ -138,7 +138,36 @@ void NodeAgent::post_from_grpc(const std::shared_ptr<Gate>& gate, asio::io_conte
   });
 }
 
-void NodeAgent::start() { do_register(); }
+void NodeAgent::start() {
+  remove_leftover_rounds();
+  do_register();
+}
+
+// Why: an agent killed with SIGKILL (or a crashed one) cannot remove its round folders; its
+// workers died with it (PR_SET_PDEATHSIG), so what an earlier agent left in the state folder is
+// garbage. Only folders shaped like ours go: <job>/attempt_<n>/.
+void NodeAgent::remove_leftover_rounds() {
+  if (options_.state_dir.empty()) return;
+  std::error_code ec;
+  int removed = 0;
+  for (const auto& job : fs::directory_iterator(options_.state_dir, ec)) {
+    std::error_code ec2;
+    if (!job.is_directory(ec2)) continue;
+    bool ours = true;
+    for (const auto& round : fs::directory_iterator(job.path(), ec2)) {
+      auto name = round.path().filename().string();
+      ours = ours && round.is_directory(ec2) && name.rfind("attempt_", 0) == 0;
+    }
+    if (ours && !ec2) {
+      fs::remove_all(job.path(), ec2);
+      ++removed;
+    }
+  }
+  if (removed > 0) {
+    log(LogLevel::kInfo, "removed " + std::to_string(removed) + " job folder(s) an earlier agent left in " +
+                             options_.state_dir);
+  }
+}
 
 std::string NodeAgent::current_job_id() const {
   if (active_) return active_->job_id;

@@ -78,6 +78,7 @@ class NodeAgent {
  private:
   struct Active;
 
+  void remove_leftover_rounds();
   void do_register();
   void do_sync();
   void on_sync(const grpc::Status& status, const pb::SyncResponse& resp);

@@ -1,0 +1,245 @@
+// Soak: a 2-node x 2-process training job (train_classifier with checkpoints) under standing
+// agents, while a seeded driver kills random workers, an agent (restarted, as systemd would) and
+// the coordinator (restarted) at random moments, about 20 faults. The job must finish with the
+// weights of an uninterrupted run, bit for bit, and leave nothing of ours behind: no process,
+// no descriptor growth in the agents, no state or shared-memory leftovers. Label "soak" (ctest -L
+// soak); bounded: each run has a deadline and the driver stops after 20 faults.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <functional>
+#include <optional>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "tests/integration/harness.h"
+
+namespace accel::testing {
+namespace {
+
+constexpr const char* kToken = "soak-test-token-0123456789";
+constexpr int kMaxFaults = 20;
+
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+bool wait_until_true(const std::function<bool()>& pred, std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(50ms);
+  }
+  return pred();
+}
+
+std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> out;
+  std::ifstream in("/proc/" + std::to_string(parent) + "/task/" + std::to_string(parent) + "/children");
+  for (pid_t pid; in >> pid;) out.push_back(pid);
+  return out;
+}
+
+size_t fd_count(pid_t pid) {
+  std::error_code ec;
+  size_t n = 0;
+  for (auto it = fs::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec); !ec && it != fs::directory_iterator(); it.increment(ec)) ++n;
+  return n;
+}
+
+// Live processes running `binary` (their /proc/<pid>/exe).
+std::vector<pid_t> processes_of(const std::string& binary) {
+  std::vector<pid_t> out;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    auto name = e.path().filename().string();
+    if (name.empty() || !std::isdigit(static_cast<unsigned char>(name[0]))) continue;
+    std::error_code ec;
+    auto exe = fs::read_symlink(e.path() / "exe", ec);
+    if (!ec && exe == fs::path(binary)) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+std::set<std::string> shm_entries() {
+  std::set<std::string> out;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator("/dev/shm", ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    out.insert(it->path().filename().string());
+  }
+  return out;
+}
+
+std::string file_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// A coordinator-only agent and two agents on loopback, each restartable.
+class Cluster {
+ public:
+  explicit Cluster(const TempDir& dir) : dir_(dir), port_(free_port()) {
+    start_coordinator();
+    for (int i = 0; i < 2; ++i) start_agent(i);
+  }
+  ~Cluster() {
+    // Graceful first, so the agents stop their workers; ~Launched SIGKILLs what is left.
+    for (auto& a : agents_) a->signal(SIGTERM);
+    coordinator_->signal(SIGTERM);
+    for (auto& a : agents_) a->wait(20s);
+    coordinator_->wait(10s);
+  }
+  std::string target() const { return "127.0.0.1:" + std::to_string(port_); }
+  fs::path state_dir(int i) const { return dir_.path() / ("state" + std::to_string(i)); }
+  Launched& agent(int i) { return *agents_[static_cast<size_t>(i)]; }
+
+  void start_coordinator() {
+    coordinator_ = std::make_unique<Launched>(
+        dir_, ACCEL_AGENT_BIN,
+        std::vector<std::string>{"--serve-coordinator", target(), "--coordinator-only", "--lease-timeout", "2s"},
+        std::map<std::string, std::string>{{"ACCEL_TOKEN", kToken}}, "coordinator_" + std::to_string(++starts_));
+  }
+  void start_agent(int i) {
+    auto node = std::string(i == 0 ? "node-a" : "node-b");
+    auto l = std::make_unique<Launched>(
+        dir_, ACCEL_AGENT_BIN,
+        std::vector<std::string>{"--coordinator", target(), "--node-id", node, "--stop-timeout", "2s", "--state-dir",
+                                 state_dir(i).string()},
+        std::map<std::string, std::string>{{"ACCEL_TOKEN", kToken}, {"OMP_NUM_THREADS", "1"}},
+        "agent_" + node + "_" + std::to_string(++starts_));
+    if (agents_.size() <= static_cast<size_t>(i)) agents_.resize(static_cast<size_t>(i) + 1);
+    agents_[static_cast<size_t>(i)] = std::move(l);
+  }
+  void restart_coordinator() {
+    coordinator_->signal(SIGKILL);
+    coordinator_->wait(5s);
+    std::this_thread::sleep_for(300ms);
+    start_coordinator();
+  }
+  void restart_agent(int i) {
+    agent(i).signal(SIGKILL);
+    agent(i).wait(5s);
+    std::this_thread::sleep_for(300ms);
+    start_agent(i);
+  }
+
+ private:
+  const TempDir& dir_;
+  int port_;
+  int starts_ = 0;
+  std::unique_ptr<Launched> coordinator_;
+  std::vector<std::unique_ptr<Launched>> agents_;
+};
+
+struct RunOutcome {
+  RunResult launch;
+  std::string model;
+  int faults = 0;
+  std::string log;
+  std::vector<size_t> agent_fds;  // each agent's open descriptors once idle after the job
+};
+
+// One run of the job on a fresh cluster; with `seed`, the driver injects faults.
+RunOutcome run_job(const TempDir& dir, std::optional<unsigned> seed) {
+  RunOutcome out;
+  Cluster cluster(dir);
+  std::vector<std::string> args = {"--coordinator", cluster.target(), "--nodes", "2", "-n", "2",
+                                   "--checkpoint-dir", (dir.path() / "ck").string(), "--checkpoint-interval", "10",
+                                   "--max-restarts", "100", "--",
+                                   TRAIN_CLASSIFIER_BIN, "--epochs", "80", "--train-samples", "4000", "--save-model",
+                                   (dir.path() / "model").string()};
+  Launched launch(dir, ACCEL_LAUNCH_BIN, args, {{"ACCEL_TOKEN", kToken}, {"OMP_NUM_THREADS", "1"}}, "launch");
+  std::atomic<bool> done{false};
+  std::thread driver;
+  if (seed) {
+    driver = std::thread([&, s = *seed] {
+      std::mt19937 rng(s);
+      std::this_thread::sleep_for(3s);  // the first checkpoints exist by then
+      while (!done && out.faults < kMaxFaults) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(800 + rng() % 1200));
+        if (done) break;
+        unsigned kind = rng() % 10;
+        int node = static_cast<int>(rng() % 2);
+        if (kind < 6) {
+          auto workers = children_of(cluster.agent(node).pid());
+          if (workers.empty()) continue;
+          pid_t victim = workers[rng() % workers.size()];
+          ::kill(victim, SIGKILL);
+          out.log += "kill -9 worker " + std::to_string(victim) + " of node " + std::to_string(node) + "\n";
+        } else if (kind < 8) {
+          cluster.restart_agent(node);
+          out.log += "kill -9 agent of node " + std::to_string(node) + ", restarted\n";
+        } else {
+          cluster.restart_coordinator();
+          out.log += "kill -9 coordinator, restarted\n";
+        }
+        ++out.faults;
+      }
+    });
+  }
+  out.launch = launch.wait(600s);
+  done = true;
+  if (driver.joinable()) driver.join();
+  out.model = file_bytes(dir.path() / "model" / "model.safetensors");
+  // Idle agents after the job: their descriptor count must be back where an idle agent's is.
+  for (int i = 0; i < 2; ++i) {
+    auto settled = [&] { return children_of(cluster.agent(i).pid()).empty(); };
+    EXPECT_TRUE(wait_until_true(settled, 10s)) << "node " << i << " still has workers after the job";
+    std::this_thread::sleep_for(500ms);
+    out.agent_fds.push_back(fd_count(cluster.agent(i).pid()));
+  }
+  return out;
+}
+
+class Soak : public ::testing::TestWithParam<unsigned> {};
+
+TEST_P(Soak, ATwoNodeJobSurvivesRandomKillsWithTheWeightsOfAnUninterruptedRun) {
+  static std::string baseline;  // the same for every seed: computed once
+  static size_t idle_fds = 0;    // an agent's descriptors, idle after a job without faults
+  if (baseline.empty()) {
+    TempDir dir;
+    auto base = run_job(dir, std::nullopt);
+    ASSERT_EQ(base.launch.exit_code, 0) << base.launch.err.substr(0, 4000);
+    ASSERT_GT(base.model.size(), 1000u);
+    baseline = base.model;
+    idle_fds = *std::max_element(base.agent_fds.begin(), base.agent_fds.end());
+  }
+  const auto shm_before = shm_entries();
+  TempDir dir;
+  auto run = run_job(dir, GetParam());
+  EXPECT_EQ(run.launch.exit_code, 0) << run.log << run.launch.err.substr(run.launch.err.size() > 6000 ? run.launch.err.size() - 6000 : 0);
+  EXPECT_GE(run.faults, 10) << "the job ended before the driver got far:\n" << run.log;
+  EXPECT_TRUE(run.model == baseline) << "final weights differ from the uninterrupted run after:\n" << run.log;
+  std::cerr << "seed " << GetParam() << ": " << run.faults << " faults, job took "
+            << std::chrono::duration_cast<std::chrono::milliseconds>(run.launch.elapsed).count() << " ms\n";
+  // Nothing of ours left: workers, round folders, shared-memory segments.
+  EXPECT_TRUE(wait_until_true([] { return processes_of(TRAIN_CLASSIFIER_BIN).empty(); }, 10s))
+      << "train_classifier processes outlived the job";
+  for (int i = 0; i < 2; ++i) {
+    std::error_code ec;
+    EXPECT_TRUE(!fs::exists(dir.path() / ("state" + std::to_string(i)), ec) ||
+                fs::is_empty(dir.path() / ("state" + std::to_string(i)), ec))
+        << "round folders left in state" << i;
+  }
+  for (size_t fds : run.agent_fds) EXPECT_LE(fds, idle_fds + 4) << "an agent holds more descriptors than an idle one";
+  auto shm_after = shm_entries();
+  for (const auto& e : shm_after) EXPECT_TRUE(shm_before.contains(e)) << "/dev/shm/" << e << " left behind";
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, Soak, ::testing::Values(1u, 2u, 3u));
+
+}  // namespace
+}  // namespace accel::testing
