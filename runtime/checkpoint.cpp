@@ -12,6 +12,7 @@
 
 #include "accel/accelerator.h"
 #include "runtime/checkpoint_io.h"
+#include "runtime/checkpoint_manifest.h"
 #include "runtime/env.h"
 #include "runtime/safetensors.h"
 
@@ -22,8 +23,8 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-constexpr const char* kFormat = "accel-checkpoint";
-constexpr int kFormatVersion = 1;
+constexpr const char* kFormat = ckpt::kManifestFormat;
+constexpr int kFormatVersion = ckpt::kManifestFormatVersion;
 constexpr const char* kManifest = "manifest.json";
 constexpr const char* kCheckpointPrefix = "checkpoint_";
 // Automatic checkpoints kept when ACCEL_CHECKPOINT_DIR comes from accel-launch and neither
@@ -116,12 +117,6 @@ std::vector<fs::path> complete_checkpoints(const fs::path& root) {
 }
 
 // The checked contents of a checkpoint folder: its manifest, and its files' bytes on demand.
-// A name that stays inside its folder when joined to it: no separator, not "." or "..", no NUL.
-bool is_plain_file_name(const std::string& name) {
-  return !name.empty() && name.size() <= 255 && name != "." && name != ".." &&
-         name.find('/') == std::string::npos && name.find('\0') == std::string::npos;
-}
-
 class CheckpointReader {
  public:
   // `checksums` false: read() checks sizes only (the files were verified a moment ago).
@@ -132,48 +127,9 @@ class CheckpointReader {
     if (!fs::exists(path, ec)) {
       fail(dir_, "has no manifest.json: not an accel checkpoint, or one whose save did not finish");
     }
-    try {
-      manifest_ = json::parse(ckpt::checkpoint_fs().read_file(path));
-    } catch (const json::exception& e) {
-      fail(path, std::string("is not valid JSON (") + e.what() + ")");
-    }
-    if (!manifest_.is_object() || manifest_.value("format", "") != kFormat) {
-      fail(path, std::string("is not an accel checkpoint manifest (\"format\" is not \"") + kFormat + "\")");
-    }
-    if (manifest_.value("format_version", 0) != kFormatVersion) {
-      fail(path, "has format_version " + manifest_.value("format_version", json()).dump() +
-                     "; this libaccel reads version " + std::to_string(kFormatVersion));
-    }
-    for (const char* key : {"files", "contents", "world_size", "step", "iteration", "loaders", "optimizer_steps"}) {
-      if (!manifest_.contains(key)) fail(path, std::string("has no \"") + key + "\"");
-    }
-    auto expect = [&](const char* key, bool ok, const char* what) {
-      if (!ok) fail(path, std::string("has \"") + key + "\": " + manifest_[key].dump() + ", expected " + what);
-    };
-    expect("world_size", manifest_["world_size"].is_number_integer() && manifest_["world_size"].get<int64_t>() >= 1,
-           "an integer >= 1");
-    expect("step", manifest_["step"].is_number_integer(), "an integer");
-    expect("iteration", manifest_["iteration"].is_number_integer(), "an integer");
-    expect("files", manifest_["files"].is_array(), "a list");
-    expect("contents", manifest_["contents"].is_object(), "an object");
-    expect("optimizer_steps", manifest_["optimizer_steps"].is_array(), "a list");
-    expect("loaders", manifest_["loaders"].is_array() && std::all_of(manifest_["loaders"].begin(),
-           manifest_["loaders"].end(), [](const json& l) { return l.is_object(); }), "a list of objects");
-    for (const auto& f : field(manifest_, "files", path).items()) {
-      const auto& v = f.value();
-      if (!v.is_object() || !v.contains("name") || !v["name"].is_string() || !v.contains("size") ||
-          !v["size"].is_number_unsigned() || !v.contains("xxh64") || !v["xxh64"].is_string()) {
-        fail(path, "files[" + f.key() + "] is not {\"name\", \"size\", \"xxh64\"}");
-      }
-      const auto name = v["name"].get<std::string>();
-      // Why: a name is joined to the folder and opened; "../x", "/etc/passwd" or "a/b" would
-      // read (and checksum) a file outside the checkpoint.
-      if (!is_plain_file_name(name)) {
-        fail(path, "files[" + f.key() + "] has the name " + json(name).dump() +
-                       ": a checkpoint lists plain file names inside its folder (no '/', not '.' or '..')");
-      }
-      files_[name] = v;
-    }
+    auto checked = ckpt::parse_manifest(ckpt::checkpoint_fs().read_file(path), path);
+    manifest_ = std::move(checked.manifest);
+    files_ = std::move(checked.files);
   }
 
   const json& manifest() const { return manifest_; }
