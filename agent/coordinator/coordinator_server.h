@@ -34,11 +34,11 @@ struct ConnectionLimits {
   // A connection must finish TLS and send its HTTP/2 settings within this, or it is closed: a
   // peer that opens connections and sends nothing holds each only this long.
   std::chrono::milliseconds handshake_timeout{10'000};
-  int max_streams_per_connection = 64;                      // concurrent calls on one connection
+  int max_streams_per_connection = 1024;                    // concurrent calls on one connection
   std::chrono::milliseconds max_connection_idle{600'000};   // closed after 10 min without a call
   std::chrono::milliseconds max_connection_age{7'200'000};  // clients reconnect every 2 h
   std::chrono::milliseconds max_connection_age_grace{40'000};  // > max_wait: parked polls finish
-  std::size_t memory_quota_bytes = 256u << 20;  // gRPC's buffers for all connections together
+  std::size_t memory_quota_bytes = 1u << 30;  // gRPC's buffers for all connections together (4096 agents fit)
   int max_message_bytes = 4 << 20;              // one request or reply
 };
 
