@@ -3,9 +3,11 @@
 #pragma once
 
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -52,6 +54,19 @@ inline bool wait_pid_gone(pid_t pid, std::chrono::milliseconds timeout) {
   int rc = ::poll(&p, 1, static_cast<int>(timeout.count()));
   ::close(fd);
   return rc == 1;
+}
+
+// A TCP port on 127.0.0.1 that was free a moment ago (bound, read, closed).
+inline int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
 }
 
 inline bool pid_alive(pid_t pid) { return ::kill(pid, 0) == 0; }
