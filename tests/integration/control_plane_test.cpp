@@ -18,15 +18,6 @@ namespace {
 
 constexpr const char* kToken = "control-plane-test-token";
 
-bool wait_until(const std::function<bool()>& pred, std::chrono::milliseconds timeout) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(20ms);
-  }
-  return pred();
-}
-
 // What one control_worker wrote about itself.
 struct Marker {
   pid_t pid = 0;

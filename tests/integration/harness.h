@@ -15,6 +15,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <string>
@@ -54,6 +55,16 @@ inline bool wait_pid_gone(pid_t pid, std::chrono::milliseconds timeout) {
   int rc = ::poll(&p, 1, static_cast<int>(timeout.count()));
   ::close(fd);
   return rc == 1;
+}
+
+// Polls `pred` every 20 ms until it holds or `timeout` passes; its last value.
+inline bool wait_until(const std::function<bool()>& pred, std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return pred();
 }
 
 // A TCP port on 127.0.0.1 that was free a moment ago (bound, read, closed).

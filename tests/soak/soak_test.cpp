@@ -26,15 +26,6 @@ namespace {
 constexpr const char* kToken = "soak-test-token-0123456789";
 constexpr int kMaxFaults = 20;
 
-bool wait_until_true(const std::function<bool()>& pred, std::chrono::milliseconds timeout) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(50ms);
-  }
-  return pred();
-}
-
 std::vector<pid_t> children_of(pid_t parent) {
   std::vector<pid_t> out;
   std::ifstream in("/proc/" + std::to_string(parent) + "/task/" + std::to_string(parent) + "/children");
@@ -185,7 +176,7 @@ RunOutcome run_job(const TempDir& dir, std::optional<unsigned> seed) {
   // Idle agents after the job: their descriptor count must be back where an idle agent's is.
   for (int i = 0; i < 2; ++i) {
     auto settled = [&] { return children_of(cluster.agent(i).pid()).empty(); };
-    EXPECT_TRUE(wait_until_true(settled, 10s)) << "node " << i << " still has workers after the job";
+    EXPECT_TRUE(wait_until(settled, 10s)) << "node " << i << " still has workers after the job";
     std::this_thread::sleep_for(500ms);
     out.agent_fds.push_back(fd_count(cluster.agent(i).pid()));
   }
@@ -214,7 +205,7 @@ TEST_P(Soak, ATwoNodeJobSurvivesRandomKillsWithTheWeightsOfAnUninterruptedRun) {
   std::cerr << "seed " << GetParam() << ": " << run.faults << " faults, job took "
             << std::chrono::duration_cast<std::chrono::milliseconds>(run.launch.elapsed).count() << " ms\n";
   // Nothing of ours left: workers, round folders, shared-memory segments.
-  EXPECT_TRUE(wait_until_true([] { return processes_of(TRAIN_CLASSIFIER_BIN).empty(); }, 10s))
+  EXPECT_TRUE(wait_until([] { return processes_of(TRAIN_CLASSIFIER_BIN).empty(); }, 10s))
       << "train_classifier processes outlived the job";
   for (int i = 0; i < 2; ++i) {
     std::error_code ec;
