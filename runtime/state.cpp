@@ -100,9 +100,13 @@ State::State(const StateOptions& options) {
     throw ConfigError("accel: WORLD_SIZE=" + std::to_string(world_size_) +
                       " but MASTER_ADDR/MASTER_PORT are not set; start workers with accel-launch, or set both");
   }
+  // TORCHELASTIC_USE_AGENT_STORE=True (accel-launch, accel-agent, torchrun): the launcher serves
+  // the store and every rank is a client, under a prefix per attempt (as c10d's env:// does), so
+  // nothing a failed attempt left can reach this one. Otherwise rank 0 hosts it.
+  const bool agent_store = env::first_of({"TORCHELASTIC_USE_AGENT_STORE"}).value_or("") == "True";
   c10d::TCPStoreOptions store_opts;
   store_opts.port = static_cast<std::uint16_t>(port);
-  store_opts.isServer = rank_ == 0;
+  store_opts.isServer = !agent_store && rank_ == 0;
   store_opts.numWorkers = static_cast<std::size_t>(world_size_);
   store_opts.waitWorkers = false;
   store_opts.timeout = timeout_;
@@ -111,8 +115,13 @@ State::State(const StateOptions& options) {
     store = c10::make_intrusive<c10d::TCPStore>(*addr, store_opts);
   } catch (const std::exception& e) {
     throw CollectiveError("accel: rank " + std::to_string(rank_) + " could not " +
-                          (rank_ == 0 ? "start" : "reach") + " the job's store at " + *addr + ":" +
-                          std::to_string(port) + " within " + format_duration(timeout_) + ": " + e.what());
+                          (store_opts.isServer ? "start" : "reach") + " the job's store at " + *addr + ":" +
+                          std::to_string(port) + (agent_store ? " (served by the launcher)" : "") +
+                          " within " + format_duration(timeout_) + ": " + e.what());
+  }
+  if (agent_store) {
+    std::string attempt = env::first_of({"TORCHELASTIC_RESTART_COUNT"}).value_or("0");
+    store = c10::make_intrusive<c10d::PrefixStore>("/accel/attempt_" + attempt, store);
   }
   c10::intrusive_ptr<c10d::ProcessGroup> group;
   try {

@@ -15,7 +15,6 @@
 #include <filesystem>
 #include <random>
 
-#include "agent/common/free_port.h"
 #include "agent/supervisor/error_file.h"
 #include "agent/supervisor/hang_monitor.h"
 #include "agent/supervisor/worker_specs.h"
@@ -89,6 +88,8 @@ struct NodeAgent::Active {
   int64_t round = 0;
   pb::JobSpec spec;
   pb::Assignment assignment;
+  // Node rank 0 only: the round's rendezvous store (declared before group: it outlives the workers).
+  std::unique_ptr<store::StoreServer> store;
   std::unique_ptr<supervisor::WorkerGroup> group;
   std::unique_ptr<supervisor::HangWatch> hang_watch;
   std::string error_dir;  // <state_dir>/<job>/attempt_<round>: error files, progress pages
@@ -420,10 +421,16 @@ void NodeAgent::join(const pb::Instruction& ins) {
   req.set_job_id(ins.job_id());
   req.set_round(ins.round());
   if (ins.spec().master_port() == 0) {
-    // Why every node reserves one: any node may become node rank 0.
-    auto port = pick_free_port(options_.address);
-    if (!port) port = pick_free_port("0.0.0.0");
-    if (port) req.set_master_port(*port);
+    // Why every node binds one: any node may become node rank 0, whose agent then serves the
+    // round's rendezvous store on it. Bound now and held, so nothing can take the port before
+    // the workers connect.
+    std::string why;
+    reserved_store_ = open_store(0, why);
+    if (reserved_store_) {
+      req.set_master_port(reserved_store_->port());
+    } else {
+      log(LogLevel::kWarn, why);
+    }
   }
   join_in_flight_ = true;
   client_->join_round(req, options_.rpc_timeout,
@@ -447,6 +454,19 @@ void NodeAgent::join(const pb::Instruction& ins) {
                       });
 }
 
+std::unique_ptr<store::StoreServer> NodeAgent::open_store(int port, std::string& why) {
+  store::StoreServerOptions so;
+  so.port = port;
+  so.warn = [this](const std::string& w) { log(LogLevel::kWarn, w); };
+  for (const std::string& host : {options_.address, std::string("0.0.0.0")}) {
+    so.host = host;
+    auto server = store::StoreServer::listen(io_, so);
+    if (server) return std::move(*server);
+    why = server.message();
+  }
+  return nullptr;
+}
+
 void NodeAgent::start_group(const pb::Instruction& ins) {
   const pb::JobSpec& spec = ins.spec();
   const pb::Assignment& a = ins.assignment();
@@ -457,6 +477,26 @@ void NodeAgent::start_group(const pb::Instruction& ins) {
   act.round = ins.round();
   act.spec = spec;
   act.assignment = a;
+  // Node rank 0 serves the round's store before its workers start; the other nodes' workers
+  // retry connecting until it listens (c10d's client does).
+  auto reserved = std::move(reserved_store_);
+  if (a.node_rank() == 0) {
+    if (reserved && reserved->port() == a.master_port()) {
+      act.store = std::move(reserved);
+    } else {
+      std::string why;
+      act.store = open_store(a.master_port(), why);
+      if (!act.store) {
+        log(LogLevel::kError, "cannot serve the rendezvous store: " + why);
+        pb::Failure f;
+        f.set_kind(pb::Failure::KIND_SPAWN);
+        f.set_rank(a.rank_offset());
+        f.set_message("cannot serve the rendezvous store: " + why);
+        fail_round(std::move(f));
+        return;
+      }
+    }
+  }
 
   supervisor::GroupPlan plan;
   plan.argv.assign(spec.argv().begin(), spec.argv().end());

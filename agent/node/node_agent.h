@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "agent/rpc/coordinator_client.h"
+#include "agent/store/store_server.h"
 #include "agent/supervisor/hang_monitor.h"
 #include "agent/supervisor/local_job.h"
 #include "agent/supervisor/worker_group.h"
@@ -87,6 +88,9 @@ class NodeAgent {
   void stop_active(int signal);
   void start_group(const pb::Instruction& ins);
   void join(const pb::Instruction& ins);
+  // A rendezvous store on this node's address (or any address when that fails) and `port`
+  // (0: any); null when neither can be bound (`why` says so).
+  std::unique_ptr<store::StoreServer> open_store(int port, std::string& why);
   void on_worker_exit(uint64_t generation, const supervisor::WorkerExit& exit);
   void on_hang(uint64_t generation, const supervisor::Hang& hang);
   void report(pb::ReportGroupRequest req);
@@ -131,6 +135,8 @@ class NodeAgent {
   std::chrono::steady_clock::time_point last_unreachable_log_{};
 
   std::unique_ptr<Active> active_;
+  // The store bound when joining a round (any node may become node rank 0); see join().
+  std::unique_ptr<store::StoreServer> reserved_store_;
   uint64_t generation_ = 0;
   bool stopping_ = false;
   int stop_signal_ = 15;  // SIGTERM, or a cancelling launcher's signal

@@ -9,7 +9,6 @@
 #include <sstream>
 
 #include "agent/common/clock.h"
-#include "agent/common/free_port.h"
 #include "agent/supervisor/worker_specs.h"
 
 namespace accel::supervisor {
@@ -66,16 +65,24 @@ void LocalJob::start_attempt() {
   env.job_id = options_.job_id;
   env.restart_count = attempt;
   env.max_restarts = options_.max_restarts;
-  if (env.master_port == 0) {
-    auto port = pick_free_port(env.master_addr);
-    if (!port) {
-      result_.spawn_error = port.message();
+  if (!store_) {
+    store::StoreServerOptions so;
+    so.host = env.master_addr;
+    so.port = env.master_port;
+    so.warn = [this](const std::string& w) { log_(LogLevel::kWarn, w); };
+    auto server = store::StoreServer::listen(io_, std::move(so));
+    if (!server) {
+      result_.spawn_error = server.message();
       result_.attempts.push_back(std::move(record));
       finish();
       return;
     }
-    env.master_port = *port;
+    store_ = std::move(*server);
   }
+  // Why reset: nothing the last attempt's workers stored, or still send, may reach this one.
+  store_->reset();
+  env.master_port = store_->port();
+  env.agent_store = true;
   record.master_port = env.master_port;
 
   std::error_code ec;

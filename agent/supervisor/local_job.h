@@ -1,5 +1,6 @@
 // LocalJob: runs one job's workers on this node, attempt after attempt, within a restart
-// budget: the supervision loop of accel-launch's local mode. A failing worker stops its
+// budget: the supervision loop of accel-launch's local mode. It holds the job's rendezvous
+// store, as torchrun's agent does: every worker is a client of it. A failing worker stops its
 // group (signal -> grace -> SIGKILL) and, while the budget allows, the whole group starts
 // again with TORCHELASTIC_RESTART_COUNT / ACCEL_RESTART_COUNT incremented.
 // Thread: the io_context passed in (see WorkerGroup).
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/store/store_server.h"
 #include "agent/supervisor/error_file.h"
 #include "agent/supervisor/hang_monitor.h"
 #include "agent/supervisor/worker_env.h"
@@ -25,7 +27,7 @@ struct LocalJobOptions {
   std::vector<std::string> argv;  // resolved command line of every worker
   int num_processes = 1;
   int max_restarts = 0;
-  JobEnv env;                     // master_port 0: a free port is picked for every attempt
+  JobEnv env;                     // master_port 0: the store's port is picked by the kernel
   EnvMap base_env;                // the launcher's environment, inherited by workers
   std::string log_dir;            // empty: console only
   int tee = 3;                    // with log_dir: 1 stdout, 2 stderr, 3 both still on console
@@ -83,6 +85,9 @@ class LocalJob {
   std::function<void(const JobResult&)> done_;
   std::unique_ptr<WorkerGroup> group_;
   std::unique_ptr<HangWatch> hang_watch_;
+  // The rendezvous store (TCPStore protocol) at MASTER_ADDR:MASTER_PORT, bound before the first
+  // worker starts and held for the whole job; emptied before every attempt.
+  std::unique_ptr<store::StoreServer> store_;
   JobResult result_;
   int restart_count_ = 0;
   size_t successes_ = 0;

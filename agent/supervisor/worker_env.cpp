@@ -57,8 +57,10 @@ EnvMap build_worker_env(const EnvMap& base, const WorkerIdentity& id, const JobE
   set("TORCHELASTIC_RESTART_COUNT", num(job.restart_count));
   set("TORCHELASTIC_MAX_RESTARTS", num(job.max_restarts));
   set("TORCHELASTIC_RUN_ID", job.job_id);
-  // Why False: rank 0's worker hosts the TCPStore at MASTER_PORT; the launcher hosts none.
-  set("TORCHELASTIC_USE_AGENT_STORE", "False");
+  // True: the launcher (or node rank 0's agent) serves the TCPStore at MASTER_ADDR:MASTER_PORT
+  // before any worker starts; init_process_group("env://") connects every rank as a client
+  // under the prefix /worker/attempt_<TORCHELASTIC_RESTART_COUNT>.
+  set("TORCHELASTIC_USE_AGENT_STORE", job.agent_store ? "True" : "False");
   if (!env.contains("TORCH_NCCL_ASYNC_ERROR_HANDLING")) set("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
   // PyTorch < 2.2 (Debian's 1.13 included) reads the old name; torchrun 1.13 sets it too.
   if (!env.contains("NCCL_ASYNC_ERROR_HANDLING")) set("NCCL_ASYNC_ERROR_HANDLING", "1");

@@ -26,6 +26,9 @@ struct JobEnv {
   std::string job_id;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
+  // True: the launcher / node agent serves the TCPStore at MASTER_ADDR:MASTER_PORT and every
+  // rank is a client (as under torchrun). False: rank 0 hosts it (c10d's env:// default).
+  bool agent_store = true;
   int restart_count = 0;
   int max_restarts = 0;
   std::string mixed_precision = "no";  // no | fp16 | bf16

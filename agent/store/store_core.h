@@ -1,0 +1,100 @@
+// StoreCore: the key-value state and the wire protocol of c10d's TCPStore server, without
+// sockets. The launcher (local mode) and the node agent of node rank 0 (cluster mode) serve it
+// to the workers, which are all clients (TORCHELASTIC_USE_AGENT_STORE=True), as under torchrun.
+//
+// Why our own server and not c10d's: the control plane links no libtorch, and a store held by
+// the launcher is bound before any worker starts (no pick-then-release port race), outlives every
+// rank of an attempt (no rank loses the store because rank 0 exited first), is emptied between
+// attempts, and is bounded (key, value, request and total sizes) where c10d's is not.
+//
+// Two framings are understood, told apart by a connection's first bytes:
+//  * legacy (torch 1.13 to 2.1): [op u8][args]; ops SET 0, COMPARE_SET 1, GET 2, ADD 3, CHECK 4,
+//    WAIT 5, GETNUMKEYS 6, WATCH_KEY 7, DELETE_KEY 8, APPEND 9, MULTI_GET 10, MULTI_SET 11,
+//    CANCEL_WAIT 12;
+//  * validated (newer torch): the first request is VALIDATE 0 with the magic 0x3C85F7CE; ops
+//    SET 1 ... CANCEL_WAIT 12 (WATCH_KEY gone), PING 13 (echoes a u32 nonce).
+// Strings and byte vectors are a u64 length then the bytes; numbers little-endian.
+// WATCH_KEY (torch 1.13's C++-only watchKey) and the queue ops are refused: the connection is
+// closed with a message that says so.
+//
+// Thread: not thread-safe; StoreServer drives it from one io_context thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace accel::store {
+
+struct StoreLimits {
+  size_t max_key_bytes = 64 * 1024;
+  size_t max_value_bytes = 64 * 1024 * 1024;
+  size_t max_keys_per_request = 16 * 1024;  // WAIT, CHECK, MULTI_GET, MULTI_SET
+  size_t max_total_bytes = 1024UL * 1024 * 1024;  // keys plus values held
+  size_t max_keys = 1024 * 1024;
+};
+
+enum class Dialect { kUnknown, kLegacy, kValidated };
+
+class StoreCore {
+ public:
+  using ConnId = std::uint64_t;
+
+  explicit StoreCore(StoreLimits limits = {});
+
+  ConnId open();
+  // Consumes every complete request at the front of `in` and erases it from `in`; a partial
+  // request stays for the next call. Replies (to this or to waiting connections) are queued for
+  // take_output. Returns why the connection must be closed, or nullopt.
+  std::optional<std::string> feed(ConnId conn, std::string& in);
+  // Forgets the connection and whatever it was waiting for.
+  void close(ConnId conn);
+  // Connections with queued replies since the last call; then take_output(conn) for each.
+  std::vector<ConnId> take_ready();
+  std::string take_output(ConnId conn);
+  // Drops every key and wait (connections stay known; the server closes them).
+  void clear();
+
+  [[nodiscard]] size_t num_keys() const { return data_.size(); }
+  [[nodiscard]] size_t stored_bytes() const { return stored_bytes_; }
+  [[nodiscard]] std::optional<std::string> value(const std::string& key) const;
+  [[nodiscard]] Dialect dialect(ConnId conn) const;
+  // How many bytes `in` must hold before feed can make progress again (a hint, >= in.size()).
+  [[nodiscard]] size_t bytes_wanted(ConnId conn) const;
+
+ private:
+  struct Conn {
+    Dialect dialect = Dialect::kUnknown;
+    size_t awaited = 0;  // keys of a pending WAIT not yet set
+    size_t wanted = 1;   // bytes the front request needs, as far as known
+    std::string out;
+  };
+  enum class Op { kSet, kCompareSet, kGet, kAdd, kCheck, kWait, kNumKeys, kWatch, kDelete, kAppend,
+                  kMultiGet, kMultiSet, kCancelWait, kValidate, kPing, kQueue, kUnknown };
+  struct Reader;
+
+  // One request from `in` at offset 0: the bytes it took, 0 when incomplete.
+  size_t serve_one(ConnId id, Conn& conn, std::string_view in, std::string& error);
+  static Op decode(Dialect d, std::uint8_t byte);
+  void put(const std::string& key, std::string value);
+  bool erase(const std::string& key);
+  void wake(const std::string& key);
+  void reply(ConnId id, Conn& conn, std::string_view bytes);
+  [[nodiscard]] bool fits(size_t key_bytes, size_t old_value_bytes, size_t new_value_bytes,
+                          bool new_key, std::string& error) const;
+
+  StoreLimits limits_;
+  ConnId next_id_ = 1;
+  std::unordered_map<ConnId, Conn> conns_;
+  std::unordered_map<std::string, std::string> data_;
+  std::unordered_map<std::string, std::vector<ConnId>> waiting_;  // key -> connections waiting
+  std::vector<ConnId> ready_;
+  size_t stored_bytes_ = 0;
+};
+
+}  // namespace accel::store
