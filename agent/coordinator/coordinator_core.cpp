@@ -2,6 +2,7 @@
 #include "agent/coordinator/coordinator_core.h"
 
 #include "agent/coordinator/request_limits.h"
+#include "agent/common/exit_hints.h"
 
 #include <algorithm>
 #include <cstring>
@@ -1071,6 +1072,7 @@ std::string format_failure_summary(const std::string& job_id, const std::vector<
     } else {
       for (const auto& line : f.stderr_tail()) out += "      stderr| " + line + "\n";
     }
+    if (auto hint = exit_hint({f.stderr_tail().begin(), f.stderr_tail().end()})) out += "      " + *hint + "\n";
   }
   // Root causes of earlier rounds.
   std::map<int64_t, const pb::Failure*> earlier;

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "agent/common/clock.h"
+#include "agent/common/exit_hints.h"
 #include "agent/supervisor/worker_specs.h"
 
 namespace accel::supervisor {
@@ -273,6 +274,7 @@ std::string format_failure_summary(const LocalJobOptions& options, const JobResu
       } else {
         for (const auto& line : e.stderr_tail) out << "         stderr| " << line << "\n";
       }
+      if (auto hint = exit_hint(e.stderr_tail)) out << "         " << *hint << "\n";
     }
   }
   for (size_t a = 0; a + 1 < result.attempts.size(); ++a) {

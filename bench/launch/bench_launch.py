@@ -86,6 +86,21 @@ def main():
         rows.append(("launch 2 x /bin/true, whole command", f"torchrun --monitor_interval {iv}",
                      torch_launch[iv] * 1e3))
 
+    # A real Python job's start-up: both ranks run init_process_group("env://") and one
+    # all_reduce, then exit (the store, and where it lives, is on this path).
+    py_job = [PYTHON, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests",
+                                   "integration", "workers", "allreduce.py")]
+    py_rows = [("accel-launch", [launch, "-q", "-n", "2"])]
+    if args.baseline:
+        py_rows.append((f"baseline {args.baseline}", [args.baseline, "-q", "-n", "2"]))
+    py_rows.append(("torchrun --monitor_interval 0.1",
+                     [c for c in TORCHRUN if c != "--no_python"] + ["--monitor_interval", "0.1"]))
+    py_launch = {}
+    for who, prefix in py_rows:
+        py_launch[who] = median_of(args.runs, lambda prefix=prefix: timed(prefix + py_job[1:] if prefix[0] == PYTHON
+                                                                          else prefix + py_job))
+        rows.append(("2-rank Python init_process_group + all_reduce, whole command", who, py_launch[who] * 1e3))
+
     accel_crash = median_of(args.runs, lambda: crash_to_respawn(
         [launch, "-q", "-n", "2", "--max-restarts", "1", worker]))
     rows.append(("worker crash -> replacement started", "accel-launch", accel_crash))
@@ -104,6 +119,9 @@ def main():
     for iv in intervals:
         print(f"launch: accel-launch is {torch_launch[iv] / accel_launch:.1f}x faster than torchrun "
               f"--monitor_interval {iv} (target >= 20x)")
+    print(f"python job start-up: accel-launch {py_launch['accel-launch'] * 1e3:.0f} ms vs torchrun "
+          f"--monitor_interval 0.1 {py_launch['torchrun --monitor_interval 0.1'] * 1e3:.0f} ms "
+          f"({py_launch['torchrun --monitor_interval 0.1'] / py_launch['accel-launch']:.1f}x)")
     for iv in intervals:
         print(f"crash -> respawn: accel-launch {accel_crash:.1f} ms vs torchrun --monitor_interval {iv} "
               f"{torch_crash[iv]:.1f} ms ({torch_crash[iv] / accel_crash:.0f}x); target <= 50 ms: "
