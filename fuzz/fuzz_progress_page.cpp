@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "agent/supervisor/hang_monitor.h"
-#include "runtime/include/accel/progress_page.h"
+#include "contract/progress_page.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace accel;

@@ -7,6 +7,7 @@
 #include "runtime/comm.h"
 #include "runtime/env.h"
 #include "runtime/grad_sync.h"
+#include "contract/worker_contract.h"
 
 namespace accel {
 
@@ -97,11 +98,11 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
   state_ = State::shared({options_.cpu, options_.collective_timeout});
   std::string which = "option mixed_precision";
   if (options_.mixed_precision) mixed_precision_ = *options_.mixed_precision;
-  else if (auto v = env::first_of({"ACCEL_MIXED_PRECISION", "ACCELERATE_MIXED_PRECISION"}, &which)) mixed_precision_ = *v;
+  else if (auto v = env::first_of({contract::kMixedPrecision, contract::kHfMixedPrecision}, &which)) mixed_precision_ = *v;
   setup_mixed_precision(which);
   setup_project();
   int steps = options_.gradient_accumulation_steps.value_or(static_cast<int>(
-      env::integer({"ACCEL_GRADIENT_ACCUMULATION_STEPS", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS"}, 1, 1, 1 << 20)));
+      env::integer({contract::kGradientAccumulationSteps, contract::kHfGradientAccumulationSteps}, 1, 1, 1 << 20)));
   set_gradient_accumulation_steps(steps);
   gradient_state_->set_sync_with_dataloader(options_.sync_with_dataloader);
 }

@@ -15,6 +15,7 @@
 #include "runtime/checkpoint_manifest.h"
 #include "runtime/env.h"
 #include "runtime/safetensors.h"
+#include "contract/worker_contract.h"
 
 namespace accel {
 
@@ -241,14 +242,14 @@ void Accelerator::setup_project() {
   project_ = options_.project;
   bool from_launcher = false;
   if (!project_.project_dir) {
-    if (auto dir = env::first_of({"ACCEL_CHECKPOINT_DIR"})) {
+    if (auto dir = env::first_of({contract::kCheckpointDir})) {
       project_.project_dir = *dir;
       from_launcher = true;
     }
   }
   if (!project_.total_limit) {
-    if (env::first_of({"ACCEL_CHECKPOINT_TOTAL_LIMIT"})) {
-      project_.total_limit = env::integer({"ACCEL_CHECKPOINT_TOTAL_LIMIT"}, 0, 1, 1L << 40);
+    if (env::first_of({contract::kCheckpointTotalLimit})) {
+      project_.total_limit = env::integer({contract::kCheckpointTotalLimit}, 0, 1, 1L << 40);
     } else if (from_launcher) {
       // Why: periodic saves under accel-launch would otherwise fill the disk on a long job.
       project_.total_limit = kDefaultLauncherTotalLimit;
@@ -257,7 +258,7 @@ void Accelerator::setup_project() {
   bool has_dir = project_.project_dir && !project_.project_dir->empty();
   if (!project_.automatic_checkpoint_naming) project_.automatic_checkpoint_naming = has_dir;
   if (!project_.save_interval) {
-    project_.save_interval = env::integer({"ACCEL_CHECKPOINT_INTERVAL"}, 0, 0, 1L << 40);
+    project_.save_interval = env::integer({contract::kCheckpointInterval}, 0, 0, 1L << 40);
   }
   if (*project_.save_interval < 0) {
     throw ConfigError("accel: ProjectConfiguration::save_interval must be >= 0, got " +

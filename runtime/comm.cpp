@@ -35,7 +35,7 @@ Comm::Comm(int rank, int world_size, std::chrono::milliseconds timeout, c10::int
            c10::intrusive_ptr<c10d::ProcessGroup> group, std::unique_ptr<ShmGroup> shm)
     : rank_(rank), world_size_(world_size), timeout_(timeout), store_(std::move(store)), group_(std::move(group)),
       shm_(std::move(shm)) {
-  const char* trace = std::getenv("ACCEL_TRACE_COLLECTIVES");
+  const char* trace = std::getenv(contract::kTraceCollectives);
   trace_ = trace != nullptr && *trace != '\0' && std::string(trace) != "0";
 }
 

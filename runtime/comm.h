@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 
+#include "contract/worker_contract.h"
 #include "runtime/shm_group.h"
 
 namespace accel {
@@ -73,7 +74,7 @@ class Comm {
 
   int rank_ = 0;
   int world_size_ = 1;
-  std::chrono::milliseconds timeout_{std::chrono::minutes(30)};
+  std::chrono::milliseconds timeout_{contract::kDefaultCollectiveTimeout};
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
   std::unique_ptr<ShmGroup> shm_;

@@ -1,5 +1,6 @@
 // Terminate and fatal-signal handlers that record why a worker died.
 #include "runtime/error_file.h"
+#include "contract/worker_contract.h"
 
 #include <c10/util/Backtrace.h>
 #include <cxxabi.h>
@@ -80,11 +81,11 @@ void on_fatal_signal(int sig) {
 void write_error_file(const std::string& path, const std::string& message, const std::string& type,
                       const std::string& stack) {
   nlohmann::json j;
-  j["message"] = message;
-  j["type"] = type;
-  j["stack"] = stack;
-  j["time"] = static_cast<long long>(std::time(nullptr));
-  if (const char* rank = std::getenv("RANK")) j["rank"] = rank;
+  j[contract::error_file::kMessage] = message;
+  j[contract::error_file::kType] = type;
+  j[contract::error_file::kStack] = stack;
+  j[contract::error_file::kTime] = static_cast<long long>(std::time(nullptr));
+  if (const char* rank = std::getenv(contract::kRank)) j[contract::error_file::kRank] = rank;
   std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);
@@ -96,8 +97,8 @@ void write_error_file(const std::string& path, const std::string& message, const
 
 void install_error_handlers() {
   std::call_once(g_installed, [] {
-    const char* path = std::getenv("ACCEL_ERROR_FILE");
-    if (path == nullptr || *path == '\0') path = std::getenv("TORCHELASTIC_ERROR_FILE");
+    const char* path = std::getenv(contract::kErrorFile);
+    if (path == nullptr || *path == '\0') path = std::getenv(contract::kTorchelasticErrorFile);
     if (path == nullptr || std::strlen(path) >= sizeof g_path) return;
     std::strcpy(g_path, path);
     std::set_terminate(on_terminate);

@@ -9,13 +9,14 @@
 #include <cstdlib>
 #include <mutex>
 
-#include "accel/progress_page.h"
+#include "contract/progress_page.h"
+#include "contract/worker_contract.h"
 
 namespace accel::progress {
 namespace {
 
 Page* open_page() {
-  const char* path = std::getenv("ACCEL_PROGRESS_FILE");
+  const char* path = std::getenv(contract::kProgressFile);
   if (path == nullptr || *path == '\0') return nullptr;
   int fd = ::open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) {
@@ -32,7 +33,7 @@ Page* open_page() {
     return nullptr;
   }
   auto* page = static_cast<Page*>(mem);
-  const char* rank = std::getenv("RANK");
+  const char* rank = std::getenv(contract::kRank);
   page->version = kVersion;
   page->ring_size = kRingSize;
   page->rank = rank ? std::atoi(rank) : 0;

@@ -1,4 +1,4 @@
-// The worker's side of the progress page (accel/progress_page.h): maps ACCEL_PROGRESS_FILE once
+// The worker's side of the progress page (contract/progress_page.h): maps ACCEL_PROGRESS_FILE once
 // and records heartbeats and collectives in it. Without the variable every call is a no-op.
 // Thread: any; stores are atomic, and the collectives' order is c10d's one order.
 #pragma once

@@ -17,12 +17,13 @@
 #include "runtime/comm.h"
 #include "runtime/env.h"
 #include "runtime/error_file.h"
+#include "contract/worker_contract.h"
 
 namespace accel {
 namespace {
 
 // HF Accelerate's (and torch's) default for non-NCCL groups; one value for every collective.
-constexpr std::chrono::milliseconds kDefaultCollectiveTimeout = std::chrono::minutes(30);
+constexpr std::chrono::milliseconds kDefaultCollectiveTimeout = contract::kDefaultCollectiveTimeout;
 
 std::mutex g_state_mu;               // guards g_state
 std::weak_ptr<State> g_state;        // the process's State while any Accelerator holds it
@@ -67,15 +68,15 @@ std::shared_ptr<State> State::shared(const StateOptions& options) {
 
 State::State(const StateOptions& options) {
   install_error_handlers();
-  world_size_ = static_cast<int>(env::integer({"WORLD_SIZE"}, 1, 1, 1 << 20));
-  rank_ = static_cast<int>(env::integer({"RANK"}, 0, 0, world_size_ - 1));
-  local_world_size_ = static_cast<int>(env::integer({"LOCAL_WORLD_SIZE"}, world_size_, 1, world_size_));
-  local_rank_ = static_cast<int>(env::integer({"LOCAL_RANK"}, rank_ % local_world_size_, 0, local_world_size_ - 1));
-  node_rank_ = static_cast<int>(env::integer({"GROUP_RANK"}, rank_ / local_world_size_, 0, world_size_ - 1));
-  debug_ = env::boolean({"ACCEL_DEBUG", "ACCELERATE_DEBUG_MODE"}, false);
-  cpu_ = options.cpu.value_or(env::boolean({"ACCEL_USE_CPU", "ACCELERATE_USE_CPU"}, false));
+  world_size_ = static_cast<int>(env::integer({contract::kWorldSize}, 1, 1, 1 << 20));
+  rank_ = static_cast<int>(env::integer({contract::kRank}, 0, 0, world_size_ - 1));
+  local_world_size_ = static_cast<int>(env::integer({contract::kLocalWorldSize}, world_size_, 1, world_size_));
+  local_rank_ = static_cast<int>(env::integer({contract::kLocalRank}, rank_ % local_world_size_, 0, local_world_size_ - 1));
+  node_rank_ = static_cast<int>(env::integer({contract::kGroupRank}, rank_ / local_world_size_, 0, world_size_ - 1));
+  debug_ = env::boolean({contract::kDebug, contract::kHfDebugMode}, false);
+  cpu_ = options.cpu.value_or(env::boolean({contract::kUseCpu, contract::kHfUseCpu}, false));
   timeout_ = options.collective_timeout.value_or(
-      env::duration({"ACCEL_COLLECTIVE_TIMEOUT"}, kDefaultCollectiveTimeout));
+      env::duration({contract::kCollectiveTimeout}, kDefaultCollectiveTimeout));
 
   // Why: this build of libtorch decides the device; a CUDA build with a GPU and no --cpu uses it.
   bool cuda = !cpu_ && torch::cuda::is_available();
@@ -94,8 +95,8 @@ State::State(const StateOptions& options) {
 #endif
   type_ = cuda ? DistributedType::kMultiGpu : DistributedType::kMultiCpu;
 
-  auto addr = env::first_of({"MASTER_ADDR"});
-  auto port = env::integer({"MASTER_PORT"}, -1, 1, 65535);
+  auto addr = env::first_of({contract::kMasterAddr});
+  auto port = env::integer({contract::kMasterPort}, -1, 1, 65535);
   if (!addr || port < 0) {
     throw ConfigError("accel: WORLD_SIZE=" + std::to_string(world_size_) +
                       " but MASTER_ADDR/MASTER_PORT are not set; start workers with accel-launch, or set both");
@@ -103,7 +104,7 @@ State::State(const StateOptions& options) {
   // TORCHELASTIC_USE_AGENT_STORE=True (accel-launch, accel-agent, torchrun): the launcher serves
   // the store and every rank is a client, under a prefix per attempt (as c10d's env:// does), so
   // nothing a failed attempt left can reach this one. Otherwise rank 0 hosts it.
-  const bool agent_store = env::first_of({"TORCHELASTIC_USE_AGENT_STORE"}).value_or("") == "True";
+  const bool agent_store = env::first_of({contract::kUseAgentStore}).value_or("") == contract::kAgentStoreOn;
   c10d::TCPStoreOptions store_opts;
   store_opts.port = static_cast<std::uint16_t>(port);
   store_opts.isServer = !agent_store && rank_ == 0;
@@ -120,8 +121,8 @@ State::State(const StateOptions& options) {
                           " within " + format_duration(timeout_) + ": " + e.what());
   }
   if (agent_store) {
-    std::string attempt = env::first_of({"TORCHELASTIC_RESTART_COUNT"}).value_or("0");
-    store = c10::make_intrusive<c10d::PrefixStore>("/accel/attempt_" + attempt, store);
+    std::string attempt = env::first_of({contract::kRestartCount}).value_or("0");
+    store = c10::make_intrusive<c10d::PrefixStore>(contract::kRuntimeStorePrefix + attempt, store);
   }
   c10::intrusive_ptr<c10d::ProcessGroup> group;
   try {
@@ -149,7 +150,7 @@ State::State(const StateOptions& options) {
   std::unique_ptr<ShmGroup> shm;
   // Shared memory between the ranks of one machine (all of them, for now); gloo otherwise.
   // Not with NCCL: its group takes CUDA tensors only, and NCCL has its own intra-node transport.
-  if (!cuda && local_world_size_ == world_size_ && env::boolean({"ACCEL_SHM_COLLECTIVES"}, true)) {
+  if (!cuda && local_world_size_ == world_size_ && env::boolean({contract::kShmCollectives}, true)) {
     std::string why;
     shm = ShmGroup::create(*store, *group, rank_, world_size_, timeout_, &why);
     if (!shm && rank_ == 0) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "agent/common/status.h"
+#include "contract/worker_contract.h"
 
 namespace accel::config {
 
@@ -48,7 +49,7 @@ struct ClusterConfig {
   bool use_cpu = false;
   bool debug = false;
   std::chrono::milliseconds stop_timeout{10'000};  // SIGTERM -> SIGKILL grace
-  std::chrono::milliseconds collective_timeout{30 * 60'000};  // every collective (ACCEL_COLLECTIVE_TIMEOUT)
+  std::chrono::milliseconds collective_timeout{contract::kDefaultCollectiveTimeout};  // every collective (ACCEL_COLLECTIVE_TIMEOUT)
   std::string checkpoint_dir;            // empty: no checkpoints (ACCEL_CHECKPOINT_DIR, made absolute)
   int checkpoint_interval = 0;           // optimizer steps per checkpoint; 0 = only save_state()
   int num_cpu_threads_per_process = 0;   // OMP_NUM_THREADS; 0 = 1 when >1 process, else inherit

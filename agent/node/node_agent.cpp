@@ -18,6 +18,7 @@
 #include "agent/supervisor/error_file.h"
 #include "agent/supervisor/hang_monitor.h"
 #include "agent/supervisor/worker_specs.h"
+#include "contract/worker_contract.h"
 
 namespace accel::node {
 
@@ -549,7 +550,7 @@ void NodeAgent::start_group(const pb::Instruction& ins) {
   auto specs = supervisor::make_worker_specs(plan);
   std::vector<std::pair<int, std::string>> pages;
   for (const auto& w : specs) {
-    auto it = w.env.find("ACCEL_PROGRESS_FILE");
+    auto it = w.env.find(contract::kProgressFile);
     if (it != w.env.end()) pages.emplace_back(w.rank, it->second);
   }
   if (spec.forward_logs()) {

@@ -22,6 +22,5 @@ std::optional<WorkerError> read_error_file(const std::string& path);
 // The same for the file's text (`path` only names it in messages).
 WorkerError parse_error_file(std::string_view text, const std::string& path);
 
-inline constexpr std::size_t kMaxErrorFileBytes = 1u << 20;  // larger: reported, not parsed
 
 }  // namespace accel::supervisor

@@ -12,7 +12,7 @@
 #include <filesystem>
 
 #include "agent/common/clock.h"
-#include "runtime/include/accel/progress_page.h"
+#include "contract/progress_page.h"
 
 namespace accel::supervisor {
 

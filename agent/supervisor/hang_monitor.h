@@ -1,4 +1,4 @@
-// Hang detection from the workers' progress pages (runtime/include/accel/progress_page.h): a
+// Hang detection from the workers' progress pages (contract/progress_page.h): a
 // worker whose heartbeat is older than heartbeat_timeout while no collective of it is in
 // flight, or a collective in flight longer than collective_timeout, is a hang. The report
 // names the lagging rank and the collectives each rank is in ("desync report").

@@ -11,6 +11,7 @@
 #include "agent/common/clock.h"
 #include "agent/common/exit_hints.h"
 #include "agent/supervisor/worker_specs.h"
+#include "contract/worker_contract.h"
 
 namespace accel::supervisor {
 
@@ -118,7 +119,7 @@ void LocalJob::start_attempt() {
   std::vector<WorkerSpec> specs = make_worker_specs(plan);
   std::vector<std::pair<int, std::string>> pages;
   for (const auto& spec : specs) {
-    auto it = spec.env.find("ACCEL_PROGRESS_FILE");
+    auto it = spec.env.find(contract::kProgressFile);
     if (it != spec.env.end()) pages.emplace_back(spec.rank, it->second);
   }
 

@@ -7,6 +7,8 @@
 #include <string_view>
 #include <string>
 
+#include "contract/worker_contract.h"
+
 namespace accel::supervisor {
 
 using EnvMap = std::map<std::string, std::string, std::less<>>;
@@ -35,7 +37,8 @@ struct JobEnv {
   int gradient_accumulation_steps = 1;
   bool use_cpu = false;
   bool debug = false;
-  std::string collective_timeout = "30m";  // ACCEL_COLLECTIVE_TIMEOUT, as libaccel parses it
+  // ACCEL_COLLECTIVE_TIMEOUT, as libaccel parses it (the launchers set it from the config).
+  std::string collective_timeout = std::to_string(contract::kDefaultCollectiveTimeout.count()) + "ms";
   std::string checkpoint_dir{};  // ACCEL_CHECKPOINT_DIR, an absolute path; empty: unset
   int checkpoint_interval = 0;   // ACCEL_CHECKPOINT_INTERVAL when > 0; otherwise unset
   int omp_num_threads = 0;  // 0: 1 when local_world_size > 1 and unset in `base`, else inherit

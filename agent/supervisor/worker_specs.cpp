@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "agent/supervisor/hang_monitor.h"
+#include "contract/worker_contract.h"
 
 namespace accel::supervisor {
 
@@ -30,10 +31,10 @@ std::vector<WorkerSpec> make_worker_specs(const GroupPlan& plan) {
     spec.local_rank = local;
     spec.argv = plan.argv;
     spec.env = build_worker_env(plan.base_env, id, plan.env, error_file);
-    spec.env.erase("ACCEL_PROGRESS_FILE");  // Why: an inherited one would be another job's page
+    spec.env.erase(contract::kProgressFile);  // Why: an inherited one would be another job's page
     if (!plan.progress_dir.empty()) {
       std::string page = page_file_path(plan.progress_dir, rank);
-      if (create_page_file(page)) spec.env["ACCEL_PROGRESS_FILE"] = page;
+      if (create_page_file(page)) spec.env[contract::kProgressFile] = page;
     }
     spec.working_dir = plan.working_dir;
     spec.prefix = plan.host.empty() ? "[rank " + std::to_string(rank) + "] "

@@ -25,7 +25,7 @@ TEST(WorkerEnv, TorchrunHfAndAccelVariables) {
       {"ACCELERATE_USE_CPU", "true"}, {"ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "4"},
       {"ACCELERATE_DEBUG_MODE", "false"}, {"ACCEL_JOB_ID", "job1"}, {"ACCEL_RESTART_COUNT", "2"},
       {"ACCEL_MIXED_PRECISION", "bf16"}, {"ACCEL_GRADIENT_ACCUMULATION_STEPS", "4"},
-      {"ACCEL_USE_CPU", "true"}, {"ACCEL_COLLECTIVE_TIMEOUT", "30m"}, {"ACCEL_ERROR_FILE", "/tmp/e.json"},
+      {"ACCEL_USE_CPU", "true"}, {"ACCEL_COLLECTIVE_TIMEOUT", "1800000ms"}, {"ACCEL_ERROR_FILE", "/tmp/e.json"},
       {"TORCHELASTIC_ERROR_FILE", "/tmp/e.json"}, {"PATH", "/usr/bin"}, {"HOME", "/root"}};
   EXPECT_EQ(env, expected);
 }

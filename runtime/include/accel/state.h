@@ -61,7 +61,7 @@ class State {
   bool cpu_ = false;
   DistributedType type_ = DistributedType::kNo;
   torch::Device device_{torch::kCPU};
-  std::chrono::milliseconds timeout_{std::chrono::minutes(30)};
+  std::chrono::milliseconds timeout_{};  // set by the constructor (ACCEL_COLLECTIVE_TIMEOUT or its default)
   std::unique_ptr<Comm> comm_;
 };
 

@@ -19,7 +19,7 @@
 #include <thread>
 
 #include "accel/accel.h"
-#include "accel/progress_page.h"
+#include "contract/progress_page.h"
 #include "runtime/checkpoint_io.h"
 
 namespace {

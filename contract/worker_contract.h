@@ -1,0 +1,83 @@
+// The worker contract: what the launcher / node agent (agent/) and libaccel (runtime/) agree on,
+// spelled once. Header-only, standard library only: the control plane never includes libtorch
+// or the user API, and the runtime does not include the control plane. docs/worker-environment.md
+// documents every variable for users.
+//
+// The progress page's layout is the other half of the contract: contract/progress_page.h.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+
+namespace accel::contract {
+
+// torchrun's variables (torch/distributed/elastic/agent/server/local_elastic_agent.py).
+inline constexpr char kRank[] = "RANK";
+inline constexpr char kLocalRank[] = "LOCAL_RANK";
+inline constexpr char kGroupRank[] = "GROUP_RANK";
+inline constexpr char kRoleRank[] = "ROLE_RANK";
+inline constexpr char kRoleName[] = "ROLE_NAME";
+inline constexpr char kLocalWorldSize[] = "LOCAL_WORLD_SIZE";
+inline constexpr char kWorldSize[] = "WORLD_SIZE";
+inline constexpr char kGroupWorldSize[] = "GROUP_WORLD_SIZE";
+inline constexpr char kRoleWorldSize[] = "ROLE_WORLD_SIZE";
+inline constexpr char kMasterAddr[] = "MASTER_ADDR";
+inline constexpr char kMasterPort[] = "MASTER_PORT";
+inline constexpr char kRestartCount[] = "TORCHELASTIC_RESTART_COUNT";
+inline constexpr char kMaxRestarts[] = "TORCHELASTIC_MAX_RESTARTS";
+inline constexpr char kRunId[] = "TORCHELASTIC_RUN_ID";
+inline constexpr char kTorchelasticErrorFile[] = "TORCHELASTIC_ERROR_FILE";
+// "True" (exactly, as c10d compares it): the launcher serves the store and every rank is a client.
+inline constexpr char kUseAgentStore[] = "TORCHELASTIC_USE_AGENT_STORE";
+inline constexpr char kAgentStoreOn[] = "True";
+inline constexpr char kAgentStoreOff[] = "False";
+inline constexpr char kNcclAsyncErrorHandling[] = "TORCH_NCCL_ASYNC_ERROR_HANDLING";
+inline constexpr char kNcclAsyncErrorHandlingOld[] = "NCCL_ASYNC_ERROR_HANDLING";  // PyTorch < 2.2
+inline constexpr char kOmpNumThreads[] = "OMP_NUM_THREADS";
+
+// HF Accelerate's.
+inline constexpr char kHfMixedPrecision[] = "ACCELERATE_MIXED_PRECISION";
+inline constexpr char kHfUseCpu[] = "ACCELERATE_USE_CPU";
+inline constexpr char kHfGradientAccumulationSteps[] = "ACCELERATE_GRADIENT_ACCUMULATION_STEPS";
+inline constexpr char kHfDebugMode[] = "ACCELERATE_DEBUG_MODE";
+
+// accel's own.
+inline constexpr char kJobId[] = "ACCEL_JOB_ID";
+inline constexpr char kAccelRestartCount[] = "ACCEL_RESTART_COUNT";
+inline constexpr char kMixedPrecision[] = "ACCEL_MIXED_PRECISION";
+inline constexpr char kGradientAccumulationSteps[] = "ACCEL_GRADIENT_ACCUMULATION_STEPS";
+inline constexpr char kUseCpu[] = "ACCEL_USE_CPU";
+inline constexpr char kDebug[] = "ACCEL_DEBUG";
+inline constexpr char kCollectiveTimeout[] = "ACCEL_COLLECTIVE_TIMEOUT";
+inline constexpr char kCheckpointDir[] = "ACCEL_CHECKPOINT_DIR";
+inline constexpr char kCheckpointInterval[] = "ACCEL_CHECKPOINT_INTERVAL";
+inline constexpr char kCheckpointTotalLimit[] = "ACCEL_CHECKPOINT_TOTAL_LIMIT";
+inline constexpr char kErrorFile[] = "ACCEL_ERROR_FILE";
+inline constexpr char kProgressFile[] = "ACCEL_PROGRESS_FILE";
+inline constexpr char kShmCollectives[] = "ACCEL_SHM_COLLECTIVES";
+inline constexpr char kTraceCollectives[] = "ACCEL_TRACE_COLLECTIVES";  // runtime debugging only
+inline constexpr char kToken[] = "ACCEL_TOKEN";  // the control plane's secret: never a worker's
+
+// The default of every collective's timeout (config key collective_timeout, the runtime's
+// fallback when ACCEL_COLLECTIVE_TIMEOUT is unset): PyTorch's own default.
+inline constexpr std::chrono::milliseconds kDefaultCollectiveTimeout{30 * 60 * 1000};
+
+// Where libaccel keeps its process group's keys in a store the launcher serves: one prefix per
+// attempt ("/accel/attempt_<TORCHELASTIC_RESTART_COUNT>"; Python's env:// uses /worker/attempt_).
+inline constexpr char kRuntimeStorePrefix[] = "/accel/attempt_";
+
+// The error file (ACCEL_ERROR_FILE): one JSON object. libaccel writes these keys; torchelastic's
+// @record writes {"message": {"message": ..., "extraInfo": {"py_callstack": ...}}}, which the
+// agent reads too. The agent reads at most kErrorFileMaxBytes of it.
+namespace error_file {
+inline constexpr char kMessage[] = "message";
+inline constexpr char kType[] = "type";
+inline constexpr char kStack[] = "stack";
+inline constexpr char kTime[] = "time";
+inline constexpr char kRank[] = "rank";
+inline constexpr char kExtraInfo[] = "extraInfo";
+inline constexpr char kPyCallstack[] = "py_callstack";
+inline constexpr std::size_t kMaxBytes = 1024 * 1024;
+}  // namespace error_file
+
+}  // namespace accel::contract
