@@ -5,10 +5,10 @@
 //
 // Layout, native endianness, every integer naturally aligned:
 //   Page.magic "ACCELPG1", version 1, ring_size 64, rank, pid,
-//   heartbeat_ns: CLOCK_MONOTONIC ns of the last sign of life (a collective or a batch), 0: none yet,
-//   started: collectives started so far (the next one's sequence number),
-//   ring[seq % 64]: the last 64 collectives: seq + 1 (0: empty or being written), start and end
-//   times (end 0: still in flight), bytes, op name.
+//   heartbeat_ns: CLOCK_MONOTONIC ns of the last sign of life (a collective or a batch), 0: none
+//   yet, started: collectives started so far (the next one's sequence number), ring[seq % 64]: the
+//   last 64 collectives: seq + 1 (0: empty or being written), start and end times (end 0: still in
+//   flight), bytes, op name.
 // Writers publish an entry by storing seq + 1 last (release); readers load it first and again
 // after the fields (acquire) and drop the entry when the two differ.
 #pragma once
@@ -50,13 +50,18 @@ static_assert(sizeof(Page) <= kFileBytes);
 inline std::uint64_t monotonic_ns() {
   timespec ts{};
   ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull +
+         static_cast<std::uint64_t>(ts.tv_nsec);
 }
 
 template <class T>
-inline void store(T* at, T v) { __atomic_store_n(at, v, __ATOMIC_RELEASE); }
+inline void store(T* at, T v) {
+  __atomic_store_n(at, v, __ATOMIC_RELEASE);
+}
 template <class T>
-inline T load(const T* at) { return __atomic_load_n(at, __ATOMIC_ACQUIRE); }
+inline T load(const T* at) {
+  return __atomic_load_n(at, __ATOMIC_ACQUIRE);
+}
 
 // A consistent copy of one ring entry, or false when it is empty or was being rewritten.
 inline bool read_entry(const Entry& e, Entry& out) {

@@ -39,14 +39,16 @@ constexpr int64_t kClasses = 4;
 namespace {
 
 int run_training(int argc, char** argv) {
-  accel::examples::Args args("train_classifier",
-                             "Trains an MLP classifier on a seeded non-linear 4-class problem and reports the evaluation "
-                             "accuracy over exactly --eval-samples samples (gather_for_metrics).");
+  accel::examples::Args args(
+      "train_classifier",
+      "Trains an MLP classifier on a seeded non-linear 4-class problem and reports the evaluation "
+      "accuracy over exactly --eval-samples samples (gather_for_metrics).");
   args.flag("epochs", "6", "passes over the training set")
       .flag("batch-size", "32", "batch size per process")
       .flag("features", "16", "input features")
       .flag("train-samples", "4000", "training set size")
-      .flag("eval-samples", "1001", "evaluation set size (not a multiple of the global batch on purpose)")
+      .flag("eval-samples", "1001",
+            "evaluation set size (not a multiple of the global batch on purpose)")
       .flag("lr", "0.003", "AdamW learning rate")
       .flag("seed", "0", "seed for the data, weights and shuffle order")
       .flag("require-accuracy", "0", "exit 1 unless the final accuracy reaches this (0..1)")
@@ -62,11 +64,13 @@ int run_training(int argc, char** argv) {
   auto [eval_x, eval_y] = make_data(planes, args.integer("eval-samples"));
 
   auto model = std::make_shared<ClassifierImpl>(args.integer("features"), 64, kClasses);
-  auto opt = std::make_shared<torch::optim::AdamW>(model->parameters(), torch::optim::AdamWOptions(args.real("lr")));
+  auto opt = std::make_shared<torch::optim::AdamW>(model->parameters(),
+                                                   torch::optim::AdamWOptions(args.real("lr")));
   const auto bs = static_cast<std::size_t>(args.integer("batch-size"));
   accel::DataLoader train(std::make_shared<accel::TensorDataset>(train_x, train_y),
                           {.batch_size = bs, .shuffle = true, .seed = seed});
-  accel::DataLoader eval(std::make_shared<accel::TensorDataset>(eval_x, eval_y), {.batch_size = bs});
+  accel::DataLoader eval(std::make_shared<accel::TensorDataset>(eval_x, eval_y),
+                         {.batch_size = bs});
   auto [m, o, train_dl, eval_dl] = acc.prepare(model, opt, train, eval);
 
   double accuracy = 0;
@@ -96,9 +100,11 @@ int run_training(int argc, char** argv) {
       seen += all_labels.size(0);
     }
     accuracy = static_cast<double>(correct) / static_cast<double>(std::max<int64_t>(seen, 1));
-    auto loss = acc.reduce(total / std::max<int64_t>(steps, 1), accel::ReduceOp::kMean).item<double>();
+    auto loss =
+        acc.reduce(total / std::max<int64_t>(steps, 1), accel::ReduceOp::kMean).item<double>();
     char line[160];
-    std::snprintf(line, sizeof line, "epoch %lld train_loss %.4f eval_accuracy %.4f eval_samples %lld",
+    std::snprintf(line, sizeof line,
+                  "epoch %lld train_loss %.4f eval_accuracy %.4f eval_samples %lld",
                   static_cast<long long>(epoch), loss, accuracy, static_cast<long long>(seen));
     acc.print(line);
   }

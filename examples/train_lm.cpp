@@ -15,18 +15,24 @@ namespace {
 
 // Sentences from a small grammar: enough structure that a model visibly learns words and syntax.
 std::string generated_corpus(int64_t sentences, uint64_t seed) {
-  const std::vector<std::string> subjects{"the cat", "a dog", "the old man", "my sister", "the robot", "a small bird",
+  const std::vector<std::string> subjects{"the cat",     "a dog",        "the old man",
+                                          "my sister",   "the robot",    "a small bird",
                                           "the teacher", "our neighbour"};
-  const std::vector<std::string> verbs{"sees", "likes", "carries", "paints", "follows", "finds", "builds", "reads"};
-  const std::vector<std::string> objects{"a red ball", "the green door", "an old book", "the tall tree",
-                                         "a blue boat", "the quiet river", "a warm bed", "the long road"};
-  const std::vector<std::string> endings{".", " today.", " at night.", " in the garden.", " every morning."};
+  const std::vector<std::string> verbs{"sees",    "likes", "carries", "paints",
+                                       "follows", "finds", "builds",  "reads"};
+  const std::vector<std::string> objects{"a red ball",    "the green door", "an old book",
+                                         "the tall tree", "a blue boat",    "the quiet river",
+                                         "a warm bed",    "the long road"};
+  const std::vector<std::string> endings{".", " today.", " at night.", " in the garden.",
+                                         " every morning."};
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   auto pick = [&](const std::vector<std::string>& v) {
-    return v[static_cast<std::size_t>(torch::randint(static_cast<int64_t>(v.size()), {1}, gen).item<int64_t>())];
+    return v[static_cast<std::size_t>(
+        torch::randint(static_cast<int64_t>(v.size()), {1}, gen).item<int64_t>())];
   };
   std::ostringstream out;
-  for (int64_t i = 0; i < sentences; ++i) out << pick(subjects) << " " << pick(verbs) << " " << pick(objects) << pick(endings) << "\n";
+  for (int64_t i = 0; i < sentences; ++i)
+    out << pick(subjects) << " " << pick(verbs) << " " << pick(objects) << pick(endings) << "\n";
   return out.str();
 }
 
@@ -34,22 +40,24 @@ struct TinyLmImpl : torch::nn::Module {
   TinyLmImpl(int64_t vocab, int64_t block, int64_t dim, int64_t heads, int64_t layers)
       : tok(register_module("tok", torch::nn::Embedding(vocab, dim))),
         pos(register_module("pos", torch::nn::Embedding(block, dim))),
-        blocks(register_module("blocks", torch::nn::TransformerEncoder(
-                                             torch::nn::TransformerEncoderOptions(
-                                                 torch::nn::TransformerEncoderLayerOptions(dim, heads)
-                                                     .dim_feedforward(4 * dim)
-                                                     .dropout(0.0),
-                                                 layers)))),
+        blocks(register_module("blocks",
+                               torch::nn::TransformerEncoder(torch::nn::TransformerEncoderOptions(
+                                   torch::nn::TransformerEncoderLayerOptions(dim, heads)
+                                       .dim_feedforward(4 * dim)
+                                       .dropout(0.0),
+                                   layers)))),
         norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})))),
         head(register_module("head", torch::nn::Linear(dim, vocab))) {}
 
   // idx [B, T] of character ids -> logits [B, T, vocab]; position t sees positions <= t only.
   torch::Tensor forward(const torch::Tensor& idx) {
     const int64_t t = idx.size(1);
-    auto positions = torch::arange(t, torch::TensorOptions().dtype(torch::kLong).device(idx.device()));
+    auto positions =
+        torch::arange(t, torch::TensorOptions().dtype(torch::kLong).device(idx.device()));
     auto x = tok->forward(idx) + pos->forward(positions).unsqueeze(0);
     auto mask = torch::triu(torch::full({t, t}, -std::numeric_limits<float>::infinity(),
-                                        torch::TensorOptions().device(idx.device())), 1);
+                                        torch::TensorOptions().device(idx.device())),
+                            1);
     x = blocks->forward(x.transpose(0, 1), mask).transpose(0, 1);
     return head->forward(norm->forward(x));
   }
@@ -65,7 +73,8 @@ struct TinyLmImpl : torch::nn::Module {
 namespace {
 
 int run_training(int argc, char** argv) {
-  accel::examples::Args args("train_lm", "Trains a character-level transformer language model and samples from it.");
+  accel::examples::Args args(
+      "train_lm", "Trains a character-level transformer language model and samples from it.");
   args.flag("text", "", "a UTF-8/ASCII text file to train on (default: a generated corpus)")
       .flag("sentences", "1500", "sentences in the generated corpus")
       .flag("epochs", "3", "passes over the text")
@@ -90,15 +99,16 @@ int run_training(int argc, char** argv) {
   } else {
     std::ifstream in(args.str("text"), std::ios::binary);
     if (!in) {
-      std::cerr << "train_lm: cannot read --text " << args.str("text") << ": " << std::strerror(errno) << "\n";
+      std::cerr << "train_lm: cannot read --text " << args.str("text") << ": "
+                << std::strerror(errno) << "\n";
       return 2;
     }
     text.assign(std::istreambuf_iterator<char>(in), {});
   }
   const int64_t block = args.integer("block");
   if (static_cast<int64_t>(text.size()) < 2 * block + 1) {
-    std::cerr << "train_lm: the text has " << text.size() << " characters; it needs at least " << 2 * block + 1
-              << " for --block " << block << "\n";
+    std::cerr << "train_lm: the text has " << text.size() << " characters; it needs at least "
+              << 2 * block + 1 << " for --block " << block << "\n";
     return 2;
   }
   // Vocabulary: the bytes that occur, in byte order, so every rank derives the same ids.
@@ -112,7 +122,8 @@ int run_training(int argc, char** argv) {
     }
   }
   auto ids = torch::empty({static_cast<int64_t>(text.size())}, torch::kLong);
-  for (std::size_t i = 0; i < text.size(); ++i) ids[static_cast<int64_t>(i)] = id_of[static_cast<unsigned char>(text[i])];
+  for (std::size_t i = 0; i < text.size(); ++i)
+    ids[static_cast<int64_t>(i)] = id_of[static_cast<unsigned char>(text[i])];
   // Windows at half-block stride: input text[i, i+block), target text[i+1, i+block+1).
   auto starts = torch::arange(0, ids.size(0) - block - 1, block / 2, torch::kLong);
   auto offsets = torch::arange(block, torch::kLong);
@@ -121,10 +132,14 @@ int run_training(int argc, char** argv) {
   auto targets = ids.index({index + 1});
 
   const auto vocab = static_cast<int64_t>(chars.size());
-  auto model = std::make_shared<TinyLmImpl>(vocab, block, args.integer("dim"), args.integer("heads"), args.integer("layers"));
-  auto opt = std::make_shared<torch::optim::AdamW>(model->parameters(), torch::optim::AdamWOptions(args.real("lr")));
+  auto model = std::make_shared<TinyLmImpl>(vocab, block, args.integer("dim"),
+                                            args.integer("heads"), args.integer("layers"));
+  auto opt = std::make_shared<torch::optim::AdamW>(model->parameters(),
+                                                   torch::optim::AdamWOptions(args.real("lr")));
   accel::DataLoader loader(std::make_shared<accel::TensorDataset>(inputs, targets),
-                           {.batch_size = static_cast<std::size_t>(args.integer("batch-size")), .shuffle = true, .seed = seed});
+                           {.batch_size = static_cast<std::size_t>(args.integer("batch-size")),
+                            .shuffle = true,
+                            .seed = seed});
   auto [m, o, dl] = acc.prepare(model, opt, loader);
   acc.print("train_lm:", text.size(), "characters,", vocab, "symbols,", inputs.size(0), "windows,",
             acc.num_processes(), "process(es)");
@@ -137,7 +152,8 @@ int run_training(int argc, char** argv) {
     for (auto& batch : dl) {
       auto cast = acc.autocast();
       auto logits = m->forward(batch.input);
-      auto loss = torch::cross_entropy_loss(logits.reshape({-1, vocab}), batch.target.reshape({-1}));
+      auto loss =
+          torch::cross_entropy_loss(logits.reshape({-1, vocab}), batch.target.reshape({-1}));
       acc.backward(loss);
       acc.clip_grad_norm_(m, 1.0);
       o.step();
@@ -145,10 +161,11 @@ int run_training(int argc, char** argv) {
       total += loss.detach().to(torch::kDouble);
       ++steps;
     }
-    auto mean = acc.reduce(total / std::max<int64_t>(steps, 1), accel::ReduceOp::kMean).item<double>();
+    auto mean =
+        acc.reduce(total / std::max<int64_t>(steps, 1), accel::ReduceOp::kMean).item<double>();
     char line[96];
-    std::snprintf(line, sizeof line, "epoch %lld loss %.4f (%.3f bits/char)", static_cast<long long>(epoch), mean,
-                  mean / std::log(2.0));
+    std::snprintf(line, sizeof line, "epoch %lld loss %.4f (%.3f bits/char)",
+                  static_cast<long long>(epoch), mean, mean / std::log(2.0));
     acc.print(line);
   }
 
@@ -158,11 +175,14 @@ int run_training(int argc, char** argv) {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(seed + 1);
     std::string sample(1, text[0]);
     for (int64_t i = 0; i < sample_chars; ++i) {
-      std::string context = sample.substr(sample.size() > static_cast<std::size_t>(block) ? sample.size() - block : 0);
+      std::string context = sample.substr(
+          sample.size() > static_cast<std::size_t>(block) ? sample.size() - block : 0);
       auto x = torch::empty({1, static_cast<int64_t>(context.size())}, torch::kLong);
-      for (std::size_t k = 0; k < context.size(); ++k) x[0][static_cast<int64_t>(k)] = id_of[static_cast<unsigned char>(context[k])];
+      for (std::size_t k = 0; k < context.size(); ++k)
+        x[0][static_cast<int64_t>(k)] = id_of[static_cast<unsigned char>(context[k])];
       auto logits = m->forward(x.to(acc.device()))[0][-1].to(torch::kCPU);
-      auto next = torch::multinomial(torch::softmax(logits / 0.8, 0), 1, false, gen).item<int64_t>();
+      auto next =
+          torch::multinomial(torch::softmax(logits / 0.8, 0), 1, false, gen).item<int64_t>();
       sample.push_back(chars[static_cast<std::size_t>(next)]);
     }
     std::cout << "sample:\n" << sample << "\n" << std::flush;

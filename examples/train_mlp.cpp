@@ -10,8 +10,12 @@
 namespace {
 
 struct MlpImpl : torch::nn::Module {
-  MlpImpl() : fc1(register_module("fc1", torch::nn::Linear(10, 64))), fc2(register_module("fc2", torch::nn::Linear(64, 1))) {}
-  torch::Tensor forward(const torch::Tensor& x) { return fc2->forward(torch::relu(fc1->forward(x))); }
+  MlpImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(10, 64))),
+        fc2(register_module("fc2", torch::nn::Linear(64, 1))) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    return fc2->forward(torch::relu(fc1->forward(x)));
+  }
   torch::nn::Linear fc1, fc2;
 };
 
@@ -20,13 +24,15 @@ struct MlpImpl : torch::nn::Module {
 namespace {
 
 int run_training(int argc, char** argv) {
-  accel::examples::Args args("train_mlp", "Trains a 10->64->1 MLP regressor on y = x.w + noise (seeded), with AdamW.");
+  accel::examples::Args args(
+      "train_mlp", "Trains a 10->64->1 MLP regressor on y = x.w + noise (seeded), with AdamW.");
   args.flag("epochs", "2", "passes over the data set")
       .flag("batch-size", "8", "batch size per process")
       .flag("samples", "4096", "size of the synthetic data set")
       .flag("lr", "0.001", "AdamW learning rate")
       .flag("seed", "0", "seed for the data, the initial weights and the shuffle order")
-      .flag("log-every", "64", "print the main process's running loss every this many steps (0: never)");
+      .flag("log-every", "64",
+            "print the main process's running loss every this many steps (0: never)");
   args.parse(argc, argv);
   const int64_t epochs = args.integer("epochs");
   const int64_t log_every = args.integer("log-every");
@@ -40,13 +46,16 @@ int run_training(int argc, char** argv) {
   auto y = x.matmul(w) + 0.1 * torch::randn({n, 1});
 
   auto model = std::make_shared<MlpImpl>();
-  auto opt = std::make_shared<torch::optim::AdamW>(model->parameters(), torch::optim::AdamWOptions(args.real("lr")));
+  auto opt = std::make_shared<torch::optim::AdamW>(model->parameters(),
+                                                   torch::optim::AdamWOptions(args.real("lr")));
   accel::DataLoader loader(std::make_shared<accel::TensorDataset>(x, y),
-                           {.batch_size = static_cast<std::size_t>(args.integer("batch-size")), .shuffle = true, .seed = seed});
+                           {.batch_size = static_cast<std::size_t>(args.integer("batch-size")),
+                            .shuffle = true,
+                            .seed = seed});
   auto [m, o, dl] = acc.prepare(model, opt, loader);
 
-  acc.print("train_mlp:", acc.num_processes(), "process(es),", dl.size(), "steps per epoch, global batch",
-            dl.total_batch_size());
+  acc.print("train_mlp:", acc.num_processes(), "process(es),", dl.size(),
+            "steps per epoch, global batch", dl.total_batch_size());
   // From dl.epoch(): after an automatic resume (accel-launch --checkpoint-dir) the loader is
   // already at the saved epoch and batch.
   for (int64_t epoch = dl.epoch(); epoch < epochs; ++epoch) {
@@ -54,7 +63,8 @@ int run_training(int argc, char** argv) {
     auto total = torch::zeros({}, torch::kDouble);
     int64_t steps = 0;
     for (auto& batch : dl) {
-      auto cast = acc.autocast();  // bf16 when ACCEL_MIXED_PRECISION=bf16 (accel-launch --mixed-precision)
+      // bf16 when ACCEL_MIXED_PRECISION=bf16 (accel-launch --mixed-precision)
+      auto cast = acc.autocast();
       auto loss = torch::mse_loss(m->forward(batch.input), batch.target);
       acc.backward(loss);
       o.step();
@@ -62,12 +72,13 @@ int run_training(int argc, char** argv) {
       total += loss.detach().to(torch::kDouble);
       ++steps;
       if (log_every > 0 && steps % log_every == 0) {
-        acc.print("  epoch", epoch, "step", std::to_string(steps) + "/" + std::to_string(dl.size()), "loss",
-                  (total / steps).item<double>(), "(main process)");
+        acc.print("  epoch", epoch, "step", std::to_string(steps) + "/" + std::to_string(dl.size()),
+                  "loss", (total / steps).item<double>(), "(main process)");
       }
     }
     auto mean = acc.reduce(total / std::max<int64_t>(steps, 1), accel::ReduceOp::kMean);
-    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     acc.print("epoch", epoch, "loss", mean.item<double>(), "steps", steps, "time",
               std::to_string(seconds).substr(0, 5) + "s");
   }

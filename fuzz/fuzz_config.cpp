@@ -8,6 +8,7 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   accel::config::ClusterConfig cfg;
   std::string text(reinterpret_cast<const char*>(data), size);
-  if (accel::config::load_yaml_text(cfg, text, "fuzz.yaml").is_ok()) (void)accel::config::validate(cfg);
+  if (accel::config::load_yaml_text(cfg, text, "fuzz.yaml").is_ok())
+    (void)accel::config::validate(cfg);
   return 0;
 }

@@ -114,9 +114,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
   // 4 nodes and 4 jobs at most here: far below the bound per node and per job.
-  const size_t per_node = 2 * limits::kMaxHostBytes + 4 * limits::kMaxIdBytes +
-                          limits::kMaxProcessesPerNode * (2 * (limits::kMaxProgressBytes + 32) + 16) + 4096 +
-                          limits::kMaxSpecBytes;
+  const size_t per_node =
+      2 * limits::kMaxHostBytes + 4 * limits::kMaxIdBytes +
+      limits::kMaxProcessesPerNode * (2 * (limits::kMaxProgressBytes + 32) + 16) + 4096 +
+      limits::kMaxSpecBytes;
   const size_t per_job = limits::kMaxSpecBytes + options.max_event_bytes_per_job + (64u << 10) +
                          limits::kMaxFailuresPerJob * (3 * limits::kMaxTextBytes + 64 * 1024);
   if (core.stored_bytes() > 4 * per_node + 4 * per_job) __builtin_trap();

@@ -9,8 +9,8 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
-    auto checked = accel::ckpt::parse_manifest(std::string_view(reinterpret_cast<const char*>(data), size),
-                                               "/ckpt/manifest.json");
+    auto checked = accel::ckpt::parse_manifest(
+        std::string_view(reinterpret_cast<const char*>(data), size), "/ckpt/manifest.json");
     for (const auto& [name, entry] : checked.files) {
       if (!accel::ckpt::is_plain_file_name(name)) __builtin_trap();
     }

@@ -10,7 +10,8 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view bytes(reinterpret_cast<const char*>(data), size);
   try {
-    auto decoded = accel::safetensors::decode(bytes, "fuzz.safetensors", accel::safetensors::Memory::kBorrow);
+    auto decoded =
+        accel::safetensors::decode(bytes, "fuzz.safetensors", accel::safetensors::Memory::kBorrow);
     for (const auto& [name, tensor] : decoded.tensors) (void)tensor.sum();  // touch every byte
   } catch (const accel::Error&) {
   }

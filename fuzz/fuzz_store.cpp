@@ -45,6 +45,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (auto id : core.take_ready()) (void)core.take_output(id);
     if (control & 0x40) core.clear();
   }
-  if (core.stored_bytes() > limits.max_total_bytes || core.num_keys() > limits.max_keys) __builtin_trap();
+  if (core.stored_bytes() > limits.max_total_bytes || core.num_keys() > limits.max_keys)
+    __builtin_trap();
   return 0;
 }

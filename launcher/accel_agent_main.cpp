@@ -1,13 +1,12 @@
 // accel-agent: the per-node daemon (systemd, Slurm). Registers with a coordinator, runs the
 // workers of the jobs it is given, and keeps them alive; optionally hosts the coordinator.
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
-#include <spdlog/sinks/stdout_color_sinks.h>
-#include <spdlog/spdlog.h>
-
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -16,11 +15,11 @@
 
 #include "accel_version.h"
 #include "agent/common/clock.h"
+#include "agent/common/file_limit.h"
 #include "agent/common/temp_dir.h"
 #include "agent/config/config_loader.h"
-#include "agent/rpc/rpc_security.h"
-#include "agent/common/file_limit.h"
 #include "agent/coordinator/coordinator_server.h"
+#include "agent/rpc/rpc_security.h"
 #include "agent/supervisor/line_sink.h"
 #include "launcher/cluster_launch.h"
 
@@ -60,27 +59,36 @@ int main(int argc, char** argv) {
     keyed.emplace_back(key, o);
     return o;
   };
-  opt("--coordinator", "coordinator", "Register with the coordinator at HOST:PORT")->type_name("HOST:PORT");
+  opt("--coordinator", "coordinator", "Register with the coordinator at HOST:PORT")
+      ->type_name("HOST:PORT");
   opt("--node-id", "node_id", "This node's id (default: host-pid-random)")->type_name("ID");
   opt("--node-address", "node_address", "Where other nodes reach this one")->type_name("HOST");
-  opt("--token-file", "token_file", "File with the shared token (default: $ACCEL_TOKEN)")->type_name("FILE");
+  opt("--token-file", "token_file", "File with the shared token (default: $ACCEL_TOKEN)")
+      ->type_name("FILE");
   opt("--tls-cert", "tls_cert", "PEM certificate (coordinator's, or this client's for mutual TLS)")
       ->type_name("FILE");
   opt("--tls-key", "tls_key", "PEM key of --tls-cert")->type_name("FILE");
   opt("--tls-ca", "tls_ca", "PEM CA of the peers' certificates")->type_name("FILE");
-  opt("--lease-timeout", "lease_timeout", "Served coordinator: a node silent this long is lost (default 10s)")
+  opt("--lease-timeout", "lease_timeout",
+      "Served coordinator: a node silent this long is lost (default 10s)")
       ->type_name("DURATION");
-  opt("--retention", "retention", "Served coordinator: forget ended jobs and lost nodes after (default 1h)")
+  opt("--retention", "retention",
+      "Served coordinator: forget ended jobs and lost nodes after (default 1h)")
       ->type_name("DURATION");
-  opt("--stop-timeout", "stop_timeout", "SIGTERM -> SIGKILL grace for workers (default 10s)")->type_name("DURATION");
+  opt("--stop-timeout", "stop_timeout", "SIGTERM -> SIGKILL grace for workers (default 10s)")
+      ->type_name("DURATION");
   std::string config_file;
-  auto* config_opt = app.add_option("--config", config_file, "YAML file with the keys above")->type_name("FILE");
+  auto* config_opt =
+      app.add_option("--config", config_file, "YAML file with the keys above")->type_name("FILE");
   std::string serve;
-  app.add_option("--serve-coordinator", serve, "Also host the coordinator on [HOST:]PORT")->type_name("[HOST:]PORT");
+  app.add_option("--serve-coordinator", serve, "Also host the coordinator on [HOST:]PORT")
+      ->type_name("[HOST:]PORT");
   bool coordinator_only = false;
-  app.add_flag("--coordinator-only", coordinator_only, "With --serve-coordinator: run no workers here");
+  app.add_flag("--coordinator-only", coordinator_only,
+               "With --serve-coordinator: run no workers here");
   std::string state_dir;
-  app.add_option("--state-dir", state_dir, "Folder for the workers' error files (default: a temporary one)")
+  app.add_option("--state-dir", state_dir,
+                 "Folder for the workers' error files (default: a temporary one)")
       ->type_name("DIR");
   bool quiet = false;
   app.add_flag("-q,--quiet", quiet, "Only warnings and errors");
@@ -106,9 +114,12 @@ int main(int argc, char** argv) {
   logger->set_level(quiet ? spdlog::level::warn : spdlog::level::info);
 
   if (serve.empty() && cfg.coordinator.empty()) {
-    return fail("give --coordinator HOST:PORT (join one) or --serve-coordinator PORT (host one); see --help");
+    return fail(
+        "give --coordinator HOST:PORT (join one) or --serve-coordinator PORT (host one); see "
+        "--help");
   }
-  if (coordinator_only && serve.empty()) return fail("--coordinator-only needs --serve-coordinator");
+  if (coordinator_only && serve.empty())
+    return fail("--coordinator-only needs --serve-coordinator");
   auto auth = accel::launcher::control_plane_auth(cfg, env);
   if (!auth) return fail(auth.message());
   accel::rpc::forget_token_in_environment();
@@ -121,8 +132,10 @@ int main(int argc, char** argv) {
   // connections must meet gRPC's connection limits before EMFILE.
   auto files = accel::raise_file_limit();
   if (files.now < 4096) {
-    logger->warn("open-file limit is {} (hard limit); a busy coordinator or many workers may run out: "
-                 "raise it (LimitNOFILE= in the systemd unit, ulimit -Hn)", files.now);
+    logger->warn(
+        "open-file limit is {} (hard limit); a busy coordinator or many workers may run out: "
+        "raise it (LimitNOFILE= in the systemd unit, ulimit -Hn)",
+        files.now);
   }
   if (!serve.empty()) {
     std::string listen = serve.find(':') == std::string::npos ? "0.0.0.0:" + serve : serve;
@@ -166,9 +179,12 @@ int main(int argc, char** argv) {
     agent = std::make_unique<accel::node::NodeAgent>(
         io, *client, opts,
         [logger](LogLevel level, const std::string& msg) {
-          if (level == LogLevel::kInfo) logger->info(msg);
-          else if (level == LogLevel::kWarn) logger->warn(msg);
-          else logger->error(msg);
+          if (level == LogLevel::kInfo)
+            logger->info(msg);
+          else if (level == LogLevel::kWarn)
+            logger->warn(msg);
+          else
+            logger->error(msg);
         },
         hooks);
     agent->start();
@@ -182,7 +198,8 @@ int main(int argc, char** argv) {
       if (sig == SIGHUP) {
         logger->warn("received SIGHUP: ignored (SIGTERM stops the agent)");
       } else if (++stops == 1) {
-        logger->info("received {}: stopping the workers and the agent", accel::supervisor::signal_name(sig));
+        logger->info("received {}: stopping the workers and the agent",
+                     accel::supervisor::signal_name(sig));
         if (agent) {
           agent->shutdown(SIGTERM, [&] { io.stop(); });
         } else {

@@ -1,16 +1,15 @@
 // accel-launch: parse flags, resolve the config, run the job's workers locally, exit with the
 // job's code.
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
-#include <spdlog/sinks/stdout_color_sinks.h>
-#include <spdlog/spdlog.h>
-
 #include <cerrno>
 #include <csignal>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <random>
@@ -88,9 +87,11 @@ int main(int argc, char** argv) {
     for (const char* key : {"machine_rank", "coordinator_port"}) {
       const auto& origin = cfg.origin(key);
       if (origin.source != accel::config::Source::kDefault) {
-        return fail(origin.where + ": " + key + " does not go with coordinator (" + cfg.origin("coordinator").where +
-                    "): a standing coordinator places the nodes itself. For every node running "
-                    "accel-launch, drop coordinator and give nodes, machine_rank and main_process_ip");
+        return fail(
+            origin.where + ": " + key + " does not go with coordinator (" +
+            cfg.origin("coordinator").where +
+            "): a standing coordinator places the nodes itself. For every node running "
+            "accel-launch, drop coordinator and give nodes, machine_rank and main_process_ip");
       }
     }
   }
@@ -107,8 +108,11 @@ int main(int argc, char** argv) {
   if (!cfg.coordinator.empty() || cfg.nodes.max > 1) {
 #if ACCEL_LAUNCH_CLUSTER
     accel::rpc::prepare_grpc_process();
-    accel::launcher::ClusterLaunch launch{.cfg = cfg, .argv = *argv_resolved, .env = {},
-                                          .job_id = cfg.job_id, .checkpoint_dir = checkpoint_dir,
+    accel::launcher::ClusterLaunch launch{.cfg = cfg,
+                                          .argv = *argv_resolved,
+                                          .env = {},
+                                          .job_id = cfg.job_id,
+                                          .checkpoint_dir = checkpoint_dir,
                                           .worker_env = cmd.worker_env};
     for (const auto& [k, v] : sources.env) launch.env.emplace(k, v);
     int code = 0;
@@ -129,8 +133,9 @@ int main(int argc, char** argv) {
     fs::path self = fs::read_symlink("/proc/self/exe", ec);
     std::string cluster = (self.parent_path() / "accel-launch-cluster").string();
     ::execv(cluster.c_str(), argv);
-    return fail("multi-node and --coordinator jobs need " + cluster + " (installed beside accel-launch): " +
-                std::strerror(errno), 1);
+    return fail("multi-node and --coordinator jobs need " + cluster +
+                    " (installed beside accel-launch): " + std::strerror(errno),
+                1);
 #endif
   }
 
@@ -160,17 +165,24 @@ int main(int argc, char** argv) {
   opts.error_dir = temp_error_dir ? accel::make_temp_dir("accel-" + opts.job_id + "-")
                                   : cfg.log_dir + "/" + opts.job_id;
   if (opts.error_dir.empty()) {
-    logger->warn("cannot create a folder for the workers' error files in {} ({}); failures will "
-                 "be reported without their error messages",
-                 accel::temp_root(), std::strerror(errno));
+    logger->warn(
+        "cannot create a folder for the workers' error files in {} ({}); failures will "
+        "be reported without their error messages",
+        accel::temp_root(), std::strerror(errno));
   }
 
   boost::asio::io_context io;
   accel::supervisor::LocalJob job(io, opts, [&](LogLevel level, const std::string& msg) {
     switch (level) {
-      case LogLevel::kInfo: logger->info(msg); break;
-      case LogLevel::kWarn: logger->warn(msg); break;
-      case LogLevel::kError: logger->error(msg); break;
+      case LogLevel::kInfo:
+        logger->info(msg);
+        break;
+      case LogLevel::kWarn:
+        logger->warn(msg);
+        break;
+      case LogLevel::kError:
+        logger->error(msg);
+        break;
     }
   });
 
@@ -197,7 +209,8 @@ int main(int argc, char** argv) {
                                    accel::supervisor::format_failure_summary(opts, result));
     } else {
       logger->info("job {} succeeded", opts.job_id);
-      for (const auto& problem : result.log_problems) logger->warn("but its log is incomplete: {}", problem);
+      for (const auto& problem : result.log_problems)
+        logger->warn("but its log is incomplete: {}", problem);
     }
     boost::system::error_code ignored;
     signals.cancel(ignored);

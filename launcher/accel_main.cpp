@@ -3,15 +3,14 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-
 #include <cstdio>
 #include <iostream>
 
 #include "accel_version.h"
 #include "agent/config/config_loader.h"
-#include "agent/rpc/rpc_security.h"
 #include "agent/coordinator/coordinator_core.h"
 #include "agent/coordinator/request_limits.h"
+#include "agent/rpc/rpc_security.h"
 #include "agent/supervisor/line_sink.h"
 #include "launcher/cluster_launch.h"
 
@@ -31,13 +30,16 @@ std::string ago(int64_t ms) {
 int status(const accel::config::ClusterConfig& cfg, const accel::supervisor::EnvMap& env) {
   namespace pb = accel::v1;
   if (cfg.coordinator.empty()) {
-    return fail("accel status needs the coordinator: --coordinator HOST:PORT or coordinator: in the config");
+    return fail(
+        "accel status needs the coordinator: --coordinator HOST:PORT or coordinator: in the "
+        "config");
   }
   auto client = accel::launcher::connect(cfg, env, cfg.coordinator);
   if (!client) return fail(client.message());
   pb::GetStatusResponse resp;
   grpc::Status st = (*client)->get_status(&resp, std::chrono::seconds(5));
-  if (!st.ok()) return fail("coordinator at " + cfg.coordinator + ": " + accel::rpc::describe(st), 1);
+  if (!st.ok())
+    return fail("coordinator at " + cfg.coordinator + ": " + accel::rpc::describe(st), 1);
   std::printf("coordinator %s (%s)\n\n", cfg.coordinator.c_str(),
               accel::coordinator::limits::printable(resp.coordinator_id()).c_str());
   std::printf("NODES (%d)\n  %-32s %-16s %-10s %-22s %s\n", resp.nodes_size(), "node", "address",
@@ -46,21 +48,29 @@ int status(const accel::config::ClusterConfig& cfg, const accel::supervisor::Env
   // terminal (a fake line, an escape sequence).
   using accel::coordinator::limits::printable;
   for (const auto& n : resp.nodes()) {
-    std::string job = n.job_id().empty() ? "-" : printable(n.job_id()) + (n.node_rank() >= 0 ? " (" + std::to_string(n.node_rank()) + ")" : " (joining)");
-    std::printf("  %-32s %-16s %-10s %-22s %s\n", printable(n.node_id()).c_str(), printable(n.address()).c_str(),
+    std::string job =
+        n.job_id().empty()
+            ? "-"
+            : printable(n.job_id()) +
+                  (n.node_rank() >= 0 ? " (" + std::to_string(n.node_rank()) + ")" : " (joining)");
+    std::printf("  %-32s %-16s %-10s %-22s %s\n", printable(n.node_id()).c_str(),
+                printable(n.address()).c_str(),
                 n.lost() ? "LOST" : (n.job_id().empty() ? "idle" : "busy"), job.c_str(),
                 ago(n.last_seen_ms_ago()).c_str());
   }
-  std::printf("\nJOBS (%d)\n  %-24s %-11s %-6s %-9s %-6s %-6s %s\n", resp.jobs_size(), "job", "state",
-              "round", "restarts", "nodes", "world", "command");
+  std::printf("\nJOBS (%d)\n  %-24s %-11s %-6s %-9s %-6s %-6s %s\n", resp.jobs_size(), "job",
+              "state", "round", "restarts", "nodes", "world", "command");
   for (const auto& j : resp.jobs()) {
-    std::string restarts = std::to_string(j.restart_count()) + "/" + std::to_string(j.max_restarts());
+    std::string restarts =
+        std::to_string(j.restart_count()) + "/" + std::to_string(j.max_restarts());
     std::string cmd = j.spec().argv_size() > 0 ? printable(j.spec().argv(0)) : "";
     std::printf("  %-24s %-11s %-6lld %-9s %-6d %-6d %s\n", printable(j.job_id()).c_str(),
-                accel::coordinator::job_state_name(j.state()).c_str(), static_cast<long long>(j.round()),
-                restarts.c_str(), j.num_nodes(), j.world_size(), cmd.c_str());
+                accel::coordinator::job_state_name(j.state()).c_str(),
+                static_cast<long long>(j.round()), restarts.c_str(), j.num_nodes(), j.world_size(),
+                cmd.c_str());
     if (j.has_last_failure()) {
-      std::printf("      last failure: %s\n", printable(accel::coordinator::describe_failure(j.last_failure())).c_str());
+      std::printf("      last failure: %s\n",
+                  printable(accel::coordinator::describe_failure(j.last_failure())).c_str());
     }
   }
   return 0;
@@ -73,7 +83,8 @@ int main(int argc, char** argv) {
   CLI::App app("accel: tools around accel-launch.", "accel");
   app.set_version_flag("--version", std::string("accel ") + ACCEL_VERSION);
   app.require_subcommand(1);
-  auto* st = app.add_subcommand("status", "Nodes, jobs, ranks, restarts and last failures of a coordinator");
+  auto* st = app.add_subcommand("status",
+                                "Nodes, jobs, ranks, restarts and last failures of a coordinator");
   std::string coordinator, token_file, config_file, tls_ca, tls_cert, tls_key;
   st->add_option("--coordinator", coordinator, "HOST:PORT (default: coordinator: in the config)");
   st->add_option("--token-file", token_file, "File with the token (default: $ACCEL_TOKEN)");

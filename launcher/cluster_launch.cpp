@@ -4,24 +4,23 @@
 
 #include <pthread.h>
 #include <pwd.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
-#include <spdlog/spdlog.h>
-
-#include <atomic>
 #include <csignal>
 #include <filesystem>
 #include <functional>
 #include <thread>
 
 #include "agent/common/clock.h"
+#include "agent/common/file_limit.h"
 #include "agent/common/temp_dir.h"
 #include "agent/config/cluster_config.h"
 #include "agent/coordinator/coordinator_core.h"
-#include "agent/common/file_limit.h"
 #include "agent/coordinator/coordinator_server.h"
 #include "agent/supervisor/line_sink.h"
 
@@ -45,9 +44,15 @@ supervisor::JobLogger job_logger(const std::string& who) {
   return [who](LogLevel level, const std::string& msg) {
     auto l = logger();
     switch (level) {
-      case LogLevel::kInfo: l->info("{}{}", who, msg); break;
-      case LogLevel::kWarn: l->warn("{}{}", who, msg); break;
-      case LogLevel::kError: l->error("{}{}", who, msg); break;
+      case LogLevel::kInfo:
+        l->info("{}{}", who, msg);
+        break;
+      case LogLevel::kWarn:
+        l->warn("{}{}", who, msg);
+        break;
+      case LogLevel::kError:
+        l->error("{}{}", who, msg);
+        break;
     }
   };
 }
@@ -102,11 +107,12 @@ class JobWatcher {
           logger()->warn("lost the coordinator at {} ({}); waiting up to {} ms for it",
                          client_->target(), rpc::describe(st), patience_.count());
         }
-        if (st.error_code() == grpc::StatusCode::NOT_FOUND && resubmit_ && now - trouble_since > resubmit_after_) {
+        if (st.error_code() == grpc::StatusCode::NOT_FOUND && resubmit_ &&
+            now - trouble_since > resubmit_after_) {
           auto again = std::move(resubmit_);
           resubmit_ = nullptr;
-          logger()->warn("the coordinator does not know job {} any more ({}); submitting it again", job_id_,
-                         st.error_message());
+          logger()->warn("the coordinator does not know job {} any more ({}); submitting it again",
+                         job_id_, st.error_message());
           if (again()) {
             in_trouble = false;
             after = 0;
@@ -131,7 +137,8 @@ class JobWatcher {
       }
       coordinator = resp.coordinator_id();
       if (resp.dropped() > 0) {
-        logger()->warn("{} events of job {} were dropped (this launcher fell behind)", resp.dropped(), job_id_);
+        logger()->warn("{} events of job {} were dropped (this launcher fell behind)",
+                       resp.dropped(), job_id_);
       }
       for (const auto& ev : resp.events()) {
         print(ev);
@@ -157,18 +164,23 @@ class JobWatcher {
  private:
   static void print(const pb::JobEvent& ev) {
     switch (ev.what_case()) {
-      case pb::JobEvent::kMessage: logger()->info("{}", ev.message()); break;
+      case pb::JobEvent::kMessage:
+        logger()->info("{}", ev.message());
+        break;
       case pb::JobEvent::kFailure:
         logger()->error("{}", coordinator::describe_failure(ev.failure()));
-        if (!ev.failure().report().empty()) supervisor::write_all(STDERR_FILENO, ev.failure().report());
+        if (!ev.failure().report().empty())
+          supervisor::write_all(STDERR_FILENO, ev.failure().report());
         break;
       case pb::JobEvent::kLog: {
         const auto& l = ev.log();
-        supervisor::write_all(l.stderr() ? STDERR_FILENO : STDOUT_FILENO,
-                              "[" + l.hostname() + ":" + std::to_string(l.rank()) + "] " + l.text() + "\n");
+        supervisor::write_all(
+            l.stderr() ? STDERR_FILENO : STDOUT_FILENO,
+            "[" + l.hostname() + ":" + std::to_string(l.rank()) + "] " + l.text() + "\n");
         break;
       }
-      default: break;
+      default:
+        break;
     }
   }
 
@@ -215,8 +227,10 @@ pb::JobSpec make_job_spec(const ClusterLaunch& launch, bool forward_logs) {
   return spec;
 }
 
-Result<ControlPlaneAuth> control_plane_auth(const config::ClusterConfig& cfg, const supervisor::EnvMap& env) {
-  // Why the origin: "tls_ca /etc/x.pem: cannot read it" alone does not say which file or flag set it.
+Result<ControlPlaneAuth> control_plane_auth(const config::ClusterConfig& cfg,
+                                            const supervisor::EnvMap& env) {
+  // Why the origin: "tls_ca /etc/x.pem: cannot read it" alone does not say which file or flag set
+  // it.
   auto located = [&cfg](const std::string& message) {
     std::string key = message.substr(0, message.find(' '));
     const auto& where = cfg.origin(key).where;
@@ -232,8 +246,8 @@ Result<ControlPlaneAuth> control_plane_auth(const config::ClusterConfig& cfg, co
   return auth;
 }
 
-coordinator::ServerOptions server_options(const config::ClusterConfig& cfg, const std::string& listen,
-                                          const ControlPlaneAuth& auth) {
+coordinator::ServerOptions server_options(const config::ClusterConfig& cfg,
+                                          const std::string& listen, const ControlPlaneAuth& auth) {
   coordinator::ServerOptions so;
   so.listen_address = listen;
   so.token = auth.token;
@@ -253,7 +267,8 @@ Result<std::shared_ptr<rpc::CoordinatorClient>> connect(const config::ClusterCon
 }
 
 node::NodeAgentOptions make_agent_options(const config::ClusterConfig& cfg,
-                                          const supervisor::EnvMap& env, const std::string& target) {
+                                          const supervisor::EnvMap& env,
+                                          const std::string& target) {
   node::NodeAgentOptions o;
   o.hostname = node::local_hostname();
   o.node_id = cfg.node_id.empty() ? node::default_node_id(o.hostname) : cfg.node_id;
@@ -285,10 +300,12 @@ int run_submit(const ClusterLaunch& launch) {
   auto give_up = std::chrono::steady_clock::now() + kSubmitPatience;
   for (bool told = false;; told = true) {
     st = (*client)->submit_job(req, &resp, 10s);
-    if (st.error_code() != grpc::StatusCode::UNAVAILABLE || std::chrono::steady_clock::now() > give_up) break;
+    if (st.error_code() != grpc::StatusCode::UNAVAILABLE ||
+        std::chrono::steady_clock::now() > give_up)
+      break;
     if (!told) {
-      logger()->warn("coordinator at {} not reachable yet ({}); retrying for {} s", launch.cfg.coordinator,
-                     rpc::describe(st), kSubmitPatience.count() / 1000);
+      logger()->warn("coordinator at {} not reachable yet ({}); retrying for {} s",
+                     launch.cfg.coordinator, rpc::describe(st), kSubmitPatience.count() / 1000);
     }
     std::this_thread::sleep_for(200ms);
   }
@@ -297,18 +314,21 @@ int run_submit(const ClusterLaunch& launch) {
                 rpc::describe(st));
   }
   const std::string job_id = resp.job_id();
-  logger()->info("job {} submitted to coordinator {}: {} x {} per node on {} node(s)", job_id,
-                 launch.cfg.coordinator, launch.cfg.num_processes, launch.argv.front(),
-                 launch.cfg.nodes.min == launch.cfg.nodes.max
-                     ? std::to_string(launch.cfg.nodes.min)
-                     : std::to_string(launch.cfg.nodes.min) + "-" + std::to_string(launch.cfg.nodes.max));
+  logger()->info(
+      "job {} submitted to coordinator {}: {} x {} per node on {} node(s)", job_id,
+      launch.cfg.coordinator, launch.cfg.num_processes, launch.argv.front(),
+      launch.cfg.nodes.min == launch.cfg.nodes.max
+          ? std::to_string(launch.cfg.nodes.min)
+          : std::to_string(launch.cfg.nodes.min) + "-" + std::to_string(launch.cfg.nodes.max));
 
-  JobWatcher watcher(*client, job_id, std::max<std::chrono::milliseconds>(60s, 6 * launch.cfg.lease_timeout));
+  JobWatcher watcher(*client, job_id,
+                     std::max<std::chrono::milliseconds>(60s, 6 * launch.cfg.lease_timeout));
   req.set_job_id(job_id);
   watcher.on_lost_job(2 * launch.cfg.lease_timeout, [&, c = *client] {
     pb::SubmitJobResponse again;
     grpc::Status rs = c->submit_job(req, &again, 10s);
-    if (rs.error_code() == grpc::StatusCode::ALREADY_EXISTS) return true;  // an agent brought it back meanwhile
+    if (rs.error_code() == grpc::StatusCode::ALREADY_EXISTS)
+      return true;  // an agent brought it back meanwhile
     if (!rs.ok()) logger()->error("submitting job {} again failed: {}", job_id, rpc::describe(rs));
     return rs.ok();
   });
@@ -319,7 +339,8 @@ int run_submit(const ClusterLaunch& launch) {
       if (sigwait(&set, &sig) != 0) continue;
       if (sig == SIGUSR2) return;
       if (sig == SIGHUP) {
-        logger()->warn("received SIGHUP: ignored, the job keeps running (SIGTERM or Ctrl-C cancel it)");
+        logger()->warn(
+            "received SIGHUP: ignored, the job keeps running (SIGTERM or Ctrl-C cancel it)");
         continue;
       }
       pb::CancelJobRequest cancel;
@@ -435,7 +456,8 @@ int run_multi_node(const ClusterLaunch& launch) {
     signals.async_wait([&](const boost::system::error_code& ec, int sig) {
       if (ec) return;
       if (sig == SIGHUP) {
-        logger()->warn("received SIGHUP: ignored, the job keeps running (SIGTERM or Ctrl-C stop it)");
+        logger()->warn(
+            "received SIGHUP: ignored, the job keeps running (SIGTERM or Ctrl-C stop it)");
       } else if (++cancels == 1) {
         logger()->warn("received {}: cancelling the job on every node (again to stop at once)",
                        supervisor::signal_name(sig));
@@ -471,7 +493,8 @@ int run_multi_node(const ClusterLaunch& launch) {
     auto deadline = std::chrono::steady_clock::now() + 3s;
     bool told = false;
     while (!told && std::chrono::steady_clock::now() < deadline) {
-      server->with_core([&](coordinator::CoordinatorCore& core) { told = core.everyone_told(job_id); });
+      server->with_core(
+          [&](coordinator::CoordinatorCore& core) { told = core.everyone_told(job_id); });
       if (!told) std::this_thread::sleep_for(20ms);
     }
     std::this_thread::sleep_for(100ms);  // the answers are in flight

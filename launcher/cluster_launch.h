@@ -38,10 +38,11 @@ struct ControlPlaneAuth {
 };
 // The token and TLS files of the config, read now: an error names the key, where it was set
 // and the file.
-Result<ControlPlaneAuth> control_plane_auth(const config::ClusterConfig& cfg, const supervisor::EnvMap& env);
+Result<ControlPlaneAuth> control_plane_auth(const config::ClusterConfig& cfg,
+                                            const supervisor::EnvMap& env);
 // A coordinator serving at `listen` with the config's lease.
-coordinator::ServerOptions server_options(const config::ClusterConfig& cfg, const std::string& listen,
-                                          const ControlPlaneAuth& auth);
+coordinator::ServerOptions server_options(const config::ClusterConfig& cfg,
+                                          const std::string& listen, const ControlPlaneAuth& auth);
 Result<std::shared_ptr<rpc::CoordinatorClient>> connect(const config::ClusterConfig& cfg,
                                                         const supervisor::EnvMap& env,
                                                         const std::string& target);

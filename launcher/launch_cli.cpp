@@ -2,7 +2,6 @@
 #include "launcher/launch_cli.h"
 
 #include <CLI/CLI.hpp>
-
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
@@ -70,7 +69,8 @@ Split split_args(const CLI::App& app, const std::vector<std::string>& args) {
       std::replace(name.begin() + 2, name.end(), '_', '-');
       std::string value = eq == std::string::npos ? "" : a.substr(eq + 1);
       if (name == "--module") {
-        out.program.module = eq != std::string::npos ? value : (i + 1 < args.size() ? args[++i] : "");
+        out.program.module =
+            eq != std::string::npos ? value : (i + 1 < args.size() ? args[++i] : "");
         out.program.args = rest(i + 1);
         return out;
       }
@@ -117,8 +117,8 @@ ParseOutcome parse_launch_command(const std::vector<std::string>& args) {
   std::vector<KeyedOption> keyed;
   auto opt = [&](const std::string& names, const std::string& key, const std::string& help) {
     std::string* slot = &values[key];
-    CLI::Option* o = app.add_option(names, *slot, help)->multi_option_policy(
-        CLI::MultiOptionPolicy::TakeLast);
+    CLI::Option* o =
+        app.add_option(names, *slot, help)->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
     keyed.push_back({key, o, slot, nullptr});
     return o;
   };
@@ -131,29 +131,37 @@ ParseOutcome parse_launch_command(const std::vector<std::string>& args) {
   };
 
   opt("-n,--num-processes,--nproc-per-node", "num_processes",
-      "Worker processes to start (default 1)")->type_name("N");
-  opt("--nodes,--nnodes", "nodes", "Nodes in the job: N or MIN:MAX (default 1)")->type_name("N|MIN:MAX");
+      "Worker processes to start (default 1)")
+      ->type_name("N");
+  opt("--nodes,--nnodes", "nodes", "Nodes in the job: N or MIN:MAX (default 1)")
+      ->type_name("N|MIN:MAX");
   opt("--machine-rank,--node-rank", "machine_rank", "This node's rank (default 0)")->type_name("K");
-  opt("--main-process-ip,--master-addr", "main_process_ip",
-      "MASTER_ADDR (default 127.0.0.1)")->type_name("HOST");
+  opt("--main-process-ip,--master-addr", "main_process_ip", "MASTER_ADDR (default 127.0.0.1)")
+      ->type_name("HOST");
   opt("--main-process-port,--master-port", "main_process_port",
-      "MASTER_PORT; 0 picks a free one per attempt (default 0)")->type_name("PORT");
+      "MASTER_PORT; 0 picks a free one per attempt (default 0)")
+      ->type_name("PORT");
   opt("--max-restarts", "max_restarts",
-      "Restart the whole group up to N times after a failure (default 0)")->type_name("N");
-  opt("--log-dir", "log_dir",
-      "Also write <DIR>/<job>/attempt_<k>/rank_<r>.log (default: none)")->type_name("DIR");
+      "Restart the whole group up to N times after a failure (default 0)")
+      ->type_name("N");
+  opt("--log-dir", "log_dir", "Also write <DIR>/<job>/attempt_<k>/rank_<r>.log (default: none)")
+      ->type_name("DIR");
   opt("--tee", "tee",
       "With --log-dir, streams still shown on the console: 0 none, 1 stdout, 2 stderr, 3 both "
-      "(default 3)")->type_name("0-3");
+      "(default 3)")
+      ->type_name("0-3");
   opt("--mixed-precision", "mixed_precision", "no, fp16 or bf16 (default no)")->type_name("MODE");
   opt("--gradient-accumulation-steps", "gradient_accumulation_steps",
-      "Micro-batches per optimizer step (default 1)")->type_name("N");
+      "Micro-batches per optimizer step (default 1)")
+      ->type_name("N");
   flag("--cpu,--use-cpu", "use_cpu", "Train on CPU even where a GPU is present");
   flag("--debug", "debug", "Set ACCELERATE_DEBUG_MODE=true for the workers");
   opt("--stop-timeout", "stop_timeout",
-      "Grace between SIGTERM and SIGKILL when stopping workers (default 10s)")->type_name("DURATION");
+      "Grace between SIGTERM and SIGKILL when stopping workers (default 10s)")
+      ->type_name("DURATION");
   opt("--collective-timeout", "collective_timeout",
-      "Bound on every collective in the workers (default 30m)")->type_name("DURATION");
+      "Bound on every collective in the workers (default 30m)")
+      ->type_name("DURATION");
   opt("--checkpoint-dir", "checkpoint_dir",
       "Save checkpoints in DIR and resume from them after a restart (default: none)")
       ->type_name("DIR");
@@ -161,14 +169,16 @@ ParseOutcome parse_launch_command(const std::vector<std::string>& args) {
       "Save a checkpoint every N optimizer steps; 0: only on save_state() (default 0)")
       ->type_name("N");
   opt("--num-cpu-threads-per-process", "num_cpu_threads_per_process",
-      "OMP_NUM_THREADS per worker (default: 1 when several workers)")->type_name("N");
+      "OMP_NUM_THREADS per worker (default: 1 when several workers)")
+      ->type_name("N");
   opt("--job-id,--run-id", "job_id", "Name of the job (default: generated)")->type_name("ID");
   flag("-q,--quiet", "quiet", "Only warnings, errors and the failure summary from the launcher");
   opt("--coordinator", "coordinator",
       "Submit to the standing coordinator at HOST:PORT and stream the job's output (mode 3)")
       ->type_name("HOST:PORT");
   opt("--coordinator-port,--rdzv-port", "coordinator_port",
-      "Multi-node: port of the coordinator machine rank 0 serves (default 29400)")->type_name("PORT");
+      "Multi-node: port of the coordinator machine rank 0 serves (default 29400)")
+      ->type_name("PORT");
   opt("--token-file", "token_file", "File with the control plane's token (default: $ACCEL_TOKEN)")
       ->type_name("FILE");
   opt("--tls-cert", "tls_cert", "PEM certificate for gRPC TLS")->type_name("FILE");
@@ -189,7 +199,8 @@ ParseOutcome parse_launch_command(const std::vector<std::string>& args) {
       "Stop the group when a collective has been in flight this long; 0 off (default 10m)")
       ->type_name("DURATION");
   opt("--heartbeat-timeout", "heartbeat_timeout",
-      "Stop the group when a worker shows no progress outside collectives this long; 0 off (default 30m)")
+      "Stop the group when a worker shows no progress outside collectives this long; 0 off "
+      "(default 30m)")
       ->type_name("DURATION");
   opt("--last-call", "last_call",
       "Elastic: with the minimum nodes joined, wait this long for more (default 30s)")
@@ -228,7 +239,8 @@ ParseOutcome parse_launch_command(const std::vector<std::string>& args) {
   } catch (const CLI::ParseError& e) {
     outcome.exit_code = 2;
     outcome.text_is_error = true;
-    outcome.text = std::string("accel-launch: ") + e.what() + "\nRun 'accel-launch --help' for usage.\n";
+    outcome.text =
+        std::string("accel-launch: ") + e.what() + "\nRun 'accel-launch --help' for usage.\n";
     return outcome;
   }
 
@@ -246,11 +258,13 @@ ParseOutcome parse_launch_command(const std::vector<std::string>& args) {
     auto eq = kv.find('=');
     std::string key = kv.substr(0, eq);
     bool valid = !key.empty() && !std::isdigit(static_cast<unsigned char>(key[0])) &&
-                 std::all_of(key.begin(), key.end(), [](unsigned char c) { return std::isalnum(c) || c == '_'; });
+                 std::all_of(key.begin(), key.end(),
+                             [](unsigned char c) { return std::isalnum(c) || c == '_'; });
     if (!valid) {
       outcome.exit_code = 2;
       outcome.text_is_error = true;
-      outcome.text = "accel-launch: --env " + kv + ": expected KEY=VALUE or KEY, KEY of [A-Za-z0-9_]\n";
+      outcome.text =
+          "accel-launch: --env " + kv + ": expected KEY=VALUE or KEY, KEY of [A-Za-z0-9_]\n";
       return outcome;
     }
     if (auto why = supervisor::reserved_worker_variable(key)) {

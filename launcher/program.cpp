@@ -13,7 +13,8 @@ bool is_executable_file(const std::string& path) {
 }
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 std::string get(const Env& env, const char* key) {
@@ -30,8 +31,9 @@ Result<std::string> find_executable(const std::string& name, const Env& env) {
     if (::stat(name.c_str(), &st) != 0) return Status::error(name + ": no such file");
     if (!S_ISREG(st.st_mode)) return Status::error(name + ": not a regular file");
     if (::access(name.c_str(), X_OK) != 0) {
-      return Status::error(name + ": not executable (chmod +x it, or run it through its "
-                                  "interpreter)");
+      return Status::error(name +
+                           ": not executable (chmod +x it, or run it through its "
+                           "interpreter)");
     }
     return name;
   }

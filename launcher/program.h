@@ -13,7 +13,7 @@
 namespace accel::launcher {
 
 struct ProgramSpec {
-  std::string program;                // empty when module is set
+  std::string program;  // empty when module is set
   std::vector<std::string> args;
   std::optional<std::string> module;  // -m MODULE
   bool no_python = false;

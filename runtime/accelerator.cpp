@@ -4,10 +4,10 @@
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
+#include "contract/worker_contract.h"
 #include "runtime/comm.h"
 #include "runtime/env.h"
 #include "runtime/grad_sync.h"
-#include "contract/worker_contract.h"
 
 namespace accel {
 
@@ -48,7 +48,8 @@ void PreparedScheduler::step() {
 
 // --- scopes ------------------------------------------------------------------------------------
 
-SyncScope::SyncScope(std::vector<std::shared_ptr<GradSync>> syncs, bool require_sync) : syncs_(std::move(syncs)) {
+SyncScope::SyncScope(std::vector<std::shared_ptr<GradSync>> syncs, bool require_sync)
+    : syncs_(std::move(syncs)) {
   for (auto& s : syncs_) {
     previous_.push_back(s ? s->require_sync() : true);
     if (s) s->set_require_sync(require_sync);
@@ -97,12 +98,15 @@ struct AutocastPause {
 Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(options)) {
   state_ = State::shared({options_.cpu, options_.collective_timeout});
   std::string which = "option mixed_precision";
-  if (options_.mixed_precision) mixed_precision_ = *options_.mixed_precision;
-  else if (auto v = env::first_of({contract::kMixedPrecision, contract::kHfMixedPrecision}, &which)) mixed_precision_ = *v;
+  if (options_.mixed_precision)
+    mixed_precision_ = *options_.mixed_precision;
+  else if (auto v = env::first_of({contract::kMixedPrecision, contract::kHfMixedPrecision}, &which))
+    mixed_precision_ = *v;
   setup_mixed_precision(which);
   setup_project();
   int steps = options_.gradient_accumulation_steps.value_or(static_cast<int>(
-      env::integer({contract::kGradientAccumulationSteps, contract::kHfGradientAccumulationSteps}, 1, 1, 1 << 20)));
+      env::integer({contract::kGradientAccumulationSteps, contract::kHfGradientAccumulationSteps},
+                   1, 1, 1 << 20)));
   set_gradient_accumulation_steps(steps);
   gradient_state_->set_sync_with_dataloader(options_.sync_with_dataloader);
 }
@@ -111,11 +115,12 @@ Accelerator::~Accelerator() = default;
 
 void Accelerator::setup_mixed_precision(const std::string& which) {
   if (mixed_precision_ != "no" && mixed_precision_ != "fp16" && mixed_precision_ != "bf16") {
-    throw ConfigError("accel: " + which + "=\"" + mixed_precision_ + "\": expected no, fp16 or bf16");
+    throw ConfigError("accel: " + which + "=\"" + mixed_precision_ +
+                      "\": expected no, fp16 or bf16");
   }
   if (mixed_precision_ == "fp16" && !device().is_cuda()) {
-    throw ConfigError("accel: " + which + "=fp16 needs a CUDA device (this process runs on " + device().str() +
-                      "); on CPU use bf16");
+    throw ConfigError("accel: " + which + "=fp16 needs a CUDA device (this process runs on " +
+                      device().str() + "); on CPU use bf16");
   }
   if (mixed_precision_ == "fp16") {
     scaler_ = std::make_shared<GradScaler>(options_.grad_scaler.value_or(GradScalerOptions{}));
@@ -144,11 +149,14 @@ bool Accelerator::optimizer_step_was_skipped() const {
   return false;
 }
 
-int64_t Accelerator::completed_steps() const { return optimizers_.empty() ? 0 : optimizers_.front()->steps; }
+int64_t Accelerator::completed_steps() const {
+  return optimizers_.empty() ? 0 : optimizers_.front()->steps;
+}
 
 void Accelerator::set_gradient_accumulation_steps(int steps) {
   if (steps < 1) {
-    throw ConfigError("accel: gradient_accumulation_steps must be at least 1, got " + std::to_string(steps));
+    throw ConfigError("accel: gradient_accumulation_steps must be at least 1, got " +
+                      std::to_string(steps));
   }
   gradient_state_->set_num_steps(steps);
 }
@@ -183,7 +191,8 @@ std::shared_ptr<GradSync> Accelerator::sync_of(const torch::nn::Module* model) c
   return it == syncs_.end() ? nullptr : it->second;
 }
 
-PreparedOptimizer Accelerator::prepare_optimizer(std::shared_ptr<torch::optim::Optimizer> optimizer) {
+PreparedOptimizer Accelerator::prepare_optimizer(
+    std::shared_ptr<torch::optim::Optimizer> optimizer) {
   if (!optimizer) throw UsageError("accel: prepare() got a null optimizer");
   auto slot = std::make_shared<detail::OptimizerSlot>();
   slot->optimizer = std::move(optimizer);
@@ -206,13 +215,15 @@ DataLoader Accelerator::prepare_data_loader(const DataLoader& loader) {
   return prepared;
 }
 
-PreparedScheduler Accelerator::prepare_scheduler(std::shared_ptr<torch::optim::LRScheduler> scheduler) {
+PreparedScheduler Accelerator::prepare_scheduler(
+    std::shared_ptr<torch::optim::LRScheduler> scheduler) {
   if (!scheduler) throw UsageError("accel: prepare() got a null scheduler");
   int steps = options_.split_batches ? 1 : num_processes();
   auto slot = std::make_shared<detail::SchedulerSlot>();
   slot->scheduler = std::move(scheduler);
   schedulers_.push_back(slot);
-  return PreparedScheduler(std::move(slot), gradient_state_, steps, options_.step_scheduler_with_optimizer);
+  return PreparedScheduler(std::move(slot), gradient_state_, steps,
+                           options_.step_scheduler_with_optimizer);
 }
 
 bool Accelerator::begin_accumulation_step() {
@@ -242,12 +253,14 @@ void Accelerator::backward(const torch::Tensor& loss) {
   }
 }
 
-double Accelerator::clip_grad_norm_(const std::vector<torch::Tensor>& parameters, double max_norm, double norm_type) {
+double Accelerator::clip_grad_norm_(const std::vector<torch::Tensor>& parameters, double max_norm,
+                                    double norm_type) {
   unscale_gradients();
   return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type);
 }
 
-void Accelerator::clip_grad_value_(const std::vector<torch::Tensor>& parameters, double clip_value) {
+void Accelerator::clip_grad_value_(const std::vector<torch::Tensor>& parameters,
+                                   double clip_value) {
   unscale_gradients();
   torch::nn::utils::clip_grad_value_(parameters, clip_value);
 }

@@ -26,7 +26,8 @@ std::string describe(const torch::Tensor& shape_row) {
 }
 
 // `t` grown along `dim` to `size` with `value`, before it (`first`) or after it.
-torch::Tensor padded_to(const torch::Tensor& t, int64_t dim, int64_t size, double value, bool first) {
+torch::Tensor padded_to(const torch::Tensor& t, int64_t dim, int64_t size, double value,
+                        bool first) {
   if (t.size(dim) == size) return t;
   auto shape = t.sizes().vec();
   shape[static_cast<std::size_t>(dim)] = size;
@@ -42,14 +43,16 @@ void Accelerator::check_same_shape(const torch::Tensor& tensor, const char* op) 
   // collective per call to name the ranks instead (HF Accelerate's debug mode does the same).
   constexpr int64_t kMaxDims = 8;
   auto mine = shape_of(tensor, kMaxDims).to(device());
-  auto all = torch::empty({num_processes() * (kMaxDims + 1)}, torch::dtype(torch::kLong).device(device()));
+  auto all =
+      torch::empty({num_processes() * (kMaxDims + 1)}, torch::dtype(torch::kLong).device(device()));
   state_->comm().allgather(all, mine);
   all = all.view({num_processes(), kMaxDims + 1}).cpu();
   for (int r = 0; r < num_processes(); ++r) {
     if (!torch::equal(all[r], all[0])) {
-      throw CollectiveError(std::string("accel: ") + op + ": rank 0 has shape " + describe(all[0]) + " but rank " +
-                            std::to_string(r) + " has " + describe(all[r]) +
-                            "; every rank must pass the same shape (pad_across_processes pads dim 0)");
+      throw CollectiveError(
+          std::string("accel: ") + op + ": rank 0 has shape " + describe(all[0]) + " but rank " +
+          std::to_string(r) + " has " + describe(all[r]) +
+          "; every rank must pass the same shape (pad_across_processes pads dim 0)");
     }
   }
 }
@@ -61,8 +64,10 @@ torch::Tensor Accelerator::gather(const torch::Tensor& tensor) {
   if (state_->debug()) check_same_shape(tensor, "gather");
   auto input = tensor.contiguous();
   std::vector<int64_t> sizes = input.sizes().vec();
-  if (sizes.empty()) sizes.push_back(num_processes());
-  else sizes[0] *= num_processes();
+  if (sizes.empty())
+    sizes.push_back(num_processes());
+  else
+    sizes[0] *= num_processes();
   auto output = torch::empty(sizes, input.options());
   state_->comm().allgather(output, input);
   return output;
@@ -70,19 +75,22 @@ torch::Tensor Accelerator::gather(const torch::Tensor& tensor) {
 
 std::vector<int64_t> Accelerator::all_sizes(int64_t mine) {
   auto sizes = torch::empty({num_processes()}, torch::dtype(torch::kLong).device(device()));
-  state_->comm().allgather(sizes, torch::full({1}, mine, torch::dtype(torch::kLong).device(device())));
+  state_->comm().allgather(sizes,
+                           torch::full({1}, mine, torch::dtype(torch::kLong).device(device())));
   sizes = sizes.cpu();
   return {sizes.data_ptr<int64_t>(), sizes.data_ptr<int64_t>() + num_processes()};
 }
 
 // One size exchange, a local pad, one gather: two collectives for any sizes along dim 0.
-torch::Tensor Accelerator::gather_uneven(const torch::Tensor& tensor, std::vector<int64_t>* sizes_out) {
+torch::Tensor Accelerator::gather_uneven(const torch::Tensor& tensor,
+                                         std::vector<int64_t>* sizes_out) {
   auto input = tensor.dim() == 0 ? tensor.reshape({1}) : tensor.contiguous();
   auto sizes = all_sizes(input.size(0));
   int64_t largest = *std::max_element(sizes.begin(), sizes.end());
   auto all = gather(padded_to(input, 0, largest, 0, false));
   std::vector<torch::Tensor> parts;
-  for (int r = 0; r < num_processes(); ++r) parts.push_back(all.narrow(0, r * largest, sizes[static_cast<std::size_t>(r)]));
+  for (int r = 0; r < num_processes(); ++r)
+    parts.push_back(all.narrow(0, r * largest, sizes[static_cast<std::size_t>(r)]));
   if (sizes_out != nullptr) *sizes_out = std::move(sizes);
   return torch::cat(parts);
 }
@@ -90,9 +98,12 @@ torch::Tensor Accelerator::gather_uneven(const torch::Tensor& tensor, std::vecto
 torch::Tensor Accelerator::gather_for_metrics(const torch::Tensor& tensor) {
   auto& gs = *gradient_state_;
   torch::Tensor data;
-  if (!use_distributed()) data = tensor;
-  else data = gs.even_batches() ? gather(tensor) : gather_uneven(tensor);
-  if (gs.end_of_dataloader() && gs.remainder() > 0 && data.dim() > 0 && data.size(0) > gs.remainder()) {
+  if (!use_distributed())
+    data = tensor;
+  else
+    data = gs.even_batches() ? gather(tensor) : gather_uneven(tensor);
+  if (gs.end_of_dataloader() && gs.remainder() > 0 && data.dim() > 0 &&
+      data.size(0) > gs.remainder()) {
     data = data.narrow(0, 0, gs.remainder());
   }
   return data;
@@ -106,8 +117,10 @@ torch::Tensor Accelerator::reduce(const torch::Tensor& tensor, ReduceOp op) {
   if (state_->debug()) check_same_shape(tensor, "reduce");
   auto out = state_->comm().allreduce_copy(tensor.contiguous(), c10d_op);
   if (op == ReduceOp::kMean) {
-    if (out.is_floating_point()) out.div_(num_processes());
-    else out = out.to(torch::kDouble).div_(num_processes());
+    if (out.is_floating_point())
+      out.div_(num_processes());
+    else
+      out = out.to(torch::kDouble).div_(num_processes());
   }
   return out;
 }
@@ -124,8 +137,8 @@ torch::Tensor Accelerator::broadcast(const torch::Tensor& tensor, int from) {
   return out;
 }
 
-torch::Tensor Accelerator::pad_across_processes(const torch::Tensor& tensor, int64_t dim, double pad_index,
-                                                bool pad_first) {
+torch::Tensor Accelerator::pad_across_processes(const torch::Tensor& tensor, int64_t dim,
+                                                double pad_index, bool pad_first) {
   if (dim < 0) dim += tensor.dim();
   if (!use_distributed() || dim < 0 || dim >= tensor.dim()) return tensor;
   auto sizes = all_sizes(tensor.size(dim));
@@ -135,9 +148,11 @@ torch::Tensor Accelerator::pad_across_processes(const torch::Tensor& tensor, int
 
 std::vector<std::string> Accelerator::gather_object(const std::string& object) {
   if (!use_distributed()) return {object};
-  auto bytes = torch::from_blob(const_cast<char*>(object.data()), {static_cast<int64_t>(object.size())}, torch::kUInt8);
+  auto bytes = torch::from_blob(const_cast<char*>(object.data()),
+                                {static_cast<int64_t>(object.size())}, torch::kUInt8);
   std::vector<int64_t> lengths;
-  auto all = gather_uneven(bytes.to(device(), /*non_blocking=*/false, /*copy=*/true), &lengths).cpu();
+  auto all =
+      gather_uneven(bytes.to(device(), /*non_blocking=*/false, /*copy=*/true), &lengths).cpu();
   std::vector<std::string> out;
   const char* data = reinterpret_cast<const char*>(all.data_ptr<uint8_t>());
   int64_t offset = 0;
@@ -151,17 +166,20 @@ std::vector<std::string> Accelerator::gather_object(const std::string& object) {
 
 std::string Accelerator::broadcast_object(const std::string& object, int from) {
   if (!use_distributed()) return object;
-  auto length = torch::full({1}, static_cast<int64_t>(object.size()), torch::dtype(torch::kLong).device(device()));
+  auto length = torch::full({1}, static_cast<int64_t>(object.size()),
+                            torch::dtype(torch::kLong).device(device()));
   length = broadcast(length, from);
   int64_t n = length.item<int64_t>();
   auto bytes = torch::zeros({n}, torch::kUInt8);
-  if (process_index() == from && n > 0) std::memcpy(bytes.data_ptr<uint8_t>(), object.data(), static_cast<std::size_t>(n));
+  if (process_index() == from && n > 0)
+    std::memcpy(bytes.data_ptr<uint8_t>(), object.data(), static_cast<std::size_t>(n));
   if (n > 0) {
     bytes = bytes.to(device());
     state_->comm().broadcast(bytes, from);
     bytes = bytes.cpu();
   }
-  return std::string(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()), static_cast<std::size_t>(n));
+  return std::string(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()),
+                     static_cast<std::size_t>(n));
 }
 
 void Accelerator::wait_for_everyone() { state_->comm().barrier(); }
@@ -183,13 +201,16 @@ std::tuple<std::size_t, std::size_t, std::size_t> Accelerator::split_range(std::
   return {begin, end, base + (extra > 0 ? 1 : 0)};
 }
 
-torch::Tensor Accelerator::split_between_processes(const torch::Tensor& items, bool apply_padding) const {
-  if (items.dim() == 0) throw UsageError("accel: split_between_processes needs a tensor with a dim 0");
+torch::Tensor Accelerator::split_between_processes(const torch::Tensor& items,
+                                                   bool apply_padding) const {
+  if (items.dim() == 0)
+    throw UsageError("accel: split_between_processes needs a tensor with a dim 0");
   auto [begin, end, width] = split_range(static_cast<std::size_t>(items.size(0)));
   auto n = items.size(0);
-  torch::Tensor out = static_cast<int64_t>(begin) >= n
-                          ? items.narrow(0, std::max<int64_t>(n - 1, 0), std::min<int64_t>(n, 1))
-                          : items.narrow(0, static_cast<int64_t>(begin), static_cast<int64_t>(end - begin));
+  torch::Tensor out =
+      static_cast<int64_t>(begin) >= n
+          ? items.narrow(0, std::max<int64_t>(n - 1, 0), std::min<int64_t>(n, 1))
+          : items.narrow(0, static_cast<int64_t>(begin), static_cast<int64_t>(end - begin));
   if (apply_padding && out.size(0) > 0 && static_cast<std::size_t>(out.size(0)) < width) {
     auto last = items.narrow(0, n - 1, 1);  // HF pads tensors with the last item of all
     std::vector<int64_t> reps(static_cast<std::size_t>(items.dim()), 1);

@@ -20,12 +20,13 @@ void repeat_until(std::vector<int64_t>& v, std::size_t n) {
 void check(const ShardSpec& spec) {
   if (spec.batch_size == 0) throw DataError("accel: batch_size must be at least 1");
   if (spec.num_processes == 0 || spec.process_index >= spec.num_processes) {
-    throw DataError("accel: process_index " + std::to_string(spec.process_index) + " is not below num_processes " +
-                    std::to_string(spec.num_processes));
+    throw DataError("accel: process_index " + std::to_string(spec.process_index) +
+                    " is not below num_processes " + std::to_string(spec.num_processes));
   }
   if (spec.split_batches && spec.batch_size % spec.num_processes != 0) {
-    throw DataError("accel: split_batches needs a batch size that divides evenly between the processes, but " +
-                    std::to_string(spec.batch_size) + " % " + std::to_string(spec.num_processes) + " != 0");
+    throw DataError(
+        "accel: split_batches needs a batch size that divides evenly between the processes, but " +
+        std::to_string(spec.batch_size) + " % " + std::to_string(spec.num_processes) + " != 0");
   }
 }
 
@@ -99,7 +100,8 @@ IndexBatches round_robin_mode(const IndexBatches& batches, const ShardSpec& spec
 
 }  // namespace
 
-IndexBatches make_batches(const std::vector<int64_t>& order, std::size_t batch_size, bool drop_last) {
+IndexBatches make_batches(const std::vector<int64_t>& order, std::size_t batch_size,
+                          bool drop_last) {
   if (batch_size == 0) throw DataError("accel: batch_size must be at least 1");
   IndexBatches out;
   for (std::size_t i = 0; i < order.size(); i += batch_size) {

@@ -4,18 +4,18 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <ctime>
 #include <exception>
 #include <functional>
 #include <memory>
-#include <ctime>
 #include <nlohmann/json.hpp>
 
 #include "accel/accelerator.h"
+#include "contract/worker_contract.h"
 #include "runtime/checkpoint_io.h"
 #include "runtime/checkpoint_manifest.h"
 #include "runtime/env.h"
 #include "runtime/safetensors.h"
-#include "contract/worker_contract.h"
 
 namespace accel {
 
@@ -35,7 +35,9 @@ constexpr int64_t kDefaultLauncherTotalLimit = 3;
 std::string indexed(const std::string& stem, std::size_t i, const std::string& ext) {
   return i == 0 ? stem + ext : stem + "_" + std::to_string(i) + ext;
 }
-std::string rank_file(std::size_t rank) { return "random_states_" + std::to_string(rank) + ".safetensors"; }
+std::string rank_file(std::size_t rank) {
+  return "random_states_" + std::to_string(rank) + ".safetensors";
+}
 
 // A module's parameters then buffers, by qualified name.
 safetensors::NamedTensors state_of(const torch::nn::Module& m) {
@@ -73,7 +75,8 @@ OutFile optimizer_file(std::string name, const torch::optim::Optimizer& optimize
             archive->save_to([&](const void* data, std::size_t n) -> std::size_t {
               // Why: an exception must not cross miniz or PyTorchStreamWriter's destructor, which
               // writes the zip's end and, in libtorch 1.13, terminates the process on a second
-              // throw. The first error is kept, the rest of the archive dropped, the error rethrown.
+              // throw. The first error is kept, the rest of the archive dropped, the error
+              // rethrown.
               if (!failed) {
                 try {
                   sink(std::string_view(static_cast<const char*>(data), n));
@@ -98,7 +101,8 @@ std::string join(const safetensors::Encoded& e) {
 int64_t checkpoint_number(const std::string& name) {
   if (name.rfind(kCheckpointPrefix, 0) != 0) return -1;
   auto digits = name.substr(std::string(kCheckpointPrefix).size());
-  if (digits.empty() || digits.size() > 15 || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return -1;
+  if (digits.empty() || digits.size() > 15 || !std::all_of(digits.begin(), digits.end(), ::isdigit))
+    return -1;
   return std::stoll(digits);
 }
 
@@ -109,7 +113,8 @@ std::vector<fs::path> complete_checkpoints(const fs::path& root) {
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(root, ec)) {
     int64_t n = checkpoint_number(entry.path().filename().string());
-    if (n >= 0 && entry.is_directory(ec) && fs::exists(entry.path() / kManifest, ec)) numbered.emplace_back(n, entry.path());
+    if (n >= 0 && entry.is_directory(ec) && fs::exists(entry.path() / kManifest, ec))
+      numbered.emplace_back(n, entry.path());
   }
   std::sort(numbered.begin(), numbered.end());
   std::vector<fs::path> out;
@@ -121,7 +126,8 @@ std::vector<fs::path> complete_checkpoints(const fs::path& root) {
 class CheckpointReader {
  public:
   // `checksums` false: read() checks sizes only (the files were verified a moment ago).
-  explicit CheckpointReader(fs::path dir, bool checksums = true) : dir_(std::move(dir)), checksums_(checksums) {
+  explicit CheckpointReader(fs::path dir, bool checksums = true)
+      : dir_(std::move(dir)), checksums_(checksums) {
     auto path = dir_ / kManifest;
     std::error_code ec;
     if (!fs::is_directory(dir_, ec)) fail(dir_, "is not a folder");
@@ -134,7 +140,8 @@ class CheckpointReader {
   }
 
   const json& manifest() const { return manifest_; }
-  // Reads every listed file and checks its size and checksum (CheckpointError on the first bad one).
+  // Reads every listed file and checks its size and checksum (CheckpointError on the first bad
+  // one).
   void verify_files() const {
     for (const auto& [name, entry] : files_) read(name);
   }
@@ -151,13 +158,14 @@ class CheckpointReader {
     auto bytes = ckpt::checkpoint_fs().map_file(path);
     auto expected = it->second["size"].get<uint64_t>();
     if (bytes.size() != expected) {
-      fail(path, "has " + std::to_string(bytes.size()) + " bytes, manifest.json says " + std::to_string(expected) +
-                     (bytes.size() < expected ? " (truncated)" : ""));
+      fail(path, "has " + std::to_string(bytes.size()) + " bytes, manifest.json says " +
+                     std::to_string(expected) + (bytes.size() < expected ? " (truncated)" : ""));
     }
     if (!checksums_) return bytes;
     auto sum = ckpt::to_hex(ckpt::checksum(bytes.view()));
     if (sum != it->second["xxh64"].get<std::string>()) {
-      fail(path, "is corrupt: its xxh64 is " + sum + ", manifest.json says " + it->second["xxh64"].get<std::string>());
+      fail(path, "is corrupt: its xxh64 is " + sum + ", manifest.json says " +
+                     it->second["xxh64"].get<std::string>());
     }
     return bytes;
   }
@@ -179,8 +187,8 @@ class CheckpointReader {
 
 // Checks that every name, shape and dtype of `tensors` (decoded from `where`) matches `model`;
 // with `copy`, then copies them in (nothing is copied when anything does not match).
-void apply_model_state(torch::nn::Module& model, const safetensors::NamedTensors& tensors, const fs::path& where,
-                       bool copy) {
+void apply_model_state(torch::nn::Module& model, const safetensors::NamedTensors& tensors,
+                       const fs::path& where, bool copy) {
   std::map<std::string, torch::Tensor> saved(tensors.begin(), tensors.end());
   auto live = state_of(model);
   std::vector<std::string> problems;
@@ -188,15 +196,17 @@ void apply_model_state(torch::nn::Module& model, const safetensors::NamedTensors
     auto it = saved.find(name);
     if (it == saved.end()) {
       problems.push_back("\"" + name + "\" is missing");
-    } else if (it->second.sizes() != tensor.sizes() || it->second.scalar_type() != tensor.scalar_type()) {
+    } else if (it->second.sizes() != tensor.sizes() ||
+               it->second.scalar_type() != tensor.scalar_type()) {
       std::ostringstream s;
-      s << "\"" << name << "\" is " << it->second.scalar_type() << it->second.sizes() << ", the model has "
-        << tensor.scalar_type() << tensor.sizes();
+      s << "\"" << name << "\" is " << it->second.scalar_type() << it->second.sizes()
+        << ", the model has " << tensor.scalar_type() << tensor.sizes();
       problems.push_back(s.str());
     }
   }
   for (auto& [name, tensor] : saved) {
-    bool known = std::any_of(live.begin(), live.end(), [&](const auto& l) { return l.first == name; });
+    bool known =
+        std::any_of(live.begin(), live.end(), [&](const auto& l) { return l.first == name; });
     if (!known) problems.push_back("\"" + name + "\" is not in the model");
   }
   if (!problems.empty()) {
@@ -224,11 +234,13 @@ struct OptimizerSnapshot {
     optimizer.state().clear();
     for (auto& [key, value] : state) optimizer.state()[key] = std::move(value);
     auto& groups = optimizer.param_groups();
-    for (std::size_t g = 0; g < groups.size() && g < options.size(); ++g) groups[g].set_options(std::move(options[g]));
+    for (std::size_t g = 0; g < groups.size() && g < options.size(); ++g)
+      groups[g].set_options(std::move(options[g]));
   }
 };
 
-void load_archive(torch::optim::Optimizer& optimizer, std::string_view bytes, torch::Device device) {
+void load_archive(torch::optim::Optimizer& optimizer, std::string_view bytes,
+                  torch::Device device) {
   torch::serialize::InputArchive archive;
   archive.load_from(bytes.data(), bytes.size(), device);
   optimizer.load(archive);
@@ -265,9 +277,11 @@ void Accelerator::setup_project() {
                       std::to_string(*project_.save_interval));
   }
   if (*project_.save_interval > 0 && !(has_dir && *project_.automatic_checkpoint_naming)) {
-    throw ConfigError("accel: a save interval of " + std::to_string(*project_.save_interval) +
-                      " steps (ACCEL_CHECKPOINT_INTERVAL or ProjectConfiguration::save_interval) needs a project_dir "
-                      "with automatic checkpoint naming (ACCEL_CHECKPOINT_DIR or --checkpoint-dir)");
+    throw ConfigError(
+        "accel: a save interval of " + std::to_string(*project_.save_interval) +
+        " steps (ACCEL_CHECKPOINT_INTERVAL or ProjectConfiguration::save_interval) needs a "
+        "project_dir "
+        "with automatic checkpoint naming (ACCEL_CHECKPOINT_DIR or --checkpoint-dir)");
   }
   if (project_.total_limit && *project_.total_limit < 1) {
     throw ConfigError("accel: ProjectConfiguration::total_limit must be at least 1, got " +
@@ -281,7 +295,8 @@ fs::path Accelerator::latest_checkpoint() const {
   return all.empty() ? fs::path() : all.back();
 }
 
-// --- save -----------------------------------------------------------------------------------------
+// --- save
+// -----------------------------------------------------------------------------------------
 
 namespace {
 
@@ -295,7 +310,8 @@ std::string rank_state(int rank, const std::vector<DataLoader>& loaders) {
   }
   if (torch::cuda::is_available()) {
     for (int i = 0; i < static_cast<int>(torch::cuda::device_count()); ++i) {
-      auto gen = at::globalContext().defaultGenerator(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(i)));
+      auto gen = at::globalContext().defaultGenerator(
+          at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(i)));
       std::lock_guard<std::mutex> lock(gen.mutex());
       tensors.emplace_back("rng.cuda." + std::to_string(i), gen.get_state());
     }
@@ -305,21 +321,25 @@ std::string rank_state(int rank, const std::vector<DataLoader>& loaders) {
     auto s = l.state();
     positions.push_back({{"epoch", s.epoch}, {"batches", s.batches}});
   }
-  return join(safetensors::encode(tensors, {{"rank", std::to_string(rank)}, {"loaders", positions.dump()}}));
+  return join(safetensors::encode(tensors,
+                                  {{"rank", std::to_string(rank)}, {"loaders", positions.dump()}}));
 }
 
 // Where an overwrite without RENAME_EXCHANGE keeps the old folder while the new one moves in.
 fs::path set_aside_name(const fs::path& target) {
-  return target.parent_path() / ("." + target.filename().string() + ".old-" + std::to_string(::getpid()));
+  return target.parent_path() /
+         ("." + target.filename().string() + ".old-" + std::to_string(::getpid()));
 }
 
 // Puts a folder an interrupted overwrite set aside back at `target` when `target` is missing,
-// and removes it when `target` is there (the overwrite got that far). Returns true when it moved one.
+// and removes it when `target` is there (the overwrite got that far). Returns true when it moved
+// one.
 bool restore_set_aside(ckpt::CheckpointFs& io, const fs::path& target) {
   const auto prefix = "." + target.filename().string() + ".old-";
   std::error_code ec;
   bool restored = false;
-  for (const auto& entry : fs::directory_iterator(target.parent_path().empty() ? fs::path(".") : target.parent_path(), ec)) {
+  for (const auto& entry : fs::directory_iterator(
+           target.parent_path().empty() ? fs::path(".") : target.parent_path(), ec)) {
     if (entry.path().filename().string().rfind(prefix, 0) != 0) continue;
     if (!restored && !fs::exists(target, ec)) {
       io.rename(entry.path(), target);
@@ -333,13 +353,16 @@ bool restore_set_aside(ckpt::CheckpointFs& io, const fs::path& target) {
 
 // Writes every file into `tmp`, then the manifest listing them, fsyncs, and puts `tmp` in place
 // of `target` (a swap when `target` exists, so there is no moment without it).
-void fill_and_publish(ckpt::CheckpointFs& io, const fs::path& tmp, const fs::path& target, const fs::path& parent,
-                      const std::vector<std::string>& rank_blobs, const std::vector<OutFile>& files, json manifest) {
+void fill_and_publish(ckpt::CheckpointFs& io, const fs::path& tmp, const fs::path& target,
+                      const fs::path& parent, const std::vector<std::string>& rank_blobs,
+                      const std::vector<OutFile>& files, json manifest) {
   json listed = json::array();
   auto listed_as = [&](const std::string& file, const ckpt::WrittenFile& written) {
-    listed.push_back({{"name", file}, {"size", written.size}, {"xxh64", ckpt::to_hex(written.checksum)}});
+    listed.push_back(
+        {{"name", file}, {"size", written.size}, {"xxh64", ckpt::to_hex(written.checksum)}});
   };
-  for (const auto& file : files) listed_as(file.name, io.write_stream(tmp / file.name, file.produce));
+  for (const auto& file : files)
+    listed_as(file.name, io.write_stream(tmp / file.name, file.produce));
   for (std::size_t r = 0; r < rank_blobs.size(); ++r) {
     listed_as(rank_file(r), io.write_file(tmp / rank_file(r), {rank_blobs[r]}));
   }
@@ -378,7 +401,8 @@ void write_checkpoint(const fs::path& target, const std::vector<std::string>& ra
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(parent, ec)) {
     auto other = entry.path().filename().string();
-    if (other.rfind("." + name + ".tmp-", 0) == 0) io.remove_all(entry.path());  // a crashed save's leftovers
+    if (other.rfind("." + name + ".tmp-", 0) == 0)
+      io.remove_all(entry.path());  // a crashed save's leftovers
   }
   if (restore_set_aside(io, target)) io.sync_dir(parent);
   auto tmp = parent / ("." + name + ".tmp-" + std::to_string(::getpid()));
@@ -408,7 +432,8 @@ void rotate(const fs::path& just_written, int64_t limit) {
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(just_written.parent_path(), ec)) {
     int64_t n = checkpoint_number(entry.path().filename().string());
-    if (n >= 0 && n < newest && entry.is_directory(ec) && !fs::exists(entry.path() / kManifest, ec)) {
+    if (n >= 0 && n < newest && entry.is_directory(ec) &&
+        !fs::exists(entry.path() / kManifest, ec)) {
       ckpt::checkpoint_fs().remove_all(entry.path());
     }
   }
@@ -420,11 +445,14 @@ fs::path Accelerator::save_state(const fs::path& dir) {
   fs::path target = dir;
   bool automatic = dir.empty();
   if (automatic) {
-    if (!project_.project_dir || project_.project_dir->empty() || !*project_.automatic_checkpoint_naming) {
-      throw UsageError("accel: save_state() with no folder needs ProjectConfiguration::project_dir with "
-                       "automatic_checkpoint_naming (or ACCEL_CHECKPOINT_DIR / accel-launch --checkpoint-dir)");
+    if (!project_.project_dir || project_.project_dir->empty() ||
+        !*project_.automatic_checkpoint_naming) {
+      throw UsageError(
+          "accel: save_state() with no folder needs ProjectConfiguration::project_dir with "
+          "automatic_checkpoint_naming (or ACCEL_CHECKPOINT_DIR / accel-launch --checkpoint-dir)");
     }
-    target = fs::path(*project_.project_dir) / "checkpoints" / (kCheckpointPrefix + std::to_string(project_.iteration));
+    target = fs::path(*project_.project_dir) / "checkpoints" /
+             (kCheckpointPrefix + std::to_string(project_.iteration));
   }
   auto mine = rank_state(process_index(), loaders_);
   auto blobs = use_distributed() ? gather_object(mine) : std::vector<std::string>{mine};
@@ -434,31 +462,40 @@ fs::path Accelerator::save_state(const fs::path& dir) {
       std::vector<OutFile> files;
       for (std::size_t i = 0; i < models_.size(); ++i) {
         auto name = indexed("model", i, ".safetensors");
-        files.push_back(safetensors_file(name, safetensors::encode(state_of(*models_[i]), {{"format", "pt"}},
-                                                                   (target / name).string())));
+        files.push_back(
+            safetensors_file(name, safetensors::encode(state_of(*models_[i]), {{"format", "pt"}},
+                                                       (target / name).string())));
       }
       json optimizer_steps = json::array(), optimizer_lrs = json::array();
       for (std::size_t i = 0; i < optimizers_.size(); ++i) {
         // Why: libtorch 1.13 saves param-group options but does not apply them on load.
         json lrs = json::array();
-        for (auto& group : optimizers_[i]->optimizer->param_groups()) lrs.push_back(group.options().get_lr());
+        for (auto& group : optimizers_[i]->optimizer->param_groups())
+          lrs.push_back(group.options().get_lr());
         optimizer_lrs.push_back(lrs);
-        files.push_back(optimizer_file(indexed("optimizer", i, ".bin"), *optimizers_[i]->optimizer));
+        files.push_back(
+            optimizer_file(indexed("optimizer", i, ".bin"), *optimizers_[i]->optimizer));
         optimizer_steps.push_back(optimizers_[i]->steps);
       }
       for (std::size_t i = 0; i < schedulers_.size(); ++i) {
-        files.push_back(bytes_file(indexed("scheduler", i, ".json"), json({{"steps", schedulers_[i]->steps}}).dump()));
+        files.push_back(bytes_file(indexed("scheduler", i, ".json"),
+                                   json({{"steps", schedulers_[i]->steps}}).dump()));
       }
       if (scaler_) files.push_back(bytes_file("scaler.json", scaler_->state_dict()));
       for (std::size_t i = 0; i < custom_.size(); ++i) {
-        files.push_back(bytes_file("custom_checkpoint_" + std::to_string(i) + ".bin", custom_[i].save()));
+        files.push_back(
+            bytes_file("custom_checkpoint_" + std::to_string(i) + ".bin", custom_[i].save()));
       }
       json loaders = json::array();
       for (const auto& l : loaders_) {
         auto s = l.state();
         json size = l.dataset_size() ? json(*l.dataset_size()) : json();
-        loaders.push_back({{"epoch", s.epoch}, {"batches", s.batches}, {"total_batch_size", l.total_batch_size()},
-                           {"seed", l.options().seed}, {"shuffle", l.options().shuffle}, {"dataset_size", size}});
+        loaders.push_back({{"epoch", s.epoch},
+                           {"batches", s.batches},
+                           {"total_batch_size", l.total_batch_size()},
+                           {"seed", l.options().seed},
+                           {"shuffle", l.options().shuffle},
+                           {"dataset_size", size}});
       }
       json manifest = {
           {"format", kFormat},
@@ -498,7 +535,8 @@ fs::path Accelerator::save_state(const fs::path& dir) {
   return target;
 }
 
-void Accelerator::save_model(const torch::nn::Module& model, const fs::path& dir, const SaveModelOptions& options) {
+void Accelerator::save_model(const torch::nn::Module& model, const fs::path& dir,
+                             const SaveModelOptions& options) {
   auto limit = safetensors::parse_size(options.max_shard_size, "SaveModelOptions::max_shard_size");
   std::string error;
   if (is_main_process()) {
@@ -512,20 +550,24 @@ void Accelerator::save_model(const torch::nn::Module& model, const fs::path& dir
   if (!error.empty()) throw CheckpointError(error);
 }
 
-// --- load -----------------------------------------------------------------------------------------
+// --- load
+// -----------------------------------------------------------------------------------------
 
 namespace {
 
 // Checks that the checkpoint holds as many objects of each kind as are prepared.
-void check_contents(const CheckpointReader& ckpt, const std::vector<std::pair<const char*, std::size_t>>& prepared,
+void check_contents(const CheckpointReader& ckpt,
+                    const std::vector<std::pair<const char*, std::size_t>>& prepared,
                     bool has_scaler) {
   const auto& c = CheckpointReader::field(ckpt.manifest(), "contents", ckpt.dir() / kManifest);
   for (const auto& [kind, count] : prepared) {
     auto saved = c.value(kind, static_cast<std::size_t>(0));
     if (saved != count) {
-      CheckpointReader::fail(ckpt.dir(), "holds " + std::to_string(saved) + " " + kind + " but " +
-                                             std::to_string(count) + " are prepared/registered here; prepare() the "
-                                             "same objects, in the same order, before load_state()");
+      CheckpointReader::fail(ckpt.dir(),
+                             "holds " + std::to_string(saved) + " " + kind + " but " +
+                                 std::to_string(count) +
+                                 " are prepared/registered here; prepare() the "
+                                 "same objects, in the same order, before load_state()");
     }
   }
   if (has_scaler && !c.value("scaler", false)) {
@@ -540,7 +582,8 @@ std::vector<LoaderState> saved_positions(const safetensors::Decoded& d, const fs
   auto it = d.metadata.find("loaders");
   if (it == d.metadata.end()) CheckpointReader::fail(where, "has no \"loaders\" metadata");
   try {
-    for (const auto& p : json::parse(it->second)) out.push_back({p.at("epoch").get<int64_t>(), p.at("batches").get<uint64_t>()});
+    for (const auto& p : json::parse(it->second))
+      out.push_back({p.at("epoch").get<int64_t>(), p.at("batches").get<uint64_t>()});
   } catch (const json::exception& e) {
     CheckpointReader::fail(where, std::string("has unreadable \"loaders\" metadata: ") + e.what());
   }
@@ -557,8 +600,9 @@ fs::path Accelerator::load_state(const fs::path& dir) {
     if (use_distributed()) chosen = broadcast_object(chosen);
     if (chosen.empty()) {
       throw CheckpointError("accel: load_state(): no complete checkpoint under " +
-                            (project_.project_dir ? (fs::path(*project_.project_dir) / "checkpoints").string()
-                                                  : std::string("(no project_dir set)")));
+                            (project_.project_dir
+                                 ? (fs::path(*project_.project_dir) / "checkpoints").string()
+                                 : std::string("(no project_dir set)")));
     }
     source = chosen;
   }
@@ -583,23 +627,27 @@ fs::path Accelerator::load_from(const fs::path& source, bool verify_checksums) {
   for (std::size_t i = 0; i < models_.size(); ++i) {
     auto name = indexed("model", i, ".safetensors");
     model_files.push_back(ckpt.read(name));
-    models.push_back(safetensors::decode(model_files.back().view(), (source / name).string(), safetensors::Memory::kBorrow));
+    models.push_back(safetensors::decode(model_files.back().view(), (source / name).string(),
+                                         safetensors::Memory::kBorrow));
   }
   std::vector<ckpt::MappedFile> optimizers;
-  for (std::size_t i = 0; i < optimizers_.size(); ++i) optimizers.push_back(ckpt.read(indexed("optimizer", i, ".bin")));
+  for (std::size_t i = 0; i < optimizers_.size(); ++i)
+    optimizers.push_back(ckpt.read(indexed("optimizer", i, ".bin")));
   std::vector<int64_t> scheduler_steps;
   for (std::size_t i = 0; i < schedulers_.size(); ++i) {
     auto name = indexed("scheduler", i, ".json");
     try {
-      scheduler_steps.push_back(json::parse(std::string(ckpt.read(name).view())).at("steps").get<int64_t>());
+      scheduler_steps.push_back(
+          json::parse(std::string(ckpt.read(name).view())).at("steps").get<int64_t>());
     } catch (const json::exception& e) {
       CheckpointReader::fail(source / name, std::string("is not {\"steps\": n}: ") + e.what());
     }
     if (scheduler_steps.back() < schedulers_[i]->steps) {
-      CheckpointReader::fail(source / name, "was saved after " + std::to_string(scheduler_steps.back()) +
-                                                " scheduler steps, but this scheduler has already taken " +
-                                                std::to_string(schedulers_[i]->steps) +
-                                                "; load_state() before training, with a fresh scheduler");
+      CheckpointReader::fail(source / name,
+                             "was saved after " + std::to_string(scheduler_steps.back()) +
+                                 " scheduler steps, but this scheduler has already taken " +
+                                 std::to_string(schedulers_[i]->steps) +
+                                 "; load_state() before training, with a fresh scheduler");
     }
   }
   std::vector<std::string> custom;
@@ -609,17 +657,22 @@ fs::path Accelerator::load_from(const fs::path& source, bool verify_checksums) {
   std::optional<std::string> scaler_state;
   if (scaler_ && ckpt.has("scaler.json")) {
     scaler_state = std::string(ckpt.read("scaler.json").view());
-    GradScaler(scaler_->options()).load_state_dict(*scaler_state, (source / "scaler.json").string());  // a check only
+    // a check only
+    GradScaler(scaler_->options())
+        .load_state_dict(*scaler_state, (source / "scaler.json").string());
   }
   auto rank_name = rank_file(static_cast<std::size_t>(same_world ? process_index() : 0));
   auto rank = safetensors::decode(ckpt.read(rank_name).view(), (source / rank_name).string());
   auto positions = saved_positions(rank, source / rank_name);
   if (positions.size() != loaders_.size()) {
-    CheckpointReader::fail(source / rank_name, "holds " + std::to_string(positions.size()) + " data loader positions but " +
-                                                   std::to_string(loaders_.size()) + " loaders are prepared here");
+    CheckpointReader::fail(source / rank_name, "holds " + std::to_string(positions.size()) +
+                                                   " data loader positions but " +
+                                                   std::to_string(loaders_.size()) +
+                                                   " loaders are prepared here");
   }
   for (std::size_t i = 0; i < models_.size(); ++i) {
-    apply_model_state(*models_[i], models[i].tensors, source / indexed("model", i, ".safetensors"), false);
+    apply_model_state(*models_[i], models[i].tensors, source / indexed("model", i, ".safetensors"),
+                      false);
   }
   // Optimizers first: loading is the only check libtorch offers, so on a failure every optimizer
   // gets its previous state back and nothing else has changed yet.
@@ -631,13 +684,14 @@ fs::path Accelerator::load_from(const fs::path& source, bool verify_checksums) {
     } catch (const c10::Error& e) {
       for (std::size_t j = 0; j <= i; ++j) before[j].restore(*optimizers_[j]->optimizer);
       CheckpointReader::fail(source / indexed("optimizer", i, ".bin"),
-                             std::string("cannot be loaded into prepared optimizer ") + std::to_string(i) + ": " +
-                                 e.what_without_backtrace());
+                             std::string("cannot be loaded into prepared optimizer ") +
+                                 std::to_string(i) + ": " + e.what_without_backtrace());
     }
   }
   for (std::size_t i = 0; i < optimizers_.size(); ++i) {
     const auto& steps = m["optimizer_steps"];
-    optimizers_[i]->steps = i < steps.size() && steps[i].is_number_integer() ? steps[i].get<int64_t>() : 0;
+    optimizers_[i]->steps =
+        i < steps.size() && steps[i].is_number_integer() ? steps[i].get<int64_t>() : 0;
   }
   // Schedulers replay their steps (libtorch's have no state to save), which moves the learning
   // rates; the saved rates are then set exactly (libtorch's optimizer load does not).
@@ -647,7 +701,9 @@ fs::path Accelerator::load_from(const fs::path& source, bool verify_checksums) {
       ++schedulers_[i]->steps;
     }
   }
-  const auto& lrs = m.contains("optimizer_lrs") && m["optimizer_lrs"].is_array() ? m["optimizer_lrs"] : json::array();
+  const auto& lrs = m.contains("optimizer_lrs") && m["optimizer_lrs"].is_array()
+                        ? m["optimizer_lrs"]
+                        : json::array();
   for (std::size_t i = 0; i < optimizers_.size() && i < lrs.size(); ++i) {
     auto& groups = optimizers_[i]->optimizer->param_groups();
     for (std::size_t g = 0; g < groups.size() && g < lrs[i].size(); ++g) {
@@ -655,7 +711,8 @@ fs::path Accelerator::load_from(const fs::path& source, bool verify_checksums) {
     }
   }
   for (std::size_t i = 0; i < models_.size(); ++i) {
-    apply_model_state(*models_[i], models[i].tensors, source / indexed("model", i, ".safetensors"), true);
+    apply_model_state(*models_[i], models[i].tensors, source / indexed("model", i, ".safetensors"),
+                      true);
   }
   if (scaler_state) scaler_->load_state_dict(*scaler_state, (source / "scaler.json").string());
   for (std::size_t i = 0; i < custom_.size(); ++i) custom_[i].load(custom[i]);
@@ -670,7 +727,8 @@ fs::path Accelerator::load_from(const fs::path& source, bool verify_checksums) {
       } else if (name.rfind("rng.cuda.", 0) == 0 && torch::cuda::is_available()) {
         auto index = std::stoi(name.substr(9));
         if (index < static_cast<int>(torch::cuda::device_count())) {
-          auto gen = at::globalContext().defaultGenerator(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index)));
+          auto gen = at::globalContext().defaultGenerator(
+              at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index)));
           std::lock_guard<std::mutex> lock(gen.mutex());
           gen.set_state(state);
         }
@@ -680,9 +738,10 @@ fs::path Accelerator::load_from(const fs::path& source, bool verify_checksums) {
   } else {
     // Map the position to the same number of samples under the new global batch.
     if (is_main_process()) {
-      std::cerr << "accel: warning: checkpoint " << source.string() << " was saved by " << saved_world
-                << " processes, this job has " << num_processes()
-                << ": model, optimizer, scheduler and scaler are restored exactly; the RNG states are not (each was "
+      std::cerr << "accel: warning: checkpoint " << source.string() << " was saved by "
+                << saved_world << " processes, this job has " << num_processes()
+                << ": model, optimizer, scheduler and scaler are restored exactly; the RNG states "
+                   "are not (each was "
                    "saved for one of the old ranks)\n";
     }
     const auto& saved = m["loaders"];
@@ -692,12 +751,12 @@ fs::path Accelerator::load_from(const fs::path& source, bool verify_checksums) {
       auto now = static_cast<uint64_t>(loaders_[i].total_batch_size());
       loaders_[i].load_state({positions[i].epoch, samples / now});
       if (is_main_process() && positions[i].batches > 0) {
-        std::cerr << "accel: warning: loader " << i << " resumes epoch " << positions[i].epoch << " at sample "
-                  << (samples / now) * now;
+        std::cerr << "accel: warning: loader " << i << " resumes epoch " << positions[i].epoch
+                  << " at sample " << (samples / now) * now;
         if (samples % now != 0) {
           std::cerr << ", not " << samples << ": " << samples % now
-                    << " samples seen before the save are seen again (the new global batch of " << now
-                    << " does not divide " << samples << ")";
+                    << " samples seen before the save are seen again (the new global batch of "
+                    << now << " does not divide " << samples << ")";
         }
         std::cerr << "\n";
       }
@@ -707,13 +766,15 @@ fs::path Accelerator::load_from(const fs::path& source, bool verify_checksums) {
   project_.iteration = m["iteration"].get<int64_t>() + 1;
   last_auto_save_ = completed_steps();
   if (m.value("mixed_precision", std::string("no")) != mixed_precision_ && is_main_process()) {
-    std::cerr << "accel: warning: checkpoint " << source.string() << " was saved with mixed_precision="
-              << m.value("mixed_precision", std::string("no")) << ", this run uses " << mixed_precision_ << "\n";
+    std::cerr << "accel: warning: checkpoint " << source.string()
+              << " was saved with mixed_precision=" << m.value("mixed_precision", std::string("no"))
+              << ", this run uses " << mixed_precision_ << "\n";
   }
   return source;
 }
 
-// --- automatic resume and periodic saves ------------------------------------------------------------
+// --- automatic resume and periodic saves
+// ------------------------------------------------------------
 
 void Accelerator::after_prepare() {
   if (resume_checked_ || loaders_.empty()) return;
@@ -727,7 +788,8 @@ void Accelerator::after_prepare() {
   }
   if (use_distributed()) listed = broadcast_object(listed);
   std::vector<std::string> candidates;
-  for (std::size_t start = 0, end; (end = listed.find('\n', start)) != std::string::npos; start = end + 1) {
+  for (std::size_t start = 0, end; (end = listed.find('\n', start)) != std::string::npos;
+       start = end + 1) {
     candidates.push_back(listed.substr(start, end - start));
   }
   // Why: a damaged newest checkpoint (a disk error, a file changed by hand) would otherwise fail
@@ -741,15 +803,17 @@ void Accelerator::after_prepare() {
       problem = e.what();
     }
     // One byte of verdict first, so no rank sends an empty object.
-    auto verdicts = use_distributed() ? gather_object("-" + problem) : std::vector<std::string>{"-" + problem};
+    auto verdicts =
+        use_distributed() ? gather_object("-" + problem) : std::vector<std::string>{"-" + problem};
     std::vector<std::string> problems;
     for (const auto& v : verdicts) problems.push_back(v.substr(1));
-    auto bad = std::find_if(problems.begin(), problems.end(), [](const std::string& p) { return !p.empty(); });
+    auto bad = std::find_if(problems.begin(), problems.end(),
+                            [](const std::string& p) { return !p.empty(); });
     if (bad == problems.end()) {
       load_from(candidate, /*verify_checksums=*/false);  // every rank has just verified them
       auto position = loaders_.front().state();
-      print("accel: resumed from", candidate, "at step", completed_steps(), "(epoch", position.epoch, "batch",
-            std::to_string(position.batches) + ")");
+      print("accel: resumed from", candidate, "at step", completed_steps(), "(epoch",
+            position.epoch, "batch", std::to_string(position.batches) + ")");
       return;
     }
     if (first_problem.empty()) first_problem = *bad;
@@ -757,8 +821,9 @@ void Accelerator::after_prepare() {
           std::to_string(bad - problems.begin()) + "):", *bad);
   }
   if (!candidates.empty()) {
-    throw CheckpointError("accel: automatic resume: none of the " + std::to_string(candidates.size()) +
-                          " checkpoints under " + (fs::path(*project_.project_dir) / "checkpoints").string() +
+    throw CheckpointError("accel: automatic resume: none of the " +
+                          std::to_string(candidates.size()) + " checkpoints under " +
+                          (fs::path(*project_.project_dir) / "checkpoints").string() +
                           " is intact (the newest: " + first_problem +
                           "); move them away to start from scratch, or repair them");
   }

@@ -6,9 +6,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <system_error>
@@ -50,13 +50,16 @@ std::atomic<CheckpointFs*> g_override{nullptr};
 int open_regular(const fs::path& path) {
   Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)};
   if (f.fd < 0) {
-    if (errno == ELOOP) fail(path, "is a symbolic link; checkpoint files must be regular files inside the folder");
+    if (errno == ELOOP)
+      fail(path, "is a symbolic link; checkpoint files must be regular files inside the folder");
     fail(path, "cannot open", errno);
   }
   struct stat st {};
   if (::fstat(f.fd, &st) != 0) fail(path, "cannot stat", errno);
   if (!S_ISREG(st.st_mode)) {
-    fail(path, "is not a regular file (a FIFO, device or folder); checkpoint files must be regular files");
+    fail(
+        path,
+        "is not a regular file (a FIFO, device or folder); checkpoint files must be regular files");
   }
   return std::exchange(f.fd, -1);
 }
@@ -68,11 +71,13 @@ uint64_t checksum(std::string_view bytes) { return XXH64(bytes.data(), bytes.siz
 std::string to_hex(uint64_t value) {
   static const char* kDigits = "0123456789abcdef";
   std::string out(16, '0');
-  for (int i = 15; i >= 0; --i, value >>= 4) out[static_cast<std::size_t>(i)] = kDigits[value & 0xf];
+  for (int i = 15; i >= 0; --i, value >>= 4)
+    out[static_cast<std::size_t>(i)] = kDigits[value & 0xf];
   return out;
 }
 
-WrittenFile CheckpointFs::write_stream(const fs::path& path, const std::function<void(const Sink&)>& produce) {
+WrittenFile CheckpointFs::write_stream(const fs::path& path,
+                                       const std::function<void(const Sink&)>& produce) {
   Fd f{::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
   if (f.fd < 0) fail(path, "cannot create", errno);
   XXH64_state_t state;
@@ -109,7 +114,8 @@ WrittenFile CheckpointFs::write_stream(const fs::path& path, const std::function
   return out;
 }
 
-WrittenFile CheckpointFs::write_file(const fs::path& path, const std::vector<std::string_view>& parts) {
+WrittenFile CheckpointFs::write_file(const fs::path& path,
+                                     const std::vector<std::string_view>& parts) {
   return write_stream(path, [&](const Sink& sink) {
     for (auto part : parts) sink(part);
   });
@@ -183,7 +189,8 @@ MappedFile CheckpointFs::map_file(const fs::path& path) {
   if (st.st_size == 0) return {};
   // Why MAP_POPULATE: one call maps every page (reading ahead from disk if needed) instead of a
   // page fault per 4 KiB later, which costs more than the copy it replaces on a VM.
-  void* data = ::mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ, MAP_PRIVATE | MAP_POPULATE, f.fd, 0);
+  void* data = ::mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ,
+                      MAP_PRIVATE | MAP_POPULATE, f.fd, 0);
   if (data == MAP_FAILED) fail(path, "cannot map", errno);
   return {data, static_cast<std::size_t>(st.st_size)};
 }

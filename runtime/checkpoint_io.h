@@ -5,8 +5,8 @@
 // Thread: any; the seam in use is process-wide and set only by tests before a save.
 #pragma once
 
-#include <cstdint>
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <string>
@@ -56,7 +56,8 @@ class CheckpointFs {
   virtual ~CheckpointFs() = default;
   // Creates or truncates `path`, writes what `produce` passes to its sink, fsyncs, closes.
   // Nothing is buffered in memory: a large file streams from its producer to the kernel.
-  virtual WrittenFile write_stream(const fs::path& path, const std::function<void(const Sink&)>& produce);
+  virtual WrittenFile write_stream(const fs::path& path,
+                                   const std::function<void(const Sink&)>& produce);
   // write_stream of `parts`, one after another.
   WrittenFile write_file(const fs::path& path, const std::vector<std::string_view>& parts);
   // fsync of a directory, so entries created or renamed in it survive a power loss.

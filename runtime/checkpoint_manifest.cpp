@@ -32,21 +32,28 @@ CheckedManifest parse_manifest(std::string_view text, const std::filesystem::pat
   }
   if (!m.is_object() || !m.contains("format") || !m["format"].is_string() ||
       m["format"].get<std::string>() != kManifestFormat) {
-    fail(path, std::string("is not an accel checkpoint manifest (\"format\" is not \"") + kManifestFormat + "\")");
+    fail(path, std::string("is not an accel checkpoint manifest (\"format\" is not \"") +
+                   kManifestFormat + "\")");
   }
   if (!m.contains("format_version") || !m["format_version"].is_number_integer() ||
       m["format_version"].get<int64_t>() != kManifestFormatVersion) {
-    fail(path, "has format_version " + (m.contains("format_version") ? m["format_version"].dump() : std::string("none")) +
-                   "; this libaccel reads version " + std::to_string(kManifestFormatVersion));
+    fail(path,
+         "has format_version " +
+             (m.contains("format_version") ? m["format_version"].dump() : std::string("none")) +
+             "; this libaccel reads version " + std::to_string(kManifestFormatVersion));
   }
-  for (const char* key : {"files", "contents", "world_size", "step", "iteration", "loaders", "optimizer_steps"}) {
+  for (const char* key :
+       {"files", "contents", "world_size", "step", "iteration", "loaders", "optimizer_steps"}) {
     if (!m.contains(key)) fail(path, std::string("has no \"") + key + "\"");
   }
   auto expect = [&](const char* key, bool ok, const char* what) {
-    if (!ok) fail(path, std::string("has \"") + key + "\": " + m[key].dump().substr(0, 200) + ", expected " + what);
+    if (!ok)
+      fail(path, std::string("has \"") + key + "\": " + m[key].dump().substr(0, 200) +
+                     ", expected " + what);
   };
-  expect("world_size", m["world_size"].is_number_integer() && m["world_size"].get<int64_t>() >= 1 &&
-                           m["world_size"].get<int64_t>() <= (1 << 20),
+  expect("world_size",
+         m["world_size"].is_number_integer() && m["world_size"].get<int64_t>() >= 1 &&
+             m["world_size"].get<int64_t>() <= (1 << 20),
          "an integer from 1 to 1048576");
   expect("step", m["step"].is_number_integer(), "an integer");
   expect("iteration", m["iteration"].is_number_integer(), "an integer");
@@ -54,8 +61,8 @@ CheckedManifest parse_manifest(std::string_view text, const std::filesystem::pat
   expect("contents", m["contents"].is_object(), "an object");
   expect("optimizer_steps", m["optimizer_steps"].is_array(), "a list");
   expect("loaders",
-         m["loaders"].is_array() &&
-             std::all_of(m["loaders"].begin(), m["loaders"].end(), [](const json& l) { return l.is_object(); }),
+         m["loaders"].is_array() && std::all_of(m["loaders"].begin(), m["loaders"].end(),
+                                                [](const json& l) { return l.is_object(); }),
          "a list of objects");
   for (const auto& f : m["files"].items()) {
     const auto& v = f.value();
@@ -67,8 +74,9 @@ CheckedManifest parse_manifest(std::string_view text, const std::filesystem::pat
     // Why: a name is joined to the folder and opened; "../x", "/etc/passwd" or "a/b" would read
     // (and checksum) a file outside the checkpoint.
     if (!is_plain_file_name(name)) {
-      fail(path, "files[" + f.key() + "] has the name " + json(name).dump().substr(0, 200) +
-                     ": a checkpoint lists plain file names inside its folder (no '/', not '.' or '..')");
+      fail(path,
+           "files[" + f.key() + "] has the name " + json(name).dump().substr(0, 200) +
+               ": a checkpoint lists plain file names inside its folder (no '/', not '.' or '..')");
     }
     out.files[name] = v;
   }

@@ -3,10 +3,9 @@
 // manifest is input (a folder can be damaged, foreign or hostile); fuzzed by fuzz/fuzz_manifest.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 

@@ -26,14 +26,21 @@ std::string desync_key(int rank) { return "accel/desync/" + std::to_string(rank)
 std::string format_duration(std::chrono::milliseconds d) {
   std::ostringstream out;
   double s = d.count() / 1000.0;
-  if (s >= 120) out << s / 60 << " min";
-  else out << s << " s";
+  if (s >= 120)
+    out << s / 60 << " min";
+  else
+    out << s << " s";
   return out.str();
 }
 
-Comm::Comm(int rank, int world_size, std::chrono::milliseconds timeout, c10::intrusive_ptr<c10d::Store> store,
-           c10::intrusive_ptr<c10d::ProcessGroup> group, std::unique_ptr<ShmGroup> shm)
-    : rank_(rank), world_size_(world_size), timeout_(timeout), store_(std::move(store)), group_(std::move(group)),
+Comm::Comm(int rank, int world_size, std::chrono::milliseconds timeout,
+           c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::ProcessGroup> group,
+           std::unique_ptr<ShmGroup> shm)
+    : rank_(rank),
+      world_size_(world_size),
+      timeout_(timeout),
+      store_(std::move(store)),
+      group_(std::move(group)),
       shm_(std::move(shm)) {
   const char* trace = std::getenv(contract::kTraceCollectives);
   trace_ = trace != nullptr && *trace != '\0' && std::string(trace) != "0";
@@ -60,7 +67,9 @@ Comm::Pending Comm::start(const char* op, std::size_t bytes) {
   p.bytes = bytes;
   p.started = std::chrono::steady_clock::now();
   progress::collective_started(p.seq, op, bytes);
-  if (trace_) std::fprintf(stderr, "accel: rank %d %s #%llu %zu bytes\n", rank_, op, static_cast<unsigned long long>(p.seq), bytes);
+  if (trace_)
+    std::fprintf(stderr, "accel: rank %d %s #%llu %zu bytes\n", rank_, op,
+                 static_cast<unsigned long long>(p.seq), bytes);
   return p;
 }
 
@@ -106,15 +115,16 @@ void Comm::fail(const Pending& pending, const std::string& cause) {
   // Why: a failed collective is no longer in flight; a caller that catches the error and goes on
   // must not look hung to the agent.
   progress::collective_finished(pending.seq);
-  auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
-                                                                      pending.started);
+  auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::steady_clock::now() - pending.started);
   bool timed_out = elapsed >= timeout_ * 9 / 10;
   std::ostringstream msg;
-  msg << "accel: " << pending.op << " #" << pending.seq << " (" << pending.bytes << " bytes) on rank " << rank_
-      << " of " << world_size_;
+  msg << "accel: " << pending.op << " #" << pending.seq << " (" << pending.bytes
+      << " bytes) on rank " << rank_ << " of " << world_size_;
   if (timed_out) {
     msg << " timed out after " << format_duration(timeout_)
-        << " (ACCEL_COLLECTIVE_TIMEOUT): a rank skipped it, called a different collective, or hangs";
+        << " (ACCEL_COLLECTIVE_TIMEOUT): a rank skipped it, called a different collective, or "
+           "hangs";
   } else {
     msg << " failed after " << format_duration(elapsed) << ": " << cause;
   }
@@ -176,7 +186,9 @@ at::Tensor Comm::allreduce_copy(const at::Tensor& input, c10d::ReduceOp op) {
     // read and a write of the whole tensor more.
     Pending p = start("allreduce", nbytes(input));
     at::Tensor out = at::empty_like(input);
-    guarded(p, [&] { shm_->allreduce(out, op, {p.op, p.seq, p.bytes, detail(input, 0, op)}, &input); });
+    guarded(p, [&] {
+      shm_->allreduce(out, op, {p.op, p.seq, p.bytes, detail(input, 0, op)}, &input);
+    });
     wait(p);
     return out;
   }
@@ -189,7 +201,10 @@ void Comm::broadcast(at::Tensor& tensor, int root) {
   Pending p = start("broadcast", nbytes(tensor));
   if (world_size_ == 1) return wait(p);
   if (shm_ && ShmGroup::can_move(tensor)) {
-    guarded(p, [&] { shm_->broadcast(tensor, root, {p.op, p.seq, p.bytes, detail(tensor, root, c10d::ReduceOp::SUM)}); });
+    guarded(p, [&] {
+      shm_->broadcast(tensor, root,
+                      {p.op, p.seq, p.bytes, detail(tensor, root, c10d::ReduceOp::SUM)});
+    });
     return wait(p);
   }
   std::vector<at::Tensor> tensors{tensor};
@@ -206,7 +221,9 @@ void Comm::allgather(at::Tensor& output, const at::Tensor& input) {
     return wait(p);
   }
   if (shm_ && ShmGroup::can_move(input) && ShmGroup::can_move(output)) {
-    guarded(p, [&] { shm_->allgather(output, input, {p.op, p.seq, p.bytes, detail(input, 0, c10d::ReduceOp::SUM)}); });
+    guarded(p, [&] {
+      shm_->allgather(output, input, {p.op, p.seq, p.bytes, detail(input, 0, c10d::ReduceOp::SUM)});
+    });
     return wait(p);
   }
   std::vector<std::vector<at::Tensor>> outputs(1);

@@ -4,14 +4,13 @@
 // (c10d's rule); sequence numbers are per process and count in that order.
 #pragma once
 
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-#include <torch/csrc/distributed/c10d/Store.hpp>
-
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "contract/worker_contract.h"
 #include "runtime/shm_group.h"
@@ -34,8 +33,9 @@ class Comm {
   Comm() = default;
   // `store` holds the desync keys; `group` runs the collectives.
   // `shm` (may be null) carries the collectives it can between local ranks; gloo the rest.
-  Comm(int rank, int world_size, std::chrono::milliseconds timeout, c10::intrusive_ptr<c10d::Store> store,
-       c10::intrusive_ptr<c10d::ProcessGroup> group, std::unique_ptr<ShmGroup> shm = nullptr);
+  Comm(int rank, int world_size, std::chrono::milliseconds timeout,
+       c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::ProcessGroup> group,
+       std::unique_ptr<ShmGroup> shm = nullptr);
   ~Comm();
   bool uses_shared_memory() const { return shm_ != nullptr; }
 

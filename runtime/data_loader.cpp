@@ -12,8 +12,8 @@
 
 #include "accel/data.h"
 #include "accel/error.h"
-#include "runtime/progress.h"
 #include "runtime/batch_shard.h"
+#include "runtime/progress.h"
 
 namespace accel {
 
@@ -26,9 +26,11 @@ Batch Batch::to(torch::Device device, bool non_blocking) const {
 
 TensorDataset::TensorDataset(torch::Tensor inputs, torch::Tensor targets)
     : inputs_(std::move(inputs)), targets_(std::move(targets)) {
-  if (!inputs_.defined() || inputs_.dim() == 0) throw DataError("accel: TensorDataset needs inputs with a dim 0");
+  if (!inputs_.defined() || inputs_.dim() == 0)
+    throw DataError("accel: TensorDataset needs inputs with a dim 0");
   if (targets_.defined() && (targets_.dim() == 0 || targets_.size(0) != inputs_.size(0))) {
-    throw DataError("accel: TensorDataset inputs have " + std::to_string(inputs_.size(0)) + " rows but targets have " +
+    throw DataError("accel: TensorDataset inputs have " + std::to_string(inputs_.size(0)) +
+                    " rows but targets have " +
                     (targets_.dim() == 0 ? std::string("none") : std::to_string(targets_.size(0))));
   }
 }
@@ -74,9 +76,9 @@ struct DataLoader::Impl {
   int64_t epoch = 0;
   std::shared_ptr<LoaderPosition> position = std::make_shared<LoaderPosition>();
   std::function<void()> on_step_boundary;
-  std::size_t skip = 0;         // batches the next pass skips (resume, skip_first_batches)
-  bool in_pass = false;         // a pass is between its first and its last batch
-  std::size_t handed_out = 0;   // batches of the current pass handed out, skipped ones included
+  std::size_t skip = 0;        // batches the next pass skips (resume, skip_first_batches)
+  bool in_pass = false;        // a pass is between its first and its last batch
+  std::size_t handed_out = 0;  // batches of the current pass handed out, skipped ones included
   std::size_t pass_total = SIZE_MAX;  // batches in the current pass (SIZE_MAX: a stream)
 
   // A new loader's state over the same data, configuration and position between passes; it
@@ -95,13 +97,16 @@ struct DataLoader::Impl {
   }
 
   ShardSpec spec() const {
-    return {options.batch_size, options.drop_last, shard.num_processes, shard.process_index, shard.split_batches,
-            shard.even_batches};
+    return {options.batch_size,  options.drop_last,   shard.num_processes,
+            shard.process_index, shard.split_batches, shard.even_batches};
   }
   Batch collate(std::vector<Example>&& examples) const {
-    return place(options.collate ? options.collate(std::move(examples)) : default_collate(std::move(examples)));
+    return place(options.collate ? options.collate(std::move(examples))
+                                 : default_collate(std::move(examples)));
   }
-  Batch place(Batch b) const { return shard.device.is_cpu() ? b : b.to(shard.device, shard.non_blocking); }
+  Batch place(Batch b) const {
+    return shard.device.is_cpu() ? b : b.to(shard.device, shard.non_blocking);
+  }
 };
 
 // One pass over the data. Produces batches in order, in the caller's thread or in workers.
@@ -114,7 +119,8 @@ class DataLoader::Pass {
       std::size_t n = impl_->map_dataset->size();
       std::vector<int64_t> order(n);
       if (impl_->options.shuffle) {
-        auto gen = at::make_generator<at::CPUGeneratorImpl>(impl_->options.seed + static_cast<uint64_t>(impl_->epoch));
+        auto gen = at::make_generator<at::CPUGeneratorImpl>(impl_->options.seed +
+                                                            static_cast<uint64_t>(impl_->epoch));
         auto perm = torch::randperm(static_cast<int64_t>(n), gen, torch::kLong);
         auto acc = perm.accessor<int64_t, 1>();
         for (std::size_t i = 0; i < n; ++i) order[i] = acc[static_cast<int64_t>(i)];
@@ -208,11 +214,13 @@ class DataLoader::Pass {
   // Map-style batch k, built from its indices.
   Batch build(std::size_t k) const {
     if (!impl_->options.collate) {
-      if (auto fast = impl_->map_dataset->get_batch(batches_[k])) return impl_->place(std::move(*fast));
+      if (auto fast = impl_->map_dataset->get_batch(batches_[k]))
+        return impl_->place(std::move(*fast));
     }
     std::vector<Example> examples;
     examples.reserve(batches_[k].size());
-    for (int64_t i : batches_[k]) examples.push_back(impl_->map_dataset->get(static_cast<std::size_t>(i)));
+    for (int64_t i : batches_[k])
+      examples.push_back(impl_->map_dataset->get(static_cast<std::size_t>(i)));
     return impl_->collate(std::move(examples));
   }
 
@@ -232,7 +240,8 @@ class DataLoader::Pass {
       tail_remainder_ = static_cast<int64_t>(buffer.size());
       if (first_buffer_.empty()) first_buffer_ = buffer;
       std::size_t i = 0;
-      while (buffer.size() < slice_.buffer_size) buffer.push_back(first_buffer_[i++ % first_buffer_.size()]);
+      while (buffer.size() < slice_.buffer_size)
+        buffer.push_back(first_buffer_[i++ % first_buffer_.size()]);
     } else if (first_buffer_.empty() && !impl_->options.drop_last) {
       first_buffer_ = buffer;
     }
@@ -266,7 +275,8 @@ class DataLoader::Pass {
     std::size_t n = impl_->options.num_workers;
     if (n == 0) return;
     if (!impl_->map_dataset) n = 1;
-    window_ = std::max<std::size_t>(1, impl_->options.num_workers * std::max<std::size_t>(1, impl_->options.prefetch_factor));
+    window_ = std::max<std::size_t>(
+        1, impl_->options.num_workers * std::max<std::size_t>(1, impl_->options.prefetch_factor));
     for (std::size_t i = 0; i < n; ++i) workers_.emplace_back([this] { worker_loop(); });
   }
 
@@ -302,9 +312,12 @@ class DataLoader::Pass {
         error = std::current_exception();
       }
       std::lock_guard lock(mu_);
-      if (error) ready_[k] = Slot{std::nullopt, error};
-      else if (batch) ready_[k] = Slot{std::move(batch), nullptr};
-      else exhausted_ = true;
+      if (error)
+        ready_[k] = Slot{std::nullopt, error};
+      else if (batch)
+        ready_[k] = Slot{std::move(batch), nullptr};
+      else
+        exhausted_ = true;
       if (!error && !batch && !impl_->map_dataset) end_at_ = k;
       cv_.notify_all();
     }
@@ -313,9 +326,8 @@ class DataLoader::Pass {
   std::optional<Batch> take_from_workers() {
     std::unique_lock lock(mu_);
     std::size_t k = taken_;
-    cv_.wait(lock, [&] {
-      return ready_.count(k) || (impl_->map_dataset ? k >= total() : end_at_ <= k);
-    });
+    cv_.wait(lock,
+             [&] { return ready_.count(k) || (impl_->map_dataset ? k >= total() : end_at_ <= k); });
     auto it = ready_.find(k);
     if (it == ready_.end()) return std::nullopt;
     Slot slot = std::move(it->second);
@@ -364,13 +376,16 @@ DataLoader::DataLoader(std::shared_ptr<const IterableDataset> dataset, DataLoade
   if (!dataset) throw DataError("accel: DataLoader got a null dataset");
   if (options.batch_size == 0) throw DataError("accel: DataLoader batch_size must be at least 1");
   if (options.shuffle) {
-    throw DataError("accel: shuffle=true needs random access; an IterableDataset shuffles its own stream per epoch");
+    throw DataError(
+        "accel: shuffle=true needs random access; an IterableDataset shuffles its own stream per "
+        "epoch");
   }
   impl_->stream_dataset = std::move(dataset);
   impl_->options = std::move(options);
 }
 
-DataLoader DataLoader::shard(const ShardOptions& shard, std::shared_ptr<GradientState> gradient_state,
+DataLoader DataLoader::shard(const ShardOptions& shard,
+                             std::shared_ptr<GradientState> gradient_state,
                              std::function<void()> on_step_boundary) const {
   auto impl = impl_->fresh_copy();
   impl->shard = shard;
@@ -394,7 +409,8 @@ LoaderState DataLoader::state() const {
 
 void DataLoader::load_state(const LoaderState& state) {
   if (impl_->in_pass) {
-    throw UsageError("accel: DataLoader::load_state during a pass over the loader; load before the loop starts");
+    throw UsageError(
+        "accel: DataLoader::load_state during a pass over the loader; load before the loop starts");
   }
   impl_->epoch = state.epoch;
   impl_->skip = static_cast<std::size_t>(state.batches);
@@ -414,7 +430,9 @@ DataLoader::Iterator& DataLoader::Iterator::operator++() {
   return *this;
 }
 
-bool DataLoader::Iterator::operator==(std::default_sentinel_t) const { return !pass_ || pass_->done(); }
+bool DataLoader::Iterator::operator==(std::default_sentinel_t) const {
+  return !pass_ || pass_->done();
+}
 
 std::size_t DataLoader::size() const {
   if (!impl_->map_dataset) throw DataError("accel: an IterableDataset has no length");

@@ -16,8 +16,10 @@ std::string lower(std::string s) {
   return s;
 }
 
-[[noreturn]] void bad(const std::string& name, const std::string& value, const std::string& expected) {
-  throw ConfigError("accel: environment variable " + name + "=\"" + value + "\": expected " + expected);
+[[noreturn]] void bad(const std::string& name, const std::string& value,
+                      const std::string& expected) {
+  throw ConfigError("accel: environment variable " + name + "=\"" + value + "\": expected " +
+                    expected);
 }
 
 }  // namespace
@@ -62,14 +64,20 @@ std::chrono::milliseconds parse_duration(const std::string& text, const std::str
   double number = std::strtod(text.c_str(), &end);
   std::string unit = lower(std::string(end));
   double ms = 0;
-  if (unit.empty() || unit == "s") ms = number * 1e3;
-  else if (unit == "ms") ms = number;
-  else if (unit == "m" || unit == "min") ms = number * 60e3;
-  else if (unit == "h") ms = number * 3600e3;
-  else ms = -1;
+  if (unit.empty() || unit == "s")
+    ms = number * 1e3;
+  else if (unit == "ms")
+    ms = number;
+  else if (unit == "m" || unit == "min")
+    ms = number * 60e3;
+  else if (unit == "h")
+    ms = number * 3600e3;
+  else
+    ms = -1;
   if (errno != 0 || end == text.c_str() || !(ms > 0) || ms > 1e12) {
-    throw ConfigError("accel: " + what + "=\"" + text +
-                      "\": expected a positive duration such as 30m, 90s, 500ms or a number of seconds");
+    throw ConfigError(
+        "accel: " + what + "=\"" + text +
+        "\": expected a positive duration such as 30m, 90s, 500ms or a number of seconds");
   }
   return std::chrono::milliseconds(static_cast<long long>(ms));
 }

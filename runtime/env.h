@@ -8,7 +8,8 @@
 namespace accel::env {
 
 // The value of the first of `names` that is set (and non-empty), or nullopt.
-std::optional<std::string> first_of(std::initializer_list<const char*> names, std::string* which = nullptr);
+std::optional<std::string> first_of(std::initializer_list<const char*> names,
+                                    std::string* which = nullptr);
 
 // An integer in [min, max]; ConfigError naming the variable otherwise. `fallback` when unset.
 long integer(std::initializer_list<const char*> names, long fallback, long min, long max);

@@ -1,11 +1,9 @@
 // Terminate and fatal-signal handlers that record why a worker died.
 #include "runtime/error_file.h"
-#include "contract/worker_contract.h"
 
 #include <c10/util/Backtrace.h>
 #include <cxxabi.h>
 #include <fcntl.h>
-#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <csignal>
@@ -16,12 +14,16 @@
 #include <exception>
 #include <fstream>
 #include <mutex>
+#include <nlohmann/json.hpp>
+
+#include "contract/worker_contract.h"
 
 namespace accel {
 namespace {
 
 std::once_flag g_installed;
-char g_path[4096];  // Why: a fatal-signal handler may not allocate; the path is copied here up front.
+char g_path[4096];  // Why: a fatal-signal handler may not allocate; the path is copied here up
+                    // front.
 
 std::string demangle(const char* name) {
   int status = 0;
@@ -58,7 +60,10 @@ void on_fatal_signal(int sig) {
   if (g_path[0] != '\0') {
     int fd = ::open(g_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd >= 0) {
-      const char* name = sig == SIGSEGV ? "SIGSEGV" : sig == SIGBUS ? "SIGBUS" : sig == SIGFPE ? "SIGFPE" : "SIGILL";
+      const char* name = sig == SIGSEGV  ? "SIGSEGV"
+                         : sig == SIGBUS ? "SIGBUS"
+                         : sig == SIGFPE ? "SIGFPE"
+                                         : "SIGILL";
       char buf[256];
       std::size_t n = 0;
       auto put = [&](const char* s) {

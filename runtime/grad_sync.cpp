@@ -13,7 +13,8 @@
 
 namespace accel {
 
-std::shared_ptr<GradSync> GradSync::create(Comm& comm, std::vector<torch::Tensor> params, GradSyncOptions options) {
+std::shared_ptr<GradSync> GradSync::create(Comm& comm, std::vector<torch::Tensor> params,
+                                           GradSyncOptions options) {
   std::shared_ptr<GradSync> sync(new GradSync(comm, std::move(params), options));
   sync->install_hooks();
   return sync;
@@ -31,7 +32,8 @@ GradSync::GradSync(Comm& comm, std::vector<torch::Tensor> params, GradSyncOption
     if (current.params.empty()) return;
     auto& first = params_[current.params.front()];
     current.flags = current.offsets.back();
-    current.flat = torch::zeros({current.flags + static_cast<int64_t>(current.params.size())}, first.options());
+    current.flat = torch::zeros({current.flags + static_cast<int64_t>(current.params.size())},
+                                first.options());
     current.offsets.pop_back();
     buckets_.push_back(std::move(current));
     current = Bucket{};
@@ -71,7 +73,8 @@ void GradSync::attach_grad(Bucket& bucket, std::size_t k) {
   // Why set_ and not a view: libtorch's Optimizer::zero_grad() calls detach_() on every grad,
   // which autograd refuses on a view; a tensor that only shares the bucket's storage is fine.
   auto alias = torch::empty({0}, bucket.flat.options());
-  alias.set_(bucket.flat.storage(), bucket.flat.storage_offset() + bucket.offsets[k], p.sizes(), {});
+  alias.set_(bucket.flat.storage(), bucket.flat.storage_offset() + bucket.offsets[k], p.sizes(),
+             {});
   if (p.grad().defined()) alias.copy_(p.grad());
   p.mutable_grad() = alias;
 }
@@ -79,7 +82,8 @@ void GradSync::attach_grad(Bucket& bucket, std::size_t k) {
 bool GradSync::is_attached(const Bucket& bucket, std::size_t k) const {
   if (params_[bucket.params[k]].numel() == 0) return true;  // nothing to sync
   const auto& g = params_[bucket.params[k]].grad();
-  const auto* slot = static_cast<const char*>(bucket.flat.data_ptr()) + bucket.offsets[k] * bucket.flat.element_size();
+  const auto* slot = static_cast<const char*>(bucket.flat.data_ptr()) +
+                     bucket.offsets[k] * bucket.flat.element_size();
   return g.defined() && g.data_ptr() == slot;
 }
 
@@ -89,9 +93,12 @@ void GradSync::install_hooks() {
   std::weak_ptr<GradSync> weak = weak_from_this();
   for (std::size_t i = 0; i < params_.size(); ++i) {
     auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
-    if (!acc) throw UsageError("accel: parameter " + std::to_string(i) + " does not require grad; prepare() syncs only trainable parameters");
+    if (!acc)
+      throw UsageError("accel: parameter " + std::to_string(i) +
+                       " does not require grad; prepare() syncs only trainable parameters");
     acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-        [weak, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+        [weak, i](const torch::autograd::variable_list& outputs,
+                  const torch::autograd::variable_list&) {
           if (auto self = weak.lock()) self->on_grad_ready(i);
           return outputs;
         }));
@@ -153,12 +160,16 @@ void GradSync::launch(Bucket& bucket) {
       bucket.all_had_grad = false;
     }
     if (is_attached(bucket, k)) continue;  // accumulated in place: nothing to copy
-    // The grad was replaced (zero_grad(set_to_none), or assigned by the user), or is new: copy it in.
+    // The grad was replaced (zero_grad(set_to_none), or assigned by the user), or is new: copy it
+    // in.
     auto slot = bucket.flat.narrow(0, bucket.offsets[k], p.numel());
-    if (p.grad().defined()) slot.copy_(p.grad().reshape({-1}));
-    else slot.zero_();  // unused here: contributes zero, as DDP's find_unused does
+    if (p.grad().defined())
+      slot.copy_(p.grad().reshape({-1}));
+    else
+      slot.zero_();  // unused here: contributes zero, as DDP's find_unused does
   }
-  bucket.flat.narrow(0, bucket.flags, n).copy_(torch::from_blob(had_grad.data(), {n}, torch::kFloat));
+  bucket.flat.narrow(0, bucket.flags, n)
+      .copy_(torch::from_blob(had_grad.data(), {n}, torch::kFloat));
   bucket.work = comm_.allreduce_async(bucket.flat, c10d::ReduceOp::SUM, /*average=*/true);
   bucket.launched = true;
 }
@@ -227,7 +238,9 @@ void GradSync::drain_and_reset_round() {
       try {
         comm_.wait(b.work);
       } catch (const std::exception& e) {
-        std::fprintf(stderr, "accel: a gradient all-reduce of a backward that failed also failed: %s\n", e.what());
+        std::fprintf(stderr,
+                     "accel: a gradient all-reduce of a backward that failed also failed: %s\n",
+                     e.what());
       }
     }
     b.pending = b.params.size();

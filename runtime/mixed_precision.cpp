@@ -6,8 +6,8 @@
 
 #include <algorithm>
 #include <limits>
-#include <unordered_map>
 #include <nlohmann/json.hpp>
+#include <unordered_map>
 
 #include "accel/error.h"
 
@@ -19,8 +19,8 @@ AutocastGuard::AutocastGuard(torch::DeviceType device_type, torch::ScalarType dt
     : device_type_(device_type), active_(enabled) {
   if (!active_) return;
   if (device_type_ == torch::kCPU && dtype != torch::kBFloat16) {
-    throw UsageError(std::string("accel: autocast on CPU runs in BFloat16 only, not ") + c10::toString(dtype) +
-                     "; float16 needs a CUDA device");
+    throw UsageError(std::string("accel: autocast on CPU runs in BFloat16 only, not ") +
+                     c10::toString(dtype) + "; float16 needs a CUDA device");
   }
   if (device_type_ == torch::kCUDA) {
     previous_enabled_ = at::autocast::is_enabled();
@@ -33,13 +33,16 @@ AutocastGuard::AutocastGuard(torch::DeviceType device_type, torch::ScalarType dt
     at::autocast::set_autocast_cpu_dtype(dtype);
     at::autocast::set_cpu_enabled(true);
   } else {
-    throw UsageError("accel: autocast supports CPU and CUDA devices, not " + c10::DeviceTypeName(device_type_));
+    throw UsageError("accel: autocast supports CPU and CUDA devices, not " +
+                     c10::DeviceTypeName(device_type_));
   }
   at::autocast::increment_nesting();
 }
 
 AutocastGuard::AutocastGuard(AutocastGuard&& other) noexcept
-    : device_type_(other.device_type_), active_(other.active_), previous_enabled_(other.previous_enabled_),
+    : device_type_(other.device_type_),
+      active_(other.active_),
+      previous_enabled_(other.previous_enabled_),
       previous_dtype_(other.previous_dtype_) {
   other.active_ = false;
 }
@@ -63,7 +66,8 @@ AutocastGuard::~AutocastGuard() {
 namespace {
 
 // Gradients of `optimizer`, grouped by device (the fused kernel wants one device per call).
-std::unordered_map<torch::Device, std::vector<torch::Tensor>> grads_by_device(torch::optim::Optimizer& optimizer) {
+std::unordered_map<torch::Device, std::vector<torch::Tensor>> grads_by_device(
+    torch::optim::Optimizer& optimizer) {
   std::unordered_map<torch::Device, std::vector<torch::Tensor>> out;
   for (auto& group : optimizer.param_groups()) {
     for (auto& p : group.params()) {
@@ -75,7 +79,8 @@ std::unordered_map<torch::Device, std::vector<torch::Tensor>> grads_by_device(to
 }
 
 // found_inf = 1 if any gradient is inf/NaN; every gradient *= inv_scale (CPU: no ATen kernel).
-void check_and_unscale_cpu(std::vector<torch::Tensor>& grads, torch::Tensor& found_inf, const torch::Tensor& inv_scale) {
+void check_and_unscale_cpu(std::vector<torch::Tensor>& grads, torch::Tensor& found_inf,
+                           const torch::Tensor& inv_scale) {
   for (auto& g : grads) {
     if (!torch::isfinite(g).all().item<bool>()) found_inf.fill_(1.0);
     g.mul_(inv_scale);
@@ -103,13 +108,16 @@ void update_scale_cpu(torch::Tensor& scale, torch::Tensor& tracker, const torch:
 }  // namespace
 
 GradScaler::GradScaler(GradScalerOptions options) : options_(options) {
-  if (!(options_.init_scale > 0) || !(options_.growth_factor > 1) || !(options_.backoff_factor > 0) ||
-      !(options_.backoff_factor < 1) || options_.growth_interval < 1) {
-    throw ConfigError("accel: GradScalerOptions needs init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1 "
-                      "and growth_interval >= 1; got init_scale " + std::to_string(options_.init_scale) +
-                      ", growth_factor " + std::to_string(options_.growth_factor) + ", backoff_factor " +
-                      std::to_string(options_.backoff_factor) + ", growth_interval " +
-                      std::to_string(options_.growth_interval));
+  if (!(options_.init_scale > 0) || !(options_.growth_factor > 1) ||
+      !(options_.backoff_factor > 0) || !(options_.backoff_factor < 1) ||
+      options_.growth_interval < 1) {
+    throw ConfigError(
+        "accel: GradScalerOptions needs init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1 "
+        "and growth_interval >= 1; got init_scale " +
+        std::to_string(options_.init_scale) + ", growth_factor " +
+        std::to_string(options_.growth_factor) + ", backoff_factor " +
+        std::to_string(options_.backoff_factor) + ", growth_interval " +
+        std::to_string(options_.growth_interval));
   }
 }
 
@@ -134,8 +142,9 @@ torch::Tensor GradScaler::scale(const torch::Tensor& loss) {
 void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   if (!options_.enabled) return;
   if (found_inf_.count(&optimizer)) {
-    throw UsageError("accel: unscale_() was already called for this optimizer since the last update(); "
-                     "the gradients are unscaled once per step");
+    throw UsageError(
+        "accel: unscale_() was already called for this optimizer since the last update(); "
+        "the gradients are unscaled once per step");
   }
   if (!scale_.defined()) lazy_init(torch::kCPU);
   auto inv_scale = scale_.to(torch::kDouble).reciprocal().to(torch::kFloat);
@@ -171,8 +180,8 @@ void GradScaler::update() {
   for (auto& [optimizer, f] : found_inf_) found.add_(f.to(found.device()));
   found_inf_.clear();
   if (scale_.is_cuda()) {
-    at::_amp_update_scale_(scale_, growth_tracker_, found, options_.growth_factor, options_.backoff_factor,
-                           options_.growth_interval);
+    at::_amp_update_scale_(scale_, growth_tracker_, found, options_.growth_factor,
+                           options_.backoff_factor, options_.growth_interval);
   } else {
     update_scale_cpu(scale_, growth_tracker_, found, options_);
   }
@@ -183,7 +192,9 @@ double GradScaler::get_scale() const {
   return scale_.defined() ? scale_.item<double>() : options_.init_scale;
 }
 
-int64_t GradScaler::growth_tracker() const { return growth_tracker_.defined() ? growth_tracker_.item<int32_t>() : 0; }
+int64_t GradScaler::growth_tracker() const {
+  return growth_tracker_.defined() ? growth_tracker_.item<int32_t>() : 0;
+}
 
 std::string GradScaler::state_dict() const {
   nlohmann::json j = {{"scale", get_scale()},
@@ -201,17 +212,20 @@ void GradScaler::load_state_dict(const std::string& json, const std::string& whe
   } catch (const std::exception& e) {
     throw CheckpointError("accel: " + where + ": not valid JSON: " + e.what());
   }
-  if (!j.is_object() || !j.contains("scale") || !j["scale"].is_number() || !j.contains("growth_tracker") ||
-      !j["growth_tracker"].is_number_integer()) {
-    throw CheckpointError("accel: " + where + ": expected {\"scale\": number, \"growth_tracker\": integer}");
+  if (!j.is_object() || !j.contains("scale") || !j["scale"].is_number() ||
+      !j.contains("growth_tracker") || !j["growth_tracker"].is_number_integer()) {
+    throw CheckpointError("accel: " + where +
+                          ": expected {\"scale\": number, \"growth_tracker\": integer}");
   }
   double scale = j["scale"].get<double>();
   if (!(scale > 0) || scale > std::numeric_limits<float>::max()) {
-    throw CheckpointError("accel: " + where + ": scale must be a positive float32, got " + j["scale"].dump());
+    throw CheckpointError("accel: " + where + ": scale must be a positive float32, got " +
+                          j["scale"].dump());
   }
   auto tracker = j["growth_tracker"].get<int64_t>();
   if (tracker < 0 || tracker > std::numeric_limits<int32_t>::max()) {
-    throw CheckpointError("accel: " + where + ": growth_tracker must be a count of clean steps (0 to 2^31-1), got " +
+    throw CheckpointError("accel: " + where +
+                          ": growth_tracker must be a count of clean steps (0 to 2^31-1), got " +
                           std::to_string(tracker));
   }
   // Why: the growth interval may be shorter now than when this was saved; the count would then

@@ -20,7 +20,9 @@ Page* open_page() {
   if (path == nullptr || *path == '\0') return nullptr;
   int fd = ::open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) {
-    std::fprintf(stderr, "accel: cannot open ACCEL_PROGRESS_FILE %s; hang detection is off for this worker\n", path);
+    std::fprintf(
+        stderr,
+        "accel: cannot open ACCEL_PROGRESS_FILE %s; hang detection is off for this worker\n", path);
     return nullptr;
   }
   void* mem = MAP_FAILED;
@@ -29,7 +31,9 @@ Page* open_page() {
   }
   ::close(fd);
   if (mem == MAP_FAILED) {
-    std::fprintf(stderr, "accel: cannot map ACCEL_PROGRESS_FILE %s; hang detection is off for this worker\n", path);
+    std::fprintf(
+        stderr, "accel: cannot map ACCEL_PROGRESS_FILE %s; hang detection is off for this worker\n",
+        path);
     return nullptr;
   }
   auto* page = static_cast<Page*>(mem);
@@ -38,7 +42,8 @@ Page* open_page() {
   page->ring_size = kRingSize;
   page->rank = rank ? std::atoi(rank) : 0;
   page->pid = static_cast<std::int32_t>(::getpid());
-  std::memcpy(page->magic, kMagic, sizeof kMagic);  // Why last: a reader sees a page only when complete
+  // Why last: a reader sees a page only when complete
+  std::memcpy(page->magic, kMagic, sizeof kMagic);
   return page;
 }
 

@@ -27,7 +27,9 @@ namespace {
 bool ends_with(std::string_view s, std::string_view tail) {
   return s.size() >= tail.size() && s.substr(s.size() - tail.size()) == tail;
 }
-bool starts_with(std::string_view s, std::string_view head) { return s.substr(0, head.size()) == head; }
+bool starts_with(std::string_view s, std::string_view head) {
+  return s.substr(0, head.size()) == head;
+}
 
 namespace fs = std::filesystem;
 using OrderedJson = nlohmann::ordered_json;
@@ -339,13 +341,15 @@ Decoded decode(std::string_view bytes, const std::string& where, Memory memory) 
   }
   check_tiling(entries, bytes.size() - data_start, where);
   for (const auto& e : entries)
-    out.tensors.emplace_back(e.name, load(e, bytes.data() + data_start, where, memory == Memory::kBorrow));
+    out.tensors.emplace_back(e.name,
+                             load(e, bytes.data() + data_start, where, memory == Memory::kBorrow));
   return out;
 }
 
 namespace {
 
-[[noreturn]] void bad_size(const std::string& name, const std::string& text, const std::string& why) {
+[[noreturn]] void bad_size(const std::string& name, const std::string& text,
+                           const std::string& why) {
   throw ConfigError("accel: " + name + " " + in_quotes(text) + " " + why +
                     "; write a byte count or a whole number with KB, MB, GB (10^3) or KiB, MiB, "
                     "GiB (2^10), e.g. \"10GB\"");
@@ -438,7 +442,8 @@ bool is_saved_file(std::string_view name, const std::string& prefix) {
 }
 
 // Removes the files an earlier save for `prefix` left in `dir` that are not in `keep`.
-void remove_stale(const fs::path& dir, const std::string& prefix, const std::vector<std::string>& keep) {
+void remove_stale(const fs::path& dir, const std::string& prefix,
+                  const std::vector<std::string>& keep) {
   std::vector<fs::path> stale;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
@@ -490,7 +495,8 @@ std::string index_json(const NamedTensors& tensors,
 std::vector<std::string> save_sharded(const NamedTensors& tensors, const fs::path& dir,
                                       uint64_t max_shard_bytes, const std::string& prefix) {
   if (max_shard_bytes == 0)
-    throw ConfigError("accel: save_sharded into " + dir.string() + ": max_shard_bytes must be positive");
+    throw ConfigError("accel: save_sharded into " + dir.string() +
+                      ": max_shard_bytes must be positive");
   if (prefix.empty() || prefix.find('/') != std::string::npos)
     throw ConfigError("accel: save_sharded: file prefix " + in_quotes(prefix) +
                       " must be a non-empty file name");
@@ -499,7 +505,8 @@ std::vector<std::string> save_sharded(const NamedTensors& tensors, const fs::pat
   const auto shards = plan_shards(tensors, max_shard_bytes);
   const std::size_t n = shards.size();
   std::vector<std::string> written;
-  for (std::size_t k = 0; k < n; ++k) written.push_back(n == 1 ? prefix + ".safetensors" : shard_name(prefix, k + 1, n));
+  for (std::size_t k = 0; k < n; ++k)
+    written.push_back(n == 1 ? prefix + ".safetensors" : shard_name(prefix, k + 1, n));
   if (n > 1) written.push_back(prefix + ".safetensors.index.json");
   auto& cfs = ckpt::checkpoint_fs();
   stage(dir, written, [&](std::size_t k, const fs::path& temp) {
@@ -511,7 +518,9 @@ std::vector<std::string> save_sharded(const NamedTensors& tensors, const fs::pat
     for (std::size_t i : shards[k]) part.push_back(tensors[i]);
     cfs.write_file(temp, encode(part, {{"format", "pt"}}, (dir / written[k]).string()).parts());
   });
-  auto put_in_place = [&](const std::string& name) { cfs.rename(dir / (name + ".tmp"), dir / name); };
+  auto put_in_place = [&](const std::string& name) {
+    cfs.rename(dir / (name + ".tmp"), dir / name);
+  };
   try {
     if (n == 1) {
       put_in_place(written[0]);  // one rename: the old model, then the new one
@@ -532,7 +541,8 @@ std::vector<std::string> save_sharded(const NamedTensors& tensors, const fs::pat
   } catch (...) {
     for (const auto& name : written) {
       std::error_code ec;
-      fs::remove(dir / (name + ".tmp"), ec);  // what was not renamed; the first error is the one to report
+      // what was not renamed; the first error is the one to report
+      fs::remove(dir / (name + ".tmp"), ec);
     }
     throw;
   }

@@ -63,6 +63,7 @@ uint64_t parse_size(const std::string& text, const std::string& name = "size");
 // through ckpt::checkpoint_fs() to a temp name, then renamed, so a reader never sees half a file.
 // Stale shards of an earlier save with another shard count are removed. Returns the files written.
 std::vector<std::string> save_sharded(const NamedTensors& tensors, const std::filesystem::path& dir,
-                                      uint64_t max_shard_bytes, const std::string& prefix = "model");
+                                      uint64_t max_shard_bytes,
+                                      const std::string& prefix = "model");
 
 }  // namespace accel::safetensors

@@ -57,12 +57,17 @@ struct Header {
 
 std::size_t controls_offset() { return 64; }
 std::size_t data_offset(int world) {
-  return (controls_offset() + sizeof(RankControl) * static_cast<std::size_t>(world) + 4095) / 4096 * 4096;
+  return (controls_offset() + sizeof(RankControl) * static_cast<std::size_t>(world) + 4095) / 4096 *
+         4096;
 }
 
-RankControl* controls(void* base) { return reinterpret_cast<RankControl*>(static_cast<char*>(base) + controls_offset()); }
+RankControl* controls(void* base) {
+  return reinterpret_cast<RankControl*>(static_cast<char*>(base) + controls_offset());
+}
 
-std::size_t nbytes(const at::Tensor& t) { return static_cast<std::size_t>(t.numel()) * t.element_size(); }
+std::size_t nbytes(const at::Tensor& t) {
+  return static_cast<std::size_t>(t.numel()) * t.element_size();
+}
 
 // out = in[0] op in[1] op ... in rank order on every rank: identical results everywhere. One pass
 // for two ranks; `restrict` and -O3 (CMakeLists) let the compiler vectorize it.
@@ -95,8 +100,8 @@ void sum_scaled(T* __restrict__ out, const T* const* in, int n, std::size_t coun
 }
 
 template <class T>
-void reduce_into(void* out, const std::vector<const void*>& slots, int n, std::size_t count, c10d::ReduceOp op,
-                 double scale) {
+void reduce_into(void* out, const std::vector<const void*>& slots, int n, std::size_t count,
+                 c10d::ReduceOp op, double scale) {
   auto* o = static_cast<T*>(out);
   auto in = reinterpret_cast<const T* const*>(slots.data());
   if (op == c10d::ReduceOp::SUM && scale != 1.0) {
@@ -104,10 +109,17 @@ void reduce_into(void* out, const std::vector<const void*>& slots, int n, std::s
     return;
   }
   switch (op) {
-    case c10d::ReduceOp::SUM: combine(o, in, n, count, [](T x, T y) { return x + y; }); break;
-    case c10d::ReduceOp::MAX: combine(o, in, n, count, [](T x, T y) { return x < y ? y : x; }); break;
-    case c10d::ReduceOp::MIN: combine(o, in, n, count, [](T x, T y) { return y < x ? y : x; }); break;
-    default: throw std::runtime_error("shared-memory allreduce supports sum, max and min");
+    case c10d::ReduceOp::SUM:
+      combine(o, in, n, count, [](T x, T y) { return x + y; });
+      break;
+    case c10d::ReduceOp::MAX:
+      combine(o, in, n, count, [](T x, T y) { return x < y ? y : x; });
+      break;
+    case c10d::ReduceOp::MIN:
+      combine(o, in, n, count, [](T x, T y) { return y < x ? y : x; });
+      break;
+    default:
+      throw std::runtime_error("shared-memory allreduce supports sum, max and min");
   }
 }
 
@@ -120,9 +132,11 @@ bool ShmGroup::can_reduce(const at::Tensor& t) {
   return can_move(t) && (s == at::kFloat || s == at::kDouble || s == at::kInt || s == at::kLong);
 }
 
-std::unique_ptr<ShmGroup> ShmGroup::create(c10d::Store& store, c10d::ProcessGroup& group, int rank, int world,
-                                           std::chrono::milliseconds timeout, std::string* why) {
-  const std::size_t slot = std::max(kMinSlotBytes, kSlotBudgetBytes / static_cast<std::size_t>(world) / 4096 * 4096);
+std::unique_ptr<ShmGroup> ShmGroup::create(c10d::Store& store, c10d::ProcessGroup& group, int rank,
+                                           int world, std::chrono::milliseconds timeout,
+                                           std::string* why) {
+  const std::size_t slot =
+      std::max(kMinSlotBytes, kSlotBudgetBytes / static_cast<std::size_t>(world) / 4096 * 4096);
   const std::size_t size = data_offset(world) + 2 * static_cast<std::size_t>(world) * slot;
   std::string name;
   int fd = -1;
@@ -133,7 +147,8 @@ std::unique_ptr<ShmGroup> ShmGroup::create(c10d::Store& store, c10d::ProcessGrou
     // posix_fallocate, not ftruncate alone: a full /dev/shm must fail here, not SIGBUS later.
     int err = fd < 0 ? errno : ::posix_fallocate(fd, 0, static_cast<off_t>(size));
     if (err != 0) {
-      *why = "cannot create " + std::to_string(size >> 20) + " MiB in /dev/shm (" + std::strerror(err) + ")";
+      *why = "cannot create " + std::to_string(size >> 20) + " MiB in /dev/shm (" +
+             std::strerror(err) + ")";
       if (fd >= 0) {
         ::close(fd);
         ::shm_unlink(name.c_str());
@@ -181,7 +196,12 @@ std::unique_ptr<ShmGroup> ShmGroup::create(c10d::Store& store, c10d::ProcessGrou
 
 ShmGroup::ShmGroup(int rank, int world, void* base, std::size_t size, std::size_t slot_bytes,
                    std::chrono::milliseconds timeout)
-    : rank_(rank), world_(world), base_(base), size_(size), slot_bytes_(slot_bytes), timeout_(timeout) {}
+    : rank_(rank),
+      world_(world),
+      base_(base),
+      size_(size),
+      slot_bytes_(slot_bytes),
+      timeout_(timeout) {}
 
 ShmGroup::~ShmGroup() { ::munmap(base_, size_); }
 
@@ -240,8 +260,8 @@ uint64_t ShmGroup::arrive_and_wait(const Call& call) {
   return g;
 }
 
-void ShmGroup::allreduce(at::Tensor& tensor, c10d::ReduceOp op, const Call& call, const at::Tensor* source,
-                         double scale) {
+void ShmGroup::allreduce(at::Tensor& tensor, c10d::ReduceOp op, const Call& call,
+                         const at::Tensor* source, double scale) {
   const std::size_t elem = tensor.element_size();
   const std::size_t per_chunk = slot_bytes_ / elem;
   const auto total = static_cast<std::size_t>(tensor.numel());
@@ -257,11 +277,20 @@ void ShmGroup::allreduce(at::Tensor& tensor, c10d::ReduceOp op, const Call& call
     for (int r = 0; r < world_; ++r) in[static_cast<std::size_t>(r)] = slot(next, r);
     void* out = data + begin * elem;
     switch (tensor.scalar_type()) {
-      case at::kFloat: reduce_into<float>(out, in, world_, count, op, scale); break;
-      case at::kDouble: reduce_into<double>(out, in, world_, count, op, scale); break;
-      case at::kInt: reduce_into<int32_t>(out, in, world_, count, op, scale); break;
-      case at::kLong: reduce_into<int64_t>(out, in, world_, count, op, scale); break;
-      default: throw std::runtime_error("shared-memory allreduce got an unsupported dtype");
+      case at::kFloat:
+        reduce_into<float>(out, in, world_, count, op, scale);
+        break;
+      case at::kDouble:
+        reduce_into<double>(out, in, world_, count, op, scale);
+        break;
+      case at::kInt:
+        reduce_into<int32_t>(out, in, world_, count, op, scale);
+        break;
+      case at::kLong:
+        reduce_into<int64_t>(out, in, world_, count, op, scale);
+        break;
+      default:
+        throw std::runtime_error("shared-memory allreduce got an unsupported dtype");
     }
   }
 }
@@ -292,7 +321,8 @@ void ShmGroup::allgather(at::Tensor& output, const at::Tensor& input, const Call
     uint64_t next = generation_ + 1;
     std::memcpy(slot(next, rank_), src + begin, count);
     arrive_and_wait(call);
-    for (int r = 0; r < world_; ++r) std::memcpy(dst + static_cast<std::size_t>(r) * total + begin, slot(next, r), count);
+    for (int r = 0; r < world_; ++r)
+      std::memcpy(dst + static_cast<std::size_t>(r) * total + begin, slot(next, r), count);
     begin += count;
   } while (begin < total);
 }

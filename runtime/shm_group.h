@@ -1,7 +1,8 @@
 // ShmGroup: collectives between the processes of one machine through a shared-memory segment,
-// for small and medium CPU tensors where gloo's per-call cost (~1 ms, reference/anchors-measured.md)
-// dominates a training step. Hand-written because no packaged library offers it for c10d on CPU
-// (NCCL's SHM transport, oneCCL and DeepSpeed's shm allreduce are the prior art).
+// for small and medium CPU tensors where gloo's per-call cost (~1 ms,
+// reference/anchors-measured.md) dominates a training step. Hand-written because no packaged
+// library offers it for c10d on CPU (NCCL's SHM transport, oneCCL and DeepSpeed's shm allreduce are
+// the prior art).
 //
 // Contract: the same collectives, in the same order, with the same results on every rank as
 // gloo's (sums are taken in rank order 0..n-1 on every rank, so all ranks get bitwise-equal
@@ -14,13 +15,12 @@
 // slot set of generation g+1 (== g-1's) is free when any rank starts writing it.
 #pragma once
 
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-#include <torch/csrc/distributed/c10d/Store.hpp>
-
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
 namespace accel {
 
@@ -29,8 +29,9 @@ class ShmGroup {
   // Maps one segment shared by `world` local ranks (rank 0 creates it, publishes its name in
   // `store`, and unlinks it once everyone has it mapped, so a crash leaks nothing). Returns null,
   // with `why` set, when shared memory is unavailable (the caller falls back to gloo).
-  static std::unique_ptr<ShmGroup> create(c10d::Store& store, c10d::ProcessGroup& group, int rank, int world,
-                                          std::chrono::milliseconds timeout, std::string* why);
+  static std::unique_ptr<ShmGroup> create(c10d::Store& store, c10d::ProcessGroup& group, int rank,
+                                          int world, std::chrono::milliseconds timeout,
+                                          std::string* why);
   ~ShmGroup();
 
   // CPU, contiguous, and a dtype the reduction loops handle (float, double, int32, int64).
@@ -52,8 +53,8 @@ class ShmGroup {
   // Reduces into `tensor`; with `source`, the local contribution is read from there instead
   // (out of place: `tensor` may be uninitialized memory of the same shape and dtype).
   // A sum is multiplied by `scale` in the same pass (float types; gradient averaging).
-  void allreduce(at::Tensor& tensor, c10d::ReduceOp op, const Call& call, const at::Tensor* source = nullptr,
-                 double scale = 1.0);
+  void allreduce(at::Tensor& tensor, c10d::ReduceOp op, const Call& call,
+                 const at::Tensor* source = nullptr, double scale = 1.0);
   static bool can_scale(const at::Tensor& t) { return t.is_floating_point(); }
   void broadcast(at::Tensor& tensor, int root, const Call& call);
   void allgather(at::Tensor& output, const at::Tensor& input, const Call& call);

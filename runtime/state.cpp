@@ -2,11 +2,13 @@
 #include "accel/state.h"
 
 #include <torch/cuda.h>
+
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #ifdef ACCEL_WITH_NCCL
 #include <c10/cuda/CUDAFunctions.h>
+
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
@@ -14,10 +16,10 @@
 #include <mutex>
 
 #include "accel/error.h"
+#include "contract/worker_contract.h"
 #include "runtime/comm.h"
 #include "runtime/env.h"
 #include "runtime/error_file.h"
-#include "contract/worker_contract.h"
 
 namespace accel {
 namespace {
@@ -25,8 +27,8 @@ namespace {
 // HF Accelerate's (and torch's) default for non-NCCL groups; one value for every collective.
 constexpr std::chrono::milliseconds kDefaultCollectiveTimeout = contract::kDefaultCollectiveTimeout;
 
-std::mutex g_state_mu;               // guards g_state
-std::weak_ptr<State> g_state;        // the process's State while any Accelerator holds it
+std::mutex g_state_mu;                // guards g_state
+std::weak_ptr<State> g_state;         // the process's State while any Accelerator holds it
 std::optional<StateOptions> g_first;  // options of the first creation, to detect disagreement
 
 std::shared_ptr<::gloo::transport::Device> gloo_device(bool single_node) {
@@ -42,9 +44,12 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(bool single_node) {
 
 std::string to_string(DistributedType type) {
   switch (type) {
-    case DistributedType::kNo: return "NO";
-    case DistributedType::kMultiCpu: return "MULTI_CPU";
-    case DistributedType::kMultiGpu: return "MULTI_GPU";
+    case DistributedType::kNo:
+      return "NO";
+    case DistributedType::kMultiCpu:
+      return "MULTI_CPU";
+    case DistributedType::kMultiGpu:
+      return "MULTI_GPU";
   }
   return "?";
 }
@@ -55,7 +60,8 @@ std::shared_ptr<State> State::shared(const StateOptions& options) {
     if ((options.cpu && options.cpu != g_first->cpu) ||
         (options.collective_timeout && options.collective_timeout != g_first->collective_timeout)) {
       throw ConfigError(
-          "accel: a second Accelerator asked for different cpu/collective_timeout options than the first; "
+          "accel: a second Accelerator asked for different cpu/collective_timeout options than the "
+          "first; "
           "all Accelerators of a process share one process group");
     }
     return existing;
@@ -70,9 +76,12 @@ State::State(const StateOptions& options) {
   install_error_handlers();
   world_size_ = static_cast<int>(env::integer({contract::kWorldSize}, 1, 1, 1 << 20));
   rank_ = static_cast<int>(env::integer({contract::kRank}, 0, 0, world_size_ - 1));
-  local_world_size_ = static_cast<int>(env::integer({contract::kLocalWorldSize}, world_size_, 1, world_size_));
-  local_rank_ = static_cast<int>(env::integer({contract::kLocalRank}, rank_ % local_world_size_, 0, local_world_size_ - 1));
-  node_rank_ = static_cast<int>(env::integer({contract::kGroupRank}, rank_ / local_world_size_, 0, world_size_ - 1));
+  local_world_size_ =
+      static_cast<int>(env::integer({contract::kLocalWorldSize}, world_size_, 1, world_size_));
+  local_rank_ = static_cast<int>(
+      env::integer({contract::kLocalRank}, rank_ % local_world_size_, 0, local_world_size_ - 1));
+  node_rank_ = static_cast<int>(
+      env::integer({contract::kGroupRank}, rank_ / local_world_size_, 0, world_size_ - 1));
   debug_ = env::boolean({contract::kDebug, contract::kHfDebugMode}, false);
   cpu_ = options.cpu.value_or(env::boolean({contract::kUseCpu, contract::kHfUseCpu}, false));
   timeout_ = options.collective_timeout.value_or(
@@ -80,7 +89,8 @@ State::State(const StateOptions& options) {
 
   // Why: this build of libtorch decides the device; a CUDA build with a GPU and no --cpu uses it.
   bool cuda = !cpu_ && torch::cuda::is_available();
-  device_ = cuda ? torch::Device(torch::kCUDA, local_rank_ % std::max<int>(1, torch::cuda::device_count()))
+  device_ = cuda ? torch::Device(torch::kCUDA,
+                                 local_rank_ % std::max<int>(1, torch::cuda::device_count()))
                  : torch::Device(torch::kCPU);
   if (world_size_ == 1) {
     comm_ = std::make_unique<Comm>();
@@ -98,13 +108,15 @@ State::State(const StateOptions& options) {
   auto addr = env::first_of({contract::kMasterAddr});
   auto port = env::integer({contract::kMasterPort}, -1, 1, 65535);
   if (!addr || port < 0) {
-    throw ConfigError("accel: WORLD_SIZE=" + std::to_string(world_size_) +
-                      " but MASTER_ADDR/MASTER_PORT are not set; start workers with accel-launch, or set both");
+    throw ConfigError(
+        "accel: WORLD_SIZE=" + std::to_string(world_size_) +
+        " but MASTER_ADDR/MASTER_PORT are not set; start workers with accel-launch, or set both");
   }
   // TORCHELASTIC_USE_AGENT_STORE=True (accel-launch, accel-agent, torchrun): the launcher serves
   // the store and every rank is a client, under a prefix per attempt (as c10d's env:// does), so
   // nothing a failed attempt left can reach this one. Otherwise rank 0 hosts it.
-  const bool agent_store = env::first_of({contract::kUseAgentStore}).value_or("") == contract::kAgentStoreOn;
+  const bool agent_store =
+      env::first_of({contract::kUseAgentStore}).value_or("") == contract::kAgentStoreOn;
   c10d::TCPStoreOptions store_opts;
   store_opts.port = static_cast<std::uint16_t>(port);
   store_opts.isServer = !agent_store && rank_ == 0;
@@ -116,9 +128,10 @@ State::State(const StateOptions& options) {
     store = c10::make_intrusive<c10d::TCPStore>(*addr, store_opts);
   } catch (const std::exception& e) {
     throw CollectiveError("accel: rank " + std::to_string(rank_) + " could not " +
-                          (store_opts.isServer ? "start" : "reach") + " the job's store at " + *addr + ":" +
-                          std::to_string(port) + (agent_store ? " (served by the launcher)" : "") +
-                          " within " + format_duration(timeout_) + ": " + e.what());
+                          (store_opts.isServer ? "start" : "reach") + " the job's store at " +
+                          *addr + ":" + std::to_string(port) +
+                          (agent_store ? " (served by the launcher)" : "") + " within " +
+                          format_duration(timeout_) + ": " + e.what());
   }
   if (agent_store) {
     std::string attempt = env::first_of({contract::kRestartCount}).value_or("0");
@@ -143,18 +156,20 @@ State::State(const StateOptions& options) {
       group = c10::make_intrusive<c10d::ProcessGroupGloo>(pg_store, rank_, world_size_, gloo_opts);
     }
   } catch (const std::exception& e) {
-    throw CollectiveError("accel: rank " + std::to_string(rank_) + " could not connect to the other " +
-                          std::to_string(world_size_ - 1) + " rank(s) within " + format_duration(timeout_) +
-                          ": " + e.what());
+    throw CollectiveError("accel: rank " + std::to_string(rank_) +
+                          " could not connect to the other " + std::to_string(world_size_ - 1) +
+                          " rank(s) within " + format_duration(timeout_) + ": " + e.what());
   }
   std::unique_ptr<ShmGroup> shm;
   // Shared memory between the ranks of one machine (all of them, for now); gloo otherwise.
   // Not with NCCL: its group takes CUDA tensors only, and NCCL has its own intra-node transport.
-  if (!cuda && local_world_size_ == world_size_ && env::boolean({contract::kShmCollectives}, true)) {
+  if (!cuda && local_world_size_ == world_size_ &&
+      env::boolean({contract::kShmCollectives}, true)) {
     std::string why;
     shm = ShmGroup::create(*store, *group, rank_, world_size_, timeout_, &why);
     if (!shm && rank_ == 0) {
-      std::fprintf(stderr, "accel: shared-memory collectives are off (%s); using gloo\n", why.c_str());
+      std::fprintf(stderr, "accel: shared-memory collectives are off (%s); using gloo\n",
+                   why.c_str());
     }
   }
   comm_ = std::make_unique<Comm>(rank_, world_size_, timeout_, store, group, std::move(shm));

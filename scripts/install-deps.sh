@@ -18,6 +18,8 @@ packages=(
   libgtest-dev libgmock-dev python3 python3-torch python3-numpy procps psmisc openssl
   # fuzzing (fuzz/): clang with libFuzzer and the sanitizers
   clang-14 libfuzzer-14-dev
+  # formatting check (scripts/check-format.sh, run by the tests)
+  clang-format-14
 )
 
 missing=()

@@ -36,7 +36,8 @@ class FakeClock final : public Clock {
  public:
   [[nodiscard]] time_point now() const override { return now_; }
   [[nodiscard]] int64_t unix_ms() const override {
-    return kEpochMs + std::chrono::duration_cast<std::chrono::milliseconds>(now_.time_since_epoch()).count();
+    return kEpochMs +
+           std::chrono::duration_cast<std::chrono::milliseconds>(now_.time_since_epoch()).count();
   }
   void advance(std::chrono::milliseconds d) { now_ += d; }
 

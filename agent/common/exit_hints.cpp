@@ -11,9 +11,11 @@ std::optional<std::string> exit_hint(const std::vector<std::string>& stderr_tail
     // std::terminate aborts the process. Timing-dependent: rarer with nothing reading the
     // workers' output, and gone when the process group is destroyed before the program ends.
     if (line.find("terminate called without an active exception") != std::string::npos) {
-      return "hint: if this rank had finished its work, this is PyTorch's known abort at interpreter exit "
+      return "hint: if this rank had finished its work, this is PyTorch's known abort at "
+             "interpreter exit "
              "when a Gloo process group is still alive;\n"
-             "      call torch.distributed.destroy_process_group() (HF Accelerate: accelerator.end_training()) "
+             "      call torch.distributed.destroy_process_group() (HF Accelerate: "
+             "accelerator.end_training()) "
              "before the program ends";
     }
   }

@@ -28,7 +28,7 @@ class Status {
 template <class T>
 class Result {
  public:
-  Result(T value) : data_(std::move(value)) {}  // NOLINT: implicit on purpose
+  Result(T value) : data_(std::move(value)) {}         // NOLINT: implicit on purpose
   Result(Status status) : data_(std::move(status)) {}  // NOLINT: must be a failed status
 
   [[nodiscard]] bool is_ok() const { return std::holds_alternative<T>(data_); }

@@ -4,9 +4,9 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
-#include <cstdio>
 #include <climits>
 #include <cmath>
+#include <cstdio>
 
 namespace accel::config {
 namespace {
@@ -63,9 +63,9 @@ template <auto Member, long long Min, long long Max>
 Status set_int(ClusterConfig& cfg, std::string_view text) {
   auto v = parse_integer(text);
   if (!v || *v < Min || *v > Max) {
-    std::string range = Max == INT_MAX ? "an integer >= " + std::to_string(Min)
-                                       : "an integer from " + std::to_string(Min) + " to " +
-                                             std::to_string(Max);
+    std::string range =
+        Max == INT_MAX ? "an integer >= " + std::to_string(Min)
+                       : "an integer from " + std::to_string(Min) + " to " + std::to_string(Max);
     return Status::error("expected " + range + ", got " + quoted(trim(text)));
   }
   cfg.*Member = static_cast<int>(*v);
@@ -115,7 +115,8 @@ Status set_positive_duration(ClusterConfig& cfg, std::string_view text) {
 template <auto Member>
 Status set_duration(ClusterConfig& cfg, std::string_view text) {
   auto d = parse_duration(text);
-  if (!d) return Status::error("expected a duration such as 30s, 500ms or 0, got " + quoted(trim(text)));
+  if (!d)
+    return Status::error("expected a duration such as 30s, 500ms or 0, got " + quoted(trim(text)));
   cfg.*Member = *d;
   return Status::ok();
 }
@@ -183,7 +184,8 @@ Status set_host(ClusterConfig& cfg, std::string_view text) {
   std::string_view t = trim(text);
   if (t.empty() || t.size() > 255 ||
       std::any_of(t.begin(), t.end(), [](unsigned char c) { return c <= 0x20 || c >= 0x7f; })) {
-    return Status::error("expected a host name or IP address (1-255 printable characters), got " + quoted(text));
+    return Status::error("expected a host name or IP address (1-255 printable characters), got " +
+                         quoted(text));
   }
   cfg.main_process_ip = std::string(t);
   return Status::ok();
@@ -202,9 +204,9 @@ Status set_checkpoint_dir(ClusterConfig& cfg, std::string_view text) {
 Status set_job_id(ClusterConfig& cfg, std::string_view text) {
   std::string_view t = trim(text);
   bool ok = t.empty() || (t.size() <= 64 && t.front() != '.' &&
-            std::all_of(t.begin(), t.end(), [](unsigned char c) {
-              return std::isalnum(c) || c == '-' || c == '_' || c == '.';
-            }));  // empty: generated at launch
+                          std::all_of(t.begin(), t.end(), [](unsigned char c) {
+                            return std::isalnum(c) || c == '-' || c == '_' || c == '.';
+                          }));  // empty: generated at launch
   if (!ok) {
     return Status::error("expected 1-64 characters of [A-Za-z0-9._-] not starting with '.', got " +
                          quoted(t));
@@ -216,12 +218,12 @@ Status set_job_id(ClusterConfig& cfg, std::string_view text) {
 Status set_collective_timeout(ClusterConfig& cfg, std::string_view text) {
   auto d = parse_duration(text);
   if (!d || d->count() <= 0) {
-    return Status::error("expected a positive duration such as 30m, 90s or 500ms, got " + quoted(trim(text)));
+    return Status::error("expected a positive duration such as 30m, 90s or 500ms, got " +
+                         quoted(trim(text)));
   }
   cfg.collective_timeout = *d;
   return Status::ok();
 }
-
 
 // "c.yaml:2:15: machine_rank", or just the key when it has its default.
 std::string where_key(const ClusterConfig& cfg, std::string_view key) {
@@ -248,19 +250,26 @@ size_t edit_distance(std::string_view a, std::string_view b) {
 
 std::string_view source_name(Source s) {
   switch (s) {
-    case Source::kDefault: return "default";
-    case Source::kFile: return "file";
-    case Source::kEnv: return "env";
-    case Source::kFlag: return "flag";
+    case Source::kDefault:
+      return "default";
+    case Source::kFile:
+      return "file";
+    case Source::kEnv:
+      return "env";
+    case Source::kFlag:
+      return "flag";
   }
   return "?";
 }
 
 std::string_view to_string(MixedPrecision m) {
   switch (m) {
-    case MixedPrecision::kNo: return "no";
-    case MixedPrecision::kFp16: return "fp16";
-    case MixedPrecision::kBf16: return "bf16";
+    case MixedPrecision::kNo:
+      return "no";
+    case MixedPrecision::kFp16:
+      return "fp16";
+    case MixedPrecision::kBf16:
+      return "bf16";
   }
   return "no";
 }
@@ -283,11 +292,16 @@ std::optional<std::chrono::milliseconds> parse_duration(std::string_view text) {
     return std::nullopt;
   }
   double ms_per_unit = 0;
-  if (unit == "ms") ms_per_unit = 1;
-  else if (unit == "s") ms_per_unit = 1000;
-  else if (unit == "m" || unit == "min") ms_per_unit = 60'000;
-  else if (unit == "h") ms_per_unit = 3'600'000;
-  else return std::nullopt;
+  if (unit == "ms")
+    ms_per_unit = 1;
+  else if (unit == "s")
+    ms_per_unit = 1000;
+  else if (unit == "m" || unit == "min")
+    ms_per_unit = 60'000;
+  else if (unit == "h")
+    ms_per_unit = 3'600'000;
+  else
+    return std::nullopt;
   double ms = value * ms_per_unit;
   if (ms > 1e12) return std::nullopt;
   return std::chrono::milliseconds(static_cast<long long>(std::llround(ms)));
@@ -309,8 +323,9 @@ const std::vector<KeySpec>& all_keys() {
        set_int<&C::num_processes, 1, 4096>, get_int<&C::num_processes>},
       {"nodes", "N or MIN:MAX", "How many nodes take part: a fixed count, or an elastic range.",
        set_nodes, get_nodes},
-      {"machine_rank", "an integer from 0 to 99999", "This node's rank when every node runs accel-launch.",
-       set_int<&C::machine_rank, 0, 99999>, get_int<&C::machine_rank>},
+      {"machine_rank", "an integer from 0 to 99999",
+       "This node's rank when every node runs accel-launch.", set_int<&C::machine_rank, 0, 99999>,
+       get_int<&C::machine_rank>},
       {"main_process_ip", "a host name or IP address",
        "MASTER_ADDR: where rank 0 listens for the process group's store.", set_host,
        get_string<&C::main_process_ip>},
@@ -321,8 +336,8 @@ const std::vector<KeySpec>& all_keys() {
        "How many times the whole worker group is restarted after a failure.",
        set_int<&C::max_restarts, 0, INT_MAX>, get_int<&C::max_restarts>},
       {"log_dir", "a directory",
-       "Also write each rank's output to <log_dir>/<job_id>/attempt_<k>/rank_<r>.log.",
-       set_log_dir, get_string<&C::log_dir>},
+       "Also write each rank's output to <log_dir>/<job_id>/attempt_<k>/rank_<r>.log.", set_log_dir,
+       get_string<&C::log_dir>},
       {"tee", "an integer from 0 to 3",
        "With log_dir: streams still echoed to the console (1 stdout, 2 stderr, 3 both, 0 none).",
        set_int<&C::tee, 0, 3>, get_int<&C::tee>},
@@ -334,13 +349,14 @@ const std::vector<KeySpec>& all_keys() {
        get_int<&C::gradient_accumulation_steps>},
       {"use_cpu", "true or false", "Train on CPU even where a GPU is present.",
        set_bool<&C::use_cpu>, get_bool<&C::use_cpu>},
-      {"debug", "true or false", "Sets ACCELERATE_DEBUG_MODE for the workers.",
-       set_bool<&C::debug>, get_bool<&C::debug>},
+      {"debug", "true or false", "Sets ACCELERATE_DEBUG_MODE for the workers.", set_bool<&C::debug>,
+       get_bool<&C::debug>},
       {"stop_timeout", "a duration such as 10s or 500ms",
        "Grace between SIGTERM and SIGKILL when a worker group is stopped.",
        set_positive_duration<&C::stop_timeout>, get_duration<&C::stop_timeout>},
       {"collective_timeout", "a duration such as 30m or 90s",
-       "Bound on every collective and the rendezvous store in the workers (ACCEL_COLLECTIVE_TIMEOUT).",
+       "Bound on every collective and the rendezvous store in the workers "
+       "(ACCEL_COLLECTIVE_TIMEOUT).",
        set_collective_timeout, get_duration<&C::collective_timeout>},
       {"checkpoint_dir", "a directory",
        "Folder where libaccel saves checkpoints (checkpoints/checkpoint_<n> inside it) and from "
@@ -352,8 +368,7 @@ const std::vector<KeySpec>& all_keys() {
        set_int<&C::checkpoint_interval, 0, INT_MAX>, get_int<&C::checkpoint_interval>},
       {"num_cpu_threads_per_process", "an integer from 0 to 4096",
        "OMP_NUM_THREADS for each worker; 0 = 1 when a node runs several workers.",
-       set_int<&C::num_cpu_threads_per_process, 0, 4096>,
-       get_int<&C::num_cpu_threads_per_process>},
+       set_int<&C::num_cpu_threads_per_process, 0, 4096>, get_int<&C::num_cpu_threads_per_process>},
       {"job_id", "1-64 characters of [A-Za-z0-9._-]",
        "Names the job (TORCHELASTIC_RUN_ID, ACCEL_JOB_ID, log folder); generated if unset.",
        set_job_id, get_string<&C::job_id>},
@@ -366,12 +381,17 @@ const std::vector<KeySpec>& all_keys() {
        "Multi-node (every node runs accel-launch): machine rank 0 serves the coordinator at "
        "main_process_ip:coordinator_port.",
        set_int<&C::coordinator_port, 0, 65535>, get_int<&C::coordinator_port>},
-      {"token_file", "a file", "File whose first line is the control plane's shared token; empty: "
-       "$ACCEL_TOKEN.", set_string<&C::token_file>, get_string<&C::token_file>},
-      {"tls_cert", "a PEM file", "TLS certificate of this endpoint (coordinator, or client for mutual TLS).",
+      {"token_file", "a file",
+       "File whose first line is the control plane's shared token; empty: "
+       "$ACCEL_TOKEN.",
+       set_string<&C::token_file>, get_string<&C::token_file>},
+      {"tls_cert", "a PEM file",
+       "TLS certificate of this endpoint (coordinator, or client for mutual TLS).",
        set_string<&C::tls_cert>, get_string<&C::tls_cert>},
-      {"tls_key", "a PEM file", "Private key of tls_cert.", set_string<&C::tls_key>, get_string<&C::tls_key>},
-      {"tls_ca", "a PEM file", "CA that signs the peers' certificates; clients use TLS when it is set.",
+      {"tls_key", "a PEM file", "Private key of tls_cert.", set_string<&C::tls_key>,
+       get_string<&C::tls_key>},
+      {"tls_ca", "a PEM file",
+       "CA that signs the peers' certificates; clients use TLS when it is set.",
        set_string<&C::tls_ca>, get_string<&C::tls_ca>},
       {"node_id", "1-128 characters of [A-Za-z0-9._:-]",
        "This node's id at the coordinator; empty: <hostname>-<pid>-<random>.",
@@ -382,7 +402,8 @@ const std::vector<KeySpec>& all_keys() {
        set_string<&C::node_address>, get_string<&C::node_address>},
       {"lease_timeout", "a duration such as 10s",
        "A node whose agent has not been heard from for this long is lost; the others go on "
-       "without it.", set_positive_duration<&C::lease_timeout>, get_duration<&C::lease_timeout>},
+       "without it.",
+       set_positive_duration<&C::lease_timeout>, get_duration<&C::lease_timeout>},
       {"retention", "a duration such as 1h",
        "A served coordinator forgets an ended job and a lost node this long after it ended or was "
        "lost (accel status stops listing it).",

@@ -36,40 +36,43 @@ struct NodeRange {
 };
 
 struct ClusterConfig {
-  int num_processes = 1;                 // worker processes on this node
-  NodeRange nodes;                       // how many nodes take part
-  int machine_rank = 0;                  // this node's rank (multi-node, HF style)
+  int num_processes = 1;  // worker processes on this node
+  NodeRange nodes;        // how many nodes take part
+  int machine_rank = 0;   // this node's rank (multi-node, HF style)
   std::string main_process_ip = "127.0.0.1";
-  int main_process_port = 0;             // MASTER_PORT; 0 = pick a free one per attempt
-  int max_restarts = 0;                  // whole-group restarts after a failure
-  std::string log_dir;                   // empty: no log files
-  int tee = 3;                           // with log_dir: which streams still go to the console
+  int main_process_port = 0;  // MASTER_PORT; 0 = pick a free one per attempt
+  int max_restarts = 0;       // whole-group restarts after a failure
+  std::string log_dir;        // empty: no log files
+  int tee = 3;                // with log_dir: which streams still go to the console
   MixedPrecision mixed_precision = MixedPrecision::kNo;
   int gradient_accumulation_steps = 1;
   bool use_cpu = false;
   bool debug = false;
   std::chrono::milliseconds stop_timeout{10'000};  // SIGTERM -> SIGKILL grace
-  std::chrono::milliseconds collective_timeout{contract::kDefaultCollectiveTimeout};  // every collective (ACCEL_COLLECTIVE_TIMEOUT)
-  std::string checkpoint_dir;            // empty: no checkpoints (ACCEL_CHECKPOINT_DIR, made absolute)
-  int checkpoint_interval = 0;           // optimizer steps per checkpoint; 0 = only save_state()
-  int num_cpu_threads_per_process = 0;   // OMP_NUM_THREADS; 0 = 1 when >1 process, else inherit
-  std::string job_id;                    // empty: generated at launch
+  // every collective (ACCEL_COLLECTIVE_TIMEOUT)
+  std::chrono::milliseconds collective_timeout{contract::kDefaultCollectiveTimeout};
+  std::string checkpoint_dir;   // empty: no checkpoints (ACCEL_CHECKPOINT_DIR, made absolute)
+  int checkpoint_interval = 0;  // optimizer steps per checkpoint; 0 = only save_state()
+  int num_cpu_threads_per_process = 0;  // OMP_NUM_THREADS; 0 = 1 when >1 process, else inherit
+  std::string job_id;                   // empty: generated at launch
   bool quiet = false;
   // Control plane (docs/operations.md).
-  std::string coordinator;               // HOST:PORT of a standing coordinator (mode 3); empty: none
-  int coordinator_port = 29400;          // mode 2: machine rank 0 serves at main_process_ip:this
-  std::string token_file;                // shared secret; empty: $ACCEL_TOKEN
-  std::string tls_cert;                  // PEM files for gRPC TLS; empty: plaintext
+  std::string coordinator;       // HOST:PORT of a standing coordinator (mode 3); empty: none
+  int coordinator_port = 29400;  // mode 2: machine rank 0 serves at main_process_ip:this
+  std::string token_file;        // shared secret; empty: $ACCEL_TOKEN
+  std::string tls_cert;          // PEM files for gRPC TLS; empty: plaintext
   std::string tls_key;
   std::string tls_ca;
-  std::string node_id;                   // empty: <hostname>-<pid>-<random>
-  std::string node_address;              // MASTER_ADDR when this node is rank 0; empty: found
+  std::string node_id;       // empty: <hostname>-<pid>-<random>
+  std::string node_address;  // MASTER_ADDR when this node is rank 0; empty: found
   std::chrono::milliseconds lease_timeout{10'000};  // a node silent this long is lost
-  std::chrono::milliseconds retention{3'600'000};   // served coordinator: ended jobs, lost nodes kept
+  // served coordinator: ended jobs, lost nodes kept
+  std::chrono::milliseconds retention{3'600'000};
   std::chrono::milliseconds join_timeout{300'000};  // a round without min nodes fails the job
   std::chrono::milliseconds last_call{30'000};      // with min nodes, wait this long for more
-  std::chrono::milliseconds hang_timeout{600'000};       // a collective in flight this long: hang; 0 off
-  std::chrono::milliseconds heartbeat_timeout{1'800'000};  // no progress outside collectives: hang; 0 off
+  std::chrono::milliseconds hang_timeout{600'000};  // a collective in flight this long: hang; 0 off
+  // no progress outside collectives: hang; 0 off
+  std::chrono::milliseconds heartbeat_timeout{1'800'000};
 
   // Keyed by config key; a key absent here still has its default.
   std::map<std::string, Origin, std::less<>> origins;

@@ -3,7 +3,6 @@
 
 #include <sys/stat.h>
 #include <unistd.h>
-
 #include <yaml-cpp/yaml.h>
 
 #include <filesystem>
@@ -22,18 +21,24 @@ std::string at(const std::string& name, const YAML::Mark& mark) {
 
 std::string_view node_kind(const YAML::Node& n) {
   switch (n.Type()) {
-    case YAML::NodeType::Sequence: return "a list";
-    case YAML::NodeType::Map: return "a mapping";
-    case YAML::NodeType::Null: return "nothing";
-    default: return "a scalar";
+    case YAML::NodeType::Sequence:
+      return "a list";
+    case YAML::NodeType::Map:
+      return "a mapping";
+    case YAML::NodeType::Null:
+      return "nothing";
+    default:
+      return "a scalar";
   }
 }
 
 Status load_root(ClusterConfig& cfg, const YAML::Node& root, const std::string& name) {
   if (!root || root.IsNull()) return Status::ok();  // an empty file: all defaults
   if (!root.IsMap()) {
-    return Status::error(at(name, root.Mark()) + ": expected a mapping of keys to values at the "
-                         "top level, got " + std::string(node_kind(root)));
+    return Status::error(at(name, root.Mark()) +
+                         ": expected a mapping of keys to values at the "
+                         "top level, got " +
+                         std::string(node_kind(root)));
   }
   for (const auto& item : root) {
     const YAML::Node& key_node = item.first;
@@ -92,8 +97,8 @@ std::string default_config_path(const EnvMap& env) {
 
 Status load_yaml_text(ClusterConfig& cfg, const std::string& text, const std::string& name) {
   if (text.size() > kMaxConfigFileBytes) {
-    return Status::error(name + ": the config is " + std::to_string(text.size()) + " bytes; the most accepted is " +
-                         std::to_string(kMaxConfigFileBytes));
+    return Status::error(name + ": the config is " + std::to_string(text.size()) +
+                         " bytes; the most accepted is " + std::to_string(kMaxConfigFileBytes));
   }
   try {
     return load_root(cfg, YAML::Load(text), name);
@@ -108,8 +113,9 @@ Status load_yaml_file(ClusterConfig& cfg, const std::string& path) {
   std::error_code ec;
   auto size = std::filesystem::file_size(path, ec);
   if (!ec && size > kMaxConfigFileBytes) {
-    return Status::error(path + ": the config file is " + std::to_string(size) + " bytes; the most accepted is " +
-                         std::to_string(kMaxConfigFileBytes) + " (is it the right file?)");
+    return Status::error(path + ": the config file is " + std::to_string(size) +
+                         " bytes; the most accepted is " + std::to_string(kMaxConfigFileBytes) +
+                         " (is it the right file?)");
   }
   std::ifstream in(path);
   if (!in) return Status::error(path + ": cannot read the config file");

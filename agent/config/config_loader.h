@@ -33,9 +33,9 @@ struct ConfigSources {
 
 struct ResolvedConfig {
   ClusterConfig config;
-  std::string file;         // the file that was read; empty if none
-  std::string file_reason;  // "--config", "ACCEL_CONFIG_FILE", "default location"
-  std::string default_path; // where the default file is looked for
+  std::string file;          // the file that was read; empty if none
+  std::string file_reason;   // "--config", "ACCEL_CONFIG_FILE", "default location"
+  std::string default_path;  // where the default file is looked for
 };
 
 // The default file: $ACCEL_HOME/config.yaml, else $XDG_CONFIG_HOME/accel/config.yaml, else

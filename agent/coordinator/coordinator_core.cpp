@@ -1,20 +1,20 @@
 // The coordinator's rules: membership, rounds, restarts, failures, events.
 #include "agent/coordinator/coordinator_core.h"
 
-#include "agent/coordinator/request_limits.h"
-#include "agent/common/exit_hints.h"
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 
 #include <algorithm>
-#include <cstring>
 #include <cctype>
 #include <climits>
 #include <cstdint>
-#include <ctime>
 #include <cstdio>
+#include <cstring>
+#include <ctime>
 #include <random>
 
-#include <google/protobuf/io/coded_stream.h>
-#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include "agent/common/exit_hints.h"
+#include "agent/coordinator/request_limits.h"
 
 namespace accel::coordinator {
 
@@ -51,7 +51,8 @@ std::string stable_bytes(const google::protobuf::MessageLite& m) {
 
 // A peer's string for an error message: printable and at most 64 bytes of it.
 std::string quoted(const std::string& s) {
-  return "'" + limits::printable(s.substr(0, 64)) + (s.size() > 64 ? "...' (" + std::to_string(s.size()) + " bytes)" : "'");
+  return "'" + limits::printable(s.substr(0, 64)) +
+         (s.size() > 64 ? "...' (" + std::to_string(s.size()) + " bytes)" : "'");
 }
 
 bool valid_id(const std::string& id) {
@@ -77,14 +78,22 @@ std::string round_name(int64_t r) { return "round " + std::to_string(r); }
 
 std::string job_state_name(pb::JobState s) {
   switch (s) {
-    case pb::JOB_STATE_PENDING: return "PENDING";
-    case pb::JOB_STATE_RENDEZVOUS: return "RENDEZVOUS";
-    case pb::JOB_STATE_RUNNING: return "RUNNING";
-    case pb::JOB_STATE_RESTARTING: return "RESTARTING";
-    case pb::JOB_STATE_SUCCEEDED: return "SUCCEEDED";
-    case pb::JOB_STATE_FAILED: return "FAILED";
-    case pb::JOB_STATE_CANCELLED: return "CANCELLED";
-    default: return "UNKNOWN";
+    case pb::JOB_STATE_PENDING:
+      return "PENDING";
+    case pb::JOB_STATE_RENDEZVOUS:
+      return "RENDEZVOUS";
+    case pb::JOB_STATE_RUNNING:
+      return "RUNNING";
+    case pb::JOB_STATE_RESTARTING:
+      return "RESTARTING";
+    case pb::JOB_STATE_SUCCEEDED:
+      return "SUCCEEDED";
+    case pb::JOB_STATE_FAILED:
+      return "FAILED";
+    case pb::JOB_STATE_CANCELLED:
+      return "CANCELLED";
+    default:
+      return "UNKNOWN";
   }
 }
 
@@ -139,7 +148,8 @@ void CoordinatorCore::mark_job_nodes(const Job& job) {
 
 // ---------------------------------------------------------------------------- instructions
 
-pb::Instruction CoordinatorCore::instruction_for(const std::string& node_id, const Node& node) const {
+pb::Instruction CoordinatorCore::instruction_for(const std::string& node_id,
+                                                 const Node& node) const {
   pb::Instruction ins;
   ins.set_action(pb::Instruction::ACTION_IDLE);
   if (!node.last_job_id.empty()) {
@@ -228,9 +238,11 @@ bool CoordinatorCore::everyone_told(const std::string& job_id) const {
 RpcStatus CoordinatorCore::register_node(const pb::RegisterNodeRequest& req,
                                          pb::RegisterNodeResponse* resp) {
   if (!valid_id(req.node_id())) {
-    return invalid("node_id " + quoted(req.node_id()) + " must be 1-128 characters of [A-Za-z0-9._:-]");
+    return invalid("node_id " + quoted(req.node_id()) +
+                   " must be 1-128 characters of [A-Za-z0-9._:-]");
   }
-  if (auto why = limits::check(req); !why.empty()) return invalid("node " + req.node_id() + ": " + why);
+  if (auto why = limits::check(req); !why.empty())
+    return invalid("node " + req.node_id() + ": " + why);
   if (req.has_current() && !req.current().job_id().empty() && !valid_id(req.current().job_id())) {
     return invalid("node " + req.node_id() + ": current job id " + quoted(req.current().job_id()) +
                    " must be 1-128 characters of [A-Za-z0-9._:-]");
@@ -239,14 +251,16 @@ RpcStatus CoordinatorCore::register_node(const pb::RegisterNodeRequest& req,
   if (it == nodes_.end() && !make_room_for_node()) {
     return RpcStatus::error(Code::kResourceExhausted,
                             "the coordinator keeps " + std::to_string(nodes_.size()) +
-                                " nodes, its most, and none of them is lost; node " + req.node_id() + " is refused");
+                                " nodes, its most, and none of them is lost; node " +
+                                req.node_id() + " is refused");
   }
   if (it != nodes_.end() && !it->second.lost &&
-      (it->second.info.hostname() != req.hostname() || it->second.info.address() != req.address())) {
-    return RpcStatus::error(
-        Code::kAlreadyExists,
-        "node id " + req.node_id() + " is already registered by " + it->second.info.hostname() +
-            " (" + it->second.info.address() + "); give each agent its own --node-id");
+      (it->second.info.hostname() != req.hostname() ||
+       it->second.info.address() != req.address())) {
+    return RpcStatus::error(Code::kAlreadyExists,
+                            "node id " + req.node_id() + " is already registered by " +
+                                it->second.info.hostname() + " (" + it->second.info.address() +
+                                "); give each agent its own --node-id");
   }
   bool fresh = it == nodes_.end();
   Node& node = nodes_[req.node_id()];
@@ -264,13 +278,16 @@ RpcStatus CoordinatorCore::register_node(const pb::RegisterNodeRequest& req,
     auto jt = jobs_.find(previous_job);
     if (jt != jobs_.end() && !terminal(jt->second)) {
       Job& job = jt->second;
-      bool member = std::find(job.members.begin(), job.members.end(), req.node_id()) != job.members.end();
+      bool member =
+          std::find(job.members.begin(), job.members.end(), req.node_id()) != job.members.end();
       node.job_id.clear();
       if (job.state == pb::JOB_STATE_RUNNING && member) {
-        restart(job, "node " + req.node_id() + " re-registered without its workers (agent restarted)",
+        restart(job,
+                "node " + req.node_id() + " re-registered without its workers (agent restarted)",
                 /*counted=*/false);
       } else if (job.state == pb::JOB_STATE_RENDEZVOUS) {
-        job.joined.erase(std::remove(job.joined.begin(), job.joined.end(), req.node_id()), job.joined.end());
+        job.joined.erase(std::remove(job.joined.begin(), job.joined.end(), req.node_id()),
+                         job.joined.end());
       }
     }
   }
@@ -317,10 +334,11 @@ void CoordinatorCore::adopt(const std::string& node_id, Node& node, const pb::Cu
   node.joined_round = job.round;
   if (work.group_succeeded()) job.succeeded.insert(node_id);
   job.started.insert(node_id);
-  if (std::none_of(job.members.begin(), job.members.end(), [](const std::string& m) { return m.empty(); })) {
+  if (std::none_of(job.members.begin(), job.members.end(),
+                   [](const std::string& m) { return m.empty(); })) {
     job.adopt_deadline.reset();
-    message(job, "all " + std::to_string(job.members.size()) + " nodes of " + round_name(job.round) +
-                     " are back");
+    message(job, "all " + std::to_string(job.members.size()) + " nodes of " +
+                     round_name(job.round) + " are back");
     if (job.succeeded.size() == job.members.size()) end_job(job, pb::JOB_STATE_SUCCEEDED, 0, "");
   }
 }
@@ -336,8 +354,9 @@ RpcStatus CoordinatorCore::sync(const pb::SyncRequest& req, pb::SyncResponse* re
                      std::to_string(options_.lease.count()) + " ms); register again");
   }
   if (req.progress_size() > limits::kMaxProcessesPerNode) {
-    return invalid("node " + req.node_id() + " reports the progress of " + std::to_string(req.progress_size()) +
-                   " ranks; a node runs at most " + std::to_string(limits::kMaxProcessesPerNode));
+    return invalid("node " + req.node_id() + " reports the progress of " +
+                   std::to_string(req.progress_size()) + " ranks; a node runs at most " +
+                   std::to_string(limits::kMaxProcessesPerNode));
   }
   it->second.last_seen = clock_.now();
   it->second.progress.assign(req.progress().begin(), req.progress().end());
@@ -349,7 +368,8 @@ RpcStatus CoordinatorCore::sync(const pb::SyncRequest& req, pb::SyncResponse* re
 
 RpcStatus CoordinatorCore::instruction(const std::string& node_id, pb::SyncResponse* resp) {
   auto it = nodes_.find(node_id);
-  if (it == nodes_.end() || it->second.lost) return not_found("node " + node_id + " is not registered");
+  if (it == nodes_.end() || it->second.lost)
+    return not_found("node " + node_id + " is not registered");
   fill_sync(it->first, it->second, resp);
   return RpcStatus::ok();
 }
@@ -373,7 +393,8 @@ void CoordinatorCore::node_lost(const std::string& node_id, Node& node, const st
     if (pos != job.joined.end()) {
       job.joined.erase(pos);
       if (static_cast<int>(job.joined.size()) < job.spec.min_nodes()) job.min_reached.reset();
-      message(job, "node " + node_id + " left " + round_name(job.round) + " before it closed: " + why);
+      message(job,
+              "node " + node_id + " left " + round_name(job.round) + " before it closed: " + why);
     }
     return;
   }
@@ -453,8 +474,8 @@ void CoordinatorCore::close_round(Job& job) {
   message(job, round_name(job.round) + " closed: " + std::to_string(order.size()) + " node" +
                    (order.size() == 1 ? "" : "s") + " (" + names + "), world size " +
                    std::to_string(static_cast<int>(order.size()) * job.spec.processes_per_node()) +
-                   ", MASTER_ADDR=" + job.master_addr + " MASTER_PORT=" +
-                   std::to_string(job.master_port) + ", restart " +
+                   ", MASTER_ADDR=" + job.master_addr +
+                   " MASTER_PORT=" + std::to_string(job.master_port) + ", restart " +
                    std::to_string(job.restart_count) + " of " +
                    std::to_string(job.spec.max_restarts()));
   changes_.all_nodes = true;
@@ -472,7 +493,8 @@ void CoordinatorCore::restart(Job& job, const std::string& why, bool counted) {
   open_round(job, why);
 }
 
-void CoordinatorCore::end_job(Job& job, pb::JobState state, int32_t exit_code, const std::string& why) {
+void CoordinatorCore::end_job(Job& job, pb::JobState state, int32_t exit_code,
+                              const std::string& why) {
   job.state = state;
   job.exit_code = exit_code;
   job.end_why = why;
@@ -518,11 +540,13 @@ void CoordinatorCore::desync_report(const Job& job, int64_t round, pb::Failure& 
     if (id != hang.node_id() && !it->second.progress.empty()) other_nodes = true;
   }
   if (!other_nodes) return;  // the reporting node's own report already says all there is
-  std::sort(all.begin(), all.end(), [](const Seen& a, const Seen& b) { return a.p.rank() < b.p.rank(); });
+  std::sort(all.begin(), all.end(),
+            [](const Seen& a, const Seen& b) { return a.p.rank() < b.p.rank(); });
   const Seen* lag = nullptr;
   for (const auto& s : all) {
     bool behind = !lag || s.p.started() < lag->p.started() ||
-                  (s.p.started() == lag->p.started() && s.p.in_flight().empty() && !lag->p.in_flight().empty());
+                  (s.p.started() == lag->p.started() && s.p.in_flight().empty() &&
+                   !lag->p.in_flight().empty());
     if (behind) lag = &s;
   }
   auto secs = [](int64_t ms) { return seconds_text(static_cast<double>(ms) / 1000.0); };
@@ -553,7 +577,8 @@ void CoordinatorCore::desync_report(const Job& job, int64_t round, pb::Failure& 
     } else {
       line += "no collective yet";
     }
-    if (s.p.heartbeat_age_ms() >= 0) line += "; last heartbeat " + secs(s.p.heartbeat_age_ms()) + " ago";
+    if (s.p.heartbeat_age_ms() >= 0)
+      line += "; last heartbeat " + secs(s.p.heartbeat_age_ms()) + " ago";
     if (&s == lag) line += "   <- lagging";
     report += line + "\n";
   }
@@ -569,7 +594,8 @@ void CoordinatorCore::summarize(Job& job) {
                                          root_cause(job, job.last_failed_round));
     if (!why.empty()) job.summary = "accel: job " + job.id + ": " + why + "\n" + job.summary;
   } else if (job.state == pb::JOB_STATE_CANCELLED) {
-    job.summary = "accel: job " + job.id + " was cancelled" + (why.empty() ? "" : ": " + why) + "\n";
+    job.summary =
+        "accel: job " + job.id + " was cancelled" + (why.empty() ? "" : ": " + why) + "\n";
   }
 }
 
@@ -583,30 +609,34 @@ std::optional<size_t> CoordinatorCore::root_cause(const Job& job, int64_t round)
   return best;
 }
 
-RpcStatus CoordinatorCore::submit_job(const pb::SubmitJobRequest& req, pb::SubmitJobResponse* resp) {
+RpcStatus CoordinatorCore::submit_job(const pb::SubmitJobRequest& req,
+                                      pb::SubmitJobResponse* resp) {
   const pb::JobSpec& s = req.spec();
   if (s.argv().empty() || s.argv(0).empty()) return invalid("job spec: argv is empty (no program)");
   if (auto why = limits::check(s); !why.empty()) return invalid("job spec: " + why);
   if (s.max_restarts() < 0) return invalid("job spec: max_restarts must be >= 0");
   if (s.join_timeout_ms() <= 0 || s.last_call_ms() < 0 || s.stop_timeout_ms() <= 0) {
-    return invalid("job spec: join_timeout_ms and stop_timeout_ms must be > 0 and last_call_ms >= 0");
+    return invalid(
+        "job spec: join_timeout_ms and stop_timeout_ms must be > 0 and last_call_ms >= 0");
   }
   if (s.master_port() < 0 || s.master_port() > 65535) {
     return invalid("job spec: master_port " + std::to_string(s.master_port()) + " is not a port");
   }
   std::string id = req.job_id();
   if (id.empty()) {
-    do id = "job-" + random_hex(8); while (jobs_.contains(id));
+    do id = "job-" + random_hex(8);
+    while (jobs_.contains(id));
   } else if (!valid_id(id)) {
     return invalid("job id " + quoted(id) + " must be 1-128 characters of [A-Za-z0-9._:-]");
   } else if (jobs_.contains(id)) {
-    return RpcStatus::error(Code::kAlreadyExists,
-                            "job " + id + " exists already (" + job_state_name(jobs_.at(id).state) +
-                                "); choose another --job-id");
+    return RpcStatus::error(Code::kAlreadyExists, "job " + id + " exists already (" +
+                                                      job_state_name(jobs_.at(id).state) +
+                                                      "); choose another --job-id");
   }
   if (!make_room_for_job()) {
-    return RpcStatus::error(Code::kResourceExhausted, "the coordinator keeps " + std::to_string(jobs_.size()) +
-                                                          " jobs, its most, and none of them has ended; try later");
+    return RpcStatus::error(Code::kResourceExhausted,
+                            "the coordinator keeps " + std::to_string(jobs_.size()) +
+                                " jobs, its most, and none of them has ended; try later");
   }
   Job& job = jobs_[id];
   job.id = id;
@@ -633,18 +663,20 @@ RpcStatus CoordinatorCore::join_round(const pb::JoinRoundRequest& req) {
     return invalid("master_port " + std::to_string(req.master_port()) + " is not a port");
   }
   if (job.state != pb::JOB_STATE_RENDEZVOUS || req.round() != job.round) {
-    return precondition("job " + job.id + " has no open " + round_name(req.round()) + " (it is at " +
-                        round_name(job.round) + ", " + job_state_name(job.state) + ")");
+    return precondition("job " + job.id + " has no open " + round_name(req.round()) +
+                        " (it is at " + round_name(job.round) + ", " + job_state_name(job.state) +
+                        ")");
   }
   if (!eligible(node, job)) {
     return precondition("node " + req.node_id() + " cannot join job " + job.id +
-                        (busy_elsewhere(node, job) ? ": it runs job " + node.job_id
-                                                   : ": it only takes part in job " +
-                                                         node.info.only_job_id()));
+                        (busy_elsewhere(node, job)
+                             ? ": it runs job " + node.job_id
+                             : ": it only takes part in job " + node.info.only_job_id()));
   }
   if (node.info.machine_rank() >= job.spec.max_nodes()) {
-    return invalid("node " + req.node_id() + " asks for machine_rank " + std::to_string(node.info.machine_rank()) +
-                   " but job " + job.id + " has at most " + std::to_string(job.spec.max_nodes()) +
+    return invalid("node " + req.node_id() + " asks for machine_rank " +
+                   std::to_string(node.info.machine_rank()) + " but job " + job.id +
+                   " has at most " + std::to_string(job.spec.max_nodes()) +
                    " nodes (machine ranks 0.." + std::to_string(job.spec.max_nodes() - 1) + ")");
   }
   if (std::find(job.joined.begin(), job.joined.end(), req.node_id()) != job.joined.end()) {
@@ -673,14 +705,16 @@ RpcStatus CoordinatorCore::report_group(const pb::ReportGroupRequest& req) {
   if (jt == jobs_.end()) return not_found("job " + req.job_id() + " does not exist");
   Job& job = jt->second;
   const Node& node = nt->second;
-  if (req.event() == pb::ReportGroupRequest::EVENT_UNSPECIFIED) return invalid("report without an event");
+  if (req.event() == pb::ReportGroupRequest::EVENT_UNSPECIFIED)
+    return invalid("report without an event");
   if (req.event() == pb::ReportGroupRequest::EVENT_FAILED && req.failures().empty()) {
     return invalid("a FAILED report must carry at least one failure");
   }
   const size_t per_round = limits::max_failures_per_node_round(job.spec);
   if (static_cast<size_t>(req.failures_size()) > per_round) {
-    return invalid("a report of node " + req.node_id() + " carries " + std::to_string(req.failures_size()) +
-                   " failures; a node of job " + job.id + " has at most " + std::to_string(per_round));
+    return invalid("a report of node " + req.node_id() + " carries " +
+                   std::to_string(req.failures_size()) + " failures; a node of job " + job.id +
+                   " has at most " + std::to_string(per_round));
   }
   auto members = job.round_members.find(req.round());
   bool member = members != job.round_members.end() &&
@@ -691,7 +725,8 @@ RpcStatus CoordinatorCore::report_group(const pb::ReportGroupRequest& req) {
                         " of job " + job.id);
   }
   bool current = req.round() == job.round && job.state == pb::JOB_STATE_RUNNING &&
-                 !(req.event() == pb::ReportGroupRequest::EVENT_FAILED && job.succeeded.contains(req.node_id()));
+                 !(req.event() == pb::ReportGroupRequest::EVENT_FAILED &&
+                   job.succeeded.contains(req.node_id()));
   auto record = [&](const pb::Failure& in) {
     // Why a cap: a node that repeats a late report must not grow the job's failures for ever.
     auto& kept = job.failures_kept[{req.round(), req.node_id()}];
@@ -718,8 +753,9 @@ RpcStatus CoordinatorCore::report_group(const pb::ReportGroupRequest& req) {
   if (!current) {
     // A late report of an earlier round: kept (it may be the root cause), nothing else changes.
     if (req.event() != pb::ReportGroupRequest::EVENT_FAILED || req.round() > job.round) {
-      return precondition(round_name(req.round()) + " of job " + job.id + " is over (the job is at " +
-                          round_name(job.round) + ", " + job_state_name(job.state) + ")");
+      return precondition(round_name(req.round()) + " of job " + job.id +
+                          " is over (the job is at " + round_name(job.round) + ", " +
+                          job_state_name(job.state) + ")");
     }
     for (const auto& f : req.failures()) record(f);
     if (job.state == pb::JOB_STATE_FAILED && req.round() == job.last_failed_round) {
@@ -754,8 +790,9 @@ RpcStatus CoordinatorCore::report_group(const pb::ReportGroupRequest& req) {
                         std::any_of(req.failures().begin(), req.failures().end(), is_port_conflict);
       if (port_taken && job.port_retries < options_.max_port_retries) {
         ++job.port_retries;
-        restart(job, "MASTER_PORT " + std::to_string(job.master_port) +
-                         " was taken before rank 0 could bind it; new round with a new port",
+        restart(job,
+                "MASTER_PORT " + std::to_string(job.master_port) +
+                    " was taken before rank 0 could bind it; new round with a new port",
                 /*counted=*/false);
       } else if (job.restart_count < job.spec.max_restarts()) {
         restart(job, describe_failure(cause), /*counted=*/true);
@@ -775,11 +812,13 @@ RpcStatus CoordinatorCore::report_group(const pb::ReportGroupRequest& req) {
 RpcStatus CoordinatorCore::push_logs(const pb::PushLogsRequest& req) {
   auto jt = jobs_.find(req.job_id());
   if (jt == jobs_.end()) return not_found("job " + req.job_id() + " does not exist");
-  if (!nodes_.contains(req.node_id())) return not_found("node " + req.node_id() + " is not registered");
+  if (!nodes_.contains(req.node_id()))
+    return not_found("node " + req.node_id() + " is not registered");
   Job& job = jt->second;
   if (!job.spec.forward_logs()) return precondition("job " + job.id + " does not forward logs");
   if (!took_part(job, req.node_id())) {
-    return precondition("node " + req.node_id() + " takes no part in job " + job.id + "; it cannot push its logs");
+    return precondition("node " + req.node_id() + " takes no part in job " + job.id +
+                        "; it cannot push its logs");
   }
   if (static_cast<size_t>(req.lines_size()) > limits::kMaxLinesPerPush) {
     return invalid("a push of " + std::to_string(req.lines_size()) + " lines; the most is " +
@@ -797,7 +836,8 @@ RpcStatus CoordinatorCore::push_logs(const pb::PushLogsRequest& req) {
 RpcStatus CoordinatorCore::watch_job(const pb::WatchJobRequest& req, pb::WatchJobResponse* resp) {
   auto jt = jobs_.find(req.job_id());
   if (jt == jobs_.end()) {
-    return not_found("job " + req.job_id() + " does not exist on coordinator " + options_.coordinator_id);
+    return not_found("job " + req.job_id() + " does not exist on coordinator " +
+                     options_.coordinator_id);
   }
   const Job& job = jt->second;
   resp->set_coordinator_id(options_.coordinator_id);
@@ -809,7 +849,8 @@ RpcStatus CoordinatorCore::watch_job(const pb::WatchJobRequest& req, pb::WatchJo
   if (req.after_seq() + 1 < first) resp->set_dropped(first - req.after_seq() - 1);
   size_t start = req.after_seq() < first ? 0 : static_cast<size_t>(req.after_seq() + 1 - first);
   size_t bytes = 0;
-  for (size_t i = start; i < job.events.size() && resp->events_size() < static_cast<int>(kMaxBatch); ++i) {
+  for (size_t i = start; i < job.events.size() && resp->events_size() < static_cast<int>(kMaxBatch);
+       ++i) {
     bytes += job.events[i].ByteSizeLong();
     if (bytes > kMaxBatchBytes && resp->events_size() > 0) break;
     *resp->add_events() = job.events[i];
@@ -876,9 +917,11 @@ void CoordinatorCore::get_status(pb::GetStatusResponse* resp) const {
   // message limit whatever was submitted.
   std::vector<const Job*> recent;
   for (const auto& [id, job] : jobs_) recent.push_back(&job);
-  std::sort(recent.begin(), recent.end(), [](const Job* a, const Job* b) { return a->submitted_order > b->submitted_order; });
+  std::sort(recent.begin(), recent.end(),
+            [](const Job* a, const Job* b) { return a->submitted_order > b->submitted_order; });
   if (recent.size() > limits::kStatusJobs) recent.resize(limits::kStatusJobs);
-  std::sort(recent.begin(), recent.end(), [](const Job* a, const Job* b) { return a->submitted_order < b->submitted_order; });
+  std::sort(recent.begin(), recent.end(),
+            [](const Job* a, const Job* b) { return a->submitted_order < b->submitted_order; });
   for (const Job* jp : recent) {
     const Job& job = *jp;
     const std::string& id = job.id;
@@ -903,7 +946,8 @@ void CoordinatorCore::get_status(pb::GetStatusResponse* resp) const {
       }
     }
     for (const auto& m : job.members) j->add_node_ids(m);
-    if (auto root = root_cause(job, job.last_failed_round)) *j->mutable_last_failure() = job.failures[*root];
+    if (auto root = root_cause(job, job.last_failed_round))
+      *j->mutable_last_failure() = job.failures[*root];
   }
 }
 
@@ -920,7 +964,9 @@ bool CoordinatorCore::make_room_for_job() {
   if (jobs_.size() < limits::kMaxJobs) return true;
   auto oldest = jobs_.end();
   for (auto it = jobs_.begin(); it != jobs_.end(); ++it) {
-    if (terminal(it->second) && (oldest == jobs_.end() || *it->second.ended_at < *oldest->second.ended_at)) oldest = it;
+    if (terminal(it->second) &&
+        (oldest == jobs_.end() || *it->second.ended_at < *oldest->second.ended_at))
+      oldest = it;
   }
   if (oldest == jobs_.end()) return false;
   jobs_.erase(oldest);
@@ -931,7 +977,8 @@ bool CoordinatorCore::make_room_for_node() {
   if (nodes_.size() < limits::kMaxRegisteredNodes) return true;
   auto oldest = nodes_.end();
   for (auto it = nodes_.begin(); it != nodes_.end(); ++it) {
-    if (it->second.lost && (oldest == nodes_.end() || it->second.lost_at < oldest->second.lost_at)) oldest = it;
+    if (it->second.lost && (oldest == nodes_.end() || it->second.lost_at < oldest->second.lost_at))
+      oldest = it;
   }
   if (oldest == nodes_.end()) return false;
   nodes_.erase(oldest);
@@ -941,20 +988,24 @@ bool CoordinatorCore::make_room_for_node() {
 void CoordinatorCore::forget_expired() {
   auto now = clock_.now();
   std::erase_if(jobs_, [&](const auto& kv) {
-    return terminal(kv.second) && kv.second.ended_at && now - *kv.second.ended_at > options_.retention;
+    return terminal(kv.second) && kv.second.ended_at &&
+           now - *kv.second.ended_at > options_.retention;
   });
-  std::erase_if(nodes_, [&](const auto& kv) { return kv.second.lost && now - kv.second.lost_at > options_.retention; });
+  std::erase_if(nodes_, [&](const auto& kv) {
+    return kv.second.lost && now - kv.second.lost_at > options_.retention;
+  });
 }
 
 size_t CoordinatorCore::stored_bytes() const {
   size_t total = 0;
   for (const auto& [id, node] : nodes_) {
-    total += id.size() + node.info.ByteSizeLong() + node.sent.size() + node.job_id.size() + node.last_job_id.size() +
-             node.told_job_id.size();
+    total += id.size() + node.info.ByteSizeLong() + node.sent.size() + node.job_id.size() +
+             node.last_job_id.size() + node.told_job_id.size();
     for (const auto& p : node.progress) total += p.ByteSizeLong();
   }
   for (const auto& [id, job] : jobs_) {
-    total += id.size() + job.spec.ByteSizeLong() + job.event_bytes + job.summary.size() + job.end_why.size();
+    total += id.size() + job.spec.ByteSizeLong() + job.event_bytes + job.summary.size() +
+             job.end_why.size();
     for (const auto& f : job.failures) total += f.ByteSizeLong();
     for (const auto& [round, members] : job.round_members) {
       for (const auto& m : members) total += m.size();
@@ -968,9 +1019,10 @@ void CoordinatorCore::tick() {
   forget_expired();
   for (auto& [id, node] : nodes_) {
     if (!node.lost && now - node.last_seen > options_.lease) {
-      node_lost(id, node, "no heartbeat for " +
-                              std::to_string(duration_cast<milliseconds>(now - node.last_seen).count()) +
-                              " ms (lease " + std::to_string(options_.lease.count()) + " ms)");
+      node_lost(id, node,
+                "no heartbeat for " +
+                    std::to_string(duration_cast<milliseconds>(now - node.last_seen).count()) +
+                    " ms (lease " + std::to_string(options_.lease.count()) + " ms)");
     }
   }
   for (auto& [id, job] : jobs_) {
@@ -995,7 +1047,8 @@ void CoordinatorCore::tick() {
           f.set_kind(pb::Failure::KIND_NODE_LOST);
           f.set_rank(-1);
           f.set_local_rank(-1);
-          f.set_message("node rank " + std::to_string(r) + " did not come back after the coordinator restarted");
+          f.set_message("node rank " + std::to_string(r) +
+                        " did not come back after the coordinator restarted");
           f.set_time_unix_ms(clock_.unix_ms());
           f.set_round(job.round);
           job.failures.push_back(f);
@@ -1004,7 +1057,8 @@ void CoordinatorCore::tick() {
         restart(job, "not every node came back after the coordinator restarted", /*counted=*/false);
         continue;
       }
-      if (static_cast<int>(job.members.size()) >= job.spec.max_nodes() || job.adopt_deadline) continue;
+      if (static_cast<int>(job.members.size()) >= job.spec.max_nodes() || job.adopt_deadline)
+        continue;
       for (const auto& [nid, node] : nodes_) {
         if (node.job_id.empty() && eligible(node, job)) {
           restart(job, "node " + nid + " is waiting to join (elastic grow)", /*counted=*/false);
@@ -1036,13 +1090,16 @@ std::string describe_failure(const pb::Failure& f) {
     case pb::Failure::KIND_HANG:
       return "rank " + std::to_string(f.rank()) + " on " + where + " hung: " + f.message();
     case pb::Failure::KIND_SPAWN:
-      return "rank " + std::to_string(f.rank()) + " on " + where + " could not start: " + f.message();
-    default: break;
+      return "rank " + std::to_string(f.rank()) + " on " + where +
+             " could not start: " + f.message();
+    default:
+      break;
   }
   std::string what = "exit code " + std::to_string(f.exit_code());
   if (f.signal() != 0) {
     const char* abbrev = ::sigabbrev_np(f.signal());
-    what = (abbrev ? "SIG" + std::string(abbrev) + " (signal " : "(signal ") + std::to_string(f.signal()) + ")";
+    what = (abbrev ? "SIG" + std::string(abbrev) + " (signal " : "(signal ") +
+           std::to_string(f.signal()) + ")";
   }
   std::string out = "rank " + std::to_string(f.rank()) + " on " + where + " (pid " +
                     std::to_string(f.pid()) + ") failed: " + what;
@@ -1050,21 +1107,24 @@ std::string describe_failure(const pb::Failure& f) {
   return out;
 }
 
-std::string format_failure_summary(const std::string& job_id, const std::vector<pb::Failure>& failures,
-                                   int64_t last_round, std::optional<size_t> root) {
+std::string format_failure_summary(const std::string& job_id,
+                                   const std::vector<pb::Failure>& failures, int64_t last_round,
+                                   std::optional<size_t> root) {
   // Why the check: a job can fail with no failure of its own (no node joined before join_timeout);
   // then the caller's reason is the whole story, not an empty table of "round -1".
-  const bool any_in_last = last_round >= 0 && std::any_of(failures.begin(), failures.end(), [&](const pb::Failure& f) {
-                             return f.round() == last_round;
-                           });
+  const bool any_in_last =
+      last_round >= 0 && std::any_of(failures.begin(), failures.end(),
+                                     [&](const pb::Failure& f) { return f.round() == last_round; });
   std::string out = !any_in_last ? std::string()
-                                 : "accel: failures of job " + job_id + ", round " + std::to_string(last_round) +
+                                 : "accel: failures of job " + job_id + ", round " +
+                                       std::to_string(last_round) +
                                        " (root cause = the earliest, marked *):\n";
   for (size_t i = 0; i < failures.size() && any_in_last; ++i) {
     const auto& f = failures[i];
     if (f.round() != last_round) continue;
     bool is_root = root && *root == i;
-    out += std::string(is_root ? "* " : "  ") + clock_time(f.time_unix_ms()) + "  " + describe_failure(f) + "\n";
+    out += std::string(is_root ? "* " : "  ") + clock_time(f.time_unix_ms()) + "  " +
+           describe_failure(f) + "\n";
     if (!is_root) continue;
     if (!f.report().empty()) out += f.report() + (f.report().back() == '\n' ? "" : "\n");
     if (!f.stack().empty()) {
@@ -1072,7 +1132,8 @@ std::string format_failure_summary(const std::string& job_id, const std::vector<
     } else {
       for (const auto& line : f.stderr_tail()) out += "      stderr| " + line + "\n";
     }
-    if (auto hint = exit_hint({f.stderr_tail().begin(), f.stderr_tail().end()})) out += "      " + *hint + "\n";
+    if (auto hint = exit_hint({f.stderr_tail().begin(), f.stderr_tail().end()}))
+      out += "      " + *hint + "\n";
   }
   // Root causes of earlier rounds.
   std::map<int64_t, const pb::Failure*> earlier;
@@ -1082,8 +1143,8 @@ std::string format_failure_summary(const std::string& job_id, const std::vector<
     if (slot == nullptr || f.time_unix_ms() < slot->time_unix_ms()) slot = &f;
   }
   for (const auto& [round, f] : earlier) {
-    out += "  earlier: round " + std::to_string(round) + " at " + clock_time(f->time_unix_ms()) + ": " +
-           describe_failure(*f) + "\n";
+    out += "  earlier: round " + std::to_string(round) + " at " + clock_time(f->time_unix_ms()) +
+           ": " + describe_failure(*f) + "\n";
   }
   return out;
 }

@@ -30,7 +30,14 @@ namespace accel::coordinator {
 namespace pb = ::accel::v1;
 
 // gRPC's codes, without gRPC (the adapter maps them one to one).
-enum class Code { kOk, kInvalidArgument, kNotFound, kFailedPrecondition, kAlreadyExists, kResourceExhausted };
+enum class Code {
+  kOk,
+  kInvalidArgument,
+  kNotFound,
+  kFailedPrecondition,
+  kAlreadyExists,
+  kResourceExhausted
+};
 
 struct RpcStatus {
   Code code = Code::kOk;
@@ -47,8 +54,8 @@ struct CoordinatorOptions {
   size_t max_event_bytes_per_job = 16u << 20;  // the same, by their serialized size
   // Ended jobs and lost nodes are forgotten this long after they ended or were lost.
   std::chrono::milliseconds retention{3'600'000};
-  int max_port_retries = 3;                    // MASTER_PORT taken: new round, not counted
-  std::string coordinator_id;                  // empty: generated
+  int max_port_retries = 3;    // MASTER_PORT taken: new round, not counted
+  std::string coordinator_id;  // empty: generated
 };
 
 class CoordinatorCore {
@@ -101,12 +108,12 @@ class CoordinatorCore {
     Clock::time_point last_seen;
     bool lost = false;
     uint64_t version = 0;
-    std::string sent;            // the serialized instruction of `version`
-    std::string job_id;          // the job this node joined or runs (empty: free)
+    std::string sent;    // the serialized instruction of `version`
+    std::string job_id;  // the job this node joined or runs (empty: free)
     int64_t joined_round = -1;
     int32_t joined_port = 0;
-    std::string last_job_id;     // the last job it took part in
-    std::string told_job_id;     // the last job whose outcome was sent to it
+    std::string last_job_id;                 // the last job it took part in
+    std::string told_job_id;                 // the last job whose outcome was sent to it
     std::vector<pb::RankProgress> progress;  // its workers, as of its last Sync
     Clock::time_point progress_at;           // when that Sync arrived
     Clock::time_point lost_at;               // when `lost` was set
@@ -183,8 +190,9 @@ class CoordinatorCore {
 
 // The failure table of a job's last failed round (root cause first, marked) and the root
 // causes of earlier rounds; what launchers print when a job fails.
-std::string format_failure_summary(const std::string& job_id, const std::vector<pb::Failure>& failures,
-                                   int64_t last_round, std::optional<size_t> root);
+std::string format_failure_summary(const std::string& job_id,
+                                   const std::vector<pb::Failure>& failures, int64_t last_round,
+                                   std::optional<size_t> root);
 // "rank 3 on node-a (pid 812): SIGKILL (signal 9)", "node node-b lost: ..."
 std::string describe_failure(const pb::Failure& f);
 // The shell's convention: exit code, or 128 + signal; 1 for a lost node or a hang.

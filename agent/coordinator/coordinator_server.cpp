@@ -1,8 +1,6 @@
 // The gRPC adapter of the coordinator: token check, status mapping, long-poll parking.
 #include "agent/coordinator/coordinator_server.h"
 
-#include "accel/v1/coordinator.grpc.pb.h"
-
 #include <grpc/support/log.h>
 #include <grpcpp/resource_quota.h>
 
@@ -10,6 +8,8 @@
 #include <cstdio>
 #include <cstring>
 #include <optional>
+
+#include "accel/v1/coordinator.grpc.pb.h"
 
 namespace accel::coordinator {
 
@@ -36,7 +36,8 @@ std::once_flag g_log_hook_once;
 // "host:port" -> host, without IPv6 brackets.
 std::string host_of(const std::string& address) {
   auto host = address.substr(0, address.rfind(':'));
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
   return host;
 }
 
@@ -46,12 +47,18 @@ bool is_loopback(const std::string& host) {
 
 grpc::Status to_grpc(const RpcStatus& s) {
   switch (s.code) {
-    case Code::kOk: return grpc::Status::OK;
-    case Code::kInvalidArgument: return {grpc::StatusCode::INVALID_ARGUMENT, s.message};
-    case Code::kNotFound: return {grpc::StatusCode::NOT_FOUND, s.message};
-    case Code::kFailedPrecondition: return {grpc::StatusCode::FAILED_PRECONDITION, s.message};
-    case Code::kAlreadyExists: return {grpc::StatusCode::ALREADY_EXISTS, s.message};
-    case Code::kResourceExhausted: return {grpc::StatusCode::RESOURCE_EXHAUSTED, s.message};
+    case Code::kOk:
+      return grpc::Status::OK;
+    case Code::kInvalidArgument:
+      return {grpc::StatusCode::INVALID_ARGUMENT, s.message};
+    case Code::kNotFound:
+      return {grpc::StatusCode::NOT_FOUND, s.message};
+    case Code::kFailedPrecondition:
+      return {grpc::StatusCode::FAILED_PRECONDITION, s.message};
+    case Code::kAlreadyExists:
+      return {grpc::StatusCode::ALREADY_EXISTS, s.message};
+    case Code::kResourceExhausted:
+      return {grpc::StatusCode::RESOURCE_EXHAUSTED, s.message};
   }
   return {grpc::StatusCode::INTERNAL, s.message};
 }
@@ -67,7 +74,8 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
                                          v1::RegisterNodeResponse* resp) override {
     return simple(ctx, [&](CoordinatorCore& core) { return core.register_node(*req, resp); });
   }
-  grpc::ServerUnaryReactor* JoinRound(grpc::CallbackServerContext* ctx, const v1::JoinRoundRequest* req,
+  grpc::ServerUnaryReactor* JoinRound(grpc::CallbackServerContext* ctx,
+                                      const v1::JoinRoundRequest* req,
                                       v1::JoinRoundResponse*) override {
     return simple(ctx, [&](CoordinatorCore& core) { return core.join_round(*req); });
   }
@@ -76,15 +84,18 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
                                         v1::ReportGroupResponse*) override {
     return simple(ctx, [&](CoordinatorCore& core) { return core.report_group(*req); });
   }
-  grpc::ServerUnaryReactor* PushLogs(grpc::CallbackServerContext* ctx, const v1::PushLogsRequest* req,
+  grpc::ServerUnaryReactor* PushLogs(grpc::CallbackServerContext* ctx,
+                                     const v1::PushLogsRequest* req,
                                      v1::PushLogsResponse*) override {
     return simple(ctx, [&](CoordinatorCore& core) { return core.push_logs(*req); });
   }
-  grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* ctx, const v1::SubmitJobRequest* req,
+  grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* ctx,
+                                      const v1::SubmitJobRequest* req,
                                       v1::SubmitJobResponse* resp) override {
     return simple(ctx, [&](CoordinatorCore& core) { return core.submit_job(*req, resp); });
   }
-  grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* ctx, const v1::CancelJobRequest* req,
+  grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* ctx,
+                                      const v1::CancelJobRequest* req,
                                       v1::CancelJobResponse*) override {
     return simple(ctx, [&](CoordinatorCore& core) { return core.cancel_job(*req); });
   }
@@ -102,20 +113,23 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
       RpcStatus st = core.sync(*req, resp);
       bool unchanged = st.is_ok() && resp->version() == req->known_version();
       if (unchanged && req->wait_ms() > 0 && !s_.stopping_) {
-        s_.parked_syncs_[req->node_id()].push_back({reactor, resp, req->known_version(), deadline(req->wait_ms())});
+        s_.parked_syncs_[req->node_id()].push_back(
+            {reactor, resp, req->known_version(), deadline(req->wait_ms())});
         return std::optional<RpcStatus>();
       }
       return std::optional<RpcStatus>(st);
     });
   }
 
-  grpc::ServerUnaryReactor* WatchJob(grpc::CallbackServerContext* ctx, const v1::WatchJobRequest* req,
+  grpc::ServerUnaryReactor* WatchJob(grpc::CallbackServerContext* ctx,
+                                     const v1::WatchJobRequest* req,
                                      v1::WatchJobResponse* resp) override {
     return answer_or_park(ctx, [&](CoordinatorCore& core, grpc::ServerUnaryReactor* reactor) {
       RpcStatus st = core.watch_job(*req, resp);
       bool nothing = st.is_ok() && resp->events().empty() && !resp->done();
       if (nothing && req->wait_ms() > 0 && !s_.stopping_) {
-        s_.parked_watches_[req->job_id()].push_back({reactor, *req, resp, deadline(req->wait_ms())});
+        s_.parked_watches_[req->job_id()].push_back(
+            {reactor, *req, resp, deadline(req->wait_ms())});
         return std::optional<RpcStatus>();
       }
       return std::optional<RpcStatus>(st);
@@ -130,7 +144,8 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
   }
 
   std::chrono::steady_clock::time_point deadline(int64_t wait_ms) const {
-    return std::chrono::steady_clock::now() + std::min(std::chrono::milliseconds(wait_ms), s_.options_.max_wait);
+    return std::chrono::steady_clock::now() +
+           std::min(std::chrono::milliseconds(wait_ms), s_.options_.max_wait);
   }
 
   // Checks the token, runs `f` on the core under the lock and answers with its status; when
@@ -170,14 +185,16 @@ std::vector<std::string> exposure_warnings(const ServerOptions& options) {
   std::vector<std::string> out;
   const auto host = host_of(options.listen_address);
   if (!options.tls.server_tls() && !is_loopback(host)) {
-    out.push_back("the coordinator serves " + options.listen_address +
-                  " in plaintext: anyone who can see its traffic can read the token and act as any node. "
-                  "Give it tls_cert and tls_key (and tls_ca for client certificates), or bind a loopback "
-                  "or private address only");
+    out.push_back(
+        "the coordinator serves " + options.listen_address +
+        " in plaintext: anyone who can see its traffic can read the token and act as any node. "
+        "Give it tls_cert and tls_key (and tls_ca for client certificates), or bind a loopback "
+        "or private address only");
   }
   if (options.token.size() < kMinTokenBytes) {
-    out.push_back("the token is " + std::to_string(options.token.size()) + " bytes long; use at least " +
-                  std::to_string(kMinTokenBytes) + " random bytes (openssl rand -hex 32)");
+    out.push_back("the token is " + std::to_string(options.token.size()) +
+                  " bytes long; use at least " + std::to_string(kMinTokenBytes) +
+                  " random bytes (openssl rand -hex 32)");
   }
   return out;
 }
@@ -211,10 +228,13 @@ bool CoordinatorServer::listen(const std::string& address) {
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   // Why: SO_REUSEPORT would let two coordinators bind one port and split the agents.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, static_cast<int>(lim.handshake_timeout.count()));
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                             static_cast<int>(lim.handshake_timeout.count()));
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, lim.max_streams_per_connection);
-  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, static_cast<int>(lim.max_connection_idle.count()));
-  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS, static_cast<int>(lim.max_connection_age.count()));
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                             static_cast<int>(lim.max_connection_idle.count()));
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS,
+                             static_cast<int>(lim.max_connection_age.count()));
   builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
                              static_cast<int>(lim.max_connection_age_grace.count()));
   builder.SetMaxReceiveMessageSize(lim.max_message_bytes);
@@ -271,9 +291,11 @@ void CoordinatorServer::rebuild_listener() {
                        std::to_string(port_);
   listener_down_ = !listen(address);
   if (!listener_down_) rebuilds_.fetch_add(1);
-  std::fprintf(stderr, "accel: coordinator: gRPC stopped accepting connections (out of file descriptors); %s\n",
-               listener_down_ ? "listening again failed, retrying every second"
-                              : ("listening again on " + address).c_str());
+  std::fprintf(
+      stderr,
+      "accel: coordinator: gRPC stopped accepting connections (out of file descriptors); %s\n",
+      listener_down_ ? "listening again failed, retrying every second"
+                     : ("listening again on " + address).c_str());
 }
 
 CoordinatorServer::~CoordinatorServer() { shutdown(); }
@@ -345,12 +367,14 @@ void CoordinatorServer::collect_ready(std::vector<std::function<void()>>& finish
   if (expire || changes.all_nodes) {
     for (auto it = parked_syncs_.begin(); it != parked_syncs_.end();) {
       auto next = std::next(it);
-      answer_key(parked_syncs_, it, sync_answer(it->first, changes.all_nodes || changes.nodes.contains(it->first)));
+      answer_key(parked_syncs_, it,
+                 sync_answer(it->first, changes.all_nodes || changes.nodes.contains(it->first)));
       it = next;
     }
   } else {
     for (const auto& node : changes.nodes) {
-      if (auto it = parked_syncs_.find(node); it != parked_syncs_.end()) answer_key(parked_syncs_, it, sync_answer(node, true));
+      if (auto it = parked_syncs_.find(node); it != parked_syncs_.end())
+        answer_key(parked_syncs_, it, sync_answer(node, true));
     }
   }
   if (expire) {
@@ -361,7 +385,8 @@ void CoordinatorServer::collect_ready(std::vector<std::function<void()>>& finish
     }
   } else {
     for (const auto& job : changes.jobs) {
-      if (auto it = parked_watches_.find(job); it != parked_watches_.end()) answer_key(parked_watches_, it, watch_answer(true));
+      if (auto it = parked_watches_.find(job); it != parked_watches_.end())
+        answer_key(parked_watches_, it, watch_answer(true));
     }
   }
 }
@@ -382,7 +407,8 @@ void CoordinatorServer::ticker() {
     tick_cv_.wait_for(lock, options_.tick);
     if (stopping_) break;
     uint64_t failures = g_accept_failures.load();
-    bool retry = listener_down_ && std::chrono::steady_clock::now() - last_try >= std::chrono::seconds(1);
+    bool retry =
+        listener_down_ && std::chrono::steady_clock::now() - last_try >= std::chrono::seconds(1);
     if (failures != accept_failures_seen_ || retry) {
       accept_failures_seen_ = failures;
       last_try = std::chrono::steady_clock::now();

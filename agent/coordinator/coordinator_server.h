@@ -11,8 +11,8 @@
 
 #include <atomic>
 #include <chrono>
-#include <cstdint>
 #include <condition_variable>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -34,23 +34,24 @@ struct ConnectionLimits {
   // A connection must finish TLS and send its HTTP/2 settings within this, or it is closed: a
   // peer that opens connections and sends nothing holds each only this long.
   std::chrono::milliseconds handshake_timeout{10'000};
-  int max_streams_per_connection = 1024;                    // concurrent calls on one connection
-  std::chrono::milliseconds max_connection_idle{600'000};   // closed after 10 min without a call
-  std::chrono::milliseconds max_connection_age{7'200'000};  // clients reconnect every 2 h
+  int max_streams_per_connection = 1024;                       // concurrent calls on one connection
+  std::chrono::milliseconds max_connection_idle{600'000};      // closed after 10 min without a call
+  std::chrono::milliseconds max_connection_age{7'200'000};     // clients reconnect every 2 h
   std::chrono::milliseconds max_connection_age_grace{40'000};  // > max_wait: parked polls finish
-  std::size_t memory_quota_bytes = 1u << 30;  // gRPC's buffers for all connections together (4096 agents fit)
-  int max_message_bytes = 4 << 20;              // one request or reply
+  std::size_t memory_quota_bytes =
+      1u << 30;                     // gRPC's buffers for all connections together (4096 agents fit)
+  int max_message_bytes = 4 << 20;  // one request or reply
 };
 
 struct ServerOptions {
   // Port 0: any free port (see port()). "0.0.0.0:P" serves every interface.
   std::string listen_address = "0.0.0.0:29400";
-  std::string token;                              // required: every call must carry it
+  std::string token;  // required: every call must carry it
   rpc::TlsFiles tls;
   CoordinatorOptions core;
   ConnectionLimits limits;
   std::chrono::milliseconds tick{100};
-  std::chrono::milliseconds max_wait{30'000};     // bound on a long poll's wait_ms
+  std::chrono::milliseconds max_wait{30'000};  // bound on a long poll's wait_ms
 };
 
 // The token length below which exposure_warnings() warns.
@@ -63,7 +64,8 @@ std::vector<std::string> exposure_warnings(const ServerOptions& options);
 class CoordinatorServer {
  public:
   // Binds and starts serving. The error names the address (a port in use, a bad certificate).
-  static Result<std::unique_ptr<CoordinatorServer>> start(ServerOptions options, const Clock& clock);
+  static Result<std::unique_ptr<CoordinatorServer>> start(ServerOptions options,
+                                                          const Clock& clock);
   ~CoordinatorServer();
   CoordinatorServer(const CoordinatorServer&) = delete;
   CoordinatorServer& operator=(const CoordinatorServer&) = delete;

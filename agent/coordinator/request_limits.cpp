@@ -15,13 +15,15 @@ bool host_like(const std::string& s) {
 }
 
 std::string shown(const std::string& s) {
-  return "'" + printable(s.substr(0, 64)) + (s.size() > 64 ? "...' (" + std::to_string(s.size()) + " bytes)" : "'");
+  return "'" + printable(s.substr(0, 64)) +
+         (s.size() > 64 ? "...' (" + std::to_string(s.size()) + " bytes)" : "'");
 }
 
 }  // namespace
 
 std::size_t max_failures_per_node_round(const pb::JobSpec& spec) {
-  return static_cast<std::size_t>(std::clamp(spec.processes_per_node(), 1, kMaxProcessesPerNode)) + 1;
+  return static_cast<std::size_t>(std::clamp(spec.processes_per_node(), 1, kMaxProcessesPerNode)) +
+         1;
 }
 
 std::string check(const pb::RegisterNodeRequest& req) {
@@ -37,20 +39,25 @@ std::string check(const pb::RegisterNodeRequest& req) {
     return "machine_rank " + std::to_string(req.machine_rank()) + " is not -1 (none) or 0.." +
            std::to_string(kMaxNodesPerJob - 1);
   }
-  if (req.only_job_id().size() > kMaxIdBytes) return "only_job_id is longer than " + std::to_string(kMaxIdBytes) + " bytes";
+  if (req.only_job_id().size() > kMaxIdBytes)
+    return "only_job_id is longer than " + std::to_string(kMaxIdBytes) + " bytes";
   if (req.has_current() && !req.current().job_id().empty()) {
     const auto& cur = req.current();
-    if (cur.job_id().size() > kMaxIdBytes) return "current work: job id longer than " + std::to_string(kMaxIdBytes) + " bytes";
-    if (auto why = check(cur.spec()); !why.empty()) return "current work of job " + cur.job_id() + ": " + why;
+    if (cur.job_id().size() > kMaxIdBytes)
+      return "current work: job id longer than " + std::to_string(kMaxIdBytes) + " bytes";
+    if (auto why = check(cur.spec()); !why.empty())
+      return "current work of job " + cur.job_id() + ": " + why;
     const auto& a = cur.assignment();
-    if (a.num_nodes() < 1 || a.num_nodes() > kMaxNodesPerJob || a.num_nodes() > cur.spec().max_nodes() ||
-        a.node_rank() < 0 || a.node_rank() >= a.num_nodes()) {
+    if (a.num_nodes() < 1 || a.num_nodes() > kMaxNodesPerJob ||
+        a.num_nodes() > cur.spec().max_nodes() || a.node_rank() < 0 ||
+        a.node_rank() >= a.num_nodes()) {
       return "current work of job " + cur.job_id() + " has an impossible assignment (node rank " +
-             std::to_string(a.node_rank()) + " of " + std::to_string(a.num_nodes()) + ", max_nodes " +
-             std::to_string(cur.spec().max_nodes()) + ")";
+             std::to_string(a.node_rank()) + " of " + std::to_string(a.num_nodes()) +
+             ", max_nodes " + std::to_string(cur.spec().max_nodes()) + ")";
     }
     if (!a.master_addr().empty() && !host_like(a.master_addr())) {
-      return "current work of job " + cur.job_id() + ": master_addr " + shown(a.master_addr()) + " is not an address";
+      return "current work of job " + cur.job_id() + ": master_addr " + shown(a.master_addr()) +
+             " is not an address";
     }
   }
   return "";
@@ -66,8 +73,8 @@ std::string check(const pb::JobSpec& s) {
            std::to_string(s.processes_per_node());
   }
   if (s.min_nodes() < 1 || s.max_nodes() < s.min_nodes() || s.max_nodes() > kMaxNodesPerJob) {
-    return "nodes must satisfy 1 <= min_nodes <= max_nodes <= " + std::to_string(kMaxNodesPerJob) + ", got " +
-           std::to_string(s.min_nodes()) + ":" + std::to_string(s.max_nodes());
+    return "nodes must satisfy 1 <= min_nodes <= max_nodes <= " + std::to_string(kMaxNodesPerJob) +
+           ", got " + std::to_string(s.min_nodes()) + ":" + std::to_string(s.max_nodes());
   }
   return "";
 }

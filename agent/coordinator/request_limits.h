@@ -15,15 +15,16 @@ namespace accel::coordinator::limits {
 
 namespace pb = ::accel::v1;
 
-inline constexpr std::size_t kMaxIdBytes = 128;         // node and job ids: [A-Za-z0-9._:-]
-inline constexpr std::size_t kMaxHostBytes = 255;       // hostname, address: printable, no spaces
-inline constexpr int kMaxNodesPerJob = 4096;            // max_nodes, num_nodes, machine_rank bound
+inline constexpr std::size_t kMaxIdBytes = 128;    // node and job ids: [A-Za-z0-9._:-]
+inline constexpr std::size_t kMaxHostBytes = 255;  // hostname, address: printable, no spaces
+inline constexpr int kMaxNodesPerJob = 4096;       // max_nodes, num_nodes, machine_rank bound
 inline constexpr int kMaxProcessesPerNode = 1024;
-inline constexpr std::size_t kMaxSpecBytes = 256u << 10;  // a job spec (argv, environment) serialized
-inline constexpr std::size_t kMaxTextBytes = 8u << 10;    // a failure's message, stack, report: cut
-inline constexpr std::size_t kMaxTailLines = 32;          // a failure's stderr tail: the last ones
-inline constexpr std::size_t kMaxTailLineBytes = 512;     // one tail line: cut
-inline constexpr std::size_t kMaxFailuresPerJob = 512;    // failures kept per job (the earliest)
+inline constexpr std::size_t kMaxSpecBytes = 256u
+                                             << 10;     // a job spec (argv, environment) serialized
+inline constexpr std::size_t kMaxTextBytes = 8u << 10;  // a failure's message, stack, report: cut
+inline constexpr std::size_t kMaxTailLines = 32;        // a failure's stderr tail: the last ones
+inline constexpr std::size_t kMaxTailLineBytes = 512;   // one tail line: cut
+inline constexpr std::size_t kMaxFailuresPerJob = 512;  // failures kept per job (the earliest)
 inline constexpr std::size_t kMaxLineBytes = 64u << 10;   // one log or tail line: cut
 inline constexpr std::size_t kMaxLinesPerPush = 10'000;   // one PushLogs call
 inline constexpr std::size_t kMaxProgressBytes = 64;      // RankProgress strings ("allreduce #812")

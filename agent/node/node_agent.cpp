@@ -1,8 +1,6 @@
 // The node agent's loop: register, sync, reconcile local workers with the instruction, report.
 #include "agent/node/node_agent.h"
 
-#include "agent/coordinator/request_limits.h"
-
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -10,11 +8,11 @@
 #include <unistd.h>
 
 #include <boost/asio/post.hpp>
-
 #include <csignal>
 #include <filesystem>
 #include <random>
 
+#include "agent/coordinator/request_limits.h"
 #include "agent/supervisor/error_file.h"
 #include "agent/supervisor/hang_monitor.h"
 #include "agent/supervisor/worker_specs.h"
@@ -58,9 +56,10 @@ std::string route_address_to(const std::string& target) {
     socklen_t len = sizeof local;
     char text[INET6_ADDRSTRLEN] = {};
     if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
-      const void* addr = local.ss_family == AF_INET
-                             ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
-                             : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
+      const void* addr =
+          local.ss_family == AF_INET
+              ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
+              : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
       if (::inet_ntop(local.ss_family, addr, text, sizeof text) != nullptr) out = text;
     }
   }
@@ -89,7 +88,8 @@ struct NodeAgent::Active {
   int64_t round = 0;
   pb::JobSpec spec;
   pb::Assignment assignment;
-  // Node rank 0 only: the round's rendezvous store (declared before group: it outlives the workers).
+  // Node rank 0 only: the round's rendezvous store (declared before group: it outlives the
+  // workers).
   std::unique_ptr<store::StoreServer> store;
   std::unique_ptr<supervisor::WorkerGroup> group;
   std::unique_ptr<supervisor::HangWatch> hang_watch;
@@ -166,8 +166,8 @@ void NodeAgent::remove_leftover_rounds() {
     }
   }
   if (removed > 0) {
-    log(LogLevel::kInfo, "removed " + std::to_string(removed) + " job folder(s) an earlier agent left in " +
-                             options_.state_dir);
+    log(LogLevel::kInfo, "removed " + std::to_string(removed) +
+                             " job folder(s) an earlier agent left in " + options_.state_dir);
   }
 }
 
@@ -229,40 +229,41 @@ void NodeAgent::do_register() {
     *cur->mutable_assignment() = active_->assignment;
     cur->set_group_succeeded(active_->all_succeeded());
   }
-  client_->register_node(req, options_.rpc_timeout,
-                         [this, gate = alive_, io = &io_](const grpc::Status& st, pb::RegisterNodeResponse& resp) {
-                           post_from_grpc(gate, io, [this, st, resp] {
-                             if (shutting_down_) return;
-                             if (!st.ok()) {
-                               if (st.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
-                                   st.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
-                                   st.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
-                                 fatal("the coordinator at " + client_->target() +
-                                       " refused this node: " + rpc::describe(st));
-                                 return;
-                               }
-                               coordinator_unreachable(st);
-                               retry_later(backoff(), [this] { do_register(); });
-                               return;
-                             }
-                             bool restarted = !coordinator_id_.empty() && coordinator_id_ != resp.coordinator_id();
-                             coordinator_id_ = resp.coordinator_id();
-                             lease_ = std::chrono::milliseconds(resp.lease_ms());
-                             sync_wait_ = std::chrono::milliseconds(resp.sync_wait_ms());
-                             registered_ = true;
-                             joined_job_.clear();  // Why: a new registration has joined nothing yet
-                             joined_round_ = -1;
-                             failures_in_a_row_ = 0;
-                             unreachable_since_.reset();
-                             known_version_ = 0;
-                             log(LogLevel::kInfo,
-                                 std::string(restarted ? "registered again with restarted coordinator "
-                                                       : "registered with coordinator ") +
-                                     coordinator_id_ + " at " + client_->target() + " as node " +
-                                     options_.node_id + " (" + options_.address + ")");
-                             do_sync();
-                           });
-                         });
+  client_->register_node(
+      req, options_.rpc_timeout,
+      [this, gate = alive_, io = &io_](const grpc::Status& st, pb::RegisterNodeResponse& resp) {
+        post_from_grpc(gate, io, [this, st, resp] {
+          if (shutting_down_) return;
+          if (!st.ok()) {
+            if (st.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+                st.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
+                st.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
+              fatal("the coordinator at " + client_->target() +
+                    " refused this node: " + rpc::describe(st));
+              return;
+            }
+            coordinator_unreachable(st);
+            retry_later(backoff(), [this] { do_register(); });
+            return;
+          }
+          bool restarted = !coordinator_id_.empty() && coordinator_id_ != resp.coordinator_id();
+          coordinator_id_ = resp.coordinator_id();
+          lease_ = std::chrono::milliseconds(resp.lease_ms());
+          sync_wait_ = std::chrono::milliseconds(resp.sync_wait_ms());
+          registered_ = true;
+          joined_job_.clear();  // Why: a new registration has joined nothing yet
+          joined_round_ = -1;
+          failures_in_a_row_ = 0;
+          unreachable_since_.reset();
+          known_version_ = 0;
+          log(LogLevel::kInfo,
+              std::string(restarted ? "registered again with restarted coordinator "
+                                    : "registered with coordinator ") +
+                  coordinator_id_ + " at " + client_->target() + " as node " + options_.node_id +
+                  " (" + options_.address + ")");
+          do_sync();
+        });
+      });
 }
 
 void NodeAgent::coordinator_unreachable(const grpc::Status& status) {
@@ -275,7 +276,8 @@ void NodeAgent::coordinator_unreachable(const grpc::Status& status) {
                              rpc::describe(status) + "); retrying");
   }
   bool running = active_ && active_->group && active_->group->running() > 0;
-  if (!running && options_.give_up_after.count() > 0 && now - *unreachable_since_ > options_.give_up_after) {
+  if (!running && options_.give_up_after.count() > 0 &&
+      now - *unreachable_since_ > options_.give_up_after) {
     fatal("cannot reach the coordinator at " + client_->target() + " for " +
           std::to_string(options_.give_up_after.count()) + " ms (" + rpc::describe(status) + ")");
     return;
@@ -288,7 +290,8 @@ void NodeAgent::coordinator_unreachable(const grpc::Status& status) {
     f.set_kind(pb::Failure::KIND_NODE_LOST);
     f.set_rank(-1);
     f.set_local_rank(-1);
-    f.set_message("node " + options_.node_id + " lost the coordinator for longer than the lease and stopped its workers");
+    f.set_message("node " + options_.node_id +
+                  " lost the coordinator for longer than the lease and stopped its workers");
     fail_round(std::move(f));
   }
 }
@@ -303,7 +306,9 @@ void NodeAgent::do_sync() {
   req.set_wait_ms(sync_wait_.count());
   if (active_ && active_->hang_watch) {
     auto now = active_->hang_watch->latest_ns();
-    auto ms = [now](std::uint64_t t) { return static_cast<int64_t>(now > t ? (now - t) / 1'000'000 : 0); };
+    auto ms = [now](std::uint64_t t) {
+      return static_cast<int64_t>(now > t ? (now - t) / 1'000'000 : 0);
+    };
     for (const auto& v : active_->hang_watch->latest()) {
       if (!v.valid) continue;
       auto* p = req.add_progress();
@@ -313,15 +318,14 @@ void NodeAgent::do_sync() {
         p->set_in_flight(v.in_flight->op + " #" + std::to_string(v.in_flight->seq));
         p->set_in_flight_ms(ms(v.in_flight->start_ns));
       }
-      if (v.last_finished) p->set_last_finished(v.last_finished->op + " #" + std::to_string(v.last_finished->seq));
+      if (v.last_finished)
+        p->set_last_finished(v.last_finished->op + " #" + std::to_string(v.last_finished->seq));
       p->set_heartbeat_age_ms(v.heartbeat_ns == 0 ? -1 : ms(v.heartbeat_ns));
     }
   }
   client_->sync(req, sync_wait_ + options_.rpc_timeout,
                 [this, gate = alive_, io = &io_](const grpc::Status& st, pb::SyncResponse& resp) {
-                  post_from_grpc(gate, io, [this, st, resp] {
-                    on_sync(st, resp);
-                  });
+                  post_from_grpc(gate, io, [this, st, resp] { on_sync(st, resp); });
                 });
 }
 
@@ -336,7 +340,8 @@ void NodeAgent::on_sync(const grpc::Status& status, const pb::SyncResponse& resp
       return;
     }
     if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
-      fatal("the coordinator at " + client_->target() + " refused this node: " + rpc::describe(status));
+      fatal("the coordinator at " + client_->target() +
+            " refused this node: " + rpc::describe(status));
       return;
     }
     coordinator_unreachable(status);
@@ -351,8 +356,8 @@ void NodeAgent::on_sync(const grpc::Status& status, const pb::SyncResponse& resp
   const auto& outcome = desired_.last_job();
   if (!outcome.job_id().empty() && outcome.job_id() != reported_outcome_) {
     reported_outcome_ = outcome.job_id();
-    if (outcome.state() == pb::JOB_STATE_CANCELLED && active_ && active_->job_id == outcome.job_id() &&
-        outcome.exit_code() > 128) {
+    if (outcome.state() == pb::JOB_STATE_CANCELLED && active_ &&
+        active_->job_id == outcome.job_id() && outcome.exit_code() > 128) {
       stop_signal_ = outcome.exit_code() - 128;  // the launcher's signal goes to the workers first
     }
     if (hooks_.on_job_end) hooks_.on_job_end(outcome);
@@ -434,25 +439,25 @@ void NodeAgent::join(const pb::Instruction& ins) {
     }
   }
   join_in_flight_ = true;
-  client_->join_round(req, options_.rpc_timeout,
-                      [this, req, gate = alive_, io = &io_](const grpc::Status& st, pb::JoinRoundResponse&) {
-                        post_from_grpc(gate, io, [this, req, st] {
-                          join_in_flight_ = false;
-                          if (st.ok()) {
-                            joined_job_ = req.job_id();
-                            joined_round_ = req.round();
-                            log(LogLevel::kInfo, "joined job " + req.job_id() + " round " +
-                                                     std::to_string(req.round()));
-                          } else if (st.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                                     st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
-                            retry_later(backoff(), [this] { reconcile(); });
-                          } else {
-                            log(LogLevel::kInfo, "could not join job " + req.job_id() + " round " +
-                                                     std::to_string(req.round()) + ": " +
-                                                     rpc::describe(st));
-                          }
-                        });
-                      });
+  client_->join_round(
+      req, options_.rpc_timeout,
+      [this, req, gate = alive_, io = &io_](const grpc::Status& st, pb::JoinRoundResponse&) {
+        post_from_grpc(gate, io, [this, req, st] {
+          join_in_flight_ = false;
+          if (st.ok()) {
+            joined_job_ = req.job_id();
+            joined_round_ = req.round();
+            log(LogLevel::kInfo,
+                "joined job " + req.job_id() + " round " + std::to_string(req.round()));
+          } else if (st.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                     st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+            retry_later(backoff(), [this] { reconcile(); });
+          } else {
+            log(LogLevel::kInfo, "could not join job " + req.job_id() + " round " +
+                                     std::to_string(req.round()) + ": " + rpc::describe(st));
+          }
+        });
+      });
 }
 
 std::unique_ptr<store::StoreServer> NodeAgent::open_store(int port, std::string& why) {
@@ -564,7 +569,8 @@ void NodeAgent::start_group(const pb::Instruction& ins) {
         l.set_stderr(is_stderr);
         // Why cut here: one line must fit in a push (the coordinator keeps 64 KiB of it anyway;
         // the rank's log file on this node keeps it whole).
-        l.set_text(coordinator::limits::cut_text(std::string(line), coordinator::limits::kMaxLineBytes));
+        l.set_text(
+            coordinator::limits::cut_text(std::string(line), coordinator::limits::kMaxLineBytes));
         log_buffer_bytes_ += l.ByteSizeLong();
         log_buffer_.push_back(std::move(l));
         if (log_buffer_.size() >= 500 || log_buffer_bytes_ >= kMaxPushBytes) {
@@ -583,20 +589,20 @@ void NodeAgent::start_group(const pb::Instruction& ins) {
   }
 
   auto group_opts = options_.group;
-  if (spec.stop_timeout_ms() > 0) group_opts.stop_timeout = std::chrono::milliseconds(spec.stop_timeout_ms());
+  if (spec.stop_timeout_ms() > 0)
+    group_opts.stop_timeout = std::chrono::milliseconds(spec.stop_timeout_ms());
   group_opts.on_warning = [this](const std::string& problem) { log(LogLevel::kWarn, problem); };
   act.group = std::make_unique<supervisor::WorkerGroup>(io_, group_opts);
   log(LogLevel::kInfo, "job " + ins.job_id() + " round " + std::to_string(ins.round()) +
                            ": starting ranks " + std::to_string(a.rank_offset()) + ".." +
-                           std::to_string(a.rank_offset() + spec.processes_per_node() - 1) + " of " +
-                           std::to_string(a.world_size()) + " (node rank " + std::to_string(a.node_rank()) +
-                           ", MASTER_ADDR=" + a.master_addr() + " MASTER_PORT=" +
-                           std::to_string(a.master_port()) + ", restart " +
+                           std::to_string(a.rank_offset() + spec.processes_per_node() - 1) +
+                           " of " + std::to_string(a.world_size()) + " (node rank " +
+                           std::to_string(a.node_rank()) + ", MASTER_ADDR=" + a.master_addr() +
+                           " MASTER_PORT=" + std::to_string(a.master_port()) + ", restart " +
                            std::to_string(a.restart_count()) + ")");
   uint64_t gen = act.generation;
-  Status st = act.group->start(std::move(specs), [this, gen](const supervisor::WorkerExit& e) {
-    on_worker_exit(gen, e);
-  });
+  Status st = act.group->start(
+      std::move(specs), [this, gen](const supervisor::WorkerExit& e) { on_worker_exit(gen, e); });
   if (!st) {
     act.group.reset();
     log(LogLevel::kError, "cannot start the workers: " + st.message());
@@ -653,10 +659,12 @@ void NodeAgent::on_worker_exit(uint64_t generation, const supervisor::WorkerExit
   } else {
     f.set_exit_code(exit.exit_code);
   }
-  f.set_time_unix_ms(std::chrono::duration_cast<std::chrono::milliseconds>(exit.time.time_since_epoch()).count());
+  f.set_time_unix_ms(
+      std::chrono::duration_cast<std::chrono::milliseconds>(exit.time.time_since_epoch()).count());
   for (const auto& line : exit.stderr_tail) f.add_stderr_tail(line);
   if (!act.error_dir.empty()) {
-    if (auto err = supervisor::read_error_file(supervisor::error_file_path(act.error_dir, exit.rank))) {
+    if (auto err =
+            supervisor::read_error_file(supervisor::error_file_path(act.error_dir, exit.rank))) {
       f.set_message(err->message);
       f.set_stack(err->stack);
     }
@@ -668,7 +676,8 @@ void NodeAgent::on_worker_exit(uint64_t generation, const supervisor::WorkerExit
   fail_round(std::move(f));
 }
 
-void NodeAgent::report_event(pb::ReportGroupRequest::Event event, std::optional<pb::Failure> failure) {
+void NodeAgent::report_event(pb::ReportGroupRequest::Event event,
+                             std::optional<pb::Failure> failure) {
   pb::ReportGroupRequest rep;
   rep.set_node_id(options_.node_id);
   rep.set_job_id(active_->job_id);
@@ -683,7 +692,8 @@ void NodeAgent::fail_round(pb::Failure failure) {
   if (failure.hostname().empty()) failure.set_hostname(options_.hostname);
   if (failure.time_unix_ms() == 0) failure.set_time_unix_ms(now_unix_ms());
   flush_logs();
-  report_event(pb::ReportGroupRequest::EVENT_FAILED, std::move(failure));  // retried while the coordinator is away
+  // retried while the coordinator is away
+  report_event(pb::ReportGroupRequest::EVENT_FAILED, std::move(failure));
   stop_active(SIGTERM);
 }
 
@@ -706,7 +716,8 @@ void NodeAgent::flush_logs() {
   };
   for (auto& l : log_buffer_) {
     size_t size = l.ByteSizeLong() + 8;
-    if (bytes + size > kMaxPushBytes || static_cast<size_t>(req.lines_size()) >= coordinator::limits::kMaxLinesPerPush) {
+    if (bytes + size > kMaxPushBytes ||
+        static_cast<size_t>(req.lines_size()) >= coordinator::limits::kMaxLinesPerPush) {
       close();
     }
     if (req.lines().empty()) {
@@ -748,11 +759,13 @@ void NodeAgent::send_next() {
       if (!st.ok()) {
         if (const auto* push = std::get_if<pb::PushLogsRequest>(&front.call)) {
           lines_not_forwarded_ += static_cast<uint64_t>(push->lines_size());
-          log(LogLevel::kWarn, std::to_string(push->lines_size()) + " output lines of job " + push->job_id() +
-                                   " were not forwarded (" + rpc::describe(st) + "); they are in this node's log_dir");
+          log(LogLevel::kWarn, std::to_string(push->lines_size()) + " output lines of job " +
+                                   push->job_id() + " were not forwarded (" + rpc::describe(st) +
+                                   "); they are in this node's log_dir");
         } else {
           const auto& rep = std::get<pb::ReportGroupRequest>(front.call);
-          log(LogLevel::kInfo, "report for job " + rep.job_id() + " round " + std::to_string(rep.round()) +
+          log(LogLevel::kInfo, "report for job " + rep.job_id() + " round " +
+                                   std::to_string(rep.round()) +
                                    " not taken: " + rpc::describe(st));
         }
       }
@@ -765,8 +778,9 @@ void NodeAgent::send_next() {
     client_->push_logs(*push, options_.rpc_timeout,
                        [on_done](const grpc::Status& st, pb::PushLogsResponse&) { on_done(st); });
   } else {
-    client_->report_group(std::get<pb::ReportGroupRequest>(front.call), options_.rpc_timeout,
-                          [on_done](const grpc::Status& st, pb::ReportGroupResponse&) { on_done(st); });
+    client_->report_group(
+        std::get<pb::ReportGroupRequest>(front.call), options_.rpc_timeout,
+        [on_done](const grpc::Status& st, pb::ReportGroupResponse&) { on_done(st); });
   }
 }
 

@@ -4,9 +4,10 @@
 // group's start, success and failures (with the workers' error files) and forwards output when
 // the job asks. Log pushes and reports go out through one ordered outbox, one call at a time,
 // each retried until the coordinator takes it: a round's output is at the coordinator before
-// the node's report of that round, so a launcher prints every line before the job's end. It survives a coordinator restart: it reconnects with backoff, re-registers
-// with the work it runs, and its workers keep running while the coordinator is away for less
-// than the lease (after that it stops them: it cannot know whether its peers are alive).
+// the node's report of that round, so a launcher prints every line before the job's end. It
+// survives a coordinator restart: it reconnects with backoff, re-registers with the work it runs,
+// and its workers keep running while the coordinator is away for less than the lease (after that it
+// stops them: it cannot know whether its peers are alive).
 //
 // Thread: everything runs on the io_context passed in (one long-lived thread, see
 // WorkerGroup); gRPC completions are posted onto it.
@@ -14,15 +15,14 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
-
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <deque>
-#include <variant>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "agent/rpc/coordinator_client.h"
@@ -36,13 +36,13 @@ namespace accel::node {
 namespace pb = ::accel::v1;
 
 struct NodeAgentOptions {
-  std::string node_id;        // unique among the coordinator's nodes
+  std::string node_id;  // unique among the coordinator's nodes
   std::string hostname;
-  std::string address;        // MASTER_ADDR when this node is node rank 0
-  int machine_rank = -1;      // mode 2: the node rank asked for
-  std::string only_job_id;    // take part only in this job
+  std::string address;          // MASTER_ADDR when this node is node rank 0
+  int machine_rank = -1;        // mode 2: the node rank asked for
+  std::string only_job_id;      // take part only in this job
   bool exit_after_job = false;  // mode 2: done once the first job it joined has ended
-  std::string state_dir;      // where workers' error files go: <state_dir>/<job>/round_<r>/
+  std::string state_dir;        // where workers' error files go: <state_dir>/<job>/round_<r>/
   supervisor::EnvMap base_env;  // the workers' inherited environment
   supervisor::WorkerGroupOptions group;
   std::chrono::milliseconds rpc_timeout{5'000};
@@ -95,7 +95,8 @@ class NodeAgent {
   void on_hang(uint64_t generation, const supervisor::Hang& hang);
   void report(pb::ReportGroupRequest req);
   // Reports `event` for the active round.
-  void report_event(pb::ReportGroupRequest::Event event, std::optional<pb::Failure> failure = std::nullopt);
+  void report_event(pb::ReportGroupRequest::Event event,
+                    std::optional<pb::Failure> failure = std::nullopt);
   // The active round failed here: report it (retried) and stop the local workers.
   void fail_round(pb::Failure failure);
   // Moves the buffered lines into the outbox, in pushes under the message limit.

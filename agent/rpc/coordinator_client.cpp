@@ -19,7 +19,8 @@ Result<std::shared_ptr<CoordinatorClient>> CoordinatorClient::create(const std::
   }
   auto channel = make_channel(target, tls);
   if (!channel) return channel.status();
-  return std::shared_ptr<CoordinatorClient>(new CoordinatorClient(target, std::move(token), *channel));
+  return std::shared_ptr<CoordinatorClient>(
+      new CoordinatorClient(target, std::move(token), *channel));
 }
 
 template <class Req, class Resp, class Invoke>
@@ -39,39 +40,49 @@ void CoordinatorClient::call(Invoke invoke, const Req& req, std::chrono::millise
          [c](grpc::Status status) { c->done(status, c->resp); });
 }
 
-void CoordinatorClient::register_node(const pb::RegisterNodeRequest& req, std::chrono::milliseconds timeout,
+void CoordinatorClient::register_node(const pb::RegisterNodeRequest& req,
+                                      std::chrono::milliseconds timeout,
                                       Done<pb::RegisterNodeResponse> done) {
-  call<>([](auto* a, auto* ctx, auto* rq, auto* rs, auto cb) { a->RegisterNode(ctx, rq, rs, std::move(cb)); },
-       req, timeout, std::move(done));
+  call<>([](auto* a, auto* ctx, auto* rq, auto* rs,
+            auto cb) { a->RegisterNode(ctx, rq, rs, std::move(cb)); },
+         req, timeout, std::move(done));
 }
 void CoordinatorClient::sync(const pb::SyncRequest& req, std::chrono::milliseconds timeout,
                              Done<pb::SyncResponse> done) {
-  call<>([](auto* a, auto* ctx, auto* rq, auto* rs, auto cb) { a->Sync(ctx, rq, rs, std::move(cb)); },
-       req, timeout, std::move(done));
+  call<>(
+      [](auto* a, auto* ctx, auto* rq, auto* rs, auto cb) { a->Sync(ctx, rq, rs, std::move(cb)); },
+      req, timeout, std::move(done));
 }
-void CoordinatorClient::join_round(const pb::JoinRoundRequest& req, std::chrono::milliseconds timeout,
+void CoordinatorClient::join_round(const pb::JoinRoundRequest& req,
+                                   std::chrono::milliseconds timeout,
                                    Done<pb::JoinRoundResponse> done) {
-  call<>([](auto* a, auto* ctx, auto* rq, auto* rs, auto cb) { a->JoinRound(ctx, rq, rs, std::move(cb)); },
-       req, timeout, std::move(done));
+  call<>([](auto* a, auto* ctx, auto* rq, auto* rs,
+            auto cb) { a->JoinRound(ctx, rq, rs, std::move(cb)); },
+         req, timeout, std::move(done));
 }
-void CoordinatorClient::report_group(const pb::ReportGroupRequest& req, std::chrono::milliseconds timeout,
+void CoordinatorClient::report_group(const pb::ReportGroupRequest& req,
+                                     std::chrono::milliseconds timeout,
                                      Done<pb::ReportGroupResponse> done) {
-  call<>([](auto* a, auto* ctx, auto* rq, auto* rs, auto cb) { a->ReportGroup(ctx, rq, rs, std::move(cb)); },
-       req, timeout, std::move(done));
+  call<>([](auto* a, auto* ctx, auto* rq, auto* rs,
+            auto cb) { a->ReportGroup(ctx, rq, rs, std::move(cb)); },
+         req, timeout, std::move(done));
 }
 void CoordinatorClient::push_logs(const pb::PushLogsRequest& req, std::chrono::milliseconds timeout,
                                   Done<pb::PushLogsResponse> done) {
-  call<>([](auto* a, auto* ctx, auto* rq, auto* rs, auto cb) { a->PushLogs(ctx, rq, rs, std::move(cb)); },
-       req, timeout, std::move(done));
+  call<>([](auto* a, auto* ctx, auto* rq, auto* rs,
+            auto cb) { a->PushLogs(ctx, rq, rs, std::move(cb)); },
+         req, timeout, std::move(done));
 }
 
-grpc::Status CoordinatorClient::submit_job(const pb::SubmitJobRequest& req, pb::SubmitJobResponse* resp,
+grpc::Status CoordinatorClient::submit_job(const pb::SubmitJobRequest& req,
+                                           pb::SubmitJobResponse* resp,
                                            std::chrono::milliseconds timeout) {
   grpc::ClientContext ctx;
   prepare_context(ctx, token_, timeout);
   return stub_->SubmitJob(&ctx, req, resp);
 }
-grpc::Status CoordinatorClient::watch_job(const pb::WatchJobRequest& req, pb::WatchJobResponse* resp,
+grpc::Status CoordinatorClient::watch_job(const pb::WatchJobRequest& req,
+                                          pb::WatchJobResponse* resp,
                                           std::chrono::milliseconds timeout) {
   grpc::ClientContext ctx;
   prepare_context(ctx, token_, timeout);
@@ -84,7 +95,8 @@ grpc::Status CoordinatorClient::cancel_job(const pb::CancelJobRequest& req,
   pb::CancelJobResponse resp;
   return stub_->CancelJob(&ctx, req, &resp);
 }
-grpc::Status CoordinatorClient::get_status(pb::GetStatusResponse* resp, std::chrono::milliseconds timeout) {
+grpc::Status CoordinatorClient::get_status(pb::GetStatusResponse* resp,
+                                           std::chrono::milliseconds timeout) {
   grpc::ClientContext ctx;
   prepare_context(ctx, token_, timeout);
   return stub_->GetStatus(&ctx, pb::GetStatusRequest{}, resp);

@@ -31,7 +31,8 @@ class CoordinatorClient {
   // Asynchronous: `done` runs once on a gRPC thread (post it to your io_context).
   void register_node(const pb::RegisterNodeRequest& req, std::chrono::milliseconds timeout,
                      Done<pb::RegisterNodeResponse> done);
-  void sync(const pb::SyncRequest& req, std::chrono::milliseconds timeout, Done<pb::SyncResponse> done);
+  void sync(const pb::SyncRequest& req, std::chrono::milliseconds timeout,
+            Done<pb::SyncResponse> done);
   void join_round(const pb::JoinRoundRequest& req, std::chrono::milliseconds timeout,
                   Done<pb::JoinRoundResponse> done);
   void report_group(const pb::ReportGroupRequest& req, std::chrono::milliseconds timeout,

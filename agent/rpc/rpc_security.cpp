@@ -6,10 +6,9 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <string_view>
-
 #include <fstream>
 #include <sstream>
+#include <string_view>
 
 namespace accel::rpc {
 
@@ -55,8 +54,10 @@ Result<std::string> load_token(const std::string& token_file, const char* env_va
 
 Result<std::shared_ptr<grpc::ServerCredentials>> server_credentials(const TlsFiles& tls) {
   if (!tls.server_tls()) {
-    if (!tls.cert.empty()) return Status::error("tls_cert " + tls.cert + " has no tls_key: TLS needs both");
-    if (!tls.key.empty()) return Status::error("tls_key " + tls.key + " has no tls_cert: TLS needs both");
+    if (!tls.cert.empty())
+      return Status::error("tls_cert " + tls.cert + " has no tls_key: TLS needs both");
+    if (!tls.key.empty())
+      return Status::error("tls_key " + tls.key + " has no tls_cert: TLS needs both");
     return grpc::InsecureServerCredentials();
   }
   auto cert = read_pem(tls.cert, "tls_cert");
@@ -111,7 +112,8 @@ void forget_token_in_environment() {
   ::unsetenv("ACCEL_TOKEN");
 }
 
-Result<std::shared_ptr<grpc::Channel>> make_channel(const std::string& target, const TlsFiles& tls) {
+Result<std::shared_ptr<grpc::Channel>> make_channel(const std::string& target,
+                                                    const TlsFiles& tls) {
   auto creds = channel_credentials(tls);
   if (!creds) return creds.status();
   grpc::ChannelArguments args;
@@ -151,11 +153,23 @@ bool token_matches(const grpc::CallbackServerContext& ctx, const std::string& to
 }
 
 std::string describe(const grpc::Status& status) {
-  static const char* kNames[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT",
-                                 "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
-                                 "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
-                                 "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL",
-                                 "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
+  static const char* kNames[] = {"OK",
+                                 "CANCELLED",
+                                 "UNKNOWN",
+                                 "INVALID_ARGUMENT",
+                                 "DEADLINE_EXCEEDED",
+                                 "NOT_FOUND",
+                                 "ALREADY_EXISTS",
+                                 "PERMISSION_DENIED",
+                                 "RESOURCE_EXHAUSTED",
+                                 "FAILED_PRECONDITION",
+                                 "ABORTED",
+                                 "OUT_OF_RANGE",
+                                 "UNIMPLEMENTED",
+                                 "INTERNAL",
+                                 "UNAVAILABLE",
+                                 "DATA_LOSS",
+                                 "UNAUTHENTICATED"};
   int code = status.error_code();
   std::string name = code >= 0 && code <= 16 ? kNames[code] : std::to_string(code);
   return name + ": " + status.error_message();

@@ -16,7 +16,7 @@ struct TlsFiles {
   std::string cert;  // PEM certificate chain of this endpoint
   std::string key;   // PEM private key of `cert`
   std::string ca;    // PEM CA: servers require client certificates signed by it; clients
-                     // verify the server with it. Empty: no TLS (client) / no client certs (server).
+                   // verify the server with it. Empty: no TLS (client) / no client certs (server).
   [[nodiscard]] bool server_tls() const { return !cert.empty() && !key.empty(); }
   [[nodiscard]] bool client_tls() const { return !ca.empty(); }
 };

@@ -12,13 +12,14 @@ namespace accel::store {
 namespace {
 
 constexpr std::uint32_t kValidationMagic = 0x3C85F7CE;
-constexpr std::uint8_t kReady = 0, kNotReady = 1;          // CHECK
+constexpr std::uint8_t kReady = 0, kNotReady = 1;            // CHECK
 constexpr std::uint8_t kStopWaiting = 0, kWaitCanceled = 1;  // WAIT, CANCEL_WAIT
 
 template <class T>
 void append_le(std::string& out, T v) {
   char bytes[sizeof(T)];
-  std::memcpy(bytes, &v, sizeof(T));  // Why memcpy: x86-64 and aarch64 are little-endian, as torch assumes
+  // Why memcpy: x86-64 and aarch64 are little-endian, as torch assumes
+  std::memcpy(bytes, &v, sizeof(T));
   out.append(bytes, sizeof(T));
 }
 void append_bytes(std::string& out, std::string_view b) {
@@ -140,21 +141,20 @@ void StoreCore::reply(ConnId id, Conn& conn, std::string_view bytes) {
 }
 
 StoreCore::Op StoreCore::decode(Dialect d, std::uint8_t b) {
-  static constexpr Op kLegacy[] = {Op::kSet,    Op::kCompareSet, Op::kGet,      Op::kAdd,
-                                   Op::kCheck,  Op::kWait,       Op::kNumKeys,  Op::kWatch,
-                                   Op::kDelete, Op::kAppend,     Op::kMultiGet, Op::kMultiSet,
+  static constexpr Op kLegacy[] = {Op::kSet,       Op::kCompareSet, Op::kGet,      Op::kAdd,
+                                   Op::kCheck,     Op::kWait,       Op::kNumKeys,  Op::kWatch,
+                                   Op::kDelete,    Op::kAppend,     Op::kMultiGet, Op::kMultiSet,
                                    Op::kCancelWait};
-  static constexpr Op kValidated[] = {Op::kValidate, Op::kSet,        Op::kCompareSet, Op::kGet,
-                                      Op::kAdd,      Op::kCheck,      Op::kWait,       Op::kNumKeys,
-                                      Op::kDelete,   Op::kAppend,     Op::kMultiGet,   Op::kMultiSet,
-                                      Op::kCancelWait, Op::kPing,     Op::kQueue,      Op::kQueue,
-                                      Op::kQueue};
+  static constexpr Op kValidated[] = {
+      Op::kValidate,   Op::kSet,     Op::kCompareSet, Op::kGet,    Op::kAdd,      Op::kCheck,
+      Op::kWait,       Op::kNumKeys, Op::kDelete,     Op::kAppend, Op::kMultiGet, Op::kMultiSet,
+      Op::kCancelWait, Op::kPing,    Op::kQueue,      Op::kQueue,  Op::kQueue};
   if (d == Dialect::kLegacy) return b < std::size(kLegacy) ? kLegacy[b] : Op::kUnknown;
   return b < std::size(kValidated) ? kValidated[b] : Op::kUnknown;
 }
 
-bool StoreCore::fits(size_t key_bytes, size_t old_value_bytes, size_t new_value_bytes,
-                     bool new_key, std::string& error) const {
+bool StoreCore::fits(size_t key_bytes, size_t old_value_bytes, size_t new_value_bytes, bool new_key,
+                     std::string& error) const {
   if (new_key && data_.size() >= limits_.max_keys) {
     error = "the store holds " + std::to_string(data_.size()) + " keys, its limit";
     return false;
@@ -244,7 +244,8 @@ size_t StoreCore::serve_one(ConnId id, Conn& conn, std::string_view in, std::str
     case Op::kValidate: {
       auto magic = r.number<std::uint32_t>();
       if (!r.ok()) break;
-      if (magic != kValidationMagic) error = "the validation magic number is wrong (not a TCPStore client?)";
+      if (magic != kValidationMagic)
+        error = "the validation magic number is wrong (not a TCPStore client?)";
       break;
     }
     case Op::kPing: {
@@ -418,10 +419,12 @@ size_t StoreCore::serve_one(ConnId id, Conn& conn, std::string_view in, std::str
       error = "WATCH_KEY (torch 1.13's watchKey) is not supported by accel's store";
       break;
     case Op::kQueue:
-      error = "the queue operations (op " + std::to_string(code) + ") are not supported by accel's store";
+      error = "the queue operations (op " + std::to_string(code) +
+              ") are not supported by accel's store";
       break;
     case Op::kUnknown:
-      error = "unknown request type " + std::to_string(code) + " (not a TCPStore client, or a newer protocol)";
+      error = "unknown request type " + std::to_string(code) +
+              " (not a TCPStore client, or a newer protocol)";
       break;
   }
   if (!r.error.empty() && error.empty()) error = r.error;

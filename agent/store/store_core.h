@@ -8,10 +8,12 @@
 // attempts, and is bounded (key, value, request and total sizes) where c10d's is not.
 //
 // Two framings are understood, told apart by a connection's first bytes:
-//  * legacy (torch 1.13, and releases before the validation request): [op u8][args]; ops SET 0, COMPARE_SET 1, GET 2, ADD 3, CHECK 4,
+//  * legacy (torch 1.13, and releases before the validation request): [op u8][args]; ops SET 0,
+//  COMPARE_SET 1, GET 2, ADD 3, CHECK 4,
 //    WAIT 5, GETNUMKEYS 6, WATCH_KEY 7, DELETE_KEY 8, APPEND 9, MULTI_GET 10, MULTI_SET 11,
 //    CANCEL_WAIT 12;
-//  * validated (newer torch, as read from PyTorch's source): the first request is VALIDATE 0 with the magic 0x3C85F7CE; ops
+//  * validated (newer torch, as read from PyTorch's source): the first request is VALIDATE 0 with
+//  the magic 0x3C85F7CE; ops
 //    SET 1 ... CANCEL_WAIT 12 (WATCH_KEY gone), PING 13 (echoes a u32 nonce).
 // Strings and byte vectors are a u64 length then the bytes; numbers little-endian.
 // WATCH_KEY (torch 1.13's C++-only watchKey) and the queue ops are refused: the connection is
@@ -34,7 +36,7 @@ namespace accel::store {
 struct StoreLimits {
   size_t max_key_bytes = 64 * 1024;
   size_t max_value_bytes = 64 * 1024 * 1024;
-  size_t max_keys_per_request = 16 * 1024;  // WAIT, CHECK, MULTI_GET, MULTI_SET
+  size_t max_keys_per_request = 16 * 1024;        // WAIT, CHECK, MULTI_GET, MULTI_SET
   size_t max_total_bytes = 1024UL * 1024 * 1024;  // keys plus values held
   size_t max_keys = 1024 * 1024;
 };
@@ -74,8 +76,25 @@ class StoreCore {
     size_t wanted = 1;   // bytes the front request needs, as far as known
     std::string out;
   };
-  enum class Op { kSet, kCompareSet, kGet, kAdd, kCheck, kWait, kNumKeys, kWatch, kDelete, kAppend,
-                  kMultiGet, kMultiSet, kCancelWait, kValidate, kPing, kQueue, kUnknown };
+  enum class Op {
+    kSet,
+    kCompareSet,
+    kGet,
+    kAdd,
+    kCheck,
+    kWait,
+    kNumKeys,
+    kWatch,
+    kDelete,
+    kAppend,
+    kMultiGet,
+    kMultiSet,
+    kCancelWait,
+    kValidate,
+    kPing,
+    kQueue,
+    kUnknown
+  };
   struct Reader;
 
   // One request from `in` at offset 0: the bytes it took, 0 when incomplete.

@@ -1,11 +1,10 @@
 // The TCP side of the store: accept, read, feed StoreCore, write replies.
 #include "agent/store/store_server.h"
 
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/write.hpp>
-
 #include <fcntl.h>
 
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/write.hpp>
 #include <deque>
 #include <unordered_map>
 
@@ -51,12 +50,13 @@ struct StoreServer::Impl : std::enable_shared_from_this<StoreServer::Impl> {
   }
 
   void accept() {
-    acceptor.async_accept([self = shared_from_this()](const boost::system::error_code& ec, tcp::socket s) {
-      if (self->closed) return;
-      if (!ec) self->adopt(std::move(s));
-      // Why go on after an error: EMFILE and friends pass; the listener must not die of them.
-      self->accept();
-    });
+    acceptor.async_accept(
+        [self = shared_from_this()](const boost::system::error_code& ec, tcp::socket s) {
+          if (self->closed) return;
+          if (!ec) self->adopt(std::move(s));
+          // Why go on after an error: EMFILE and friends pass; the listener must not die of them.
+          self->accept();
+        });
   }
 
   void adopt(tcp::socket s) {
@@ -81,9 +81,10 @@ struct StoreServer::Impl : std::enable_shared_from_this<StoreServer::Impl> {
     if (!why.empty()) {
       boost::system::error_code ec;
       auto peer = it->second->socket.remote_endpoint(ec);
-      warn("closed the connection from " + (ec ? std::string("?") : peer.address().to_string() + ":" +
-                                                                        std::to_string(peer.port())) +
-           ": " + why);
+      warn(
+          "closed the connection from " +
+          (ec ? std::string("?") : peer.address().to_string() + ":" + std::to_string(peer.port())) +
+          ": " + why);
     }
     boost::system::error_code ignored;
     it->second->socket.close(ignored);
@@ -98,13 +99,15 @@ struct StoreServer::Impl : std::enable_shared_from_this<StoreServer::Impl> {
     if (c.unsent > kMaxUnsent / 4) return;  // Why: a client that does not read its replies waits
     c.reading = true;
     auto chunk = c.chunk;
-    c.socket.async_read_some(asio::buffer(chunk.get(), kReadChunk),
-                             [self = shared_from_this(), id, chunk](const boost::system::error_code& ec, size_t n) {
-                               self->on_read(id, ec, chunk.get(), n);
-                             });
+    c.socket.async_read_some(
+        asio::buffer(chunk.get(), kReadChunk),
+        [self = shared_from_this(), id, chunk](const boost::system::error_code& ec, size_t n) {
+          self->on_read(id, ec, chunk.get(), n);
+        });
   }
 
-  void on_read(StoreCore::ConnId id, const boost::system::error_code& ec, const char* data, size_t n) {
+  void on_read(StoreCore::ConnId id, const boost::system::error_code& ec, const char* data,
+               size_t n) {
     if (closed) return;
     auto it = clients.find(id);
     if (it == clients.end()) return;
@@ -188,7 +191,8 @@ StoreServer::~StoreServer() {
   if (impl_) impl_->close();
 }
 
-Result<std::unique_ptr<StoreServer>> StoreServer::listen(asio::io_context& io, StoreServerOptions options) {
+Result<std::unique_ptr<StoreServer>> StoreServer::listen(asio::io_context& io,
+                                                         StoreServerOptions options) {
   if (options.port < 0 || options.port > 65535) {
     return Status::error("store port " + std::to_string(options.port) + " is not a port");
   }
@@ -226,7 +230,8 @@ Result<std::unique_ptr<StoreServer>> StoreServer::listen(asio::io_context& io, S
     impl->accept();
     return std::unique_ptr<StoreServer>(new StoreServer(std::move(impl)));
   }
-  return Status::error("cannot listen on " + where + " for the rendezvous store (MASTER_PORT): " + last_error);
+  return Status::error("cannot listen on " + where +
+                       " for the rendezvous store (MASTER_PORT): " + last_error);
 }
 
 int StoreServer::port() const { return impl_->acceptor.local_endpoint().port(); }

@@ -10,7 +10,6 @@
 #pragma once
 
 #include <boost/asio/io_context.hpp>
-
 #include <functional>
 #include <memory>
 #include <string>
@@ -22,9 +21,9 @@ namespace accel::store {
 
 struct StoreServerOptions {
   std::string host = "127.0.0.1";  // an address of this machine, or a name resolving to one
-  int port = 0;                     // 0: the kernel picks a free port
+  int port = 0;                    // 0: the kernel picks a free port
   StoreLimits limits{};
-  size_t max_connections = 16384;   // torch 1.13 opens two per rank
+  size_t max_connections = 16384;  // torch 1.13 opens two per rank
   std::function<void(const std::string&)> warn{};
 };
 

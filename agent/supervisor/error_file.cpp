@@ -1,9 +1,8 @@
 // Worker error-file parsing (nlohmann-json).
 #include "agent/supervisor/error_file.h"
 
-#include <nlohmann/json.hpp>
-
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "contract/worker_contract.h"
@@ -19,7 +18,8 @@ std::optional<WorkerError> read_error_file(const std::string& path) {
   std::string text(ef::kMaxBytes + 1, '\0');
   in.read(text.data(), static_cast<std::streamsize>(text.size()));
   text.resize(static_cast<size_t>(in.gcount()));
-  if (text.size() > ef::kMaxBytes) return WorkerError{"(error file " + path + " is larger than 1 MiB)", ""};
+  if (text.size() > ef::kMaxBytes)
+    return WorkerError{"(error file " + path + " is larger than 1 MiB)", ""};
   return parse_error_file(text, path);
 }
 

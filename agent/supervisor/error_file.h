@@ -2,8 +2,8 @@
 // exported as TORCHELASTIC_ERROR_FILE so Python's @record writes the same file).
 #pragma once
 
-#include <optional>
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -21,6 +21,5 @@ struct WorkerError {
 std::optional<WorkerError> read_error_file(const std::string& path);
 // The same for the file's text (`path` only names it in messages).
 WorkerError parse_error_file(std::string_view text, const std::string& path);
-
 
 }  // namespace accel::supervisor

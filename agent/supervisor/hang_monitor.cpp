@@ -62,7 +62,9 @@ bool create_page_file(const std::string& path) {
 
 std::optional<Hang> detect_hang(const std::vector<PageView>& pages, std::uint64_t now_ns,
                                 const HangOptions& options, const std::string& host) {
-  auto ns = [](std::chrono::milliseconds d) { return static_cast<std::uint64_t>(d.count()) * 1'000'000ull; };
+  auto ns = [](std::chrono::milliseconds d) {
+    return static_cast<std::uint64_t>(d.count()) * 1'000'000ull;
+  };
   auto age = [&](std::uint64_t t) { return now_ns > t ? now_ns - t : 0; };
   std::optional<Hang> hang;
   const PageView* culprit = nullptr;
@@ -70,14 +72,16 @@ std::optional<Hang> detect_hang(const std::vector<PageView>& pages, std::uint64_
   // A collective in flight for too long: the lagging rank is the one furthest behind.
   if (options.collective_timeout.count() > 0) {
     for (const auto& p : pages) {
-      if (!p.valid || !p.in_flight || age(p.in_flight->start_ns) <= ns(options.collective_timeout)) continue;
+      if (!p.valid || !p.in_flight || age(p.in_flight->start_ns) <= ns(options.collective_timeout))
+        continue;
       const PageView* behind = nullptr;
       for (const auto& q : pages) {
         if (q.valid && (!behind || q.started < behind->started)) behind = &q;
       }
       culprit = behind && behind->started < p.started ? behind : &p;
       why = "rank " + std::to_string(p.rank) + " has been in " + name(*p.in_flight) + " for " +
-            seconds(age(p.in_flight->start_ns)) + " (hang_timeout " + seconds(ns(options.collective_timeout)) + ")";
+            seconds(age(p.in_flight->start_ns)) + " (hang_timeout " +
+            seconds(ns(options.collective_timeout)) + ")";
       break;
     }
   }
@@ -87,8 +91,9 @@ std::optional<Hang> detect_hang(const std::vector<PageView>& pages, std::uint64_
       if (!p.valid || p.heartbeat_ns == 0 || p.in_flight) continue;
       if (age(p.heartbeat_ns) <= ns(options.heartbeat_timeout)) continue;
       culprit = &p;
-      why = "rank " + std::to_string(p.rank) + " has shown no progress for " + seconds(age(p.heartbeat_ns)) +
-            " outside any collective (heartbeat_timeout " + seconds(ns(options.heartbeat_timeout)) + ")";
+      why = "rank " + std::to_string(p.rank) + " has shown no progress for " +
+            seconds(age(p.heartbeat_ns)) + " outside any collective (heartbeat_timeout " +
+            seconds(ns(options.heartbeat_timeout)) + ")";
       break;
     }
   }
@@ -98,8 +103,9 @@ std::optional<Hang> detect_hang(const std::vector<PageView>& pages, std::uint64_
   std::string where = culprit->in_flight ? "is still in " + name(*culprit->in_flight) + " since " +
                                                seconds(age(culprit->in_flight->start_ns))
                       : culprit->last_finished
-                          ? "is outside any collective; its last was " + name(*culprit->last_finished) +
-                                ", finished " + seconds(age(culprit->last_finished->end_ns)) + " ago"
+                          ? "is outside any collective; its last was " +
+                                name(*culprit->last_finished) + ", finished " +
+                                seconds(age(culprit->last_finished->end_ns)) + " ago"
                           : "has not started any collective";
   h.reason = "rank " + std::to_string(culprit->rank) + " " + where;
   // Who waits where: "ranks 0,2 wait in allreduce #813".
@@ -107,9 +113,12 @@ std::optional<Hang> detect_hang(const std::vector<PageView>& pages, std::uint64_
   for (const auto& p : pages) {
     if (!p.valid || p.rank == culprit->rank || !p.in_flight) continue;
     std::string n = name(*p.in_flight);
-    auto it = std::find_if(waiting.begin(), waiting.end(), [&](const auto& w) { return w.first == n; });
-    if (it == waiting.end()) waiting.push_back({n, {p.rank}});
-    else it->second.push_back(p.rank);
+    auto it =
+        std::find_if(waiting.begin(), waiting.end(), [&](const auto& w) { return w.first == n; });
+    if (it == waiting.end())
+      waiting.push_back({n, {p.rank}});
+    else
+      it->second.push_back(p.rank);
   }
   for (const auto& [op, ranks] : waiting) {
     std::string list;
@@ -122,21 +131,23 @@ std::optional<Hang> detect_hang(const std::vector<PageView>& pages, std::uint64_
     if (!p.valid) {
       line += "no progress page (not using libaccel, or not started)";
     } else if (p.in_flight) {
-      line += "in " + name(*p.in_flight) + " (" + std::to_string(p.in_flight->bytes) + " bytes) for " +
-              seconds(age(p.in_flight->start_ns));
+      line += "in " + name(*p.in_flight) + " (" + std::to_string(p.in_flight->bytes) +
+              " bytes) for " + seconds(age(p.in_flight->start_ns));
     } else if (p.last_finished) {
       line += "outside any collective; last " + name(*p.last_finished) + " finished " +
               seconds(age(p.last_finished->end_ns)) + " ago";
     } else {
       line += "no collective yet";
     }
-    if (p.valid && p.heartbeat_ns != 0) line += "; last heartbeat " + seconds(age(p.heartbeat_ns)) + " ago";
+    if (p.valid && p.heartbeat_ns != 0)
+      line += "; last heartbeat " + seconds(age(p.heartbeat_ns)) + " ago";
     if (p.rank == culprit->rank) {
       // Why two words: a rank alone in a collective on this node may be waiting for a peer
       // elsewhere; only a rank behind the others, or outside any collective, is known to lag.
-      bool behind = !culprit->in_flight || std::any_of(pages.begin(), pages.end(), [&](const PageView& q) {
-        return q.valid && q.started > culprit->started;
-      });
+      bool behind =
+          !culprit->in_flight || std::any_of(pages.begin(), pages.end(), [&](const PageView& q) {
+            return q.valid && q.started > culprit->started;
+          });
       line += behind ? "   <- lagging" : "   <- waiting longest (its peers are elsewhere)";
     }
     h.report += line + "\n";
@@ -163,7 +174,10 @@ struct HangWatch::Mapping {
 HangWatch::HangWatch(boost::asio::io_context& io, HangOptions options,
                      std::vector<std::pair<int, std::string>> pages, std::string host,
                      std::function<void(const Hang&)> on_hang)
-    : options_(options), pages_(std::move(pages)), host_(std::move(host)), on_hang_(std::move(on_hang)),
+    : options_(options),
+      pages_(std::move(pages)),
+      host_(std::move(host)),
+      on_hang_(std::move(on_hang)),
       timer_(io) {}
 
 HangWatch::~HangWatch() {
@@ -204,7 +218,8 @@ void HangWatch::check() {
     }
   }
   std::vector<PageView> views;
-  for (size_t i = 0; i < pages_.size(); ++i) views.push_back(parse_page(maps_[i]->read(), pages_[i].first));
+  for (size_t i = 0; i < pages_.size(); ++i)
+    views.push_back(parse_page(maps_[i]->read(), pages_[i].first));
   latest_ = views;
   latest_ns_ = progress::monotonic_ns();
   if (auto hang = detect_hang(views, latest_ns_, options_, host_)) {

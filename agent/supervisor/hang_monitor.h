@@ -7,7 +7,6 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
-
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -23,15 +22,17 @@ struct HangOptions {
   std::chrono::milliseconds heartbeat_timeout{0};   // 0: off
   std::chrono::milliseconds collective_timeout{0};  // 0: off
   std::chrono::milliseconds interval{1000};         // how often the pages are read
-  [[nodiscard]] bool enabled() const { return heartbeat_timeout.count() > 0 || collective_timeout.count() > 0; }
+  [[nodiscard]] bool enabled() const {
+    return heartbeat_timeout.count() > 0 || collective_timeout.count() > 0;
+  }
 };
 
 // What one page said at one moment.
 struct PageView {
   int rank = 0;
-  bool valid = false;          // the worker has opened its page (libaccel is in use)
+  bool valid = false;  // the worker has opened its page (libaccel is in use)
   std::uint64_t heartbeat_ns = 0;
-  std::uint64_t started = 0;   // collectives started
+  std::uint64_t started = 0;  // collectives started
   struct Op {
     std::uint64_t seq = 0;
     std::string op;
@@ -44,9 +45,9 @@ struct PageView {
 };
 
 struct Hang {
-  int rank = 0;            // the lagging rank
-  std::string reason;      // one line
-  std::string report;      // the desync report, one line per rank
+  int rank = 0;        // the lagging rank
+  std::string reason;  // one line
+  std::string report;  // the desync report, one line per rank
 };
 
 // A progress page's bytes (as read from its file; any bytes at all) as a view; not valid when
@@ -64,8 +65,9 @@ std::string page_file_path(const std::string& dir, int rank);
 // Thread: the io_context's. Maps the pages read-only on first use; reports at most one hang.
 class HangWatch {
  public:
-  HangWatch(boost::asio::io_context& io, HangOptions options, std::vector<std::pair<int, std::string>> pages,
-            std::string host, std::function<void(const Hang&)> on_hang);
+  HangWatch(boost::asio::io_context& io, HangOptions options,
+            std::vector<std::pair<int, std::string>> pages, std::string host,
+            std::function<void(const Hang&)> on_hang);
   ~HangWatch();
   HangWatch(const HangWatch&) = delete;
   HangWatch& operator=(const HangWatch&) = delete;
@@ -88,7 +90,8 @@ class HangWatch {
   std::function<void(const Hang&)> on_hang_;
   boost::asio::steady_timer timer_;
   bool fired_ = false;
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // Why: a queued timer completion may outlive us
+  // Why: a queued timer completion may outlive us
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
   std::vector<PageView> latest_;
   std::uint64_t latest_ns_ = 0;
 };

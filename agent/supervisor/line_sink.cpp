@@ -22,7 +22,9 @@ bool write_all(int fd, std::string_view data) {
 }
 
 namespace {
-size_t lines_in_batch(const std::string& batch) { return static_cast<size_t>(std::count(batch.begin(), batch.end(), '\n')); }
+size_t lines_in_batch(const std::string& batch) {
+  return static_cast<size_t>(std::count(batch.begin(), batch.end(), '\n'));
+}
 }  // namespace
 
 LineSink::LineSink(Options options) : options_(std::move(options)) {}
@@ -92,8 +94,9 @@ void LineSink::flush_batches() {
       int err = errno;
       *options_.log_failed = true;
       if (options_.on_log_error) {
-        options_.on_log_error("cannot write the log file " + options_.log_path + ": " + std::strerror(err) +
-                              "; from line " + std::to_string(lines_ - lines_in_batch(log_batch_) + 1) +
+        options_.on_log_error("cannot write the log file " + options_.log_path + ": " +
+                              std::strerror(err) + "; from line " +
+                              std::to_string(lines_ - lines_in_batch(log_batch_) + 1) +
                               " on, this output is on the console only");
       }
     }

@@ -16,13 +16,13 @@ namespace accel::supervisor {
 class LineSink {
  public:
   struct Options {
-    std::string prefix;          // "[rank 3] "
-    int console_fd = -1;         // -1: not echoed to the console
-    int log_fd = -1;             // -1: no log file (not owned)
-    size_t keep_last = 0;        // lines kept for last_lines()
-    size_t max_line = 64 * 1024; // a longer line without '\n' is cut and emitted in pieces
+    std::string prefix;           // "[rank 3] "
+    int console_fd = -1;          // -1: not echoed to the console
+    int log_fd = -1;              // -1: no log file (not owned)
+    size_t keep_last = 0;         // lines kept for last_lines()
+    size_t max_line = 64 * 1024;  // a longer line without '\n' is cut and emitted in pieces
     std::function<void(std::string_view line)> on_line{};  // also handed every line (forwarding)
-    std::string log_path{};      // for the message when writing the log file fails
+    std::string log_path{};  // for the message when writing the log file fails
     // Told once when a write to the log file fails (ENOSPC, EIO): the file and the error. Later
     // lines go to the console only. Streams sharing a log file share `log_failed`, so the file is
     // reported once.

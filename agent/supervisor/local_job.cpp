@@ -2,7 +2,6 @@
 #include "agent/supervisor/local_job.h"
 
 #include <boost/asio/post.hpp>
-
 #include <csignal>
 #include <ctime>
 #include <filesystem>
@@ -20,7 +19,8 @@ namespace fs = std::filesystem;
 namespace {
 
 std::string clock_time(std::chrono::system_clock::time_point t) {
-  return accel::clock_time(std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count());
+  return accel::clock_time(
+      std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count());
 }
 std::vector<std::string> split_lines(const std::string& text) {
   std::vector<std::string> out;
@@ -129,7 +129,8 @@ void LocalJob::start_attempt() {
                             " MASTER_PORT=" + std::to_string(env.master_port) + ")");
   group_ = std::make_unique<WorkerGroup>(io_, options_.group);
   hang_watch_.reset();
-  if (Status s = group_->start(std::move(specs), [this](const WorkerExit& e) { on_worker_exit(e); });
+  if (Status s =
+          group_->start(std::move(specs), [this](const WorkerExit& e) { on_worker_exit(e); });
       !s) {
     result_.spawn_error = s.message();
     finish();
@@ -177,16 +178,15 @@ void LocalJob::on_group_stopped(const StopReport& report) {
   if (!report.unkillable.empty()) {
     std::string pids;
     for (pid_t p : report.unkillable) pids += " " + std::to_string(p);
-    log_(LogLevel::kWarn, "worker pids" + pids +
-                              " survived SIGKILL (stuck in the kernel, D state?); not waiting");
+    log_(LogLevel::kWarn,
+         "worker pids" + pids + " survived SIGKILL (stuck in the kernel, D state?); not waiting");
     result_.unkillable.insert(result_.unkillable.end(), report.unkillable.begin(),
                               report.unkillable.end());
   }
   if (!result_.cancelled && restart_count_ < options_.max_restarts) {
     ++restart_count_;
-    log_(LogLevel::kWarn, "restarting the worker group (restart " +
-                              std::to_string(restart_count_) + " of " +
-                              std::to_string(options_.max_restarts) + ")");
+    log_(LogLevel::kWarn, "restarting the worker group (restart " + std::to_string(restart_count_) +
+                              " of " + std::to_string(options_.max_restarts) + ")");
     group_.reset();
     start_attempt();
     return;
@@ -206,8 +206,8 @@ void LocalJob::cancel(int signal) {
   result_.cancelled = true;
   result_.cancel_signal = signal;
   stopping_ = true;
-  log_(LogLevel::kWarn, "received " + signal_name(signal) +
-                            ": stopping the workers (again to SIGKILL them now)");
+  log_(LogLevel::kWarn,
+       "received " + signal_name(signal) + ": stopping the workers (again to SIGKILL them now)");
   if (!group_) {
     finish();
     return;
@@ -243,12 +243,12 @@ std::string format_failure_summary(const LocalJobOptions& options, const JobResu
     return out.str();
   }
   if (result.cancelled) {
-    out << " stopped by " << signal_name(result.cancel_signal) << " (exit code "
-        << result.exit_code << ")\n";
+    out << " stopped by " << signal_name(result.cancel_signal) << " (exit code " << result.exit_code
+        << ")\n";
   } else {
-    out << " FAILED with exit code " << result.exit_code << " after "
-        << result.attempts.size() << " attempt" << (result.attempts.size() == 1 ? "" : "s")
-        << " (max_restarts " << options.max_restarts << ")\n";
+    out << " FAILED with exit code " << result.exit_code << " after " << result.attempts.size()
+        << " attempt" << (result.attempts.size() == 1 ? "" : "s") << " (max_restarts "
+        << options.max_restarts << ")\n";
   }
   for (const auto& problem : result.log_problems) out << "  log: " << problem << "\n";
   if (result.attempts.empty()) return out.str();

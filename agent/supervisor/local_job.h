@@ -7,7 +7,6 @@
 #pragma once
 
 #include <boost/asio/io_context.hpp>
-
 #include <functional>
 #include <memory>
 #include <optional>
@@ -27,23 +26,23 @@ struct LocalJobOptions {
   std::vector<std::string> argv;  // resolved command line of every worker
   int num_processes = 1;
   int max_restarts = 0;
-  JobEnv env;                     // master_port 0: the store's port is picked by the kernel
-  EnvMap base_env;                // the launcher's environment, inherited by workers
-  std::string log_dir;            // empty: console only
-  int tee = 3;                    // with log_dir: 1 stdout, 2 stderr, 3 both still on console
-  std::string error_dir;          // where the workers' error files go (must exist)
+  JobEnv env;             // master_port 0: the store's port is picked by the kernel
+  EnvMap base_env;        // the launcher's environment, inherited by workers
+  std::string log_dir;    // empty: console only
+  int tee = 3;            // with log_dir: 1 stdout, 2 stderr, 3 both still on console
+  std::string error_dir;  // where the workers' error files go (must exist)
   WorkerGroupOptions group;
-  HangOptions hang;               // progress pages live beside the error files
+  HangOptions hang;  // progress pages live beside the error files
 };
 
 struct AttemptRecord {
   int attempt = 0;
   int master_port = 0;
   std::chrono::system_clock::time_point started;
-  std::vector<WorkerExit> exits;              // in the order seen
-  std::optional<size_t> root_cause;           // index into exits: the first failure
+  std::vector<WorkerExit> exits;                // in the order seen
+  std::optional<size_t> root_cause;             // index into exits: the first failure
   std::optional<WorkerError> root_cause_error;  // from its error file
-  std::optional<Hang> hang;                    // the group was stopped because it hung
+  std::optional<Hang> hang;                     // the group was stopped because it hung
 };
 
 struct JobResult {

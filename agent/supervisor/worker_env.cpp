@@ -11,10 +11,16 @@ namespace c = contract;
 
 std::optional<std::string> reserved_worker_variable(std::string_view key) {
   static const std::set<std::string_view> kPerWorker = {
-      c::kRank, c::kLocalRank, c::kGroupRank, c::kRoleRank, c::kRoleName, c::kLocalWorldSize, c::kWorldSize,
-      c::kGroupWorldSize, c::kRoleWorldSize, c::kMasterAddr, c::kMasterPort, c::kRestartCount,
-      c::kMaxRestarts, c::kRunId, c::kUseAgentStore,
-      c::kTorchelasticErrorFile, c::kJobId, c::kAccelRestartCount, c::kErrorFile, c::kProgressFile};
+      c::kRank,          c::kLocalRank,
+      c::kGroupRank,     c::kRoleRank,
+      c::kRoleName,      c::kLocalWorldSize,
+      c::kWorldSize,     c::kGroupWorldSize,
+      c::kRoleWorldSize, c::kMasterAddr,
+      c::kMasterPort,    c::kRestartCount,
+      c::kMaxRestarts,   c::kRunId,
+      c::kUseAgentStore, c::kTorchelasticErrorFile,
+      c::kJobId,         c::kAccelRestartCount,
+      c::kErrorFile,     c::kProgressFile};
   static const std::map<std::string_view, std::string_view> kFromConfig = {
       {c::kMixedPrecision, "--mixed-precision"},
       {c::kHfMixedPrecision, "--mixed-precision"},
@@ -27,13 +33,15 @@ std::optional<std::string> reserved_worker_variable(std::string_view key) {
       {c::kCheckpointDir, "--checkpoint-dir"},
       {c::kCheckpointInterval, "--checkpoint-interval"}};
   if (kPerWorker.contains(key)) {
-    return std::string(key) + " is set by accel for each worker (rank, world, rendezvous); --env cannot change it";
+    return std::string(key) +
+           " is set by accel for each worker (rank, world, rendezvous); --env cannot change it";
   }
   if (auto it = kFromConfig.find(key); it != kFromConfig.end()) {
-    return std::string(key) + " comes from the launch configuration; use " + std::string(it->second) +
-           " (or its config key) instead";
+    return std::string(key) + " comes from the launch configuration; use " +
+           std::string(it->second) + " (or its config key) instead";
   }
-  if (key == c::kToken) return std::string("ACCEL_TOKEN is the control plane's secret and is never given to workers");
+  if (key == c::kToken)
+    return std::string("ACCEL_TOKEN is the control plane's secret and is never given to workers");
   return std::nullopt;
 }
 

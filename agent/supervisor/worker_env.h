@@ -4,8 +4,8 @@
 
 #include <map>
 #include <optional>
-#include <string_view>
 #include <string>
+#include <string_view>
 
 #include "contract/worker_contract.h"
 
@@ -38,10 +38,11 @@ struct JobEnv {
   bool use_cpu = false;
   bool debug = false;
   // ACCEL_COLLECTIVE_TIMEOUT, as libaccel parses it (the launchers set it from the config).
-  std::string collective_timeout = std::to_string(contract::kDefaultCollectiveTimeout.count()) + "ms";
+  std::string collective_timeout =
+      std::to_string(contract::kDefaultCollectiveTimeout.count()) + "ms";
   std::string checkpoint_dir{};  // ACCEL_CHECKPOINT_DIR, an absolute path; empty: unset
   int checkpoint_interval = 0;   // ACCEL_CHECKPOINT_INTERVAL when > 0; otherwise unset
-  int omp_num_threads = 0;  // 0: 1 when local_world_size > 1 and unset in `base`, else inherit
+  int omp_num_threads = 0;       // 0: 1 when local_world_size > 1 and unset in `base`, else inherit
 };
 
 // Why `--env KEY=...` cannot set `key`, or nullopt when it can: a variable the launcher sets for

@@ -2,10 +2,11 @@
 #include "agent/supervisor/worker_group.h"
 
 #include <fcntl.h>
-#include <sys/syscall.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 
+#include <array>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -18,8 +19,6 @@
 #include <boost/process/io.hpp>
 #include <boost/process/pipe.hpp>
 #include <boost/process/start_dir.hpp>
-
-#include <array>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
@@ -131,12 +130,12 @@ void arm_read(const std::shared_ptr<State>& state, Worker* w, Stream Worker::*wh
   if (!s.open) return;
   std::weak_ptr<State> weak = state;
   s.pipe->async_wait(stream_descriptor::wait_read,
-                              [weak, w, which](const boost::system::error_code& ec) {
-                                auto st = weak.lock();
-                                if (!st || ec) return;
-                                drain(w->*which);
-                                arm_read(st, w, which);
-                              });
+                     [weak, w, which](const boost::system::error_code& ec) {
+                       auto st = weak.lock();
+                       if (!st || ec) return;
+                       drain(w->*which);
+                       arm_read(st, w, which);
+                     });
 }
 
 void signal_groups(State& st, int sig, bool include_exited) {
@@ -259,8 +258,8 @@ Status spawn(const std::shared_ptr<State>& st, Worker& w) {
   bp::environment env;
   for (const auto& [k, v] : spec.env) env[k] = v;
   std::vector<std::string> args(spec.argv.begin() + 1, spec.argv.end());
-  std::string dir = spec.working_dir.empty() ? std::filesystem::current_path().string()
-                                             : spec.working_dir;
+  std::string dir =
+      spec.working_dir.empty() ? std::filesystem::current_path().string() : spec.working_dir;
   bp::pipe out_pipe;
   bp::pipe err_pipe;
   // Why CLOEXEC on both ends: no other worker may inherit them (dup2 onto 1/2 clears it).
@@ -271,8 +270,8 @@ Status spawn(const std::shared_ptr<State>& st, Worker& w) {
   const pid_t parent = ::getpid();
   std::error_code ec;
   bp::child child(
-      bp::exe = spec.argv[0], bp::args = args, env, bp::start_dir = dir, bp::std_in < bp::null,
-      bp::std_out > out_pipe, bp::std_err > err_pipe,
+      bp::exe = spec.argv[0], bp::args = args, env, bp::start_dir = dir,
+      bp::std_in<bp::null, bp::std_out> out_pipe, bp::std_err > err_pipe,
       bp::extend::on_exec_setup =
           [parent](auto&) {
             // In the child, between fork and exec: async-signal-safe calls only.

@@ -16,7 +16,6 @@
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
-
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -37,7 +36,7 @@ struct WorkerSpec {
   std::string log_path;           // empty: no log file; else created/truncated
   bool stdout_to_console = true;
   bool stderr_to_console = true;
-  std::string prefix;             // put before every console line: "[rank 0] "
+  std::string prefix;  // put before every console line: "[rank 0] "
   // Also handed every output line (the agent forwards them to watching launchers).
   std::function<void(bool is_stderr, std::string_view line)> forward;
 };
@@ -47,10 +46,10 @@ struct WorkerExit {
   int local_rank = 0;
   pid_t pid = -1;
   bool signaled = false;
-  int exit_code = 0;  // when !signaled
-  int signal = 0;     // when signaled
+  int exit_code = 0;                           // when !signaled
+  int signal = 0;                              // when signaled
   std::chrono::system_clock::time_point time;  // when the exit was seen
-  bool during_stop = false;  // the group was being stopped when this worker ended
+  bool during_stop = false;                    // the group was being stopped when this worker ended
   std::vector<std::string> stderr_tail;
 
   [[nodiscard]] bool success() const { return !signaled && exit_code == 0; }

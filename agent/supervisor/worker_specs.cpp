@@ -18,8 +18,11 @@ std::vector<WorkerSpec> make_worker_specs(const GroupPlan& plan) {
   std::error_code ec;
   for (int local = 0; local < plan.local_world_size; ++local) {
     int rank = plan.rank_offset + local;
-    WorkerIdentity id{.rank = rank, .local_rank = local, .local_world_size = plan.local_world_size,
-                      .world_size = plan.world_size, .group_rank = plan.node_rank,
+    WorkerIdentity id{.rank = rank,
+                      .local_rank = local,
+                      .local_world_size = plan.local_world_size,
+                      .world_size = plan.world_size,
+                      .group_rank = plan.node_rank,
                       .group_world_size = plan.num_nodes};
     std::string error_file;
     if (!plan.error_dir.empty()) {

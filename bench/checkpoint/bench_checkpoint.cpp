@@ -40,12 +40,14 @@ struct Counter {
   void load_state_dict(const std::string& bytes) { value = std::stoll(bytes); }
 };
 
-// --- io / load: a model of about --mb MB of float32 parameters ------------------------------------
+// --- io / load: a model of about --mb MB of float32 parameters
+// ------------------------------------
 
 // ceil(mb / 16) square Linear layers, each about 16 MB or less, totalling mb * 10^6 bytes.
 torch::nn::Sequential big_model(int64_t mb, int64_t* width) {
   const int64_t layers = std::max<int64_t>(1, (mb + 15) / 16);
-  *width = std::max<int64_t>(8, static_cast<int64_t>(std::sqrt(static_cast<double>(mb) * 1e6 / 4.0 / layers)));
+  *width = std::max<int64_t>(
+      8, static_cast<int64_t>(std::sqrt(static_cast<double>(mb) * 1e6 / 4.0 / layers)));
   torch::nn::Sequential model;
   for (int64_t i = 0; i < layers; ++i) model->push_back(torch::nn::Linear(*width, *width));
   return model;
@@ -72,9 +74,11 @@ IoSetup prepare_io(accel::Accelerator& acc, int64_t mb) {
   torch::manual_seed(0);
   int64_t width = 0;
   auto model = big_model(mb, &width);
-  auto opt = std::make_shared<torch::optim::AdamW>(model->parameters(), torch::optim::AdamWOptions(1e-3));
+  auto opt =
+      std::make_shared<torch::optim::AdamW>(model->parameters(), torch::optim::AdamWOptions(1e-3));
   auto sched = std::make_shared<torch::optim::StepLR>(*opt, 1, 0.5);
-  accel::DataLoader loader(std::make_shared<accel::TensorDataset>(torch::randn({8, width})), {.batch_size = 8});
+  accel::DataLoader loader(std::make_shared<accel::TensorDataset>(torch::randn({8, width})),
+                           {.batch_size = 8});
   auto [m, o, dl, s] = acc.prepare(model, opt, loader, sched);
   auto counter = std::make_shared<Counter>();
   acc.register_for_checkpointing(counter);
@@ -111,11 +115,15 @@ void drop_caches() {
 }
 
 int run_io(int argc, char** argv) {
-  accel::examples::Args args("bench_checkpoint io", "Times save_state and load_state of a --mb MB model with AdamW state.");
-  args.flag("dir", "", "folder to write the checkpoint in (as <dir>/ck, left there after the last run)")
+  accel::examples::Args args(
+      "bench_checkpoint io",
+      "Times save_state and load_state of a --mb MB model with AdamW state.");
+  args.flag("dir", "",
+            "folder to write the checkpoint in (as <dir>/ck, left there after the last run)")
       .flag("mb", "100", "model size in MB (10^6 bytes) of float32 parameters")
       .flag("runs", "3", "save + load pairs")
-      .flag("drop-caches", "0", "1: sync and drop the page cache before each load_state (root only)")
+      .flag("drop-caches", "0",
+            "1: sync and drop the page cache before each load_state (root only)")
       .flag("scaler", "0", "1: also enable a GradScaler, so the checkpoint holds scaler.json");
   args.parse(argc, argv);
   if (args.str("dir").empty()) {
@@ -145,11 +153,13 @@ int run_io(int argc, char** argv) {
     double load_s = seconds_since(start);
     bool same = true;
     auto params = io.model->parameters();
-    for (std::size_t i = 0; i < params.size(); ++i) same = same && torch::equal(params[i], expected[i]);
-    std::printf("{\"run\": %ld, \"bytes\": %llu, \"save_s\": %.4f, \"load_s\": %.4f, \"cold_cache\": %s, "
-                "\"weights_restored\": %s}\n",
-                run, static_cast<unsigned long long>(bytes), save_s, load_s,
-                args.integer("drop-caches") != 0 ? "true" : "false", same ? "true" : "false");
+    for (std::size_t i = 0; i < params.size(); ++i)
+      same = same && torch::equal(params[i], expected[i]);
+    std::printf(
+        "{\"run\": %ld, \"bytes\": %llu, \"save_s\": %.4f, \"load_s\": %.4f, \"cold_cache\": %s, "
+        "\"weights_restored\": %s}\n",
+        run, static_cast<unsigned long long>(bytes), save_s, load_s,
+        args.integer("drop-caches") != 0 ? "true" : "false", same ? "true" : "false");
     std::fflush(stdout);
     if (!same) return 1;
   }
@@ -157,7 +167,9 @@ int run_io(int argc, char** argv) {
 }
 
 int run_load(int argc, char** argv) {
-  accel::examples::Args args("bench_checkpoint load", "Loads a checkpoint written by `bench_checkpoint io` and prints the error, if any.");
+  accel::examples::Args args(
+      "bench_checkpoint load",
+      "Loads a checkpoint written by `bench_checkpoint io` and prints the error, if any.");
   args.flag("dir", "", "the checkpoint folder (e.g. <io --dir>/ck)")
       .flag("mb", "100", "the --mb the checkpoint was written with")
       .flag("scaler", "0", "the --scaler the checkpoint was written with");
@@ -166,8 +178,9 @@ int run_load(int argc, char** argv) {
   auto io = prepare_io(acc, args.integer("mb"));
   try {
     auto dir = acc.load_state(args.str("dir"));
-    std::printf("{\"loaded\": %s, \"step\": %lld, \"counter\": %lld}\n", quoted(dir.string()).c_str(),
-                static_cast<long long>(acc.completed_steps()), static_cast<long long>(io.counter->value));
+    std::printf("{\"loaded\": %s, \"step\": %lld, \"counter\": %lld}\n",
+                quoted(dir.string()).c_str(), static_cast<long long>(acc.completed_steps()),
+                static_cast<long long>(io.counter->value));
     return 0;
   } catch (const accel::CheckpointError& e) {
     std::printf("{\"error\": \"CheckpointError\", \"message\": %s}\n", quoted(e.what()).c_str());
@@ -176,10 +189,11 @@ int run_load(int argc, char** argv) {
 }
 
 void usage(std::FILE* out) {
-  std::fprintf(out,
-               "usage: bench_checkpoint io|load [flags]   (bench_checkpoint MODE --help for the flags)\n"
-               "  io    time save_state/load_state of a --mb MB model with AdamW state\n"
-               "  load  load a checkpoint written by io and print the error, if any\n");
+  std::fprintf(
+      out,
+      "usage: bench_checkpoint io|load [flags]   (bench_checkpoint MODE --help for the flags)\n"
+      "  io    time save_state/load_state of a --mb MB model with AdamW state\n"
+      "  load  load a checkpoint written by io and print the error, if any\n");
 }
 
 }  // namespace

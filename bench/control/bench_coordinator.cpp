@@ -44,7 +44,9 @@ struct SimAgent : std::enable_shared_from_this<SimAgent> {
   uint64_t known = 0;
   bool joined = false;
   bool ran = false;
-  accel::rpc::CoordinatorClient& client() { return *s->clients[static_cast<size_t>(index) % s->clients.size()]; }
+  accel::rpc::CoordinatorClient& client() {
+    return *s->clients[static_cast<size_t>(index) % s->clients.size()];
+  }
 
   void start() {
     pb::RegisterNodeRequest req;
@@ -52,14 +54,15 @@ struct SimAgent : std::enable_shared_from_this<SimAgent> {
     req.set_hostname("sim");
     req.set_address("127.0.0.1");
     req.set_machine_rank(-1);
-    client().register_node(req, 30s, [self = shared_from_this()](const grpc::Status& st, pb::RegisterNodeResponse&) {
-      if (!st.ok()) {
-        self->s->errors++;
-        return;
-      }
-      self->s->registered++;
-      self->sync();
-    });
+    client().register_node(
+        req, 30s, [self = shared_from_this()](const grpc::Status& st, pb::RegisterNodeResponse&) {
+          if (!st.ok()) {
+            self->s->errors++;
+            return;
+          }
+          self->s->registered++;
+          self->sync();
+        });
   }
 
   void sync() {
@@ -68,37 +71,39 @@ struct SimAgent : std::enable_shared_from_this<SimAgent> {
     req.set_node_id(id);
     req.set_known_version(known);
     req.set_wait_ms(1000);
-    client().sync(req, 30s, [self = shared_from_this()](const grpc::Status& st, pb::SyncResponse& resp) {
-      self->s->syncs++;
-      if (!st.ok()) {
-        self->s->errors++;
-        std::this_thread::sleep_for(100ms);
-        self->sync();
-        return;
-      }
-      self->known = resp.version();
-      const auto& ins = resp.instruction();
-      if (ins.action() == pb::Instruction::ACTION_JOIN && !self->joined) {
-        self->joined = true;
-        pb::JoinRoundRequest j;
-        j.set_node_id(self->id);
-        j.set_job_id(ins.job_id());
-        j.set_round(ins.round());
-        self->client().join_round(j, 30s, [self](const grpc::Status& js, pb::JoinRoundResponse&) {
-          if (!js.ok()) self->s->errors++;
-          self->sync();
-        });
-        return;
-      }
-      if (ins.action() == pb::Instruction::ACTION_RUN && !self->ran) {
-        self->ran = true;
-        if (++self->s->running == self->s->registered.load()) {
-          std::lock_guard lock(self->s->mu);
-          self->s->all_running = Clock::now();
-        }
-      }
-      self->sync();
-    });
+    client().sync(req, 30s,
+                  [self = shared_from_this()](const grpc::Status& st, pb::SyncResponse& resp) {
+                    self->s->syncs++;
+                    if (!st.ok()) {
+                      self->s->errors++;
+                      std::this_thread::sleep_for(100ms);
+                      self->sync();
+                      return;
+                    }
+                    self->known = resp.version();
+                    const auto& ins = resp.instruction();
+                    if (ins.action() == pb::Instruction::ACTION_JOIN && !self->joined) {
+                      self->joined = true;
+                      pb::JoinRoundRequest j;
+                      j.set_node_id(self->id);
+                      j.set_job_id(ins.job_id());
+                      j.set_round(ins.round());
+                      self->client().join_round(
+                          j, 30s, [self](const grpc::Status& js, pb::JoinRoundResponse&) {
+                            if (!js.ok()) self->s->errors++;
+                            self->sync();
+                          });
+                      return;
+                    }
+                    if (ins.action() == pb::Instruction::ACTION_RUN && !self->ran) {
+                      self->ran = true;
+                      if (++self->s->running == self->s->registered.load()) {
+                        std::lock_guard lock(self->s->mu);
+                        self->s->all_running = Clock::now();
+                      }
+                    }
+                    self->sync();
+                  });
   }
 };
 
@@ -128,12 +133,18 @@ int main(int argc, char** argv) {
   int agents = 64, channels = 16, pid = 0, steady_s = 5;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
-    if (k == "--target") target = v;
-    else if (k == "--token") token = v;
-    else if (k == "--agents") agents = std::atoi(v.c_str());
-    else if (k == "--channels") channels = std::atoi(v.c_str());
-    else if (k == "--coordinator-pid") pid = std::atoi(v.c_str());
-    else if (k == "--steady-s") steady_s = std::atoi(v.c_str());
+    if (k == "--target")
+      target = v;
+    else if (k == "--token")
+      token = v;
+    else if (k == "--agents")
+      agents = std::atoi(v.c_str());
+    else if (k == "--channels")
+      channels = std::atoi(v.c_str());
+    else if (k == "--coordinator-pid")
+      pid = std::atoi(v.c_str());
+    else if (k == "--steady-s")
+      steady_s = std::atoi(v.c_str());
   }
   Shared s;
   for (int c = 0; c < channels; ++c) {
@@ -155,10 +166,12 @@ int main(int argc, char** argv) {
     sims.push_back(a);
     a->start();
   }
-  while (s.registered + s.errors < agents && Clock::now() - t0 < 60s) std::this_thread::sleep_for(5ms);
+  while (s.registered + s.errors < agents && Clock::now() - t0 < 60s)
+    std::this_thread::sleep_for(5ms);
   auto t_registered = Clock::now();
   if (s.registered != agents) {
-    std::fprintf(stderr, "only %d of %d agents registered (%d errors)\n", s.registered.load(), agents, s.errors.load());
+    std::fprintf(stderr, "only %d of %d agents registered (%d errors)\n", s.registered.load(),
+                 agents, s.errors.load());
     return 1;
   }
   auto [cpu1, rss1] = cpu_and_rss(pid);
@@ -197,12 +210,13 @@ int main(int argc, char** argv) {
   long steady_syncs = s.syncs - syncs_before;
   s.stop = true;
   auto ms = [](auto d) { return std::chrono::duration<double, std::milli>(d).count(); };
-  std::printf("{\"agents\": %d, \"register_ms\": %.1f, \"rendezvous_ms\": %.1f, \"register_cpu_s\": %.3f, "
-              "\"rendezvous_cpu_s\": %.3f, \"steady_cpu_pct\": %.1f, \"steady_syncs_per_s\": %.0f, "
-              "\"rss_mb\": %.1f, \"errors\": %d}\n",
-              agents, ms(t_registered - t0), ms(all - t_submit), cpu1 - cpu0, cpu2 - cpu1,
-              100.0 * (cpu3 - cpu2) / steady_s, static_cast<double>(steady_syncs) / steady_s,
-              static_cast<double>(rss3) / 1024.0, s.errors.load());
+  std::printf(
+      "{\"agents\": %d, \"register_ms\": %.1f, \"rendezvous_ms\": %.1f, \"register_cpu_s\": %.3f, "
+      "\"rendezvous_cpu_s\": %.3f, \"steady_cpu_pct\": %.1f, \"steady_syncs_per_s\": %.0f, "
+      "\"rss_mb\": %.1f, \"errors\": %d}\n",
+      agents, ms(t_registered - t0), ms(all - t_submit), cpu1 - cpu0, cpu2 - cpu1,
+      100.0 * (cpu3 - cpu2) / steady_s, static_cast<double>(steady_syncs) / steady_s,
+      static_cast<double>(rss3) / 1024.0, s.errors.load());
   (void)rss0;
   (void)rss1;
   (void)rss2;

@@ -1,16 +1,17 @@
 // bench_collectives: the cost of Accelerator::gather and ::reduce against calling c10d's
 // ProcessGroupGloo directly, 4 KiB .. 64 MiB of float32, in the same processes. Run under
 // accel-launch -n 2; the direct calls have the Accelerator's semantics (reduce leaves its input
-// and returns a new tensor: clone + allreduce; gather returns one tensor: allgather + cat). Rank 0 prints one JSON line per (op, size) with median milliseconds.
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+// and returns a new tensor: clone + allreduce; gather returns one tensor: allgather + cat). Rank 0
+// prints one JSON line per (op, size) with median milliseconds.
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "accel/accel.h"
 
@@ -37,8 +38,8 @@ int main() {
   auto store = c10::make_intrusive<c10d::TCPStore>(std::getenv("MASTER_ADDR"), so);
   auto opts = c10d::ProcessGroupGloo::Options::create();
   opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-  auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(c10::make_intrusive<c10d::PrefixStore>("bench/direct", store),
-                                                          rank, n, opts);
+  auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(
+      c10::make_intrusive<c10d::PrefixStore>("bench/direct", store), rank, n, opts);
   auto sync = [&] { gloo->barrier()->wait(); };
 
   for (int64_t bytes : {4L << 10, 64L << 10, 1L << 20, 16L << 20, 64L << 20}) {
@@ -52,7 +53,9 @@ int main() {
         barrier();
         auto start = std::chrono::steady_clock::now();
         fn();
-        into.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+        into.push_back(
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                .count());
       }
     };
     auto accel_sync = [&] { acc.wait_for_everyone(); };

@@ -24,13 +24,16 @@ int main(int argc, char** argv) {
   }
   torch::manual_seed(0);
   accel::Accelerator acc;
-  const int64_t in = big ? 784 : 10, hidden = big ? 2048 : 64, out = big ? 10 : 1, batch = big ? 64 : 8;
-  torch::nn::Sequential model = big ? torch::nn::Sequential(torch::nn::Linear(in, hidden), torch::nn::ReLU(),
-                                                            torch::nn::Linear(hidden, hidden), torch::nn::ReLU(),
-                                                            torch::nn::Linear(hidden, out))
-                                    : torch::nn::Sequential(torch::nn::Linear(in, hidden), torch::nn::ReLU(),
-                                                            torch::nn::Linear(hidden, out));
-  auto opt = std::make_shared<torch::optim::AdamW>(model->parameters(), torch::optim::AdamWOptions(1e-3));
+  const int64_t in = big ? 784 : 10, hidden = big ? 2048 : 64, out = big ? 10 : 1,
+                batch = big ? 64 : 8;
+  torch::nn::Sequential model =
+      big ? torch::nn::Sequential(torch::nn::Linear(in, hidden), torch::nn::ReLU(),
+                                  torch::nn::Linear(hidden, hidden), torch::nn::ReLU(),
+                                  torch::nn::Linear(hidden, out))
+          : torch::nn::Sequential(torch::nn::Linear(in, hidden), torch::nn::ReLU(),
+                                  torch::nn::Linear(hidden, out));
+  auto opt =
+      std::make_shared<torch::optim::AdamW>(model->parameters(), torch::optim::AdamWOptions(1e-3));
   auto [m, o] = acc.prepare(model, opt);
   std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
   for (int i = 0; i < 16; ++i) {
@@ -61,10 +64,12 @@ int main(int argc, char** argv) {
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (acc.is_main_process()) {
     double sps = static_cast<double>(steps) / seconds;
-    std::printf("{\"steps_per_s\": %.2f, \"samples_per_s\": %.1f, \"processes\": %d, \"mixed_precision\": \"%s\", "
-                "\"forward_dtype\": \"%s\"}\n",
-                sps, sps * static_cast<double>(batch) * acc.num_processes(), acc.num_processes(),
-                acc.mixed_precision().c_str(), c10::toString(forward_dtype));
+    std::printf(
+        "{\"steps_per_s\": %.2f, \"samples_per_s\": %.1f, \"processes\": %d, \"mixed_precision\": "
+        "\"%s\", "
+        "\"forward_dtype\": \"%s\"}\n",
+        sps, sps * static_cast<double>(batch) * acc.num_processes(), acc.num_processes(),
+        acc.mixed_precision().c_str(), c10::toString(forward_dtype));
   }
   return 0;
 }

@@ -14,7 +14,8 @@ namespace accel::examples {
 
 class Args {
  public:
-  Args(std::string program, std::string about) : program_(std::move(program)), about_(std::move(about)) {}
+  Args(std::string program, std::string about)
+      : program_(std::move(program)), about_(std::move(about)) {}
 
   // Declares a flag with its default (as text) and help.
   Args& flag(const std::string& name, const std::string& fallback, const std::string& help) {
@@ -43,14 +44,17 @@ class Args {
         if (i + 1 >= argc) fail("--" + name + " needs a value");
         value = argv[++i];
       }
-      for (auto& c : name) if (c == '_') c = '-';
+      for (auto& c : name)
+        if (c == '_') c = '-';
       if (!values_.count(name)) fail("unknown flag --" + name);
       values_[name] = value;
     }
     // A flag whose default is a number takes only numbers: say so now, before any work starts.
     for (const auto& name : order_) {
-      if (is_integer(defaults_.at(name))) (void)integer(name);
-      else if (is_real(defaults_.at(name))) (void)real(name);
+      if (is_integer(defaults_.at(name)))
+        (void)integer(name);
+      else if (is_real(defaults_.at(name)))
+        (void)real(name);
     }
   }
 
@@ -58,13 +62,15 @@ class Args {
   long integer(const std::string& name) const {
     char* end = nullptr;
     long v = std::strtol(values_.at(name).c_str(), &end, 10);
-    if (*end != '\0' || values_.at(name).empty()) fail("--" + name + " expects an integer, got '" + values_.at(name) + "'");
+    if (*end != '\0' || values_.at(name).empty())
+      fail("--" + name + " expects an integer, got '" + values_.at(name) + "'");
     return v;
   }
   double real(const std::string& name) const {
     char* end = nullptr;
     double v = std::strtod(values_.at(name).c_str(), &end);
-    if (*end != '\0' || values_.at(name).empty()) fail("--" + name + " expects a number, got '" + values_.at(name) + "'");
+    if (*end != '\0' || values_.at(name).empty())
+      fail("--" + name + " expects a number, got '" + values_.at(name) + "'");
     return v;
   }
 
@@ -76,7 +82,8 @@ class Args {
   void usage(std::ostream& out) const {
     out << "usage: " << program_ << " [flags]\n\n" << about_ << "\n\nflags:\n";
     for (const auto& name : order_) {
-      out << "  --" << name << " (default " << values_.at(name) << ")\n      " << help_.at(name) << "\n";
+      out << "  --" << name << " (default " << values_.at(name) << ")\n      " << help_.at(name)
+          << "\n";
     }
     out << "\nRun it on N processes with: accel-launch -n N " << program_ << " [flags]\n";
   }
@@ -97,9 +104,9 @@ class Args {
   std::map<std::string, std::string> values_, help_, defaults_;
 };
 
-// Runs an example's `run_training(argc, argv)`: an accel::Error (no intact checkpoint to resume from, a
-// bad configuration) is printed and the process exits 1, instead of ending in std::terminate and
-// SIGABRT with the same message buried in a crash report.
+// Runs an example's `run_training(argc, argv)`: an accel::Error (no intact checkpoint to resume
+// from, a bad configuration) is printed and the process exits 1, instead of ending in
+// std::terminate and SIGABRT with the same message buried in a crash report.
 inline int run_example(int (*train)(int, char**), int argc, char** argv) {
   try {
     return train(argc, argv);

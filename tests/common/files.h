@@ -3,11 +3,11 @@
 
 #include <stdlib.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <stdexcept>
-#include <cstdlib>
 #include <string>
 
 namespace accel::testing {

@@ -14,7 +14,8 @@ namespace {
 // The pids of `parent`'s children (the launcher's workers).
 std::vector<pid_t> children_of(pid_t parent) {
   std::vector<pid_t> out;
-  std::ifstream in("/proc/" + std::to_string(parent) + "/task/" + std::to_string(parent) + "/children");
+  std::ifstream in("/proc/" + std::to_string(parent) + "/task/" + std::to_string(parent) +
+                   "/children");
   for (pid_t pid; in >> pid;) out.push_back(pid);
   return out;
 }
@@ -23,7 +24,8 @@ std::vector<pid_t> children_of(pid_t parent) {
 bool has_checkpoint(const fs::path& dir) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir / "checkpoints", ec)) {
-    if (e.path().filename().string().rfind("checkpoint_", 0) == 0 && fs::exists(e.path() / "manifest.json", ec)) {
+    if (e.path().filename().string().rfind("checkpoint_", 0) == 0 &&
+        fs::exists(e.path() / "manifest.json", ec)) {
       return true;
     }
   }
@@ -38,7 +40,8 @@ std::string file_bytes(const fs::path& p) {
 // train_classifier on 2 processes, small enough to run several times, long enough to be killed
 // in the middle: 4 epochs x 47 steps.
 std::vector<std::string> classifier_args(const std::string& model_dir) {
-  return {TRAIN_CLASSIFIER_BIN, "--epochs", "4", "--train-samples", "3000", "--save-model", model_dir};
+  return {TRAIN_CLASSIFIER_BIN, "--epochs", "4", "--train-samples", "3000",
+          "--save-model",       model_dir};
 }
 
 // A restart that finds no intact checkpoint stops with the runtime's clear error and exit 1 on
@@ -47,8 +50,18 @@ TEST(Checkpoint, NoIntactCheckpointIsAClearErrorAndExit1) {
   TempDir dir;
   std::map<std::string, std::string> env{{"OMP_NUM_THREADS", "1"}};
   auto ck = dir.path() / "ck";
-  std::vector<std::string> first = {"-n", "1", "--checkpoint-dir", ck.string(), "--checkpoint-interval", "5", "--",
-                                    TRAIN_CLASSIFIER_BIN, "--epochs", "1", "--train-samples", "400"};
+  std::vector<std::string> first = {"-n",
+                                    "1",
+                                    "--checkpoint-dir",
+                                    ck.string(),
+                                    "--checkpoint-interval",
+                                    "5",
+                                    "--",
+                                    TRAIN_CLASSIFIER_BIN,
+                                    "--epochs",
+                                    "1",
+                                    "--train-samples",
+                                    "400"};
   auto r = run_launcher(dir, first, 120s, env);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   ASSERT_TRUE(has_checkpoint(ck));
@@ -79,13 +92,20 @@ TEST(Checkpoint, KilledWorkersResumeToTheWeightsOfAnUninterruptedRun) {
     int victim = static_cast<int>(rng() % 2);
     // Once the first checkpoint exists, a random point of whatever the job is doing then
     // (training, all-reducing, saving); halved and retried if the job finished first.
-    auto delay = std::chrono::milliseconds(
-        static_cast<int64_t>(static_cast<double>(duration.count()) * 0.5 * (rng() % 1000) / 1000.0));
+    auto delay = std::chrono::milliseconds(static_cast<int64_t>(
+        static_cast<double>(duration.count()) * 0.5 * (rng() % 1000) / 1000.0));
     bool interrupted = false;
     for (int attempt = 0; attempt < 4 && !interrupted; ++attempt, delay /= 2) {
       TempDir run;
-      std::vector<std::string> launch = {"--max-restarts", "2",  "--checkpoint-dir", run / "ck",
-                                         "--checkpoint-interval", "10", "-n", "2", "--"};
+      std::vector<std::string> launch = {"--max-restarts",
+                                         "2",
+                                         "--checkpoint-dir",
+                                         run / "ck",
+                                         "--checkpoint-interval",
+                                         "10",
+                                         "-n",
+                                         "2",
+                                         "--"};
       auto a = classifier_args(run / "model");
       launch.insert(launch.end(), a.begin(), a.end());
       Launched job(run, launch, env);
@@ -116,24 +136,30 @@ TEST(Checkpoint, KilledWorkersResumeToTheWeightsOfAnUninterruptedRun) {
 }
 
 TEST(Checkpoint, KillAtEveryStepOfASaveLeavesALoadableCheckpoint) {
-  std::regex saved_re(R"(SAVED checkpoint_0 ([0-9a-f]{16}))"), saving_re(R"(SAVING checkpoint_1 ([0-9a-f]{16}))"),
+  std::regex saved_re(R"(SAVED checkpoint_0 ([0-9a-f]{16}))"),
+      saving_re(R"(SAVING checkpoint_1 ([0-9a-f]{16}))"),
       loaded_re(R"(LOADED (checkpoint_\d+) ([0-9a-f]{16}))");
   std::map<std::string, int> loaded_names;
   bool completed = false;
   for (int k = 0; k < 60 && !completed; ++k) {
     TempDir dir;
-    auto r = run_launcher(dir, {"-n", "1", "--", RUNTIME_WORKER_BIN, "save_killed", dir / "project", std::to_string(k)},
-                          60s, {{"OMP_NUM_THREADS", "1"}});
+    auto r = run_launcher(
+        dir,
+        {"-n", "1", "--", RUNTIME_WORKER_BIN, "save_killed", dir / "project", std::to_string(k)},
+        60s, {{"OMP_NUM_THREADS", "1"}});
     std::smatch m0, m1;
     ASSERT_TRUE(std::regex_search(r.out, m0, saved_re)) << r.out << r.err;
     ASSERT_TRUE(std::regex_search(r.out, m1, saving_re)) << r.out << r.err;
     completed = r.exit_code == 0;
     if (!completed) {
-      ASSERT_NE(r.out.find("KILLED at op " + std::to_string(k)), std::string::npos) << r.out << r.err;
+      ASSERT_NE(r.out.find("KILLED at op " + std::to_string(k)), std::string::npos)
+          << r.out << r.err;
     }
-    auto load = run_launcher(dir, {"-n", "1", "--", RUNTIME_WORKER_BIN, "load_newest", dir / "project"}, 60s,
-                             {{"OMP_NUM_THREADS", "1"}});
-    ASSERT_EQ(load.exit_code, 0) << "kill at op " << k << ": the newest checkpoint does not load\n" << load.out << load.err;
+    auto load =
+        run_launcher(dir, {"-n", "1", "--", RUNTIME_WORKER_BIN, "load_newest", dir / "project"},
+                     60s, {{"OMP_NUM_THREADS", "1"}});
+    ASSERT_EQ(load.exit_code, 0) << "kill at op " << k << ": the newest checkpoint does not load\n"
+                                 << load.out << load.err;
     std::smatch m;
     ASSERT_TRUE(std::regex_search(load.out, m, loaded_re)) << load.out;
     const std::string name = m[1], hash = m[2];
@@ -162,19 +188,30 @@ TEST(Checkpoint, ACheckpointFromTwoProcessesLoadsOnOneAndThreeWithAWarning) {
   TempDir dir;
   std::map<std::string, std::string> env{{"OMP_NUM_THREADS", "1"}};
   // kill_at far past the end: both saves complete.
-  auto save = run_launcher(dir, {"-n", "2", "--", RUNTIME_WORKER_BIN, "save_killed", dir / "project", "100000"}, 120s, env);
+  auto save = run_launcher(
+      dir, {"-n", "2", "--", RUNTIME_WORKER_BIN, "save_killed", dir / "project", "100000"}, 120s,
+      env);
   ASSERT_EQ(save.exit_code, 0) << save.out << save.err;
   std::smatch saved;
-  ASSERT_TRUE(std::regex_search(save.out, saved, std::regex(R"(SAVED checkpoint_1 ([0-9a-f]{16}))"))) << save.out;
+  ASSERT_TRUE(
+      std::regex_search(save.out, saved, std::regex(R"(SAVED checkpoint_1 ([0-9a-f]{16}))")))
+      << save.out;
   for (const char* n : {"1", "3"}) {
-    auto load = run_launcher(dir, {"-n", n, "--", RUNTIME_WORKER_BIN, "load_newest", dir / "project"}, 120s, env);
+    auto load = run_launcher(
+        dir, {"-n", n, "--", RUNTIME_WORKER_BIN, "load_newest", dir / "project"}, 120s, env);
     ASSERT_EQ(load.exit_code, 0) << load.out << load.err;
     std::smatch loaded;
-    ASSERT_TRUE(std::regex_search(load.out, loaded, std::regex(R"(LOADED (checkpoint_\d+) ([0-9a-f]{16}))"))) << load.out;
+    ASSERT_TRUE(std::regex_search(load.out, loaded,
+                                  std::regex(R"(LOADED (checkpoint_\d+) ([0-9a-f]{16}))")))
+        << load.out;
     EXPECT_EQ(loaded[1].str(), "checkpoint_1");
-    EXPECT_EQ(loaded[2].str(), saved[1].str()) << "on " << n << " processes the weights differ from the saved ones";
-    EXPECT_NE(load.err.find("was saved by 2 processes, this job has " + std::string(n)), std::string::npos) << load.err;
-    EXPECT_NE(load.err.find("the RNG states are not (each was saved for one of the old ranks)"), std::string::npos)
+    EXPECT_EQ(loaded[2].str(), saved[1].str())
+        << "on " << n << " processes the weights differ from the saved ones";
+    EXPECT_NE(load.err.find("was saved by 2 processes, this job has " + std::string(n)),
+              std::string::npos)
+        << load.err;
+    EXPECT_NE(load.err.find("the RNG states are not (each was saved for one of the old ranks)"),
+              std::string::npos)
         << load.err;
   }
 }

@@ -41,14 +41,15 @@ std::vector<Marker> markers(const fs::path& dir) {
 std::vector<Marker> markers_with_world(const fs::path& dir, int world) {
   auto all = markers(dir);
   std::vector<Marker> out;
-  std::copy_if(all.begin(), all.end(), std::back_inserter(out), [&](const Marker& m) { return m.world == world; });
+  std::copy_if(all.begin(), all.end(), std::back_inserter(out),
+               [&](const Marker& m) { return m.world == world; });
   return out;
 }
 
 void expect_no_orphans(const fs::path& dir) {
   for (const auto& m : markers(dir)) {
-    EXPECT_TRUE(wait_pid_gone(m.pid, 5s)) << "worker pid " << m.pid << " (rank " << m.rank
-                                          << ") outlived its job";
+    EXPECT_TRUE(wait_pid_gone(m.pid, 5s))
+        << "worker pid " << m.pid << " (rank " << m.rank << ") outlived its job";
   }
 }
 
@@ -68,7 +69,8 @@ class Cluster {
   // The agent that also serves the coordinator.
   Launched& serve(const std::string& node_id, bool coordinator_only = false) {
     std::vector<std::string> args = {"--serve-coordinator", "127.0.0.1:" + std::to_string(port_),
-                                     "--lease-timeout", lease_, "--stop-timeout", "2s"};
+                                     "--lease-timeout",     lease_,
+                                     "--stop-timeout",      "2s"};
     if (coordinator_only) {
       args.push_back("--coordinator-only");
     } else {
@@ -79,12 +81,16 @@ class Cluster {
 
   // serve() coordinator-only, under `ulimit -n nofile` (soft and hard): it cannot raise it.
   Launched& serve_with_file_limit(int nofile) {
-    std::vector<std::string> args = {"-c", "ulimit -n " + std::to_string(nofile) + " && exec \"$0\" \"$@\"",
-                                     ACCEL_AGENT_BIN, "--serve-coordinator", "127.0.0.1:" + std::to_string(port_),
-                                     "--coordinator-only"};
-    procs_.push_back(std::make_unique<Launched>(dir_, "/bin/sh", args,
-                                                std::map<std::string, std::string>{{"ACCEL_TOKEN", kToken}},
-                                                "coordinator_" + std::to_string(procs_.size())));
+    std::vector<std::string> args = {
+        "-c",
+        "ulimit -n " + std::to_string(nofile) + " && exec \"$0\" \"$@\"",
+        ACCEL_AGENT_BIN,
+        "--serve-coordinator",
+        "127.0.0.1:" + std::to_string(port_),
+        "--coordinator-only"};
+    procs_.push_back(std::make_unique<Launched>(
+        dir_, "/bin/sh", args, std::map<std::string, std::string>{{"ACCEL_TOKEN", kToken}},
+        "coordinator_" + std::to_string(procs_.size())));
     return *procs_.back();
   }
 
@@ -97,13 +103,15 @@ class Cluster {
   int port() const { return port_; }
 
   Launched& agent_with_args(const std::string& node_id, std::vector<std::string> extra) {
-    std::vector<std::string> args = {"--coordinator", target(), "--node-id", node_id, "--stop-timeout", "2s"};
+    std::vector<std::string> args = {"--coordinator", target(),         "--node-id",
+                                     node_id,         "--stop-timeout", "2s"};
     args.insert(args.end(), extra.begin(), extra.end());
     return add(args, node_id);
   }
 
   Launched& agent(const std::string& node_id, const std::string& token = kToken) {
-    return add({"--coordinator", target(), "--node-id", node_id, "--stop-timeout", "2s"}, node_id, token);
+    return add({"--coordinator", target(), "--node-id", node_id, "--stop-timeout", "2s"}, node_id,
+               token);
   }
 
   std::unique_ptr<Launched> submit(std::vector<std::string> launch_args,
@@ -121,7 +129,8 @@ class Cluster {
 
   // accel status's output.
   std::string status() {
-    Launched s(dir_, ACCEL_BIN, {"status", "--coordinator", target()}, {{"ACCEL_TOKEN", kToken}}, "status");
+    Launched s(dir_, ACCEL_BIN, {"status", "--coordinator", target()}, {{"ACCEL_TOKEN", kToken}},
+               "status");
     auto r = s.wait(10s);
     return r.out + r.err;
   }
@@ -180,19 +189,24 @@ TEST(ControlPlane, KilledWorkerRestartsTheWholeGroupAndTheBudgetIsGlobal) {
   Cluster c(dir);
   c.serve("node-a");
   c.agent("node-b");
-  auto launch = c.submit({"--nodes", "2", "-n", "2", "--max-restarts", "1"}, {"--until-file", done_file(c)});
+  auto launch =
+      c.submit({"--nodes", "2", "-n", "2", "--max-restarts", "1"}, {"--until-file", done_file(c)});
   auto kill_rank = [&](int restart, int rank) {
     Marker victim;
-    ASSERT_TRUE(wait_until([&] {
-      auto ms = markers(c.worker_dir());
-      int n = 0;
-      for (const auto& m : ms) {
-        if (m.restart != restart) continue;
-        ++n;
-        if (m.rank == rank) victim = m;
-      }
-      return n == 4;
-    }, 30s)) << "restart " << restart << " never had 4 workers\n" << launch->err_so_far();
+    ASSERT_TRUE(wait_until(
+        [&] {
+          auto ms = markers(c.worker_dir());
+          int n = 0;
+          for (const auto& m : ms) {
+            if (m.restart != restart) continue;
+            ++n;
+            if (m.rank == rank) victim = m;
+          }
+          return n == 4;
+        },
+        30s))
+        << "restart " << restart << " never had 4 workers\n"
+        << launch->err_so_far();
     ASSERT_EQ(::kill(victim.pid, SIGKILL), 0);
   };
   kill_rank(0, 3);  // node-b's worker: restart 1 of 1, for the whole job
@@ -203,7 +217,8 @@ TEST(ControlPlane, KilledWorkerRestartsTheWholeGroupAndTheBudgetIsGlobal) {
   EXPECT_NE(r.err.find("no restarts left (max_restarts 1)"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("* "), std::string::npos) << "root cause not marked:\n" << r.err;
   EXPECT_NE(r.err.find("rank 0 on"), std::string::npos) << r.err;
-  for (const auto& m : markers(c.worker_dir())) EXPECT_LE(m.restart, 1) << "a third group was started";
+  for (const auto& m : markers(c.worker_dir()))
+    EXPECT_LE(m.restart, 1) << "a third group was started";
   expect_no_orphans(c.worker_dir());
 }
 
@@ -213,7 +228,8 @@ TEST(ControlPlane, KilledAgentIsNoticedWithinTheLeaseAndTheJobShrinks) {
   c.serve("node-a");
   c.agent("node-b");
   Launched& doomed = c.agent("node-c");
-  auto launch = c.submit({"--nodes", "2:3", "-n", "1", "--last-call", "1s"}, {"--until-file", done_file(c)});
+  auto launch =
+      c.submit({"--nodes", "2:3", "-n", "1", "--last-call", "1s"}, {"--until-file", done_file(c)});
   ASSERT_TRUE(wait_until([&] { return markers_with_world(c.worker_dir(), 3).size() == 3; }, 30s))
       << launch->err_so_far();
   pid_t doomed_worker = 0;
@@ -242,13 +258,16 @@ TEST(ControlPlane, TooFewNodesAfterALossFailsCleanly) {
   Cluster c(dir, "2s");
   c.serve("node-a");
   Launched& doomed = c.agent("node-b");
-  auto launch = c.submit({"--nodes", "2", "-n", "1", "--join-timeout", "3s"}, {"--until-file", done_file(c)});
-  ASSERT_TRUE(wait_until([&] { return markers(c.worker_dir()).size() == 2; }, 30s)) << launch->err_so_far();
+  auto launch =
+      c.submit({"--nodes", "2", "-n", "1", "--join-timeout", "3s"}, {"--until-file", done_file(c)});
+  ASSERT_TRUE(wait_until([&] { return markers(c.worker_dir()).size() == 2; }, 30s))
+      << launch->err_so_far();
   doomed.signal(SIGKILL);
   RunResult r = launch->wait(30s);
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_NE(r.err.find("only 1 of the 2 nodes it needs joined round 1 within join_timeout"),
-            std::string::npos) << r.err;
+            std::string::npos)
+      << r.err;
   expect_no_orphans(c.worker_dir());
 }
 
@@ -256,7 +275,8 @@ TEST(ControlPlane, ANewAgentMakesTheJobGrowAtTheNextRound) {
   TempDir dir;
   Cluster c(dir);
   c.serve("node-a");
-  auto launch = c.submit({"--nodes", "1:2", "-n", "1", "--last-call", "0s"}, {"--until-file", done_file(c)});
+  auto launch =
+      c.submit({"--nodes", "1:2", "-n", "1", "--last-call", "0s"}, {"--until-file", done_file(c)});
   ASSERT_TRUE(wait_until([&] { return markers_with_world(c.worker_dir(), 1).size() == 1; }, 30s))
       << launch->err_so_far();
   c.agent("node-b");
@@ -276,7 +296,8 @@ TEST(ControlPlane, JobFinishesAcrossACoordinatorRestart) {
   c.agent("node-a");
   c.agent("node-b");
   auto launch = c.submit({"--nodes", "2", "-n", "1"}, {"--until-file", done_file(c)});
-  ASSERT_TRUE(wait_until([&] { return markers(c.worker_dir()).size() == 2; }, 30s)) << launch->err_so_far();
+  ASSERT_TRUE(wait_until([&] { return markers(c.worker_dir()).size() == 2; }, 30s))
+      << launch->err_so_far();
   coordinator.signal(SIGKILL);
   coordinator.wait(5s);
   std::this_thread::sleep_for(500ms);
@@ -305,10 +326,14 @@ TEST(ControlPlane, HungRankGetsADesyncReportAndTheGroupRestarts) {
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   // node-a sees only rank 0 waiting; the coordinator's job-wide report names rank 1 on node-b.
   EXPECT_NE(r.err.find("hung: rank 1 on "), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("is outside any collective; its last was barrier #2; rank 0 wait in barrier #3"),
-            std::string::npos) << r.err;
+  EXPECT_NE(
+      r.err.find("is outside any collective; its last was barrier #2; rank 0 wait in barrier #3"),
+      std::string::npos)
+      << r.err;
   EXPECT_NE(r.err.find("job-wide, from every agent's last sync:"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("outside any collective; last barrier #2; last heartbeat"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("outside any collective; last barrier #2; last heartbeat"),
+            std::string::npos)
+      << r.err;
   EXPECT_NE(r.err.find("<- lagging"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("restart 1 of 1"), std::string::npos) << r.err;
   EXPECT_NE(r.out.find("rank 1 done"), std::string::npos) << r.out;
@@ -318,14 +343,18 @@ TEST(ControlPlane, MutualTlsJobRunsAndAPlaintextClientIsTurnedAway) {
   TempDir dir;
   std::string d = dir.path().string();
   std::string script =
-      "cd " + d + " && openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 1 "
-      "-subj /CN=accel-test-ca && openssl req -newkey rsa:2048 -nodes -keyout node.key -out node.csr "
+      "cd " + d +
+      " && openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 1 "
+      "-subj /CN=accel-test-ca && openssl req -newkey rsa:2048 -nodes -keyout node.key -out "
+      "node.csr "
       "-subj /CN=accel-node && printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > ext.cnf && "
-      "openssl x509 -req -in node.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out node.pem -days 1 "
+      "openssl x509 -req -in node.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out node.pem -days "
+      "1 "
       "-extfile ext.cnf";
   ASSERT_EQ(std::system((script + " >/dev/null 2>&1").c_str()), 0) << script;
   Cluster c(dir);
-  c.common_args = {"--tls-cert", d + "/node.pem", "--tls-key", d + "/node.key", "--tls-ca", d + "/ca.pem"};
+  c.common_args = {"--tls-cert",    d + "/node.pem", "--tls-key",
+                   d + "/node.key", "--tls-ca",      d + "/ca.pem"};
   // The launcher first: it must connect once the coordinator is up (gRPC's reconnect used to
   // wait for its 5 s backup poller and give a TLS handshake 100 ms, so it never did).
   auto launch = c.submit({"--nodes", "2", "-n", "1"}, {"--run-ms", "0"});
@@ -337,7 +366,8 @@ TEST(ControlPlane, MutualTlsJobRunsAndAPlaintextClientIsTurnedAway) {
   EXPECT_EQ(markers(c.worker_dir()).size(), 2u);
   // Without TLS the launcher cannot even talk to the coordinator; nothing runs.
   c.common_args.clear();
-  Launched plain(dir, ACCEL_LAUNCH_BIN, {"--coordinator", c.target(), "-n", "1", "--", CONTROL_WORKER_BIN, d},
+  Launched plain(dir, ACCEL_LAUNCH_BIN,
+                 {"--coordinator", c.target(), "-n", "1", "--", CONTROL_WORKER_BIN, d},
                  {{"ACCEL_TOKEN", kToken}}, "plain");
   RunResult p = plain.wait(60s);
   EXPECT_EQ(p.exit_code, 1) << p.err;
@@ -369,13 +399,15 @@ TEST(ControlPlane, AConnectionFloodPastTheFileLimitDoesNotDisableTheCoordinator)
   constexpr int kFlood = 1100;
   rlimit lim{};
   ::getrlimit(RLIMIT_NOFILE, &lim);
-  if (lim.rlim_max < kFlood + 200) GTEST_SKIP() << "the test needs " << kFlood + 200 << " descriptors";
+  if (lim.rlim_max < kFlood + 200)
+    GTEST_SKIP() << "the test needs " << kFlood + 200 << " descriptors";
   rlimit raised{lim.rlim_max, lim.rlim_max};
   ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &raised), 0);
   TempDir dir;
   Cluster c(dir);
   c.serve_with_file_limit(1024);
-  ASSERT_TRUE(wait_until([&] { return c.status_result(5s).exit_code == 0; }, 15s)) << "the coordinator never answered";
+  ASSERT_TRUE(wait_until([&] { return c.status_result(5s).exit_code == 0; }, 15s))
+      << "the coordinator never answered";
 
   std::vector<int> flood;
   sockaddr_in a{};
@@ -401,7 +433,9 @@ TEST(ControlPlane, AConnectionFloodPastTheFileLimitDoesNotDisableTheCoordinator)
   EXPECT_TRUE(answered) << "accel status after the flood:\n" << after.out << after.err;
   EXPECT_LT(std::chrono::steady_clock::now() - start, 30s);
   std::cerr << "during the flood accel status exited " << during.exit_code << "; answered "
-            << std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count()
+            << std::chrono::duration_cast<std::chrono::milliseconds>(
+                   std::chrono::steady_clock::now() - start)
+                   .count()
             << " ms after it ended\n";
 }
 
@@ -417,11 +451,13 @@ void expect_every_line_in_order(const std::string& out, int ranks, int n) {
     in >> rank >> i;
     ASSERT_TRUE(rank >= 0 && rank < ranks) << line.substr(0, 120);
     if (i != next[static_cast<size_t>(rank)] && ++bad < 5) {
-      ADD_FAILURE() << "rank " << rank << ": line " << i << " where " << next[static_cast<size_t>(rank)] << " was due";
+      ADD_FAILURE() << "rank " << rank << ": line " << i << " where "
+                    << next[static_cast<size_t>(rank)] << " was due";
     }
     next[static_cast<size_t>(rank)] = i + 1;
   }
-  for (int r = 0; r < ranks; ++r) EXPECT_EQ(next[static_cast<size_t>(r)], n) << "rank " << r << "'s lines";
+  for (int r = 0; r < ranks; ++r)
+    EXPECT_EQ(next[static_cast<size_t>(r)], n) << "rank " << r << "'s lines";
 }
 
 // Mode 3 forwards output losslessly: a node's lines reach the coordinator before its report of
@@ -437,8 +473,9 @@ TEST(ControlPlane, ForwardedOutputArrivesWholeAndInOrderBeforeTheJobEnds) {
   };
   for (Case k : {Case{100, 60'000}, Case{20'000, 40}}) {
     SCOPED_TRACE(std::to_string(k.lines) + " lines of " + std::to_string(k.bytes) + " bytes");
-    auto launch = c.submit({"--nodes", "2", "-n", "2"}, {"--run-ms", "0", "--print-lines", std::to_string(k.lines),
-                                                         "--line-bytes", std::to_string(k.bytes)});
+    auto launch = c.submit({"--nodes", "2", "-n", "2"},
+                           {"--run-ms", "0", "--print-lines", std::to_string(k.lines),
+                            "--line-bytes", std::to_string(k.bytes)});
     RunResult r = launch->wait(90s);
     ASSERT_EQ(r.exit_code, 0) << r.err.substr(0, 4000);
     expect_every_line_in_order(r.out, 4, k.lines);
@@ -458,14 +495,16 @@ TEST(ControlPlane, AStandingAgentHidesItsTokenAndCleansItsStateFolder) {
   Launched& agent = c.agent_with_args("node-b", {"--state-dir", state.string()});
   ASSERT_TRUE(wait_until([&] { return c.status().find("node-b") != std::string::npos; }, 15s));
   std::string environ_block = read_file("/proc/" + std::to_string(agent.pid()) + "/environ");
-  EXPECT_EQ(environ_block.find(kToken), std::string::npos) << "the token is readable in /proc/<pid>/environ";
+  EXPECT_EQ(environ_block.find(kToken), std::string::npos)
+      << "the token is readable in /proc/<pid>/environ";
   for (int job = 0; job < 2; ++job) {
     auto launch = c.submit({"-n", "2"}, {"--run-ms", "0"});
     RunResult r = launch->wait(60s);
     ASSERT_EQ(r.exit_code, 0) << r.err;
   }
   EXPECT_TRUE(wait_until([&] { return fs::is_empty(state); }, 10s))
-      << "left in " << state << ": " << (fs::is_empty(state) ? "" : fs::begin(fs::directory_iterator(state))->path().string());
+      << "left in " << state << ": "
+      << (fs::is_empty(state) ? "" : fs::begin(fs::directory_iterator(state))->path().string());
   expect_no_orphans(c.worker_dir());
 }
 
@@ -477,13 +516,14 @@ TEST(ControlPlane, CtrlCOnAnyNodeCancelsTheJobEverywhere) {
     return std::make_unique<Launched>(
         dir, ACCEL_LAUNCH_BIN,
         std::vector<std::string>{"--nodes", "2", "--machine-rank", std::to_string(rank), "-n", "1",
-                                 "--coordinator-port", std::to_string(port), "--", CONTROL_WORKER_BIN,
-                                 (dir.path() / "w").string()},
+                                 "--coordinator-port", std::to_string(port), "--",
+                                 CONTROL_WORKER_BIN, (dir.path() / "w").string()},
         std::map<std::string, std::string>{{"ACCEL_TOKEN", kToken}}, "node" + std::to_string(rank));
   };
   auto n0 = node(0);
   auto n1 = node(1);
-  ASSERT_TRUE(wait_until([&] { return markers(dir.path() / "w").size() == 2; }, 30s)) << n0->err_so_far();
+  ASSERT_TRUE(wait_until([&] { return markers(dir.path() / "w").size() == 2; }, 30s))
+      << n0->err_so_far();
   n1->signal(SIGINT);  // not the node that hosts the coordinator, and no --job-id given
   RunResult r1 = n1->wait(30s);
   RunResult r0 = n0->wait(30s);

@@ -83,7 +83,8 @@ inline int free_port() {
 inline bool pid_alive(pid_t pid) { return ::kill(pid, 0) == 0; }
 
 // Polls for a file to exist with at least `min_lines` lines (bounded).
-inline bool wait_for_file(const fs::path& p, std::chrono::milliseconds timeout, size_t min_lines = 1) {
+inline bool wait_for_file(const fs::path& p, std::chrono::milliseconds timeout,
+                          size_t min_lines = 1) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   while (std::chrono::steady_clock::now() < deadline) {
     if (fs::exists(p) && lines_of(read_file(p)).size() >= min_lines) return true;
@@ -109,7 +110,8 @@ class Launched {
     for (char** e = environ; *e != nullptr; ++e) {
       std::string kv(*e);
       auto eq = kv.find('=');
-      if (eq != std::string::npos && kv.rfind("ACCEL_", 0) != 0) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+      if (eq != std::string::npos && kv.rfind("ACCEL_", 0) != 0)
+        env[kv.substr(0, eq)] = kv.substr(eq + 1);
     }
     for (const auto& [k, v] : extra_env) env[k] = v;
     env["HOME"] = dir.path().string();  // no user config file leaks into tests

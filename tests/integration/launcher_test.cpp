@@ -96,7 +96,8 @@ TEST(Launcher, ExitCodeIsTheRootCause) {
   EXPECT_TRUE(std::regex_search(bad.err, std::regex(R"(\* 2 +\d+ +exit code 7 .*<- root cause)")))
       << bad.err;
   EXPECT_NE(bad.err.find("stderr| boom on two"), std::string::npos) << bad.err;
-  EXPECT_TRUE(std::regex_search(bad.err, std::regex(R"(  0 +\d+ +SIGTERM \(signal 15\) .*\(stopped\))")))
+  EXPECT_TRUE(
+      std::regex_search(bad.err, std::regex(R"(  0 +\d+ +SIGTERM \(signal 15\) .*\(stopped\))")))
       << bad.err;
 }
 
@@ -116,17 +117,23 @@ TEST(Launcher, RestartsTheWholeGroupAndCountsAttempts) {
   std::string d = dir.path().string();
   // Rank 1 fails on attempts 0 and 1 (once rank 0 has recorded its start); attempt 2 succeeds.
   auto r = run_launcher(
-      dir, with({"-n", "2", "--max-restarts", "3", "--stop-timeout", "5s"},
-                sh("c=$TORCHELASTIC_RESTART_COUNT; touch " + d + "/ran_${c}_${ACCEL_RESTART_COUNT}_$RANK; "
-                   "if [ $RANK = 1 ] && [ $c -lt 2 ]; then "
-                   "while [ ! -e " + d + "/ran_${c}_${c}_0 ]; do sleep 0.02; done; exit 3; fi; "
-                   "if [ $RANK = 0 ] && [ $TORCHELASTIC_RESTART_COUNT -lt 2 ]; then exec sleep 30; fi")));
+      dir,
+      with(
+          {"-n", "2", "--max-restarts", "3", "--stop-timeout", "5s"},
+          sh("c=$TORCHELASTIC_RESTART_COUNT; touch " + d +
+             "/ran_${c}_${ACCEL_RESTART_COUNT}_$RANK; "
+             "if [ $RANK = 1 ] && [ $c -lt 2 ]; then "
+             "while [ ! -e " +
+             d +
+             "/ran_${c}_${c}_0 ]; do sleep 0.02; done; exit 3; fi; "
+             "if [ $RANK = 0 ] && [ $TORCHELASTIC_RESTART_COUNT -lt 2 ]; then exec sleep 30; fi")));
   EXPECT_EQ(r.exit_code, 0) << r.err;
   for (int attempt = 0; attempt < 3; ++attempt) {
     for (int rank = 0; rank < 2; ++rank) {
       std::string a = std::to_string(attempt);
       EXPECT_TRUE(fs::exists(dir / ("ran_" + a + "_" + a + "_" + std::to_string(rank))))
-          << "attempt " << attempt << " rank " << rank << "\n" << r.err;
+          << "attempt " << attempt << " rank " << rank << "\n"
+          << r.err;
     }
   }
   EXPECT_FALSE(fs::exists(dir / "ran_3_3_0"));
@@ -135,9 +142,10 @@ TEST(Launcher, RestartsTheWholeGroupAndCountsAttempts) {
 
 TEST(Launcher, RestartBudgetRunsOut) {
   TempDir dir;
-  auto r = run_launcher(dir, with({"-n", "2", "--max-restarts", "2"},
-                                  sh("touch " + dir.path().string() +
-                                     "/a_$TORCHELASTIC_RESTART_COUNT; [ $RANK = 0 ] && exit 4; exec sleep 30")));
+  auto r = run_launcher(
+      dir, with({"-n", "2", "--max-restarts", "2"},
+                sh("touch " + dir.path().string() +
+                   "/a_$TORCHELASTIC_RESTART_COUNT; [ $RANK = 0 ] && exit 4; exec sleep 30")));
   EXPECT_EQ(r.exit_code, 4);
   EXPECT_TRUE(fs::exists(dir / "a_2"));
   EXPECT_FALSE(fs::exists(dir / "a_3"));
@@ -149,7 +157,8 @@ TEST(Launcher, RestartBudgetRunsOut) {
 TEST(Launcher, WorkerKilledWithSigkill) {
   TempDir dir;
   std::string d = dir.path().string();
-  Launched l(dir, with({"-n", "2", "--stop-timeout", "5s"}, sh("echo $$ > " + d + "/pid_$RANK; exec sleep 30")));
+  Launched l(dir, with({"-n", "2", "--stop-timeout", "5s"},
+                       sh("echo $$ > " + d + "/pid_$RANK; exec sleep 30")));
   ASSERT_TRUE(wait_for_file(dir / "pid_1", 10s));
   ASSERT_TRUE(wait_for_file(dir / "pid_0", 10s));
   pid_t victim = std::stoi(read_file(dir / "pid_1"));
@@ -166,10 +175,13 @@ TEST(Launcher, WorkerIgnoringSigtermIsKilledAfterGrace) {
   TempDir dir;
   std::string d = dir.path().string();
   auto r = run_launcher(
-      dir, with({"-n", "2", "--stop-timeout", "700ms"},
-                sh("if [ $RANK = 0 ]; then while [ ! -e " + d + "/ready ]; do sleep 0.05; done; exit 1; fi; "
-                   "trap '' TERM; echo $$ > " + d + "/stubborn; touch " + d + "/ready; "
-                   "exec sleep 60")),
+      dir,
+      with({"-n", "2", "--stop-timeout", "700ms"}, sh("if [ $RANK = 0 ]; then while [ ! -e " + d +
+                                                      "/ready ]; do sleep 0.05; done; exit 1; fi; "
+                                                      "trap '' TERM; echo $$ > " +
+                                                      d + "/stubborn; touch " + d +
+                                                      "/ready; "
+                                                      "exec sleep 60")),
       20s);
   EXPECT_FALSE(r.timed_out);
   EXPECT_EQ(r.exit_code, 1) << r.err;
@@ -204,7 +216,8 @@ void expect_signal_stops_job(int sig, int expected_exit) {
   EXPECT_FALSE(r.timed_out);
   EXPECT_EQ(r.exit_code, expected_exit) << r.err;
   EXPECT_NE(r.err.find("stopped by " + std::string(sig == SIGINT ? "SIGINT" : "SIGTERM")),
-            std::string::npos) << r.err;
+            std::string::npos)
+      << r.err;
   for (pid_t p : workers) EXPECT_TRUE(wait_pid_gone(p, 1s)) << "worker pid " << p << " survived";
 }
 
@@ -231,11 +244,11 @@ TEST(Launcher, HeavyOutputFromFourWorkersIsNeverInterleaved) {
   TempDir dir;
   const int kLines = 20000;
   std::string pad(120, 'x');
-  auto r = run_launcher(
-      dir, with({"-n", "4"},
-                sh("i=0; while [ $i -lt " + std::to_string(kLines) + " ]; do echo \"r=$RANK i=$i " +
-                   pad + "\"; i=$((i+1)); done; echo \"r=$RANK done\" >&2")),
-      120s);
+  auto r = run_launcher(dir,
+                        with({"-n", "4"}, sh("i=0; while [ $i -lt " + std::to_string(kLines) +
+                                             " ]; do echo \"r=$RANK i=$i " + pad +
+                                             "\"; i=$((i+1)); done; echo \"r=$RANK done\" >&2")),
+                        120s);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   std::regex line_re(R"(\[rank (\d)\] r=(\d) i=(\d+) x{120})");
   std::vector<int> next(4, 0);
@@ -283,12 +296,14 @@ TEST(Launcher, BadConfigAndFlagsAreClearErrors) {
   std::ofstream(dir / "c.yaml") << "num_processes: 2\nnodes: \"4:2\"\n";
   auto r = run_launcher(dir, {"--config", dir / "c.yaml", "/bin/true"});
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_EQ(r.err, "accel-launch: error: " + (dir / "c.yaml") +
-                       ":2:8: nodes: minimum 4 is larger than maximum 2 in '4:2' (write MIN:MAX)\n");
+  EXPECT_EQ(r.err,
+            "accel-launch: error: " + (dir / "c.yaml") +
+                ":2:8: nodes: minimum 4 is larger than maximum 2 in '4:2' (write MIN:MAX)\n");
   auto flag = run_launcher(dir, {"-n", "-3", "/bin/true"});
   EXPECT_EQ(flag.exit_code, 2);
   EXPECT_NE(flag.err.find("num_processes: expected an integer from 1 to 4096, got '-3'"),
-            std::string::npos) << flag.err;
+            std::string::npos)
+      << flag.err;
   auto env = run_launcher(dir, {"/bin/true"}, 30s, {{"ACCEL_MAIN_PROCESS_PORT", "70000"}});
   EXPECT_EQ(env.exit_code, 2);
   EXPECT_NE(env.err.find("environment variable ACCEL_MAIN_PROCESS_PORT"), std::string::npos);
@@ -300,12 +315,16 @@ TEST(Launcher, BadConfigAndFlagsAreClearErrors) {
   EXPECT_NE(missing.err.find("'no-such-program-xyz' not found on PATH"), std::string::npos);
   // Keys of `--nodes N` launches given with --coordinator used to be ignored (the job then
   // waited for nodes that never came).
-  auto mixed = run_launcher(dir, {"--coordinator", "127.0.0.1:1", "--machine-rank", "1", "--nodes", "2", "/bin/true"});
+  auto mixed = run_launcher(
+      dir, {"--coordinator", "127.0.0.1:1", "--machine-rank", "1", "--nodes", "2", "/bin/true"});
   EXPECT_EQ(mixed.exit_code, 2);
-  EXPECT_NE(mixed.err.find("machine_rank does not go with coordinator"), std::string::npos) << mixed.err;
-  auto port = run_launcher(dir, {"--coordinator", "127.0.0.1:1", "--coordinator-port", "29411", "/bin/true"});
+  EXPECT_NE(mixed.err.find("machine_rank does not go with coordinator"), std::string::npos)
+      << mixed.err;
+  auto port = run_launcher(
+      dir, {"--coordinator", "127.0.0.1:1", "--coordinator-port", "29411", "/bin/true"});
   EXPECT_EQ(port.exit_code, 2);
-  EXPECT_NE(port.err.find("coordinator_port does not go with coordinator"), std::string::npos) << port.err;
+  EXPECT_NE(port.err.find("coordinator_port does not go with coordinator"), std::string::npos)
+      << port.err;
 }
 
 // A rank log that cannot be written (the disk is full: here the log file is /dev/full) is said
@@ -316,11 +335,13 @@ TEST(Launcher, AFullLogDiskIsReportedAndTheConsoleKeepsEveryLine) {
   auto attempt = dir.path() / "logs" / "full-job" / "attempt_0";
   fs::create_directories(attempt);
   fs::create_symlink("/dev/full", attempt / "rank_0.log");
-  auto r = run_launcher(dir, {"-n", "1", "--log-dir", (dir.path() / "logs").string(), "--job-id", "full-job",
-                              "/bin/sh", "-c", "i=0; while [ $i -lt 1000 ]; do echo line $i; i=$((i+1)); done"});
+  auto r = run_launcher(
+      dir, {"-n", "1", "--log-dir", (dir.path() / "logs").string(), "--job-id", "full-job",
+            "/bin/sh", "-c", "i=0; while [ $i -lt 1000 ]; do echo line $i; i=$((i+1)); done"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("line 999"), std::string::npos);
-  const std::string problem = "cannot write the log file " + (attempt / "rank_0.log").string() + ": No space left on device";
+  const std::string problem = "cannot write the log file " + (attempt / "rank_0.log").string() +
+                              ": No space left on device";
   size_t first = r.err.find(problem);
   ASSERT_NE(first, std::string::npos) << r.err;
   size_t again = r.err.find(problem, first + 1);
@@ -355,9 +376,12 @@ TEST(Launcher, PrintConfigShowsOrigins) {
   auto r = run_launcher(dir, {"--config", dir / "c.yaml", "--num_processes", "3", "--print-config"},
                         30s, {{"ACCEL_TEE", "1"}});
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(num_processes: 3 +# flag --num-processes)"))) << r.out;
-  EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(max_restarts: 2 +# .*c\.yaml:1:15)"))) << r.out;
-  EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(tee: 1 +# environment variable ACCEL_TEE)"))) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(num_processes: 3 +# flag --num-processes)")))
+      << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(max_restarts: 2 +# .*c\.yaml:1:15)")))
+      << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(tee: 1 +# environment variable ACCEL_TEE)")))
+      << r.out;
   EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(log_dir: "" +# default)"))) << r.out;
 }
 
@@ -372,22 +396,31 @@ TEST(Launcher, PythonTorchDistributedAllReduce) {
 
 TEST(Launcher, HungRankGetsADesyncReportAndTheGroupRestarts) {
   TempDir dir;
-  RunResult r = run_launcher(dir, {"-n", "2", "--hang-timeout", "2s", "--max-restarts", "1", RUNTIME_WORKER_BIN,
-                                   "hang", "1"}, 90s);
+  RunResult r = run_launcher(
+      dir,
+      {"-n", "2", "--hang-timeout", "2s", "--max-restarts", "1", RUNTIME_WORKER_BIN, "hang", "1"},
+      90s);
   EXPECT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.err.find("hang detected on this node: rank 0 has been in barrier #3 for"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("rank 1: outside any collective; last barrier #2 finished"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("hang detected on this node: rank 0 has been in barrier #3 for"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("rank 1: outside any collective; last barrier #2 finished"),
+            std::string::npos)
+      << r.err;
   EXPECT_NE(r.err.find("<- lagging"), std::string::npos) << r.err;
   EXPECT_NE(r.out.find("rank 1 done"), std::string::npos) << r.out;
 }
 
 TEST(Launcher, CpuHangOutsideCollectivesIsCaughtByTheHeartbeat) {
   TempDir dir;
-  RunResult r = run_launcher(dir, {"-n", "1", "--heartbeat-timeout", "2s", "--hang-timeout", "0", RUNTIME_WORKER_BIN,
-                                   "hang", "0"}, 90s);
+  RunResult r = run_launcher(dir,
+                             {"-n", "1", "--heartbeat-timeout", "2s", "--hang-timeout", "0",
+                              RUNTIME_WORKER_BIN, "hang", "0"},
+                             90s);
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_NE(r.err.find("rank 0 has shown no progress for"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("root cause: rank 0 is outside any collective; its last was barrier #2"), std::string::npos)
+  EXPECT_NE(r.err.find("root cause: rank 0 is outside any collective; its last was barrier #2"),
+            std::string::npos)
       << r.err;
 }
 

@@ -44,7 +44,9 @@ TEST(Runtime, EveryCollectiveOnTwoAndThreeProcesses) {
       TempDir dir;
       auto r = run_worker(dir, n, {"collectives"}, {{"ACCEL_SHM_COLLECTIVES", shm}});
       EXPECT_JOB_OK(r) << " ACCEL_SHM_COLLECTIVES=" << shm;
-      EXPECT_NE(r.out.find("OK collectives on " + std::to_string(n) + " processes"), std::string::npos) << r.out;
+      EXPECT_NE(r.out.find("OK collectives on " + std::to_string(n) + " processes"),
+                std::string::npos)
+          << r.out;
     }
   }
 }
@@ -73,7 +75,8 @@ TEST(Runtime, ShardingTableOfHfAccelerate) {
   TempDir dir;
   auto bad = run_worker(dir, 2, {"shard", "9", "5", "split"});
   EXPECT_NE(bad.exit_code, 0);
-  EXPECT_NE((bad.out + bad.err).find("split_batches needs a batch size that divides evenly"), std::string::npos)
+  EXPECT_NE((bad.out + bad.err).find("split_batches needs a batch size that divides evenly"),
+            std::string::npos)
       << bad.out << bad.err;
 }
 
@@ -94,14 +97,17 @@ TEST(Runtime, GatherForMetricsCountsEverySampleOnce) {
     std::string size, batch, mode, kind;
   };
   const std::vector<Case> cases{
-      {2, "9", "2", "even", "map"},   {3, "9", "2", "even", "map"},    {3, "10", "4", "even", "map"},
-      {2, "9", "5", "uneven", "map"}, {3, "11", "2", "uneven", "map"}, {2, "4", "3", "even", "map"},
-      {2, "9", "2", "even", "stream"}, {3, "10", "3", "even", "stream"}, {3, "2", "2", "even", "stream"},
+      {2, "9", "2", "even", "map"},    {3, "9", "2", "even", "map"},
+      {3, "10", "4", "even", "map"},   {2, "9", "5", "uneven", "map"},
+      {3, "11", "2", "uneven", "map"}, {2, "4", "3", "even", "map"},
+      {2, "9", "2", "even", "stream"}, {3, "10", "3", "even", "stream"},
+      {3, "2", "2", "even", "stream"},
   };
   for (const auto& c : cases) {
     TempDir dir;
     auto r = run_worker(dir, c.n, {"metrics", c.size, c.batch, c.mode, c.kind});
-    EXPECT_JOB_OK(r) << " n=" << c.n << " size=" << c.size << " bs=" << c.batch << " " << c.mode << " " << c.kind;
+    EXPECT_JOB_OK(r) << " n=" << c.n << " size=" << c.size << " bs=" << c.batch << " " << c.mode
+                     << " " << c.kind;
     EXPECT_NE(r.out.find("METRICS count " + c.size), std::string::npos) << r.out;
   }
 }
@@ -115,7 +121,8 @@ std::vector<double> read_weights(const std::string& path) {
 double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
   EXPECT_EQ(a.size(), b.size());
   double d = 0;
-  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) d = std::max(d, std::abs(a[i] - b[i]));
+  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i)
+    d = std::max(d, std::abs(a[i] - b[i]));
   return d;
 }
 
@@ -136,9 +143,11 @@ TEST(Runtime, TwoAndThreeProcessesTrainLikeOneProcessOnTheGlobalBatch) {
   for (std::string shm : {"1", "0"}) {
     for (int n : {2, 3}) {
       std::string file = dir / ("w" + std::to_string(n) + "_" + shm);
-      auto r = run_worker(dir, n, {"train", file, "12", "20", "plain"}, {{"ACCEL_SHM_COLLECTIVES", shm}});
+      auto r = run_worker(dir, n, {"train", file, "12", "20", "plain"},
+                          {{"ACCEL_SHM_COLLECTIVES", shm}});
       EXPECT_JOB_OK(r);
-      EXPECT_LT(max_abs_diff(reference, read_weights(file)), kTolerance) << n << " processes, shm " << shm;
+      EXPECT_LT(max_abs_diff(reference, read_weights(file)), kTolerance)
+          << n << " processes, shm " << shm;
     }
   }
 }
@@ -155,7 +164,8 @@ TEST(Runtime, AccumulationAndNoSyncTrainLikeTheGlobalBatch) {
       std::string file = dir / (mode + std::to_string(n));
       auto r = run_worker(dir, n, {"train", file, "12", "10", mode});
       EXPECT_JOB_OK(r) << mode << " n=" << n;
-      EXPECT_LT(max_abs_diff(reference, read_weights(file)), kTolerance) << mode << " on " << n << " processes";
+      EXPECT_LT(max_abs_diff(reference, read_weights(file)), kTolerance)
+          << mode << " on " << n << " processes";
     }
   }
 }
@@ -184,7 +194,8 @@ TEST(Runtime, ACaughtThrowingBackwardTrainsLikeOneProcess) {
   for (std::string mode : {"throw_acc", "throw_plain"}) {
     for (std::string shm : {"1", "0"}) {
       std::string file = dir / (mode + shm);
-      auto r = run_worker(dir, 2, {"train", file, "12", "10", mode}, {{"ACCEL_SHM_COLLECTIVES", shm}});
+      auto r =
+          run_worker(dir, 2, {"train", file, "12", "10", mode}, {{"ACCEL_SHM_COLLECTIVES", shm}});
       EXPECT_JOB_OK(r) << mode << " shm " << shm;
       EXPECT_LT(max_abs_diff(reference, read_weights(file)), kTolerance) << mode << " shm " << shm;
     }
@@ -195,8 +206,11 @@ TEST(Runtime, ACaughtThrowingBackwardTrainsLikeOneProcess) {
 // slow steps afterwards (each shorter than the hang timeout) run to the end.
 TEST(Runtime, ACaughtThrowingBackwardIsNotTakenForAHang) {
   TempDir dir;
-  std::vector<std::string> argv{"-n", "2", "--hang-timeout", "1s", "--", RUNTIME_WORKER_BIN, "backward_throws", "plain", "500"};
-  auto r = run_launcher(dir, argv, 120s, {{"ACCEL_TEST_DIR", dir.path().string()}, {"ACCEL_SHM_COLLECTIVES", "0"}});
+  std::vector<std::string> argv{
+      "-n",    "2",  "--hang-timeout", "1s", "--", RUNTIME_WORKER_BIN, "backward_throws",
+      "plain", "500"};
+  auto r = run_launcher(dir, argv, 120s,
+                        {{"ACCEL_TEST_DIR", dir.path().string()}, {"ACCEL_SHM_COLLECTIVES", "0"}});
   EXPECT_JOB_OK(r);
   EXPECT_EQ(r.err.find("hang detected"), std::string::npos) << r.err;
 }
@@ -205,7 +219,8 @@ TEST(Runtime, RankThatSkipsABarrierFailsWithinTheTimeoutNamingIt) {
   TempDir dir;
   auto r = run_worker(dir, 2, {"mismatch", "sleep"}, {{"ACCEL_COLLECTIVE_TIMEOUT", "4s"}});
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_LT(r.elapsed, 20s) << "the healthy rank must fail at the 4 s timeout, not wait for the sleeper";
+  EXPECT_LT(r.elapsed, 20s)
+      << "the healthy rank must fail at the 4 s timeout, not wait for the sleeper";
   // The summary names the collective, its number and the timeout, and where the peer was.
   EXPECT_NE(r.err.find("barrier #"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("timed out after 4 s"), std::string::npos) << r.err;
@@ -218,8 +233,10 @@ TEST(Runtime, SameSizeCollectiveWithAnotherDtypeFailsOverSharedMemory) {
   auto r = run_worker(dir, 2, {"mismatch", "dtype"}, {{"ACCEL_COLLECTIVE_TIMEOUT", "60s"}});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_LT(r.elapsed, 20s);
-  EXPECT_NE((r.out + r.err).find("allreduce #1 (8 bytes) with another dtype, root or reduce op than this rank"),
-            std::string::npos)
+  EXPECT_NE(
+      (r.out + r.err)
+          .find("allreduce #1 (8 bytes) with another dtype, root or reduce op than this rank"),
+      std::string::npos)
       << r.out << r.err;
 }
 
@@ -232,8 +249,9 @@ TEST(Runtime, RankThatCallsAnotherCollectiveOverGlooTimesOutNamingBoth) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_LT(r.elapsed, 20s);
   std::string all = r.out + r.err;
-  EXPECT_TRUE(all.find("barrier #1 (0 bytes) on rank 0 of 2 timed out after 4 s") != std::string::npos ||
-              all.find("allreduce #1 (4000 bytes) on rank 1 of 2 timed out after 4 s") != std::string::npos)
+  EXPECT_TRUE(
+      all.find("barrier #1 (0 bytes) on rank 0 of 2 timed out after 4 s") != std::string::npos ||
+      all.find("allreduce #1 (4000 bytes) on rank 1 of 2 timed out after 4 s") != std::string::npos)
       << all;
   EXPECT_TRUE(all.find("rank 1 failed in allreduce #1") != std::string::npos ||
               all.find("rank 0 failed in barrier #1") != std::string::npos)
@@ -243,14 +261,17 @@ TEST(Runtime, RankThatCallsAnotherCollectiveOverGlooTimesOutNamingBoth) {
 // Shared memory records each rank's call: the mismatch fails at once, long before the timeout.
 TEST(Runtime, RankThatCallsAnotherCollectiveOverSharedMemoryFailsAtOnce) {
   TempDir dir;
-  auto r = run_worker(dir, 2, {"mismatch", "other_collective"}, {{"ACCEL_COLLECTIVE_TIMEOUT", "60s"}});
+  auto r =
+      run_worker(dir, 2, {"mismatch", "other_collective"}, {{"ACCEL_COLLECTIVE_TIMEOUT", "60s"}});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_LT(r.elapsed, 20s) << "must not wait for the 60 s timeout";
   std::string all = r.out + r.err;
-  EXPECT_TRUE(all.find("mismatched collectives: rank 1 called allreduce #1 (4000 bytes) while this rank called "
-                       "barrier #1 (0 bytes)") != std::string::npos ||
-              all.find("mismatched collectives: rank 0 called barrier #1 (0 bytes) while this rank called "
-                       "allreduce #1 (4000 bytes)") != std::string::npos)
+  EXPECT_TRUE(
+      all.find(
+          "mismatched collectives: rank 1 called allreduce #1 (4000 bytes) while this rank called "
+          "barrier #1 (0 bytes)") != std::string::npos ||
+      all.find("mismatched collectives: rank 0 called barrier #1 (0 bytes) while this rank called "
+               "allreduce #1 (4000 bytes)") != std::string::npos)
       << all;
 }
 

@@ -8,7 +8,6 @@
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
-
 #include <thread>
 
 #include "agent/store/store_server.h"
@@ -51,7 +50,8 @@ class ServedStore {
 TEST(Store, TorchPythonClientEveryOperation) {
   TempDir dir;
   ServedStore served;
-  Launched client(dir, kPython, {ACCEL_TEST_WORKERS_DIR "/store_client.py", std::to_string(served.port()), "ops"},
+  Launched client(dir, kPython,
+                  {ACCEL_TEST_WORKERS_DIR "/store_client.py", std::to_string(served.port()), "ops"},
                   {}, "client");
   auto r = client.wait(60s);
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
@@ -70,9 +70,12 @@ TEST(Store, LibtorchCppClientEveryOperation) {
 TEST(Store, AStoreThatGoesAwayFailsAWaitingClientFast) {
   TempDir dir;
   ServedStore served;
-  Launched client(dir, kPython, {ACCEL_TEST_WORKERS_DIR "/store_client.py", std::to_string(served.port()), "wait"},
-                  {}, "client");
-  ASSERT_TRUE(wait_until([&] { return client.out_so_far().find("waiting") != std::string::npos; }, 60s))
+  Launched client(
+      dir, kPython,
+      {ACCEL_TEST_WORKERS_DIR "/store_client.py", std::to_string(served.port()), "wait"}, {},
+      "client");
+  ASSERT_TRUE(
+      wait_until([&] { return client.out_so_far().find("waiting") != std::string::npos; }, 60s))
       << client.err_so_far();
   std::this_thread::sleep_for(200ms);  // the WAIT is on the wire
   auto stopped = std::chrono::steady_clock::now();
@@ -80,7 +83,8 @@ TEST(Store, AStoreThatGoesAwayFailsAWaitingClientFast) {
   auto r = client.wait(30s);
   EXPECT_FALSE(r.timed_out);
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_LT(std::chrono::steady_clock::now() - stopped, 10s) << "the client hung on a store that is gone";
+  EXPECT_LT(std::chrono::steady_clock::now() - stopped, 10s)
+      << "the client hung on a store that is gone";
 }
 
 TEST(Store, APortTakenByAnotherProcessIsAClearErrorAndStartsNothing) {
@@ -94,10 +98,12 @@ TEST(Store, APortTakenByAnotherProcessIsAClearErrorAndStartsNothing) {
   socklen_t len = sizeof a;
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
   const int port = ntohs(a.sin_port);
-  auto r = run_launcher(dir, {"-n", "2", "--main-process-port", std::to_string(port), CONTROL_WORKER_BIN}, 60s);
+  auto r = run_launcher(
+      dir, {"-n", "2", "--main-process-port", std::to_string(port), CONTROL_WORKER_BIN}, 60s);
   ::close(fd);
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
-  EXPECT_NE(r.err.find("cannot listen on 127.0.0.1:" + std::to_string(port)), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("cannot listen on 127.0.0.1:" + std::to_string(port)), std::string::npos)
+      << r.err;
   EXPECT_NE(r.err.find("Address already in use"), std::string::npos) << r.err;
   EXPECT_EQ(r.out.find("[rank"), std::string::npos) << "workers were started: " << r.out;
 }
@@ -121,7 +127,8 @@ os._exit(0)
 )");
   auto r = run_launcher(dir, {"-n", "2", kPython, script}, 120s);
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
-  EXPECT_NE(r.out.find("rank 1 used the store after rank 0 left"), std::string::npos) << r.out << r.err;
+  EXPECT_NE(r.out.find("rank 1 used the store after rank 0 left"), std::string::npos)
+      << r.out << r.err;
 }
 
 TEST(Store, ARestartStartsOnAnEmptyStore) {

@@ -1,13 +1,13 @@
 // WorkerGroup with real processes: exits seen at once, output drained first, stop escalation,
 // process-group cleanup, spawn errors.
+#include "agent/supervisor/worker_group.h"
+
 #include <gtest/gtest.h>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
-
 #include <csignal>
 
-#include "agent/supervisor/worker_group.h"
 #include "tests/integration/harness.h"
 
 namespace accel::supervisor {
@@ -39,12 +39,16 @@ TEST(WorkerGroup, ReportsExitsWithOutputDrained) {
   WorkerGroup group(io, {});
   std::vector<WorkerExit> exits;
   bool done = false;
-  ASSERT_TRUE(group.start({shell(0, "i=0; while [ $i -lt 500 ]; do echo line $i >&2; i=$((i+1)); done; exit 5"),
-                           shell(1, "kill -USR1 $$")},
-                          [&](const WorkerExit& e) {
-                            exits.push_back(e);
-                            done = exits.size() == 2;
-                          }).is_ok());
+  ASSERT_TRUE(
+      group
+          .start(
+              {shell(0, "i=0; while [ $i -lt 500 ]; do echo line $i >&2; i=$((i+1)); done; exit 5"),
+               shell(1, "kill -USR1 $$")},
+              [&](const WorkerExit& e) {
+                exits.push_back(e);
+                done = exits.size() == 2;
+              })
+          .is_ok());
   run_until(io, done);
   std::sort(exits.begin(), exits.end(), [](auto& a, auto& b) { return a.rank < b.rank; });
   EXPECT_FALSE(exits[0].signaled);
@@ -66,9 +70,11 @@ TEST(WorkerGroup, StopEscalatesToSigkill) {
   opts.stop_timeout = 300ms;
   WorkerGroup group(io, opts);
   std::vector<WorkerExit> exits;
-  ASSERT_TRUE(group.start({shell(0, "exec sleep 60"),
-                           shell(1, "trap '' TERM; touch " + (dir / "ready") + "; exec sleep 60")},
-                          [&](const WorkerExit& e) { exits.push_back(e); }).is_ok());
+  ASSERT_TRUE(group
+                  .start({shell(0, "exec sleep 60"),
+                          shell(1, "trap '' TERM; touch " + (dir / "ready") + "; exec sleep 60")},
+                         [&](const WorkerExit& e) { exits.push_back(e); })
+                  .is_ok());
   ASSERT_TRUE(accel::testing::wait_for_file(dir / "ready", 10s, 0));
   EXPECT_EQ(group.running(), 2u);
   bool stopped = false;
@@ -101,8 +107,10 @@ TEST(WorkerGroup, AStoppedWorkerIsContinuedSoTheStopSignalActs) {
   opts.stop_timeout = 30s;
   WorkerGroup group(io, opts);
   std::vector<WorkerExit> exits;
-  ASSERT_TRUE(group.start({shell(0, "touch " + (dir / "ready") + "; exec sleep 60")},
-                          [&](const WorkerExit& e) { exits.push_back(e); }).is_ok());
+  ASSERT_TRUE(group
+                  .start({shell(0, "touch " + (dir / "ready") + "; exec sleep 60")},
+                         [&](const WorkerExit& e) { exits.push_back(e); })
+                  .is_ok());
   ASSERT_TRUE(accel::testing::wait_for_file(dir / "ready", 10s, 0));
   ASSERT_EQ(::kill(group.pids().at(0), SIGSTOP), 0);
   bool stopped = false;
@@ -124,8 +132,10 @@ TEST(WorkerGroup, StopKillsTheWorkersOwnChildren) {
   boost::asio::io_context io;
   WorkerGroup group(io, {});
   std::string child_pid = dir / "child";
-  ASSERT_TRUE(group.start({shell(0, "sleep 60 & echo $! > " + child_pid + "; wait")},
-                          [](const WorkerExit&) {}).is_ok());
+  ASSERT_TRUE(group
+                  .start({shell(0, "sleep 60 & echo $! > " + child_pid + "; wait")},
+                         [](const WorkerExit&) {})
+                  .is_ok());
   ASSERT_TRUE(accel::testing::wait_for_file(child_pid, 10s));
   pid_t grandchild = std::stoi(accel::testing::read_file(child_pid));
   bool stopped = false;
@@ -140,11 +150,13 @@ TEST(WorkerGroup, ChildrenLeftBehindGoWhenTheLastWorkerExits) {
   WorkerGroup group(io, {});
   bool done = false;
   std::string bg = dir / "bg";
-  ASSERT_TRUE(group.start({shell(0, "sleep 60 & echo $! > " + bg + "; exit 0")},
-                          [&](const WorkerExit& e) {
-                            EXPECT_TRUE(e.success());
-                            done = true;
-                          }).is_ok());
+  ASSERT_TRUE(group
+                  .start({shell(0, "sleep 60 & echo $! > " + bg + "; exit 0")},
+                         [&](const WorkerExit& e) {
+                           EXPECT_TRUE(e.success());
+                           done = true;
+                         })
+                  .is_ok());
   run_until(io, done);
   pid_t left_behind = std::stoi(accel::testing::read_file(bg));
   EXPECT_TRUE(accel::testing::wait_pid_gone(left_behind, 5s));
@@ -172,9 +184,11 @@ TEST(WorkerGroup, WorkersHaveTheirOwnProcessGroupAndNullStdin) {
   WorkerGroup group(io, {});
   bool done = false;
   std::string out = dir / "ids";
-  ASSERT_TRUE(group.start({shell(0, "echo $$ $(ps -o pgid= -p $$) > " + out +
-                                        "; readlink /proc/$$/fd/0 >> " + out)},
-                          [&](const WorkerExit&) { done = true; }).is_ok());
+  ASSERT_TRUE(group
+                  .start({shell(0, "echo $$ $(ps -o pgid= -p $$) > " + out +
+                                       "; readlink /proc/$$/fd/0 >> " + out)},
+                         [&](const WorkerExit&) { done = true; })
+                  .is_ok());
   run_until(io, done);
   auto lines = accel::testing::lines_of(accel::testing::read_file(out));
   ASSERT_EQ(lines.size(), 2u);

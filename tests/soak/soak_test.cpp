@@ -28,7 +28,8 @@ constexpr int kMaxFaults = 20;
 
 std::vector<pid_t> children_of(pid_t parent) {
   std::vector<pid_t> out;
-  std::ifstream in("/proc/" + std::to_string(parent) + "/task/" + std::to_string(parent) + "/children");
+  std::ifstream in("/proc/" + std::to_string(parent) + "/task/" + std::to_string(parent) +
+                   "/children");
   for (pid_t pid; in >> pid;) out.push_back(pid);
   return out;
 }
@@ -36,7 +37,9 @@ std::vector<pid_t> children_of(pid_t parent) {
 size_t fd_count(pid_t pid) {
   std::error_code ec;
   size_t n = 0;
-  for (auto it = fs::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec); !ec && it != fs::directory_iterator(); it.increment(ec)) ++n;
+  for (auto it = fs::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec);
+       !ec && it != fs::directory_iterator(); it.increment(ec))
+    ++n;
   return n;
 }
 
@@ -56,7 +59,8 @@ std::vector<pid_t> processes_of(const std::string& binary) {
 std::set<std::string> shm_entries() {
   std::set<std::string> out;
   std::error_code ec;
-  for (auto it = fs::directory_iterator("/dev/shm", ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+  for (auto it = fs::directory_iterator("/dev/shm", ec); !ec && it != fs::directory_iterator();
+       it.increment(ec)) {
     out.insert(it->path().filename().string());
   }
   return out;
@@ -88,15 +92,17 @@ class Cluster {
   void start_coordinator() {
     coordinator_ = std::make_unique<Launched>(
         dir_, ACCEL_AGENT_BIN,
-        std::vector<std::string>{"--serve-coordinator", target(), "--coordinator-only", "--lease-timeout", "2s"},
-        std::map<std::string, std::string>{{"ACCEL_TOKEN", kToken}}, "coordinator_" + std::to_string(++starts_));
+        std::vector<std::string>{"--serve-coordinator", target(), "--coordinator-only",
+                                 "--lease-timeout", "2s"},
+        std::map<std::string, std::string>{{"ACCEL_TOKEN", kToken}},
+        "coordinator_" + std::to_string(++starts_));
   }
   void start_agent(int i) {
     auto node = std::string(i == 0 ? "node-a" : "node-b");
     auto l = std::make_unique<Launched>(
         dir_, ACCEL_AGENT_BIN,
-        std::vector<std::string>{"--coordinator", target(), "--node-id", node, "--stop-timeout", "2s", "--state-dir",
-                                 state_dir(i).string()},
+        std::vector<std::string>{"--coordinator", target(), "--node-id", node, "--stop-timeout",
+                                 "2s", "--state-dir", state_dir(i).string()},
         std::map<std::string, std::string>{{"ACCEL_TOKEN", kToken}, {"OMP_NUM_THREADS", "1"}},
         "agent_" + node + "_" + std::to_string(++starts_));
     if (agents_.size() <= static_cast<size_t>(i)) agents_.resize(static_cast<size_t>(i) + 1);
@@ -135,12 +141,28 @@ struct RunOutcome {
 RunOutcome run_job(const TempDir& dir, std::optional<unsigned> seed) {
   RunOutcome out;
   Cluster cluster(dir);
-  std::vector<std::string> args = {"--coordinator", cluster.target(), "--nodes", "2", "-n", "2",
-                                   "--checkpoint-dir", (dir.path() / "ck").string(), "--checkpoint-interval", "10",
-                                   "--max-restarts", "100", "--",
-                                   TRAIN_CLASSIFIER_BIN, "--epochs", "80", "--train-samples", "4000", "--save-model",
+  std::vector<std::string> args = {"--coordinator",
+                                   cluster.target(),
+                                   "--nodes",
+                                   "2",
+                                   "-n",
+                                   "2",
+                                   "--checkpoint-dir",
+                                   (dir.path() / "ck").string(),
+                                   "--checkpoint-interval",
+                                   "10",
+                                   "--max-restarts",
+                                   "100",
+                                   "--",
+                                   TRAIN_CLASSIFIER_BIN,
+                                   "--epochs",
+                                   "80",
+                                   "--train-samples",
+                                   "4000",
+                                   "--save-model",
                                    (dir.path() / "model").string()};
-  Launched launch(dir, ACCEL_LAUNCH_BIN, args, {{"ACCEL_TOKEN", kToken}, {"OMP_NUM_THREADS", "1"}}, "launch");
+  Launched launch(dir, ACCEL_LAUNCH_BIN, args, {{"ACCEL_TOKEN", kToken}, {"OMP_NUM_THREADS", "1"}},
+                  "launch");
   std::atomic<bool> done{false};
   std::thread driver;
   if (seed) {
@@ -157,7 +179,8 @@ RunOutcome run_job(const TempDir& dir, std::optional<unsigned> seed) {
           if (workers.empty()) continue;
           pid_t victim = workers[rng() % workers.size()];
           ::kill(victim, SIGKILL);
-          out.log += "kill -9 worker " + std::to_string(victim) + " of node " + std::to_string(node) + "\n";
+          out.log += "kill -9 worker " + std::to_string(victim) + " of node " +
+                     std::to_string(node) + "\n";
         } else if (kind < 8) {
           cluster.restart_agent(node);
           out.log += "kill -9 agent of node " + std::to_string(node) + ", restarted\n";
@@ -187,7 +210,7 @@ class Soak : public ::testing::TestWithParam<unsigned> {};
 
 TEST_P(Soak, ATwoNodeJobSurvivesRandomKillsWithTheWeightsOfAnUninterruptedRun) {
   static std::string baseline;  // the same for every seed: computed once
-  static size_t idle_fds = 0;    // an agent's descriptors, idle after a job without faults
+  static size_t idle_fds = 0;   // an agent's descriptors, idle after a job without faults
   if (baseline.empty()) {
     TempDir dir;
     auto base = run_job(dir, std::nullopt);
@@ -199,11 +222,15 @@ TEST_P(Soak, ATwoNodeJobSurvivesRandomKillsWithTheWeightsOfAnUninterruptedRun) {
   const auto shm_before = shm_entries();
   TempDir dir;
   auto run = run_job(dir, GetParam());
-  EXPECT_EQ(run.launch.exit_code, 0) << run.log << run.launch.err.substr(run.launch.err.size() > 6000 ? run.launch.err.size() - 6000 : 0);
+  EXPECT_EQ(run.launch.exit_code, 0)
+      << run.log
+      << run.launch.err.substr(run.launch.err.size() > 6000 ? run.launch.err.size() - 6000 : 0);
   EXPECT_GE(run.faults, 10) << "the job ended before the driver got far:\n" << run.log;
-  EXPECT_TRUE(run.model == baseline) << "final weights differ from the uninterrupted run after:\n" << run.log;
+  EXPECT_TRUE(run.model == baseline) << "final weights differ from the uninterrupted run after:\n"
+                                     << run.log;
   std::cerr << "seed " << GetParam() << ": " << run.faults << " faults, job took "
-            << std::chrono::duration_cast<std::chrono::milliseconds>(run.launch.elapsed).count() << " ms\n";
+            << std::chrono::duration_cast<std::chrono::milliseconds>(run.launch.elapsed).count()
+            << " ms\n";
   // Nothing of ours left: workers, round folders, shared-memory segments.
   EXPECT_TRUE(wait_until([] { return processes_of(TRAIN_CLASSIFIER_BIN).empty(); }, 10s))
       << "train_classifier processes outlived the job";
@@ -213,9 +240,11 @@ TEST_P(Soak, ATwoNodeJobSurvivesRandomKillsWithTheWeightsOfAnUninterruptedRun) {
                 fs::is_empty(dir.path() / ("state" + std::to_string(i)), ec))
         << "round folders left in state" << i;
   }
-  for (size_t fds : run.agent_fds) EXPECT_LE(fds, idle_fds + 4) << "an agent holds more descriptors than an idle one";
+  for (size_t fds : run.agent_fds)
+    EXPECT_LE(fds, idle_fds + 4) << "an agent holds more descriptors than an idle one";
   auto shm_after = shm_entries();
-  for (const auto& e : shm_after) EXPECT_TRUE(shm_before.contains(e)) << "/dev/shm/" << e << " left behind";
+  for (const auto& e : shm_after)
+    EXPECT_TRUE(shm_before.contains(e)) << "/dev/shm/" << e << " left behind";
 }
 
 INSTANTIATE_TEST_SUITE_P(Seeds, Soak, ::testing::Values(1u, 2u, 3u));

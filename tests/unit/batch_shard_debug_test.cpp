@@ -24,7 +24,8 @@ int failures = 0;
 
 void expect(const std::string& what, const accel::IndexBatches& got, const std::string& want) {
   if (text(got) == want) return;
-  std::fprintf(stderr, "FAILED %s: got %s, want %s\n", what.c_str(), text(got).c_str(), want.c_str());
+  std::fprintf(stderr, "FAILED %s: got %s, want %s\n", what.c_str(), text(got).c_str(),
+               want.c_str());
   ++failures;
 }
 

@@ -12,11 +12,11 @@
 
 #include <cmath>
 #include <cstdint>
-#include <functional>
-#include <optional>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
 #include "accel/accel.h"
@@ -33,8 +33,8 @@ using json = nlohmann::json;
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-using testing::TempDir;
 using testing::read_file;
+using testing::TempDir;
 using testing::write_file;
 
 double lr_of(torch::optim::Optimizer& opt) { return opt.param_groups()[0].options().get_lr(); }
@@ -61,7 +61,8 @@ void expect_checkpoint_error(F&& f, std::initializer_list<std::string> parts) {
     ADD_FAILURE() << "no CheckpointError was thrown";
   } catch (const CheckpointError& e) {
     for (const auto& part : parts) {
-      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << "\"" << part << "\" is not in: " << e.what();
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
+          << "\"" << part << "\" is not in: " << e.what();
     }
   } catch (const std::exception& e) {
     ADD_FAILURE() << "expected a CheckpointError, got: " << e.what();
@@ -180,14 +181,16 @@ TEST(GradScaler, StateDictRoundTrips) {
   other.clean_step(restored);
   other.clean_step(restored);
   other.clean_step(restored);
-  EXPECT_EQ(restored.get_scale(), 1024.0) << "the restored tracker counts on toward growth_interval";
+  EXPECT_EQ(restored.get_scale(), 1024.0)
+      << "the restored tracker counts on toward growth_interval";
 }
 
 TEST(GradScaler, LoadingGarbageIsACheckpointErrorNamingTheFile) {
-  for (std::string bad : {"not json", "[1, 2]", R"({"scale": 2.0})", R"({"scale": -1, "growth_tracker": 0})",
-                          R"({"scale": "big", "growth_tracker": 0})", R"({"scale": 2, "growth_tracker": 0.5})",
-                          R"({"scale": 1e39, "growth_tracker": 0})", R"({"scale": 2, "growth_tracker": -1})",
-                          R"({"scale": 2, "growth_tracker": 3000000000})"}) {
+  for (std::string bad :
+       {"not json", "[1, 2]", R"({"scale": 2.0})", R"({"scale": -1, "growth_tracker": 0})",
+        R"({"scale": "big", "growth_tracker": 0})", R"({"scale": 2, "growth_tracker": 0.5})",
+        R"({"scale": 1e39, "growth_tracker": 0})", R"({"scale": 2, "growth_tracker": -1})",
+        R"({"scale": 2, "growth_tracker": 3000000000})"}) {
     SCOPED_TRACE(bad);
     GradScaler scaler;
     expect_checkpoint_error([&] { scaler.load_state_dict(bad, "/ckpt/step_9/scaler.json"); },
@@ -198,7 +201,9 @@ TEST(GradScaler, LoadingGarbageIsACheckpointErrorNamingTheFile) {
 
 // --- GradScaler through the Accelerator -----------------------------------------------------
 
-std::vector<torch::Tensor> parameters_of(const torch::nn::Module& m) { return copies(m.parameters()); }
+std::vector<torch::Tensor> parameters_of(const torch::nn::Module& m) {
+  return copies(m.parameters());
+}
 
 TEST(GradScalerAccelerator, AnOverflowSkipsTheOptimizerAndTheScheduler) {
   TempDir tmp;
@@ -280,7 +285,8 @@ TEST(GradScalerAccelerator, ClipGradNormSeesUnscaledGradients) {
   double plain_norm = plain.clip_grad_norm_(plain_model, kMaxNorm);
   double scaled_norm = scaled.clip_grad_norm_(scaled_model, kMaxNorm);
   ASSERT_GT(plain_norm, kMaxNorm);
-  EXPECT_NEAR(scaled_norm, plain_norm, 1e-6 * plain_norm) << "clip_grad_norm_ measured the scaled gradients";
+  EXPECT_NEAR(scaled_norm, plain_norm, 1e-6 * plain_norm)
+      << "clip_grad_norm_ measured the scaled gradients";
   so.step();
   po.step();
   EXPECT_FALSE(so.step_was_skipped());
@@ -305,7 +311,8 @@ TEST(MixedPrecision, AFloat16AutocastOnCpuIsAUsageErrorNamingCuda) {
     AutocastGuard guard(torch::kCPU, torch::kHalf, true);
     FAIL() << "float16 autocast on CPU was accepted";
   } catch (const UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("float16 needs a CUDA device"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("float16 needs a CUDA device"), std::string::npos)
+        << e.what();
   }
   EXPECT_FALSE(at::autocast::is_cpu_enabled()) << "a refused scope must leave autocast off";
 }
@@ -327,7 +334,8 @@ TEST(MixedPrecision, Bf16AutocastRunsLinearInBf16AndNestedScopesRestore) {
       auto inner = acc.autocast();
       EXPECT_EQ(linear(x).scalar_type(), torch::kBFloat16);
     }
-    EXPECT_TRUE(at::autocast::is_cpu_enabled()) << "leaving the inner scope turned the outer one off";
+    EXPECT_TRUE(at::autocast::is_cpu_enabled())
+        << "leaving the inner scope turned the outer one off";
     EXPECT_EQ(linear(x).scalar_type(), torch::kBFloat16);
     {
       auto nothing = plain.autocast();  // mixed precision "no": a scope that changes nothing
@@ -359,9 +367,10 @@ Fit fit_regression(const std::string& mixed_precision) {
   auto w = torch::randn({8, 1}, gen) * 0.5;
   auto y = x.matmul(w) + 0.25 + 0.1 * torch::randn({512, 1}, gen);
   torch::manual_seed(7);
-  auto model = torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 1));
-  auto opt = std::make_shared<torch::optim::AdamW>(model->parameters(),
-                                                   torch::optim::AdamWOptions(0.1).weight_decay(0.0));
+  auto model =
+      torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 1));
+  auto opt = std::make_shared<torch::optim::AdamW>(
+      model->parameters(), torch::optim::AdamWOptions(0.1).weight_decay(0.0));
   auto sched = std::make_shared<torch::optim::StepLR>(*opt, /*step_size=*/40, /*gamma=*/0.3);
   auto prepared = acc.prepare(model, opt, sched);
   auto& o = std::get<1>(prepared);
@@ -396,8 +405,10 @@ TEST(MixedPrecision, Bf16TrainingConvergesAndMatchesFp32) {
   EXPECT_TRUE(bf16.saw_bf16) << "autocast did not run the model in bf16";
   EXPECT_EQ(fp32.first_loss, bf16.first_loss) << "both runs must start from the same model";
   // From ~1.6 to near the 0.01 noise floor (0.0117 in fp32 with this seed).
-  EXPECT_GT(fp32.first_loss / fp32.final_loss, 50.0) << fp32.first_loss << " -> " << fp32.final_loss;
-  EXPECT_GT(bf16.first_loss / bf16.final_loss, 50.0) << bf16.first_loss << " -> " << bf16.final_loss;
+  EXPECT_GT(fp32.first_loss / fp32.final_loss, 50.0)
+      << fp32.first_loss << " -> " << fp32.final_loss;
+  EXPECT_GT(bf16.first_loss / bf16.final_loss, 50.0)
+      << bf16.first_loss << " -> " << bf16.final_loss;
   EXPECT_LT(fp32.final_loss, 0.015);
   EXPECT_NE(fp32.final_loss, bf16.final_loss) << "bitwise equal: the bf16 run did not use bf16";
   // Why 5%: bf16 keeps 8 significant bits, so each rounding (input, weight, activation, output)
@@ -461,13 +472,14 @@ class Rig {
   explicit Rig(const RigOptions& options = {}) : acc(options.accelerator) {
     torch::manual_seed(options.init_seed);
     model = std::make_shared<Net>(options.hidden);
-    adamw = std::make_shared<torch::optim::AdamW>(model->parameters(),
-                                                  torch::optim::AdamWOptions(0.01).weight_decay(0.1));
+    adamw = std::make_shared<torch::optim::AdamW>(
+        model->parameters(), torch::optim::AdamWOptions(0.01).weight_decay(0.1));
     ema = torch::nn::Linear(4, options.hidden);
     acc.register_for_checkpointing(counter);
     acc.register_for_checkpointing(ema.ptr());
     if (options.extra_optimizer) {
-      acc.prepare(std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(0.1)));
+      acc.prepare(
+          std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(0.1)));
     }
     auto sched = std::make_shared<torch::optim::StepLR>(*adamw, /*step_size=*/2, /*gamma=*/0.5);
     DataLoader loader(fixed_data(), {.batch_size = 3, .shuffle = true, .seed = 7});
@@ -595,10 +607,12 @@ TEST(CheckpointRoundTrip, RestoresEverythingBitwiseAndTrainingContinuesIdentical
   EXPECT_EQ(original.loader().epoch(), 1);
 
   Rig resumed({.init_seed = 2});
-  ASSERT_FALSE(torch::equal(resumed.model->fc1->weight, saved.params[0])) << "fresh objects start elsewhere";
+  ASSERT_FALSE(torch::equal(resumed.model->fc1->weight, saved.params[0]))
+      << "fresh objects start elsewhere";
   EXPECT_EQ(resumed.acc.load_state(dir), dir);
   expect_same(saved, snapshot(resumed));
-  EXPECT_TRUE(torch::equal(torch::rand({8}), rand_after_save)) << "the RNG does not continue where it was saved";
+  EXPECT_TRUE(torch::equal(torch::rand({8}), rand_after_save))
+      << "the RNG does not continue where it was saved";
 
   std::vector<double> resumed_lrs;
   for (int i = 0; i < kMore; ++i) {
@@ -623,7 +637,8 @@ TEST(CheckpointRoundTrip, ResumedLoaderYieldsTheBatchesTheOriginalWouldHaveNext)
 
     Rig resumed({.init_seed = 3});
     resumed.acc.load_state(dir);
-    EXPECT_EQ(resumed.loader().state(), (LoaderState{before / 7, static_cast<uint64_t>(before % 7)}));
+    EXPECT_EQ(resumed.loader().state(),
+              (LoaderState{before / 7, static_cast<uint64_t>(before % 7)}));
     for (int i = 0; i < 9; ++i) resumed.step();
     expect_bitwise(original.inputs_seen, resumed.inputs_seen, "batch");
   }
@@ -636,7 +651,8 @@ TEST(CheckpointRoundTrip, SaveAfterABreakResumesAtTheNextUnseenBatch) {
   TempDir tmp;
   Rig uninterrupted({.init_seed = 1});
   for (int i = 0; i < 12; ++i) uninterrupted.step();
-  const std::vector<torch::Tensor> after_three(uninterrupted.inputs_seen.begin() + 3, uninterrupted.inputs_seen.end());
+  const std::vector<torch::Tensor> after_three(uninterrupted.inputs_seen.begin() + 3,
+                                               uninterrupted.inputs_seen.end());
 
   Rig original({.init_seed = 1});
   for (int i = 0; i < 3; ++i) original.step();
@@ -644,7 +660,8 @@ TEST(CheckpointRoundTrip, SaveAfterABreakResumesAtTheNextUnseenBatch) {
   EXPECT_EQ(original.loader().state(), (LoaderState{0, 3}));
   auto dir = original.acc.save_state(tmp.path() / "ckpt");
   for (int i = 0; i < 9; ++i) original.step();
-  expect_bitwise(uninterrupted.inputs_seen, original.inputs_seen, "batch of the run that broke out and went on");
+  expect_bitwise(uninterrupted.inputs_seen, original.inputs_seen,
+                 "batch of the run that broke out and went on");
 
   Rig resumed({.init_seed = 2});
   resumed.acc.load_state(dir);
@@ -675,21 +692,23 @@ TEST(CheckpointRoundTrip, SkipFirstBatchesYieldsTheRestOfTheSameOrder) {
       threaded.num_workers = workers;
       auto skipping = DataLoader(fixed_data(), threaded).skip_first_batches(n);
       auto first = one_pass(skipping);
-      expect_bitwise(std::vector<torch::Tensor>(epoch0.begin() + static_cast<std::ptrdiff_t>(n), epoch0.end()), first,
-                     "batch");
+      expect_bitwise(
+          std::vector<torch::Tensor>(epoch0.begin() + static_cast<std::ptrdiff_t>(n), epoch0.end()),
+          first, "batch");
       expect_bitwise(epoch1, one_pass(skipping), "next-epoch batch");
     }
   }
   Accelerator acc;
   auto prepared = acc.prepare(DataLoader(fixed_data(), options));
   auto skipping = acc.skip_first_batches(prepared, 5);
-  expect_bitwise(std::vector<torch::Tensor>(epoch0.begin() + 5, epoch0.end()), one_pass(skipping), "prepared batch");
+  expect_bitwise(std::vector<torch::Tensor>(epoch0.begin() + 5, epoch0.end()), one_pass(skipping),
+                 "prepared batch");
 }
 
 // --- automatic naming, rotation, resume -----------------------------------------------------
 
-RigOptions project_rig(const fs::path& project, std::optional<int64_t> total_limit, bool automatic_resume,
-                       uint64_t init_seed = 1) {
+RigOptions project_rig(const fs::path& project, std::optional<int64_t> total_limit,
+                       bool automatic_resume, uint64_t init_seed = 1) {
   RigOptions options{.init_seed = init_seed};
   options.accelerator.project.project_dir = project.string();
   options.accelerator.project.total_limit = total_limit;
@@ -708,7 +727,8 @@ TEST(CheckpointNaming, AutomaticNamesRotationAndLatest) {
     saved.push_back(rig.acc.save_state());
   }
   auto last = snapshot(rig);
-  EXPECT_EQ(saved, (std::vector<fs::path>{root / "checkpoint_0", root / "checkpoint_1", root / "checkpoint_2"}));
+  EXPECT_EQ(saved, (std::vector<fs::path>{root / "checkpoint_0", root / "checkpoint_1",
+                                          root / "checkpoint_2"}));
   EXPECT_FALSE(fs::exists(root / "checkpoint_0")) << "total_limit 2 keeps the newest two";
   EXPECT_TRUE(fs::exists(root / "checkpoint_1" / "manifest.json"));
   EXPECT_TRUE(fs::exists(root / "checkpoint_2" / "manifest.json"));
@@ -716,7 +736,8 @@ TEST(CheckpointNaming, AutomaticNamesRotationAndLatest) {
 
   // A crashed save's temp folder (never renamed) and a numbered folder with no manifest.
   fs::create_directories(root / ".checkpoint_5.tmp-123");
-  write_file(root / ".checkpoint_5.tmp-123" / "manifest.json", read_file(root / "checkpoint_2" / "manifest.json"));
+  write_file(root / ".checkpoint_5.tmp-123" / "manifest.json",
+             read_file(root / "checkpoint_2" / "manifest.json"));
   write_file(root / ".checkpoint_5.tmp-123" / "model.safetensors", "half");
   fs::create_directories(root / "checkpoint_9");
   write_file(root / "checkpoint_9" / "model.safetensors", "half");
@@ -727,7 +748,8 @@ TEST(CheckpointNaming, AutomaticNamesRotationAndLatest) {
   EXPECT_EQ(manual.acc.load_state(), root / "checkpoint_2");
   expect_same(last, snapshot(manual));
   fs::remove_all(root / "checkpoint_9");
-  EXPECT_EQ(manual.acc.save_state(), root / "checkpoint_3") << "the next save follows the loaded one";
+  EXPECT_EQ(manual.acc.save_state(), root / "checkpoint_3")
+      << "the next save follows the loaded one";
   EXPECT_TRUE(fs::exists(root / "checkpoint_2"));
   EXPECT_FALSE(fs::exists(root / "checkpoint_1"));
 
@@ -760,19 +782,26 @@ TEST(CheckpointNaming, AutomaticResumeSkipsADamagedNewestCheckpoint) {
   ::testing::internal::CaptureStdout();
   ::testing::internal::CaptureStderr();
   std::optional<Rig> resumed;
-  resumed.emplace(project_rig(tmp.path(), std::nullopt, /*automatic_resume=*/true, /*init_seed=*/7));
+  resumed.emplace(
+      project_rig(tmp.path(), std::nullopt, /*automatic_resume=*/true, /*init_seed=*/7));
   auto said = ::testing::internal::GetCapturedStdout() + ::testing::internal::GetCapturedStderr();
   expect_same(at_1, snapshot(*resumed));
-  EXPECT_NE(said.find("not resuming from " + (root / "checkpoint_2").string() + " because it is damaged"),
+  EXPECT_NE(
+      said.find("not resuming from " + (root / "checkpoint_2").string() + " because it is damaged"),
+      std::string::npos)
+      << said;
+  EXPECT_NE(said.find((root / "checkpoint_2" / "optimizer.bin").string() + " is corrupt"),
             std::string::npos)
       << said;
-  EXPECT_NE(said.find((root / "checkpoint_2" / "optimizer.bin").string() + " is corrupt"), std::string::npos) << said;
-  EXPECT_NE(said.find("resumed from " + (root / "checkpoint_1").string()), std::string::npos) << said;
-  EXPECT_EQ(resumed->acc.save_state(), root / "checkpoint_2") << "the next save replaces the damaged one";
+  EXPECT_NE(said.find("resumed from " + (root / "checkpoint_1").string()), std::string::npos)
+      << said;
+  EXPECT_EQ(resumed->acc.save_state(), root / "checkpoint_2")
+      << "the next save replaces the damaged one";
   EXPECT_NO_THROW(resumed->acc.load_state(root / "checkpoint_2"));
   resumed.reset();
 
-  for (const char* name : {"checkpoint_0", "checkpoint_1", "checkpoint_2"}) flip(root / name / "model.safetensors");
+  for (const char* name : {"checkpoint_0", "checkpoint_1", "checkpoint_2"})
+    flip(root / name / "model.safetensors");
   ::testing::internal::CaptureStdout();
   expect_checkpoint_error([&] { Rig none(project_rig(tmp.path(), std::nullopt, true, 8)); },
                           {"none of the 3 checkpoints under " + root.string() + " is intact",
@@ -789,8 +818,9 @@ TEST(CheckpointNaming, RotationNeverRemovesTheCheckpointJustWritten) {
   rig.step();
   auto saved = rig.acc.save_state();
   EXPECT_EQ(saved, root / "checkpoint_0");
-  EXPECT_TRUE(fs::exists(saved / "manifest.json")) << "total_limit rotation deleted the checkpoint it had just written "
-                                                      "because an incomplete checkpoint_9 counted as newer";
+  EXPECT_TRUE(fs::exists(saved / "manifest.json"))
+      << "total_limit rotation deleted the checkpoint it had just written "
+         "because an incomplete checkpoint_9 counted as newer";
   EXPECT_EQ(rig.acc.latest_checkpoint(), saved);
 }
 
@@ -804,7 +834,8 @@ TEST(CheckpointNaming, RotationRemovesAnOlderFolderAKilledRotationHalfDeleted) {
   fs::remove(root / "checkpoint_0" / "manifest.json");
   rig.step();
   rig.acc.save_state();  // checkpoint_1
-  EXPECT_FALSE(fs::exists(root / "checkpoint_0")) << "a half-deleted older checkpoint stayed forever";
+  EXPECT_FALSE(fs::exists(root / "checkpoint_0"))
+      << "a half-deleted older checkpoint stayed forever";
   EXPECT_TRUE(fs::exists(root / "checkpoint_1" / "manifest.json"));
 }
 
@@ -847,7 +878,9 @@ TEST(CheckpointCorrupt, AManifestNameOutsideTheFolderIsRefusedUnread) {
   TempDir tmp;
   auto dir = good_checkpoint(tmp.path() / "ckpt");
   fs::copy_file(dir / "model.safetensors", tmp.path() / "outside.safetensors");
-  for (const std::string& name : std::vector<std::string>{"../outside.safetensors", (tmp.path() / "outside.safetensors").string(), "sub/x", "..", "."}) {
+  for (const std::string& name : std::vector<std::string>{
+           "../outside.safetensors", (tmp.path() / "outside.safetensors").string(), "sub/x", "..",
+           "."}) {
     SCOPED_TRACE(name);
     auto bad = tmp.path() / "bad";
     fs::remove_all(bad);
@@ -926,7 +959,8 @@ TEST(CheckpointCorrupt, WorldSizeIsNotANumber) {
 TEST(CheckpointCorrupt, ModelOfAnotherShape) {
   TempDir tmp;
   auto dir = good_checkpoint(tmp.path() / "ckpt", {.hidden = 16});
-  expect_refused(dir, {(dir / "model.safetensors").string(), "does not match the prepared model", "fc1.weight"});
+  expect_refused(dir, {(dir / "model.safetensors").string(), "does not match the prepared model",
+                       "fc1.weight"});
 }
 
 TEST(CheckpointCorrupt, MoreOptimizersThanPrepared) {
@@ -940,7 +974,8 @@ TEST(CheckpointCorrupt, MoreOptimizersThanPrepared) {
 std::pair<torch::nn::Linear, torch::nn::Linear> prepare_two_models(Accelerator& acc, uint64_t seed,
                                                                    int64_t second_out) {
   torch::manual_seed(seed);
-  std::pair<torch::nn::Linear, torch::nn::Linear> models{torch::nn::Linear(3, 3), torch::nn::Linear(3, second_out)};
+  std::pair<torch::nn::Linear, torch::nn::Linear> models{torch::nn::Linear(3, 3),
+                                                         torch::nn::Linear(3, second_out)};
   acc.prepare(models.first, models.second);
   return models;
 }
@@ -959,9 +994,10 @@ TEST(CheckpointCorrupt, AMismatchInTheSecondModelLeavesTheFirstUnchanged) {
   auto models = prepare_two_models(acc, 2, 5);
   auto& first = models.first;
   auto before = copies(first->parameters());
-  expect_checkpoint_error([&] { acc.load_state(dir); },
-                          {(dir / "model_1.safetensors").string(), "does not match the prepared model"});
-  expect_bitwise(before, copies(first->parameters()), "first model's parameter after a refused load");
+  expect_checkpoint_error([&] { acc.load_state(dir); }, {(dir / "model_1.safetensors").string(),
+                                                         "does not match the prepared model"});
+  expect_bitwise(before, copies(first->parameters()),
+                 "first model's parameter after a refused load");
 }
 
 // The same promise for an optimizer file that does not fit the prepared optimizer.
@@ -981,7 +1017,8 @@ TEST(CheckpointCorrupt, AnOptimizerThatDoesNotFitLeavesTheModelUnchanged) {
   Accelerator acc;
   torch::manual_seed(2);
   auto model = torch::nn::Linear(3, 2);
-  auto weight_only = std::make_shared<torch::optim::AdamW>(std::vector<torch::Tensor>{model->weight});
+  auto weight_only =
+      std::make_shared<torch::optim::AdamW>(std::vector<torch::Tensor>{model->weight});
   acc.prepare(model, weight_only);
   auto before = copies(model->parameters());
   expect_checkpoint_error([&] { acc.load_state(dir); }, {(dir / "optimizer.bin").string()});
@@ -992,7 +1029,8 @@ TEST(CheckpointCorrupt, AnOptimizerThatDoesNotFitLeavesTheModelUnchanged) {
 TEST(CheckpointCorrupt, AFailedOptimizerLoadRestoresTheOptimizersLoadedBeforeIt) {
   TempDir tmp;
   auto dir = tmp.path() / "ckpt";
-  auto train_once = [](Accelerator& acc, torch::nn::Linear& model, PreparedOptimizer& a, PreparedOptimizer& b) {
+  auto train_once = [](Accelerator& acc, torch::nn::Linear& model, PreparedOptimizer& a,
+                       PreparedOptimizer& b) {
     acc.backward(model->forward(torch::ones({1, 3})).sum());
     a.step();
     b.step();
@@ -1001,8 +1039,9 @@ TEST(CheckpointCorrupt, AFailedOptimizerLoadRestoresTheOptimizersLoadedBeforeIt)
     Accelerator acc;
     torch::manual_seed(1);
     auto model = torch::nn::Linear(3, 2);
-    auto [m, a, b] = acc.prepare(model, std::make_shared<torch::optim::AdamW>(std::vector<torch::Tensor>{model->weight}),
-                                 std::make_shared<torch::optim::AdamW>(std::vector<torch::Tensor>{model->bias}));
+    auto [m, a, b] = acc.prepare(
+        model, std::make_shared<torch::optim::AdamW>(std::vector<torch::Tensor>{model->weight}),
+        std::make_shared<torch::optim::AdamW>(std::vector<torch::Tensor>{model->bias}));
     for (int i = 0; i < 3; ++i) train_once(acc, model, a, b);
     acc.save_state(dir);
   }
@@ -1010,17 +1049,20 @@ TEST(CheckpointCorrupt, AFailedOptimizerLoadRestoresTheOptimizersLoadedBeforeIt)
   torch::manual_seed(2);
   auto model = torch::nn::Linear(3, 2);
   auto first = std::make_shared<torch::optim::AdamW>(std::vector<torch::Tensor>{model->weight});
-  auto second = std::make_shared<torch::optim::AdamW>(model->parameters());  // two tensors, saved with one
+  // two tensors, saved with one
+  auto second = std::make_shared<torch::optim::AdamW>(model->parameters());
   auto [m, a, b] = acc.prepare(model, first, second);
   train_once(acc, model, a, b);
   auto state_of_first = [&] {
-    const auto& s = static_cast<const torch::optim::AdamWParamState&>(*first->state().begin()->second);
+    const auto& s =
+        static_cast<const torch::optim::AdamWParamState&>(*first->state().begin()->second);
     return std::vector<torch::Tensor>{s.exp_avg().clone(), s.exp_avg_sq().clone(),
                                       torch::tensor(static_cast<int64_t>(s.step()))};
   };
   ASSERT_EQ(first->state().size(), 1u);
   auto before = state_of_first();
-  expect_checkpoint_error([&] { acc.load_state(dir); }, {(dir / "optimizer_1.bin").string(), "prepared optimizer 1"});
+  expect_checkpoint_error([&] { acc.load_state(dir); },
+                          {(dir / "optimizer_1.bin").string(), "prepared optimizer 1"});
   ASSERT_EQ(first->state().size(), 1u);
   expect_bitwise(before, state_of_first(), "first optimizer's state after a refused load");
 }
@@ -1033,9 +1075,11 @@ TEST(CheckpointCorrupt, AFailedOptimizerLoadRestoresTheOptimizersLoadedBeforeIt)
 class FaultyFs : public ckpt::CheckpointFs {
  public:
   // `can_exchange` false: a file system without RENAME_EXCHANGE (NFS), exchange() says so.
-  explicit FaultyFs(int64_t fail_at, bool can_exchange = true) : fail_at_(fail_at), can_exchange_(can_exchange) {}
+  explicit FaultyFs(int64_t fail_at, bool can_exchange = true)
+      : fail_at_(fail_at), can_exchange_(can_exchange) {}
 
-  ckpt::WrittenFile write_stream(const fs::path& path, const std::function<void(const ckpt::Sink&)>& produce) override {
+  ckpt::WrittenFile write_stream(const fs::path& path,
+                                 const std::function<void(const ckpt::Sink&)>& produce) override {
     if (next("write " + path.filename().string())) {
       // The failure comes from inside the producer, as a failing write(2) would.
       CheckpointFs::write_stream(path, [&](const ckpt::Sink& sink) {
@@ -1091,8 +1135,8 @@ class UseFs {
 
 // The operations of one save_state(`target`) of a rig like `options`'s (after a first save to the
 // same place when `overwrite`).
-std::vector<std::string> save_operations(const RigOptions& options, const fs::path& target, bool overwrite,
-                                         bool can_exchange = true) {
+std::vector<std::string> save_operations(const RigOptions& options, const fs::path& target,
+                                         bool overwrite, bool can_exchange = true) {
   Rig probe(options);
   probe.step();
   if (overwrite) probe.acc.save_state(target);
@@ -1112,8 +1156,8 @@ std::size_t last_index_of(const std::vector<std::string>& ops, const std::string
 
 // `ops` come from a probe rig's save, so the folder names in them are the probe's.
 std::string describe(const std::vector<std::string>& ops, std::size_t k) {
-  return "failing operation " + std::to_string(k) + " of " + std::to_string(ops.size()) + " (in the probe: " +
-         (k < ops.size() ? ops[k] : std::string("none")) + ")";
+  return "failing operation " + std::to_string(k) + " of " + std::to_string(ops.size()) +
+         " (in the probe: " + (k < ops.size() ? ops[k] : std::string("none")) + ")";
 }
 
 TEST(CheckpointAtomicity, AFailedSaveLeavesThePreviousCheckpointIntact) {
@@ -1137,7 +1181,8 @@ TEST(CheckpointAtomicity, AFailedSaveLeavesThePreviousCheckpointIntact) {
     bool published = k > publish;
     {
       // The last round injects nothing (a save over a published checkpoint_1 has more steps).
-      FaultyFs faulty(k < ops.size() ? static_cast<int64_t>(k) : std::numeric_limits<int64_t>::max());
+      FaultyFs faulty(k < ops.size() ? static_cast<int64_t>(k)
+                                     : std::numeric_limits<int64_t>::max());
       UseFs use(&faulty);
       if (k < ops.size()) {
         EXPECT_THROW(rig.acc.save_state(), CheckpointError);
@@ -1193,7 +1238,8 @@ TEST(CheckpointAtomicity, OverwritingAFolderKeepsALoadableCheckpointThere) {
     auto publish = last_index_of(ops, can_exchange ? "exchange .ckpt.tmp-" : "rename .ckpt.tmp-");
     ASSERT_LT(publish, ops.size()) << ::testing::PrintToString(ops);
     if (!can_exchange) {
-      ASSERT_EQ(ops[publish - 1].rfind("rename ckpt -> .ckpt.old-", 0), 0u) << ::testing::PrintToString(ops);
+      ASSERT_EQ(ops[publish - 1].rfind("rename ckpt -> .ckpt.old-", 0), 0u)
+          << ::testing::PrintToString(ops);
     }
 
     Rig rig;
@@ -1216,7 +1262,8 @@ TEST(CheckpointAtomicity, OverwritingAFolderKeepsALoadableCheckpointThere) {
       std::optional<fs::path> aside;
       for (const auto& entry : fs::directory_iterator(tmp.path())) {
         if (entry.path().filename() == "ckpt") continue;
-        EXPECT_EQ(entry.path().filename().string().rfind(".ckpt.old-", 0), 0u) << "left behind: " << entry.path();
+        EXPECT_EQ(entry.path().filename().string().rfind(".ckpt.old-", 0), 0u)
+            << "left behind: " << entry.path();
         aside = entry.path();
       }
       if (aside) {
@@ -1288,19 +1335,22 @@ std::map<std::string, torch::Tensor> decoded(const fs::path& file) {
 // What a loader finds in a save_model folder, entering as transformers does (model.safetensors,
 // else the index and the shards it names): "none", or which of `models` every tensor matches
 // ("0", "1"), or "mixed".
-std::string model_found(const fs::path& dir, const std::vector<std::map<std::string, torch::Tensor>>& models) {
+std::string model_found(const fs::path& dir,
+                        const std::vector<std::map<std::string, torch::Tensor>>& models) {
   std::map<std::string, torch::Tensor> found;
   if (fs::exists(dir / "model.safetensors")) {
     found = decoded(dir / "model.safetensors");
   } else if (fs::exists(dir / "model.safetensors.index.json")) {
     auto index = json::parse(read_file(dir / "model.safetensors.index.json"));
-    for (const auto& [name, file] : index["weight_map"].items()) found[name] = decoded(dir / file.get<std::string>()).at(name);
+    for (const auto& [name, file] : index["weight_map"].items())
+      found[name] = decoded(dir / file.get<std::string>()).at(name);
   } else {
     return "none";
   }
   for (std::size_t m = 0; m < models.size(); ++m) {
     bool all = found.size() == models[m].size();
-    for (const auto& [name, t] : models[m]) all = all && found.count(name) && torch::equal(found.at(name), t);
+    for (const auto& [name, t] : models[m])
+      all = all && found.count(name) && torch::equal(found.at(name), t);
     if (all) return std::to_string(m);
   }
   return "mixed";
@@ -1314,7 +1364,8 @@ TEST(CheckpointSaveModel, AFailedResaveNeverMixesOldAndNewShards) {
   auto dir = tmp.path() / "model";
   auto make = [](int seed) {
     torch::manual_seed(seed);
-    return torch::nn::Sequential(torch::nn::Linear(16, 16), torch::nn::Linear(16, 16), torch::nn::Linear(16, 4));
+    return torch::nn::Sequential(torch::nn::Linear(16, 16), torch::nn::Linear(16, 16),
+                                 torch::nn::Linear(16, 4));
   };
   auto old_model = make(1), new_model = make(2);
   std::vector<std::map<std::string, torch::Tensor>> models;
@@ -1334,7 +1385,9 @@ TEST(CheckpointSaveModel, AFailedResaveNeverMixesOldAndNewShards) {
     acc.save_model(new_model.ptr(), probe.path(), {.max_shard_size = "1KB"});
     ops = counting.operations();
   }
-  ASSERT_GE(std::count_if(ops.begin(), ops.end(), [](const std::string& op) { return op.rfind("rename ", 0) == 0; }), 3)
+  ASSERT_GE(std::count_if(ops.begin(), ops.end(),
+                          [](const std::string& op) { return op.rfind("rename ", 0) == 0; }),
+            3)
       << "several shards: " << ::testing::PrintToString(ops);
   for (std::size_t k = 0; k < ops.size(); ++k) {
     SCOPED_TRACE(describe(ops, k));
@@ -1342,7 +1395,8 @@ TEST(CheckpointSaveModel, AFailedResaveNeverMixesOldAndNewShards) {
     {
       FaultyFs faulty(static_cast<int64_t>(k));
       UseFs use(&faulty);
-      EXPECT_THROW(acc.save_model(new_model.ptr(), dir, {.max_shard_size = "1KB"}), CheckpointError);
+      EXPECT_THROW(acc.save_model(new_model.ptr(), dir, {.max_shard_size = "1KB"}),
+                   CheckpointError);
     }
     EXPECT_NE(model_found(dir, models), "mixed");
     for (const auto& entry : fs::directory_iterator(dir)) {
@@ -1358,8 +1412,8 @@ TEST(CheckpointSaveModel, OneFileUnderTheLimitShardsWithAnIndexOverIt) {
   Accelerator acc;
   torch::manual_seed(0);
   // 16x16 float weights are 1024 bytes each: with "1KB" (1000 bytes) every layer gets a shard.
-  auto model = torch::nn::Sequential(torch::nn::Linear(16, 16), torch::nn::ReLU(), torch::nn::Linear(16, 16),
-                                     torch::nn::Linear(16, 4));
+  auto model = torch::nn::Sequential(torch::nn::Linear(16, 16), torch::nn::ReLU(),
+                                     torch::nn::Linear(16, 16), torch::nn::Linear(16, 4));
   auto params = model->named_parameters();
   uint64_t total = 0;
   for (const auto& p : params) total += p.value().nbytes();
@@ -1393,7 +1447,8 @@ TEST(CheckpointSaveModel, OneFileUnderTheLimitShardsWithAnIndexOverIt) {
   }
   EXPECT_GE(files.size(), 3u);
   for (const auto& file : files) {
-    EXPECT_LE(fs::file_size(sharded / file), 1000u + 1024u + 512u) << file << ": a shard holds one big tensor at most";
+    EXPECT_LE(fs::file_size(sharded / file), 1000u + 1024u + 512u)
+        << file << ": a shard holds one big tensor at most";
   }
 }
 

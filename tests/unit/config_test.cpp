@@ -38,7 +38,9 @@ job_id: my-job.1
 quiet: false
 checkpoint_dir: ck/run 1
 checkpoint_interval: 50
-)", "cluster.yaml").is_ok());
+)",
+                             "cluster.yaml")
+                  .is_ok());
   EXPECT_EQ(cfg.num_processes, 4);
   EXPECT_EQ(cfg.nodes, (NodeRange{2, 3}));
   EXPECT_EQ(cfg.machine_rank, 1);
@@ -86,8 +88,9 @@ TEST(ConfigYaml, InvertedNodeRange) {
 }
 
 TEST(ConfigYaml, PortOutOfRange) {
-  EXPECT_EQ(load_error("main_process_port: 70000\n"),
-            "cluster.yaml:1:20: main_process_port: expected an integer from 0 to 65535, got '70000'");
+  EXPECT_EQ(
+      load_error("main_process_port: 70000\n"),
+      "cluster.yaml:1:20: main_process_port: expected an integer from 0 to 65535, got '70000'");
 }
 
 TEST(ConfigYaml, UnknownKeySuggestsNearest) {
@@ -98,7 +101,10 @@ TEST(ConfigYaml, UnknownKeySuggestsNearest) {
   // Nothing near: list the valid keys instead of a silly guess.
   std::string far = load_error("compute_environment: LOCAL_MACHINE\n");
   EXPECT_EQ(far.rfind("cluster.yaml:1:1: unknown key 'compute_environment' (valid keys: "
-                      "num_processes, nodes, ", 0), 0u) << far;
+                      "num_processes, nodes, ",
+                      0),
+            0u)
+      << far;
 }
 
 TEST(ConfigYaml, WrongTypes) {
@@ -113,7 +119,8 @@ TEST(ConfigYaml, WrongTypes) {
   EXPECT_EQ(load_error("mixed_precision: fp8\n"),
             "cluster.yaml:1:18: mixed_precision: expected one of no, fp16, bf16, got 'fp8'");
   EXPECT_EQ(load_error("collective_timeout: 0s\n"),
-            "cluster.yaml:1:21: collective_timeout: expected a positive duration such as 30m, 90s or 500ms, got '0s'");
+            "cluster.yaml:1:21: collective_timeout: expected a positive duration such as 30m, 90s "
+            "or 500ms, got '0s'");
   EXPECT_EQ(load_error("stop_timeout: soon\n"),
             "cluster.yaml:1:15: stop_timeout: expected a positive duration such as 10s, 500ms or "
             "2m, got 'soon'");
@@ -203,10 +210,10 @@ TEST_F(ConfigSourcesTest, FlagBeatsEnvBeatsFileBeatsDefault) {
   auto r = resolve_config(src);
   ASSERT_TRUE(r.is_ok()) << r.message();
   const ClusterConfig& c = r->config;
-  EXPECT_EQ(c.num_processes, 4);      // flag
-  EXPECT_EQ(c.max_restarts, 6);       // env
+  EXPECT_EQ(c.num_processes, 4);                        // flag
+  EXPECT_EQ(c.max_restarts, 6);                         // env
   EXPECT_EQ(c.mixed_precision, MixedPrecision::kFp16);  // file
-  EXPECT_EQ(c.tee, 3);                // default
+  EXPECT_EQ(c.tee, 3);                                  // default
   EXPECT_EQ(c.origin("num_processes").where, "flag --num-processes");
   EXPECT_EQ(c.origin("max_restarts").where, "environment variable ACCEL_MAX_RESTARTS");
   EXPECT_EQ(c.origin("mixed_precision").where, file + ":3:18");
@@ -260,8 +267,9 @@ TEST_F(ConfigSourcesTest, CheckpointErrorsNameTheirSource) {
   // An empty flag turns a file's checkpoint_dir off, so the file's interval is then an error.
   src.config_file = write("c.yaml", "checkpoint_dir: ck\ncheckpoint_interval: 7\n");
   src.flags = {{"checkpoint_dir", "", "--checkpoint-dir"}};
-  EXPECT_EQ(resolve_error(src),
-            *src.config_file + ":2:22: checkpoint_interval: 7 needs checkpoint_dir (where to save)");
+  EXPECT_EQ(
+      resolve_error(src),
+      *src.config_file + ":2:22: checkpoint_interval: 7 needs checkpoint_dir (where to save)");
 }
 
 TEST_F(ConfigSourcesTest, AFlagEqualToTheDefaultStillWins) {
@@ -334,8 +342,9 @@ TEST_F(ConfigSourcesTest, ExplicitFileMustExist) {
   src.config_file = (dir_ / "missing.yaml").string();
   auto r = resolve_config(src);
   ASSERT_FALSE(r.is_ok());
-  EXPECT_EQ(r.message(), (dir_ / "missing.yaml").string() +
-                             ": config file (from --config) does not exist or is not a regular file");
+  EXPECT_EQ(r.message(),
+            (dir_ / "missing.yaml").string() +
+                ": config file (from --config) does not exist or is not a regular file");
   src.config_file.reset();
   src.env = {{"ACCEL_CONFIG_FILE", (dir_ / "gone.yaml").string()}};
   r = resolve_config(src);
@@ -355,7 +364,8 @@ TEST_F(ConfigSourcesTest, AHugeFileIsRefusedUnreadAndErrorsQuoteAtMost80BytesOfA
   src.config_file = big.string();
   auto r = resolve_config(src);
   ASSERT_FALSE(r.is_ok());
-  EXPECT_NE(r.message().find(big.string() + ": the config file is "), std::string::npos) << r.message();
+  EXPECT_NE(r.message().find(big.string() + ": the config file is "), std::string::npos)
+      << r.message();
   EXPECT_NE(r.message().find("the most accepted is 1048576"), std::string::npos) << r.message();
 
   std::string huge(50'000, 'v');

@@ -50,7 +50,8 @@ CoordinatorOptions default_options() {
 std::string host_of(const std::string& id) { return "host-" + id; }
 std::string addr_of(const std::string& id) { return id + ".cluster.internal"; }
 
-pb::Failure exit_failure(int rank, int exit_code, int signal, int64_t time_ms, const std::string& msg = "") {
+pb::Failure exit_failure(int rank, int exit_code, int signal, int64_t time_ms,
+                         const std::string& msg = "") {
   pb::Failure f;
   f.set_kind(pb::Failure::KIND_EXIT);
   f.set_rank(rank);
@@ -73,7 +74,9 @@ std::string line_with(const std::string& text, const std::string& needle) {
   return "";
 }
 
-bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
+bool starts_with(const std::string& s, const std::string& prefix) {
+  return s.rfind(prefix, 0) == 0;
+}
 
 // The failure table's line marked as the root cause ("" when none).
 std::string marked_line(const std::string& text) {
@@ -102,7 +105,8 @@ struct Harness {
     return r;
   }
 
-  RpcStatus add_node(const std::string& id, int machine_rank = -1, const std::string& only_job = "") {
+  RpcStatus add_node(const std::string& id, int machine_rank = -1,
+                     const std::string& only_job = "") {
     pb::RegisterNodeResponse resp;
     return core.register_node(node_req(id, machine_rank, only_job), &resp);
   }
@@ -203,8 +207,8 @@ struct Harness {
   }
 
   // Registers `ids`, submits `job` with `spec` and has every node join; the round closes at max.
-  void start_job(const std::string& job, const pb::JobSpec& spec, const std::vector<std::string>& ids,
-                 const std::vector<int32_t>& ports = {}) {
+  void start_job(const std::string& job, const pb::JobSpec& spec,
+                 const std::vector<std::string>& ids, const std::vector<int32_t>& ports = {}) {
     for (const auto& id : ids) ASSERT_TRUE(add_node(id).is_ok()) << id;
     ASSERT_TRUE(submit(job, spec).is_ok());
     join_all(job, ids, ports);
@@ -370,7 +374,11 @@ TEST(CoordinatorCore, SubmitRejectsInvalidSpecs) {
       {"processes_per_node 0", [](pb::JobSpec& s) { s.set_processes_per_node(0); }},
       {"processes_per_node -1", [](pb::JobSpec& s) { s.set_processes_per_node(-1); }},
       {"min_nodes 0", [](pb::JobSpec& s) { s.set_min_nodes(0); }},
-      {"min > max", [](pb::JobSpec& s) { s.set_min_nodes(3); s.set_max_nodes(2); }},
+      {"min > max",
+       [](pb::JobSpec& s) {
+         s.set_min_nodes(3);
+         s.set_max_nodes(2);
+       }},
       {"max_restarts -1", [](pb::JobSpec& s) { s.set_max_restarts(-1); }},
       {"join_timeout 0", [](pb::JobSpec& s) { s.set_join_timeout_ms(0); }},
       {"last_call -1", [](pb::JobSpec& s) { s.set_last_call_ms(-1); }},
@@ -436,7 +444,8 @@ TEST(CoordinatorCore, SubmittedJobOpensRoundZero) {
   ASSERT_EQ(w.events_size(), 3);
   EXPECT_EQ(w.events(0).state(), pb::JOB_STATE_PENDING);
   EXPECT_EQ(w.events(1).state(), pb::JOB_STATE_RENDEZVOUS);
-  EXPECT_NE(w.events(2).message().find("round 0 open (submitted by ada@laptop): waiting for 2 to 4 nodes"),
+  EXPECT_NE(w.events(2).message().find(
+                "round 0 open (submitted by ada@laptop): waiting for 2 to 4 nodes"),
             std::string::npos)
       << w.events(2).message();
   EXPECT_FALSE(w.done());
@@ -664,13 +673,15 @@ TEST(CoordinatorCore, JoinTimeoutWithFewerThanMinNodesFailsJob) {
   EXPECT_TRUE(w.done());
   EXPECT_EQ(w.outcome().state(), pb::JOB_STATE_FAILED);
   EXPECT_EQ(w.outcome().exit_code(), 1);
-  EXPECT_NE(w.outcome().summary().find("only 1 of the 2 nodes it needs joined round 0 within join_timeout (8000 ms)"),
+  EXPECT_NE(w.outcome().summary().find(
+                "only 1 of the 2 nodes it needs joined round 0 within join_timeout (8000 ms)"),
             std::string::npos)
       << w.outcome().summary();
   EXPECT_TRUE(has_message(w, "only 1 of the 2 nodes"));
   // No worker ever ran: the reason alone, not an empty failure table of "round -1".
   EXPECT_EQ(w.outcome().summary().find("round -1"), std::string::npos) << w.outcome().summary();
-  EXPECT_EQ(w.outcome().summary().find("failures of job"), std::string::npos) << w.outcome().summary();
+  EXPECT_EQ(w.outcome().summary().find("failures of job"), std::string::npos)
+      << w.outcome().summary();
 
   Ins a = h.ins("a");
   EXPECT_EQ(a.action(), Ins::ACTION_IDLE);
@@ -712,7 +723,8 @@ TEST(CoordinatorCore, StaleOrUnknownJoinChangesNothing) {
   EXPECT_EQ(j->node_ids(1), "b");
 
   // A failure opens round 1; a join of the old round is refused and changes nothing.
-  ASSERT_TRUE(h.report("a", "j", 0, Rep::EVENT_FAILED, {exit_failure(0, 1, 0, h.clock.unix_ms())}).is_ok());
+  ASSERT_TRUE(
+      h.report("a", "j", 0, Rep::EVENT_FAILED, {exit_failure(0, 1, 0, h.clock.unix_ms())}).is_ok());
   ASSERT_EQ(h.job("j")->round(), 1);
   EXPECT_EQ(h.join("a", "j", 0).code, Code::kFailedPrecondition);
   Ins a = h.ins("a");
@@ -775,7 +787,8 @@ TEST(CoordinatorCore, RestartBudgetIsCountedOnceForTheWholeJob) {
   const int64_t t = h.clock.unix_ms();
 
   // a's group fails first: one counted restart, round 1 opens.
-  ASSERT_TRUE(h.report("a", "j", 0, Rep::EVENT_FAILED, {exit_failure(1, 1, 0, t + 100, "oops")}).is_ok());
+  ASSERT_TRUE(
+      h.report("a", "j", 0, Rep::EVENT_FAILED, {exit_failure(1, 1, 0, t + 100, "oops")}).is_ok());
   auto j = h.job("j");
   EXPECT_EQ(j->state(), pb::JOB_STATE_RENDEZVOUS);
   EXPECT_EQ(j->round(), 1);
@@ -824,7 +837,8 @@ TEST(CoordinatorCore, RestartBudgetIsCountedOnceForTheWholeJob) {
   const std::string& summary = w.outcome().summary();
   EXPECT_NE(summary.find("no restarts left (max_restarts 1)"), std::string::npos) << summary;
   std::string root = marked_line(summary);
-  EXPECT_NE(root.find("rank 3 on host-b (pid 1003) failed: SIGKILL (signal 9)"), std::string::npos) << summary;
+  EXPECT_NE(root.find("rank 3 on host-b (pid 1003) failed: SIGKILL (signal 9)"), std::string::npos)
+      << summary;
   // Round 0's root cause (a's, the earlier of the two) is listed as an earlier round.
   std::string earlier = line_with(summary, "earlier: round 0");
   EXPECT_NE(earlier.find("rank 1 on host-a"), std::string::npos) << summary;
@@ -833,7 +847,8 @@ TEST(CoordinatorCore, RestartBudgetIsCountedOnceForTheWholeJob) {
 TEST(CoordinatorCore, FailedJobExitCodeIsTheRootCausesExitCode) {
   Harness h;
   h.start_job("j", make_spec(1, 1), {"a"});
-  ASSERT_TRUE(h.report("a", "j", 0, Rep::EVENT_FAILED, {exit_failure(0, 42, 0, h.clock.unix_ms())}).is_ok());
+  ASSERT_TRUE(h.report("a", "j", 0, Rep::EVENT_FAILED, {exit_failure(0, 42, 0, h.clock.unix_ms())})
+                  .is_ok());
   EXPECT_EQ(h.job("j")->state(), pb::JOB_STATE_FAILED);
   EXPECT_EQ(h.job("j")->exit_code(), 42);
 }
@@ -845,7 +860,8 @@ TEST(CoordinatorCore, RootCauseIsTheEarliestFailureEvenWhenReportedLater) {
 
   // One report, earliest second in the list: the earliest still wins.
   ASSERT_TRUE(h.report("a", "j", 0, Rep::EVENT_FAILED,
-                       {exit_failure(1, 6, 0, t + 3'000, "NCCL error"), exit_failure(0, 3, 0, t + 2'000, "boom")})
+                       {exit_failure(1, 6, 0, t + 3'000, "NCCL error"),
+                        exit_failure(0, 3, 0, t + 2'000, "boom")})
                   .is_ok());
   auto j = h.job("j");
   ASSERT_EQ(j->state(), pb::JOB_STATE_FAILED);
@@ -869,10 +885,12 @@ TEST(CoordinatorCore, RootCauseIsTheEarliestFailureEvenWhenReportedLater) {
   auto w = h.watch("j", 0);
   ASSERT_TRUE(w.done());
   const std::string& summary = w.outcome().summary();
-  EXPECT_NE(marked_line(summary).find("rank 2 on host-b (pid 1002) failed: SIGSEGV (signal 11): segfault"),
+  EXPECT_NE(marked_line(summary).find(
+                "rank 2 on host-b (pid 1002) failed: SIGSEGV (signal 11): segfault"),
             std::string::npos)
       << summary;
-  EXPECT_TRUE(starts_with(line_with(summary, "  rank 0 on host-a"), "  ")) << summary;  // table row, unmarked
+  EXPECT_TRUE(starts_with(line_with(summary, "  rank 0 on host-a"), "  "))
+      << summary;  // table row, unmarked
   EXPECT_TRUE(starts_with(line_with(summary, "  rank 1 on host-a"), "  ")) << summary;
   // The exit code follows the root cause; the first line still says why the job ended.
   EXPECT_EQ(w.outcome().exit_code(), 128 + 11);
@@ -925,9 +943,15 @@ TEST(CoordinatorCore, FailureSummaryFormatting) {
   fs.push_back(f2);
 
   std::string s = format_failure_summary("j", fs, 1, 2);
-  EXPECT_TRUE(starts_with(s, "accel: failures of job j, round 1 (root cause = the earliest, marked *):\n")) << s;
-  EXPECT_NE(marked_line(s).find("rank 2 on host-b (pid 1002) failed: SIGKILL (signal 9)"), std::string::npos) << s;
-  EXPECT_TRUE(starts_with(line_with(s, "rank 0 on host-a (pid 1000) failed: exit code 1: late"), "  ")) << s;
+  EXPECT_TRUE(
+      starts_with(s, "accel: failures of job j, round 1 (root cause = the earliest, marked *):\n"))
+      << s;
+  EXPECT_NE(marked_line(s).find("rank 2 on host-b (pid 1002) failed: SIGKILL (signal 9)"),
+            std::string::npos)
+      << s;
+  EXPECT_TRUE(
+      starts_with(line_with(s, "rank 0 on host-a (pid 1000) failed: exit code 1: late"), "  "))
+      << s;
   EXPECT_NE(s.find("      stderr| Killed\n"), std::string::npos) << s;
   EXPECT_NE(line_with(s, "earlier: round 0").find("rank 0 on host-a"), std::string::npos) << s;
 
@@ -1221,9 +1245,11 @@ TEST(CoordinatorCore, PortConflictOpensNewRoundWithoutCountingRestart) {
   h.start_job("j", spec, {"a", "b"}, {30001, 30002});
   const int64_t t = h.clock.unix_ms();
 
-  ASSERT_TRUE(h.report("a", "j", 0, Rep::EVENT_FAILED,
-                       {exit_failure(0, 1, 0, t, "The server socket has failed to bind: Address already in use")})
-                  .is_ok());
+  ASSERT_TRUE(
+      h.report("a", "j", 0, Rep::EVENT_FAILED,
+               {exit_failure(0, 1, 0, t,
+                             "The server socket has failed to bind: Address already in use")})
+          .is_ok());
   auto j = h.job("j");
   EXPECT_EQ(j->state(), pb::JOB_STATE_RENDEZVOUS);
   EXPECT_EQ(j->round(), 1);
@@ -1378,7 +1404,8 @@ TEST(CoordinatorCore, WatchJobReturnsEventsInOrderAndOutcomeWhenDone) {
 
   auto w = h.watch("j", 0);
   ASSERT_EQ(w.events_size(), static_cast<int>(mid));
-  for (int i = 0; i < w.events_size(); ++i) EXPECT_EQ(w.events(i).seq(), static_cast<uint64_t>(i + 1));
+  for (int i = 0; i < w.events_size(); ++i)
+    EXPECT_EQ(w.events(i).seq(), static_cast<uint64_t>(i + 1));
   EXPECT_FALSE(w.done());
   EXPECT_FALSE(w.has_outcome());
   EXPECT_EQ(w.dropped(), 0u);
@@ -1675,7 +1702,8 @@ TEST(CoordinatorLimits, StatusListsTheMostRecentJobsWithCutCommandLines) {
 TEST(CoordinatorLimits, TheJobAndNodeCapsForgetEndedOnesFirstAndThenRefuse) {
   Harness h;
   auto spec = make_spec(1, 1);
-  for (size_t i = 0; i < limits::kMaxJobs; ++i) ASSERT_TRUE(h.submit("j" + std::to_string(i), spec).is_ok());
+  for (size_t i = 0; i < limits::kMaxJobs; ++i)
+    ASSERT_TRUE(h.submit("j" + std::to_string(i), spec).is_ok());
   auto st = h.submit("one-more", spec);
   EXPECT_EQ(st.code, Code::kResourceExhausted) << "every kept job is still waiting for nodes";
   pb::CancelJobRequest c;
@@ -1707,8 +1735,9 @@ TEST(CoordinatorLimits, StoredBytesStayWithinThePerNodeAndPerJobBound) {
   for (int i = 0; i < 1000; ++i) logs.add_lines()->set_text(std::string(100'000, 'l'));
   for (int k = 0; k < 5; ++k) ASSERT_TRUE(h.core.push_logs(logs).is_ok());
   // 2 nodes, 1 job: per node info + progress, per job spec + events + failures.
-  const size_t per_node = 2 * limits::kMaxHostBytes + 4 * limits::kMaxIdBytes +
-                          limits::kMaxProcessesPerNode * (2 * (limits::kMaxProgressBytes + 32) + 16) + 4096;
+  const size_t per_node =
+      2 * limits::kMaxHostBytes + 4 * limits::kMaxIdBytes +
+      limits::kMaxProcessesPerNode * (2 * (limits::kMaxProgressBytes + 32) + 16) + 4096;
   const size_t per_job = limits::kMaxSpecBytes + default_options().max_event_bytes_per_job + 4096;
   EXPECT_LT(h.core.stored_bytes(), 2 * per_node + per_job);
 }
@@ -1744,7 +1773,8 @@ TEST(CoordinatorCore, SyncVersionIsStableForASpecWithExtraEnv) {
   Harness h;
   ASSERT_TRUE(h.add_node("a").is_ok());
   auto spec = make_spec(1, 2);
-  for (int i = 0; i < 16; ++i) (*spec.mutable_extra_env())["VAR_" + std::to_string(i)] = std::to_string(i);
+  for (int i = 0; i < 16; ++i)
+    (*spec.mutable_extra_env())["VAR_" + std::to_string(i)] = std::to_string(i);
   ASSERT_TRUE(h.submit("j", spec).is_ok());
   auto first = h.sync_resp("a");
   ASSERT_EQ(first.instruction().action(), Ins::ACTION_JOIN);

@@ -1,7 +1,7 @@
 // The hang rule over progress-page snapshots (no processes, no files).
-#include <gtest/gtest.h>
-
 #include "agent/supervisor/hang_monitor.h"
+
+#include <gtest/gtest.h>
 
 namespace accel::supervisor {
 namespace {
@@ -38,12 +38,15 @@ TEST(HangRule, CollectiveTooLongNamesTheRankThatIsBehind) {
   auto hang = detect_hang({r0, r1, r2}, 131 * kSec, opts(0, 30), "node-a");
   ASSERT_TRUE(hang);
   EXPECT_EQ(hang->rank, 1);
-  EXPECT_EQ(hang->reason, "rank 1 is outside any collective; its last was allreduce #812, finished 32.0 s ago; "
-                          "ranks 0,2 wait in allreduce #813");
-  EXPECT_NE(hang->report.find("rank 0 has been in allreduce #813 for 31.0 s (hang_timeout 30.0 s)"), std::string::npos)
+  EXPECT_EQ(hang->reason,
+            "rank 1 is outside any collective; its last was allreduce #812, finished 32.0 s ago; "
+            "ranks 0,2 wait in allreduce #813");
+  EXPECT_NE(hang->report.find("rank 0 has been in allreduce #813 for 31.0 s (hang_timeout 30.0 s)"),
+            std::string::npos)
       << hang->report;
-  EXPECT_NE(hang->report.find("  rank 1: outside any collective; last allreduce #812 finished 32.0 s ago; last "
-                              "heartbeat 32.0 s ago   <- lagging"),
+  EXPECT_NE(hang->report.find(
+                "  rank 1: outside any collective; last allreduce #812 finished 32.0 s ago; last "
+                "heartbeat 32.0 s ago   <- lagging"),
             std::string::npos)
       << hang->report;
 }
@@ -65,7 +68,8 @@ TEST(HangRule, HeartbeatCatchesACpuHangButNotALongCollective) {
   auto hang = detect_hang({busy}, 111 * kSec, opts(10, 0), "n");
   ASSERT_TRUE(hang);
   EXPECT_EQ(hang->rank, 0);
-  EXPECT_NE(hang->report.find("rank 0 has shown no progress for 11.0 s outside any collective"), std::string::npos);
+  EXPECT_NE(hang->report.find("rank 0 has shown no progress for 11.0 s outside any collective"),
+            std::string::npos);
   // In a collective for 11 s with heartbeat_timeout 10 s and hang_timeout off: not a hang.
   auto waiting = page(0, 4, 100);
   waiting.in_flight = op(3, "allreduce", 100, 0);

@@ -1,7 +1,7 @@
 // accel-launch's command line: flags to config keys, underscores, program forms.
-#include <gtest/gtest.h>
-
 #include "launcher/launch_cli.h"
+
+#include <gtest/gtest.h>
 
 namespace accel::launcher {
 namespace {
@@ -59,20 +59,23 @@ TEST(LaunchCli, CheckpointFlags) {
 
 TEST(LaunchCli, ControlPlaneFlagsAndWorkerEnv) {
   ::setenv("ACCEL_TEST_FORWARDED", "from-here", 1);
-  LaunchCommand cmd = parse_ok({"--coordinator", "10.0.0.1:29400", "--nodes", "2:4", "--lease-timeout", "5s",
-                                "--hang-timeout", "0", "--env", "A=1", "--env", "ACCEL_TEST_FORWARDED",
-                                "--env", "A=2", "--env", "UNSET_HERE_XYZ", "./train"});
+  LaunchCommand cmd =
+      parse_ok({"--coordinator", "10.0.0.1:29400", "--nodes", "2:4", "--lease-timeout", "5s",
+                "--hang-timeout", "0", "--env", "A=1", "--env", "ACCEL_TEST_FORWARDED", "--env",
+                "A=2", "--env", "UNSET_HERE_XYZ", "./train"});
   EXPECT_EQ(flag_value(cmd, "coordinator"), "10.0.0.1:29400");
   EXPECT_EQ(flag_value(cmd, "nodes"), "2:4");
   EXPECT_EQ(flag_value(cmd, "lease_timeout"), "5s");
   EXPECT_EQ(flag_value(cmd, "hang_timeout"), "0");
   // In the order typed (the last A wins where they are applied); a KEY not set here is skipped.
   using KV = std::pair<std::string, std::string>;
-  EXPECT_EQ(cmd.worker_env, (std::vector<KV>{{"A", "1"}, {"ACCEL_TEST_FORWARDED", "from-here"}, {"A", "2"}}));
+  EXPECT_EQ(cmd.worker_env,
+            (std::vector<KV>{{"A", "1"}, {"ACCEL_TEST_FORWARDED", "from-here"}, {"A", "2"}}));
   ParseOutcome bad = parse_launch_command({"--env", "1BAD=x", "./train"});
   EXPECT_FALSE(bad.command);
   EXPECT_EQ(bad.exit_code, 2);
-  EXPECT_NE(bad.text.find("--env 1BAD=x: expected KEY=VALUE or KEY"), std::string::npos) << bad.text;
+  EXPECT_NE(bad.text.find("--env 1BAD=x: expected KEY=VALUE or KEY"), std::string::npos)
+      << bad.text;
 }
 
 // --env cannot set what accel sets for each worker or derives from the configuration: it used
@@ -80,7 +83,8 @@ TEST(LaunchCli, ControlPlaneFlagsAndWorkerEnv) {
 TEST(LaunchCli, EnvOfAVariableAccelSetsIsAnErrorThatSaysWhatToUse) {
   ParseOutcome rank = parse_launch_command({"--env", "RANK=99", "./train"});
   EXPECT_EQ(rank.exit_code, 2);
-  EXPECT_NE(rank.text.find("--env RANK: RANK is set by accel for each worker"), std::string::npos) << rank.text;
+  EXPECT_NE(rank.text.find("--env RANK: RANK is set by accel for each worker"), std::string::npos)
+      << rank.text;
   ParseOutcome mp = parse_launch_command({"--env", "ACCELERATE_MIXED_PRECISION=bf16", "./train"});
   EXPECT_EQ(mp.exit_code, 2);
   EXPECT_NE(mp.text.find("use --mixed-precision"), std::string::npos) << mp.text;
@@ -97,8 +101,8 @@ TEST(LaunchCli, BooleanFlagsTakeAValue) {
 }
 
 TEST(LaunchCli, TorchrunSpellingsAreAliases) {
-  LaunchCommand cmd = parse_ok({"--nproc_per_node", "2", "--master_port", "29501", "--nnodes",
-                                "1", "--run_id", "abc", "p"});
+  LaunchCommand cmd = parse_ok(
+      {"--nproc_per_node", "2", "--master_port", "29501", "--nnodes", "1", "--run_id", "abc", "p"});
   EXPECT_EQ(flag_value(cmd, "num_processes"), "2");
   EXPECT_EQ(flag_value(cmd, "main_process_port"), "29501");
   EXPECT_EQ(flag_value(cmd, "nodes"), "1");

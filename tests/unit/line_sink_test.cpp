@@ -1,15 +1,14 @@
 // LineSink: whole, prefixed lines out of arbitrary chunks.
-#include <gtest/gtest.h>
-#include <unistd.h>
+#include "agent/supervisor/line_sink.h"
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include "agent/supervisor/line_sink.h"
 
 namespace accel::supervisor {
 namespace {
@@ -35,7 +34,8 @@ class Capture {
 
 TEST(LineSink, JoinsChunksIntoPrefixedLines) {
   Capture console, log;
-  LineSink sink({.prefix = "[rank 1] ", .console_fd = console.fd(), .log_fd = log.fd(), .keep_last = 2});
+  LineSink sink(
+      {.prefix = "[rank 1] ", .console_fd = console.fd(), .log_fd = log.fd(), .keep_last = 2});
   sink.feed("hel");
   EXPECT_EQ(console.text(), "");  // no partial line is ever written
   sink.feed("lo\nwor");
@@ -78,7 +78,8 @@ TEST(LineSink, AFullLogFileIsReportedOnceAndTheConsoleGoesOn) {
   }
   ::close(full);
   ASSERT_EQ(problems.size(), 1u);
-  EXPECT_NE(problems[0].find("cannot write the log file /dev/full: No space left on device"), std::string::npos)
+  EXPECT_NE(problems[0].find("cannot write the log file /dev/full: No space left on device"),
+            std::string::npos)
       << problems[0];
   EXPECT_NE(problems[0].find("from line 1 on"), std::string::npos) << problems[0];
   auto text = console.text();

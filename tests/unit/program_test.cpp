@@ -1,11 +1,11 @@
 // How PROGRAM becomes the workers' argv: .py under Python, -m, --no-python, PATH lookup.
+#include "launcher/program.h"
+
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
-
-#include "launcher/program.h"
 
 namespace accel::launcher {
 namespace {
@@ -13,7 +13,8 @@ namespace {
 class ProgramTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() / ("accel_program_test_" + std::to_string(::getpid()));
+    dir_ = std::filesystem::temp_directory_path() /
+           ("accel_program_test_" + std::to_string(::getpid()));
     std::filesystem::create_directories(dir_ / "bin");
     make_file("bin/python3", true);
     make_file("bin/tool", true);
@@ -46,7 +47,8 @@ TEST_F(ProgramTest, PythonExecOverrides) {
   argv = resolve_command({p("train.py"), {}, std::nullopt, false}, env_);
   ASSERT_FALSE(argv.is_ok());
   EXPECT_NE(argv.message().find("cannot find the Python interpreter ($PYTHON_EXEC)"),
-            std::string::npos) << argv.message();
+            std::string::npos)
+      << argv.message();
 }
 
 TEST_F(ProgramTest, ModuleRunsWithDashM) {
@@ -72,8 +74,9 @@ TEST_F(ProgramTest, PathLookupAndErrors) {
   EXPECT_NE(data.message().find("'data.txt' not found on PATH"), std::string::npos);
   auto direct = resolve_command({p("bin/data.txt"), {}, std::nullopt, false}, env_);
   ASSERT_FALSE(direct.is_ok());
-  EXPECT_EQ(direct.message(), p("bin/data.txt") +
-                                  ": not executable (chmod +x it, or run it through its interpreter)");
+  EXPECT_EQ(
+      direct.message(),
+      p("bin/data.txt") + ": not executable (chmod +x it, or run it through its interpreter)");
   auto missing_script = resolve_command({p("nope.py"), {}, std::nullopt, false}, env_);
   ASSERT_FALSE(missing_script.is_ok());
   EXPECT_EQ(missing_script.message(), p("nope.py") + ": Python script not found");

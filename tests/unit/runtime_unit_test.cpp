@@ -67,7 +67,8 @@ TEST(BatchShard, EvenBatchesGiveEveryRankTheSameCountAndCoverEverySample) {
         std::set<int64_t> covered;
         std::size_t count = SIZE_MAX;
         for (std::size_t r = 0; r < n; ++r) {
-          auto batches = shard_batches(range(size), {.batch_size = bs, .num_processes = n, .process_index = r});
+          auto batches = shard_batches(range(size),
+                                       {.batch_size = bs, .num_processes = n, .process_index = r});
           if (count == SIZE_MAX) count = batches.size();
           EXPECT_EQ(batches.size(), count) << "n=" << n << " bs=" << bs << " size=" << size;
           for (const auto& b : batches) {
@@ -75,9 +76,11 @@ TEST(BatchShard, EvenBatchesGiveEveryRankTheSameCountAndCoverEverySample) {
             covered.insert(b.begin(), b.end());
           }
         }
-        EXPECT_EQ(covered.size(), static_cast<std::size_t>(size)) << "n=" << n << " bs=" << bs << " size=" << size;
+        EXPECT_EQ(covered.size(), static_cast<std::size_t>(size))
+            << "n=" << n << " bs=" << bs << " size=" << size;
         // The duplicated tail is exactly what the remainder says to drop.
-        auto rem = shard_remainder(static_cast<std::size_t>(size), {.batch_size = bs, .num_processes = n});
+        auto rem =
+            shard_remainder(static_cast<std::size_t>(size), {.batch_size = bs, .num_processes = n});
         std::size_t total = count * n * bs;
         std::size_t expected_dupes = rem > 0 ? n * bs - static_cast<std::size_t>(rem) : 0;
         EXPECT_EQ(total - static_cast<std::size_t>(size), expected_dupes)
@@ -117,18 +120,22 @@ TEST(DataLoader, BatchesShuffleWithSeedPlusEpochAndCountsEpochs) {
   dl.set_epoch(0);
   EXPECT_EQ(pass(), first) << "seed + epoch reproduces the order";
   DataLoader other(ds, {.batch_size = 4, .shuffle = true, .seed = 5});
-  EXPECT_EQ([&] {
-    std::vector<int64_t> seen;
-    for (auto& b : other)
-      for (int64_t i = 0; i < b.size(); ++i) seen.push_back(b.input[i].item<int64_t>());
-    return seen;
-  }(), first) << "a second loader (another rank) draws the same order";
+  EXPECT_EQ(
+      [&] {
+        std::vector<int64_t> seen;
+        for (auto& b : other)
+          for (int64_t i = 0; i < b.size(); ++i) seen.push_back(b.input[i].item<int64_t>());
+        return seen;
+      }(),
+      first)
+      << "a second loader (another rank) draws the same order";
 }
 
 TEST(DataLoader, PrefetchThreadsYieldTheSameBatchesInOrder) {
   auto ds = std::make_shared<TensorDataset>(torch::randn({103, 3}), torch::arange(103));
   DataLoader plain(ds, {.batch_size = 7, .shuffle = true, .seed = 1});
-  DataLoader threaded(ds, {.batch_size = 7, .shuffle = true, .seed = 1, .num_workers = 3, .prefetch_factor = 2});
+  DataLoader threaded(
+      ds, {.batch_size = 7, .shuffle = true, .seed = 1, .num_workers = 3, .prefetch_factor = 2});
   std::vector<torch::Tensor> a, b;
   for (auto& x : plain) a.push_back(x.target);
   for (auto& x : threaded) b.push_back(x.target);
@@ -178,14 +185,17 @@ class FailsFirst : public Dataset {
 TEST(DataLoader, AnErrorInTheFirstBatchIsThrownCleanly) {
   auto gs = std::make_shared<GradientState>();
   for (std::size_t workers : {0u, 2u}) {
-    DataLoader dl = DataLoader(std::make_shared<FailsFirst>(), {.batch_size = 2, .num_workers = workers}).shard({}, gs);
-    EXPECT_THROW(for (auto& b : dl) (void)b, DataError);
+    DataLoader dl =
+        DataLoader(std::make_shared<FailsFirst>(), {.batch_size = 2, .num_workers = workers})
+            .shard({}, gs);
+    EXPECT_THROW(for (auto& b : dl)(void) b, DataError);
     EXPECT_FALSE(gs->in_dataloader());
   }
 }
 
 TEST(DataLoader, BreakingOutEarlyStopsThreads) {
-  DataLoader dl(std::make_shared<TensorDataset>(torch::arange(1000)), {.batch_size = 1, .num_workers = 2});
+  DataLoader dl(std::make_shared<TensorDataset>(torch::arange(1000)),
+                {.batch_size = 1, .num_workers = 2});
   int k = 0;
   for (auto& b : dl) {
     (void)b;
@@ -213,19 +223,23 @@ std::string pass_of(DataLoader& dl, std::size_t limit = SIZE_MAX, LoaderState* i
 TEST(DataLoader, ABreakKeepsThePositionForStateAndTheNextPass) {
   for (std::size_t workers : {0u, 2u}) {
     SCOPED_TRACE("workers " + std::to_string(workers));
-    DataLoader dl(std::make_shared<TensorDataset>(torch::arange(10)), {.batch_size = 2, .num_workers = workers});
+    DataLoader dl(std::make_shared<TensorDataset>(torch::arange(10)),
+                  {.batch_size = 2, .num_workers = workers});
     LoaderState inside;
     EXPECT_EQ(pass_of(dl, 3, &inside), "0,2,4");
     EXPECT_EQ(inside, (LoaderState{0, 3}));
-    EXPECT_EQ(dl.state(), (LoaderState{0, 3})) << "the position reached, not the start of the epoch";
-    EXPECT_EQ(pass_of(dl, 2, &inside), "6,8") << "the next pass goes on with the first unseen batch";
+    EXPECT_EQ(dl.state(), (LoaderState{0, 3}))
+        << "the position reached, not the start of the epoch";
+    EXPECT_EQ(pass_of(dl, 2, &inside), "6,8")
+        << "the next pass goes on with the first unseen batch";
     EXPECT_EQ(inside, (LoaderState{1, 0})) << "the last batch was handed out";
     EXPECT_EQ(dl.state(), (LoaderState{1, 0})) << "a break on the last batch finished the epoch";
     EXPECT_EQ(pass_of(dl), "0,2,4,6,8");
     EXPECT_EQ(dl.state(), (LoaderState{2, 0}));
     EXPECT_EQ(pass_of(dl, 1), "0");
     dl.set_epoch(2);
-    EXPECT_EQ(dl.state(), (LoaderState{2, 1})) << "set_epoch to the same epoch keeps the place (a resume)";
+    EXPECT_EQ(dl.state(), (LoaderState{2, 1}))
+        << "set_epoch to the same epoch keeps the place (a resume)";
     dl.set_epoch(5);
     EXPECT_EQ(dl.state(), (LoaderState{5, 0})) << "another epoch starts at its first batch";
     dl.load_state({5, 4});
@@ -253,7 +267,8 @@ std::string stream_pass(DataLoader& dl) {
   std::string out;
   for (auto& b : dl) {
     out += out.empty() ? "[" : " [";
-    for (int64_t i = 0; i < b.size(); ++i) out += (i ? "," : "") + std::to_string(b.input[i].item<int64_t>());
+    for (int64_t i = 0; i < b.size(); ++i)
+      out += (i ? "," : "") + std::to_string(b.input[i].item<int64_t>());
     out += "]";
   }
   return out;
@@ -290,7 +305,8 @@ TEST(Accelerator, AccumulationSyncsAtWindowEndsAndAtTheEndOfTheLoader) {
   Accelerator acc({.gradient_accumulation_steps = 4});
   auto model = torch::nn::Linear(2, 1);
   auto opt = std::make_shared<torch::optim::SGD>(model->parameters(), 0.1);
-  DataLoader loader(std::make_shared<TensorDataset>(torch::randn({10, 2}), torch::randn({10, 1})), {.batch_size = 1});
+  DataLoader loader(std::make_shared<TensorDataset>(torch::randn({10, 2}), torch::randn({10, 1})),
+                    {.batch_size = 1});
   auto [m, o, dl] = acc.prepare(model, opt, loader);
   for (int epoch = 0; epoch < 2; ++epoch) {
     std::vector<int> synced;
@@ -343,13 +359,16 @@ TEST(Accelerator, MisuseIsAClearError) {
     Accelerator fp16({.mixed_precision = "fp16"});  // this process runs on the CPU
     FAIL();
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("mixed_precision=fp16 needs a CUDA device"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("mixed_precision=fp16 needs a CUDA device"),
+              std::string::npos)
+        << e.what();
   }
   try {
     Accelerator fp8({.mixed_precision = "fp8x"});
     FAIL();
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("\"fp8x\": expected no, fp16 or bf16"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("\"fp8x\": expected no, fp16 or bf16"), std::string::npos)
+        << e.what();
   }
 }
 
@@ -362,8 +381,10 @@ TEST(Env, DurationsAndIntegersNameTheVariable) {
     env::parse_duration("soon", "environment variable ACCEL_COLLECTIVE_TIMEOUT");
     FAIL();
   } catch (const ConfigError& e) {
-    EXPECT_STREQ(e.what(), "accel: environment variable ACCEL_COLLECTIVE_TIMEOUT=\"soon\": expected a positive "
-                           "duration such as 30m, 90s, 500ms or a number of seconds");
+    EXPECT_STREQ(
+        e.what(),
+        "accel: environment variable ACCEL_COLLECTIVE_TIMEOUT=\"soon\": expected a positive "
+        "duration such as 30m, 90s, 500ms or a number of seconds");
   }
   EXPECT_THROW(env::parse_duration("-1s", "x"), ConfigError);
   ::setenv("ACCEL_UNIT_TEST_INT", "12x", 1);
@@ -371,7 +392,9 @@ TEST(Env, DurationsAndIntegersNameTheVariable) {
     env::integer({"ACCEL_UNIT_TEST_INT"}, 0, 0, 100);
     FAIL();
   } catch (const ConfigError& e) {
-    EXPECT_STREQ(e.what(), "accel: environment variable ACCEL_UNIT_TEST_INT=\"12x\": expected an integer in [0, 100]");
+    EXPECT_STREQ(
+        e.what(),
+        "accel: environment variable ACCEL_UNIT_TEST_INT=\"12x\": expected an integer in [0, 100]");
   }
   ::unsetenv("ACCEL_UNIT_TEST_INT");
 }
@@ -420,7 +443,8 @@ TEST(Accelerator, SchedulerStepsOnlyWithTheOptimizer) {
   auto model = torch::nn::Linear(2, 1);
   auto opt = std::make_shared<torch::optim::SGD>(model->parameters(), 1.0);
   auto sched = std::make_shared<torch::optim::StepLR>(*opt, /*step_size=*/1, /*gamma=*/0.5);
-  DataLoader loader(std::make_shared<TensorDataset>(torch::randn({8, 2}), torch::randn({8, 1})), {.batch_size = 1});
+  DataLoader loader(std::make_shared<TensorDataset>(torch::randn({8, 2}), torch::randn({8, 1})),
+                    {.batch_size = 1});
   auto [m, o, dl, s] = acc.prepare(model, opt, loader, sched);
   std::vector<double> lrs;
   for (auto& b : dl) {

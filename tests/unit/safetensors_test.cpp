@@ -491,8 +491,7 @@ TEST(SafetensorsSaveSharded, WritesEveryTempFileThenRenamesTheIndexLastThenSyncs
       rec.calls,
       (std::vector<std::string>{
           "write model-00001-of-00002.safetensors.tmp",
-          "write model-00002-of-00002.safetensors.tmp",
-          "write model.safetensors.index.json.tmp",
+          "write model-00002-of-00002.safetensors.tmp", "write model.safetensors.index.json.tmp",
           "sync_dir",
           "rename model-00001-of-00002.safetensors.tmp model-00001-of-00002.safetensors",
           "rename model-00002-of-00002.safetensors.tmp model-00002-of-00002.safetensors",
@@ -532,7 +531,8 @@ TEST(SafetensorsSaveSharded, AFailedWriteLeavesNoTempFile) {
   rec.fail_on = "model-00002-of-00002.safetensors.tmp";
   SeamGuard guard(&rec);
   EXPECT_THROW(save_sharded(floats({{"a", 10}, {"b", 10}}), tmp.path(), 40), CheckpointError);
-  EXPECT_EQ(files_in(tmp.path()), std::set<std::string>{}) << "nothing is renamed before every file is written";
+  EXPECT_EQ(files_in(tmp.path()), std::set<std::string>{})
+      << "nothing is renamed before every file is written";
 }
 
 // Runs `command`, returning its exit status and its output (stdout and stderr).

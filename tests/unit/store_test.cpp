@@ -75,13 +75,13 @@ TEST_F(StoreCoreTest, ValidatedDialectNumbersOpsFromOneAndAnswersPing) {
   EXPECT_EQ(core.dialect(c), Dialect::kValidated);
   EXPECT_EQ(send(c, u8(13) + le<std::uint32_t>(4242)), le<std::uint32_t>(4242));
   EXPECT_EQ(send(c, u8(1) + str("a") + str("x")), "");                       // SET
-  EXPECT_EQ(send(c, u8(3) + str("a")), str("x"));                              // GET
+  EXPECT_EQ(send(c, u8(3) + str("a")), str("x"));                            // GET
   EXPECT_EQ(send(c, u8(9) + str("a") + str("yz")), "");                      // APPEND
   EXPECT_EQ(send(c, u8(10) + le<std::uint64_t>(1) + str("a")), str("xyz"));  // MULTI_GET
   EXPECT_EQ(send(c, u8(11) + le<std::uint64_t>(2) + str("b") + str("1") + str("c") + str("2")), "");
-  EXPECT_EQ(send(c, u8(7)), le<std::int64_t>(3));                             // GETNUMKEYS
+  EXPECT_EQ(send(c, u8(7)), le<std::int64_t>(3));                                     // GETNUMKEYS
   EXPECT_EQ(send(c, u8(4) + str("b") + le<std::int64_t>(-3)), le<std::int64_t>(-2));  // ADD
-  EXPECT_EQ(send(c, u8(8) + str("c")), le<std::int64_t>(1));                 // DELETE_KEY
+  EXPECT_EQ(send(c, u8(8) + str("c")), le<std::int64_t>(1));                          // DELETE_KEY
   EXPECT_FALSE(error);
 }
 
@@ -146,9 +146,10 @@ TEST_F(StoreCoreTest, BadRequestsCloseTheConnectionWithAReason) {
       {u8(0) + str("k") + le<std::uint64_t>(1ULL << 40), "a value of 1099511627776 bytes"},
       {u8(5) + le<std::uint64_t>(5), "naming 5 keys"},
       {u8(0) + str("n") + str("abc") + u8(3) + str("n") + le<std::int64_t>(1), "not a number"},
-      {u8(3) + str("n") + le<std::int64_t>(INT64_MAX) + u8(3) + str("n") + le<std::int64_t>(1), "overflows"},
-      {u8(0) + str("a") + str("0123456789abcdef") + u8(0) + str("b") + str("0123456789abcdef") + u8(0) +
-           str("c") + str("0123456789abcdef"),
+      {u8(3) + str("n") + le<std::int64_t>(INT64_MAX) + u8(3) + str("n") + le<std::int64_t>(1),
+       "overflows"},
+      {u8(0) + str("a") + str("0123456789abcdef") + u8(0) + str("b") + str("0123456789abcdef") +
+           u8(0) + str("c") + str("0123456789abcdef"),
        "over its limit of 40"},
       {validate() + u8(15) + str("q"), "queue operations"},
       {u8(0) + le<std::uint32_t>(0x3C85F7CE) + u8(0) + le<std::uint32_t>(1), "validation magic"},

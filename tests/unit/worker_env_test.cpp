@@ -1,37 +1,67 @@
 // The worker environment contract (DESIGN §4).
-#include <gtest/gtest.h>
-
 #include "agent/supervisor/worker_env.h"
+
+#include <gtest/gtest.h>
 
 namespace accel::supervisor {
 namespace {
 
 TEST(WorkerEnv, TorchrunHfAndAccelVariables) {
   EnvMap base = {{"PATH", "/usr/bin"}, {"RANK", "99"}, {"HOME", "/root"}};
-  WorkerIdentity id{.rank = 5, .local_rank = 1, .local_world_size = 4, .world_size = 8,
-                    .group_rank = 1, .group_world_size = 2};
-  JobEnv job{.job_id = "job1", .master_addr = "10.0.0.1", .master_port = 29501,
-             .restart_count = 2, .max_restarts = 3, .mixed_precision = "bf16",
-             .gradient_accumulation_steps = 4, .use_cpu = true, .debug = false};
+  WorkerIdentity id{.rank = 5,
+                    .local_rank = 1,
+                    .local_world_size = 4,
+                    .world_size = 8,
+                    .group_rank = 1,
+                    .group_world_size = 2};
+  JobEnv job{.job_id = "job1",
+             .master_addr = "10.0.0.1",
+             .master_port = 29501,
+             .restart_count = 2,
+             .max_restarts = 3,
+             .mixed_precision = "bf16",
+             .gradient_accumulation_steps = 4,
+             .use_cpu = true,
+             .debug = false};
   EnvMap env = build_worker_env(base, id, job, "/tmp/e.json");
-  EnvMap expected = {
-      {"RANK", "5"}, {"LOCAL_RANK", "1"}, {"GROUP_RANK", "1"}, {"ROLE_RANK", "5"},
-      {"ROLE_NAME", "default"}, {"LOCAL_WORLD_SIZE", "4"}, {"WORLD_SIZE", "8"},
-      {"GROUP_WORLD_SIZE", "2"}, {"ROLE_WORLD_SIZE", "8"}, {"MASTER_ADDR", "10.0.0.1"},
-      {"MASTER_PORT", "29501"}, {"TORCHELASTIC_RESTART_COUNT", "2"},
-      {"TORCHELASTIC_MAX_RESTARTS", "3"}, {"TORCHELASTIC_RUN_ID", "job1"},
-      {"TORCHELASTIC_USE_AGENT_STORE", "True"}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"},
-      {"NCCL_ASYNC_ERROR_HANDLING", "1"}, {"OMP_NUM_THREADS", "1"}, {"ACCELERATE_MIXED_PRECISION", "bf16"},
-      {"ACCELERATE_USE_CPU", "true"}, {"ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "4"},
-      {"ACCELERATE_DEBUG_MODE", "false"}, {"ACCEL_JOB_ID", "job1"}, {"ACCEL_RESTART_COUNT", "2"},
-      {"ACCEL_MIXED_PRECISION", "bf16"}, {"ACCEL_GRADIENT_ACCUMULATION_STEPS", "4"},
-      {"ACCEL_USE_CPU", "true"}, {"ACCEL_COLLECTIVE_TIMEOUT", "1800000ms"}, {"ACCEL_ERROR_FILE", "/tmp/e.json"},
-      {"TORCHELASTIC_ERROR_FILE", "/tmp/e.json"}, {"PATH", "/usr/bin"}, {"HOME", "/root"}};
+  EnvMap expected = {{"RANK", "5"},
+                     {"LOCAL_RANK", "1"},
+                     {"GROUP_RANK", "1"},
+                     {"ROLE_RANK", "5"},
+                     {"ROLE_NAME", "default"},
+                     {"LOCAL_WORLD_SIZE", "4"},
+                     {"WORLD_SIZE", "8"},
+                     {"GROUP_WORLD_SIZE", "2"},
+                     {"ROLE_WORLD_SIZE", "8"},
+                     {"MASTER_ADDR", "10.0.0.1"},
+                     {"MASTER_PORT", "29501"},
+                     {"TORCHELASTIC_RESTART_COUNT", "2"},
+                     {"TORCHELASTIC_MAX_RESTARTS", "3"},
+                     {"TORCHELASTIC_RUN_ID", "job1"},
+                     {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                     {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"},
+                     {"NCCL_ASYNC_ERROR_HANDLING", "1"},
+                     {"OMP_NUM_THREADS", "1"},
+                     {"ACCELERATE_MIXED_PRECISION", "bf16"},
+                     {"ACCELERATE_USE_CPU", "true"},
+                     {"ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "4"},
+                     {"ACCELERATE_DEBUG_MODE", "false"},
+                     {"ACCEL_JOB_ID", "job1"},
+                     {"ACCEL_RESTART_COUNT", "2"},
+                     {"ACCEL_MIXED_PRECISION", "bf16"},
+                     {"ACCEL_GRADIENT_ACCUMULATION_STEPS", "4"},
+                     {"ACCEL_USE_CPU", "true"},
+                     {"ACCEL_COLLECTIVE_TIMEOUT", "1800000ms"},
+                     {"ACCEL_ERROR_FILE", "/tmp/e.json"},
+                     {"TORCHELASTIC_ERROR_FILE", "/tmp/e.json"},
+                     {"PATH", "/usr/bin"},
+                     {"HOME", "/root"}};
   EXPECT_EQ(env, expected);
 }
 
 TEST(WorkerEnv, UserSettingsThatAreKept) {
-  EnvMap base = {{"OMP_NUM_THREADS", "4"}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"},
+  EnvMap base = {{"OMP_NUM_THREADS", "4"},
+                 {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"},
                  {"ACCEL_ERROR_FILE", "/stale"}};
   WorkerIdentity id{.local_world_size = 2, .world_size = 2};
   EnvMap env = build_worker_env(base, id, JobEnv{}, "");

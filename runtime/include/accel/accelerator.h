@@ -13,8 +13,8 @@
 #include <chrono>
 #include <concepts>
 #include <cstddef>
-#include <filesystem>
 #include <exception>
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -73,9 +73,9 @@ struct AcceleratorOptions {
   std::optional<bool> cpu{};
   // Unset: ACCEL_COLLECTIVE_TIMEOUT, else 30 min. Applies to every collective and the store.
   std::optional<std::chrono::milliseconds> collective_timeout{};
-  bool device_placement = true;   // prepare() moves models and batches to device()
-  bool split_batches = false;     // a loader's batch_size is global and split between processes
-  bool even_batches = true;       // pad the last round so every rank gets as many full batches
+  bool device_placement = true;      // prepare() moves models and batches to device()
+  bool split_batches = false;        // a loader's batch_size is global and split between processes
+  bool even_batches = true;          // pad the last round so every rank gets as many full batches
   bool sync_with_dataloader = true;  // the end of a loader always ends an accumulation window
   bool sync_each_batch = false;      // all-reduce on every micro-step even when accumulating
   bool step_scheduler_with_optimizer = true;
@@ -90,9 +90,9 @@ namespace detail {
 // A prepared optimizer's shared state: copies of its PreparedOptimizer and the Accelerator see it.
 struct OptimizerSlot {
   std::shared_ptr<torch::optim::Optimizer> optimizer;
-  bool skipped = false;    // the last step() did nothing
-  bool overflow = false;   // ...because the loss scaler found inf/NaN gradients
-  int64_t steps = 0;       // step() calls on synchronizing steps (stepped or overflowed)
+  bool skipped = false;   // the last step() did nothing
+  bool overflow = false;  // ...because the loss scaler found inf/NaN gradients
+  int64_t steps = 0;      // step() calls on synchronizing steps (stepped or overflowed)
 };
 struct SchedulerSlot {
   std::shared_ptr<torch::optim::LRScheduler> scheduler;
@@ -109,8 +109,8 @@ struct CustomState {
 // loss scaler when there is one (a step with inf/NaN gradients is skipped and the scale backs off).
 class PreparedOptimizer {
  public:
-  PreparedOptimizer(std::shared_ptr<detail::OptimizerSlot> slot, std::shared_ptr<GradientState> state,
-                    std::shared_ptr<GradScaler> scaler)
+  PreparedOptimizer(std::shared_ptr<detail::OptimizerSlot> slot,
+                    std::shared_ptr<GradientState> state, std::shared_ptr<GradScaler> scaler)
       : slot_(std::move(slot)), state_(std::move(state)), scaler_(std::move(scaler)) {}
   void step();
   void zero_grad();
@@ -131,9 +131,12 @@ class PreparedOptimizer {
 // It does not step when the optimizer step was skipped for inf/NaN gradients.
 class PreparedScheduler {
  public:
-  PreparedScheduler(std::shared_ptr<detail::SchedulerSlot> slot, std::shared_ptr<GradientState> state,
-                    int steps_per_call, bool step_with_optimizer)
-      : slot_(std::move(slot)), state_(std::move(state)), steps_per_call_(steps_per_call),
+  PreparedScheduler(std::shared_ptr<detail::SchedulerSlot> slot,
+                    std::shared_ptr<GradientState> state, int steps_per_call,
+                    bool step_with_optimizer)
+      : slot_(std::move(slot)),
+        state_(std::move(state)),
+        steps_per_call_(steps_per_call),
         step_with_optimizer_(step_with_optimizer) {}
   void step();
   torch::optim::LRScheduler& inner() const { return *slot_->scheduler; }
@@ -176,19 +179,28 @@ class [[nodiscard]] ProcessOrder {
 };
 
 namespace detail {
-template <class T> struct SharedModule : std::false_type {};
-template <class M>
-struct SharedModule<std::shared_ptr<M>> : std::bool_constant<std::is_base_of_v<torch::nn::Module, M>> {};
-template <class T> struct SharedOptimizer : std::false_type {};
-template <class O>
-struct SharedOptimizer<std::shared_ptr<O>> : std::bool_constant<std::is_base_of_v<torch::optim::Optimizer, O>> {};
-template <class T> struct SharedScheduler : std::false_type {};
-template <class S>
-struct SharedScheduler<std::shared_ptr<S>> : std::bool_constant<std::is_base_of_v<torch::optim::LRScheduler, S>> {};
 template <class T>
-concept ModuleHolderType = requires { typename T::ContainedType; } &&
-                           std::is_base_of_v<torch::nn::ModuleHolder<typename T::ContainedType>, T>;
-template <class T> inline constexpr bool kAlwaysFalse = false;
+struct SharedModule : std::false_type {};
+template <class M>
+struct SharedModule<std::shared_ptr<M>>
+    : std::bool_constant<std::is_base_of_v<torch::nn::Module, M>> {};
+template <class T>
+struct SharedOptimizer : std::false_type {};
+template <class O>
+struct SharedOptimizer<std::shared_ptr<O>>
+    : std::bool_constant<std::is_base_of_v<torch::optim::Optimizer, O>> {};
+template <class T>
+struct SharedScheduler : std::false_type {};
+template <class S>
+struct SharedScheduler<std::shared_ptr<S>>
+    : std::bool_constant<std::is_base_of_v<torch::optim::LRScheduler, S>> {};
+template <class T>
+concept ModuleHolderType = requires {
+  typename T::ContainedType;
+}
+&&std::is_base_of_v<torch::nn::ModuleHolder<typename T::ContainedType>, T>;
+template <class T>
+inline constexpr bool kAlwaysFalse = false;
 }  // namespace detail
 
 class Accelerator {
@@ -216,13 +228,16 @@ class Accelerator {
   // --- prepare -----------------------------------------------------------------------------
   // Models (std::shared_ptr<M> or a module holder such as torch::nn::Linear), optimizers
   // (std::shared_ptr<torch::optim::X>), DataLoaders and LR schedulers, in any order; returns them
-  // prepared, in the same order (one object: that object; several: a tuple for structured bindings).
+  // prepared, in the same order (one object: that object; several: a tuple for structured
+  // bindings).
   template <class... Ts>
   auto prepare(Ts&&... objects) {
     static_assert(sizeof...(Ts) > 0, "accel::Accelerator::prepare needs at least one object");
     auto out = [&] {
-      if constexpr (sizeof...(Ts) == 1) return prepare_one(std::forward<Ts>(objects)...);
-      else return std::tuple{prepare_one(std::forward<Ts>(objects))...};
+      if constexpr (sizeof...(Ts) == 1)
+        return prepare_one(std::forward<Ts>(objects)...);
+      else
+        return std::tuple{prepare_one(std::forward<Ts>(objects))...};
     }();
     after_prepare();
     return out;
@@ -292,17 +307,22 @@ class Accelerator {
   void register_for_checkpointing(std::shared_ptr<T> object);
   // HF's save_model: the model's parameters and buffers as safetensors in `dir`, sharded by
   // max_shard_size with model.safetensors.index.json. Main process only writes; call it on all.
-  void save_model(const torch::nn::Module& model, const std::filesystem::path& dir, const SaveModelOptions& options = {});
+  void save_model(const torch::nn::Module& model, const std::filesystem::path& dir,
+                  const SaveModelOptions& options = {});
   template <class M>
-  void save_model(const std::shared_ptr<M>& model, const std::filesystem::path& dir, const SaveModelOptions& options = {}) {
+  void save_model(const std::shared_ptr<M>& model, const std::filesystem::path& dir,
+                  const SaveModelOptions& options = {}) {
     save_model(*model, dir, options);
   }
   // A loader that skips the first `n` batches of its first pass (resuming by hand).
-  DataLoader skip_first_batches(const DataLoader& loader, std::size_t n) const { return loader.skip_first_batches(n); }
+  DataLoader skip_first_batches(const DataLoader& loader, std::size_t n) const {
+    return loader.skip_first_batches(n);
+  }
   const ProjectConfiguration& project_configuration() const { return project_; }
 
   // Global gradient norm of `parameters` clipped to max_norm; returns the norm before clipping.
-  double clip_grad_norm_(const std::vector<torch::Tensor>& parameters, double max_norm, double norm_type = 2.0);
+  double clip_grad_norm_(const std::vector<torch::Tensor>& parameters, double max_norm,
+                         double norm_type = 2.0);
   template <class M>
   double clip_grad_norm_(const M& model, double max_norm, double norm_type = 2.0) {
     return clip_grad_norm_(module_of(model)->parameters(), max_norm, norm_type);
@@ -323,8 +343,8 @@ class Accelerator {
   // Rank `from`'s tensor on every rank (others pass a tensor of the same shape and dtype).
   torch::Tensor broadcast(const torch::Tensor& tensor, int from = 0);
   // Pads `tensor` along `dim` to the largest size any rank has.
-  torch::Tensor pad_across_processes(const torch::Tensor& tensor, int64_t dim = 0, double pad_index = 0,
-                                     bool pad_first = false);
+  torch::Tensor pad_across_processes(const torch::Tensor& tensor, int64_t dim = 0,
+                                     double pad_index = 0, bool pad_first = false);
   std::vector<std::string> gather_object(const std::string& object);
   std::string broadcast_object(const std::string& object, int from = 0);
   void wait_for_everyone();
@@ -335,10 +355,22 @@ class Accelerator {
   bool check_trigger();
 
   // --- process control ---------------------------------------------------------------------
-  template <class F> void on_main_process(F&& f) { if (is_main_process()) std::forward<F>(f)(); }
-  template <class F> void on_local_main_process(F&& f) { if (is_local_main_process()) std::forward<F>(f)(); }
-  template <class F> void on_last_process(F&& f) { if (is_last_process()) std::forward<F>(f)(); }
-  template <class F> void on_process(int index, F&& f) { if (process_index() == index) std::forward<F>(f)(); }
+  template <class F>
+  void on_main_process(F&& f) {
+    if (is_main_process()) std::forward<F>(f)();
+  }
+  template <class F>
+  void on_local_main_process(F&& f) {
+    if (is_local_main_process()) std::forward<F>(f)();
+  }
+  template <class F>
+  void on_last_process(F&& f) {
+    if (is_last_process()) std::forward<F>(f)();
+  }
+  template <class F>
+  void on_process(int index, F&& f) {
+    if (process_index() == index) std::forward<F>(f)();
+  }
   // Prints once per machine (the local main process), arguments separated by spaces.
   template <class... Args>
   void print(const Args&... args) {
@@ -352,22 +384,28 @@ class Accelerator {
   // This rank's contiguous share of `items` (the first len % n ranks get one more); with
   // apply_padding every rank gets as many, padded with the last item.
   template <class T>
-  std::vector<T> split_between_processes(const std::vector<T>& items, bool apply_padding = false) const {
+  std::vector<T> split_between_processes(const std::vector<T>& items,
+                                         bool apply_padding = false) const {
     auto [begin, end, width] = split_range(items.size());
     std::vector<T> out;
     if (begin >= items.size()) {
       if (!items.empty()) out.push_back(items.back());
     } else {
-      out.assign(items.begin() + static_cast<std::ptrdiff_t>(begin), items.begin() + static_cast<std::ptrdiff_t>(end));
+      out.assign(items.begin() + static_cast<std::ptrdiff_t>(begin),
+                 items.begin() + static_cast<std::ptrdiff_t>(end));
     }
     if (apply_padding) {
       while (!out.empty() && out.size() < width) out.push_back(out.back());
     }
     return out;
   }
-  torch::Tensor split_between_processes(const torch::Tensor& items, bool apply_padding = false) const;
+  torch::Tensor split_between_processes(const torch::Tensor& items,
+                                        bool apply_padding = false) const;
 
-  template <class M> M unwrap_model(const M& model) const { return model; }
+  template <class M>
+  M unwrap_model(const M& model) const {
+    return model;
+  }
   // Forgets prepared models (their gradients stop syncing) and resets the step counter.
   void free_memory();
 
@@ -375,20 +413,29 @@ class Accelerator {
   template <class T>
   auto prepare_one(T&& object) {
     using D = std::decay_t<T>;
-    if constexpr (detail::SharedModule<D>::value) return prepare_model(object);
+    if constexpr (detail::SharedModule<D>::value)
+      return prepare_model(object);
     else if constexpr (detail::ModuleHolderType<D>) {
       register_model(*object.ptr());
       return object;
-    } else if constexpr (detail::SharedOptimizer<D>::value) return prepare_optimizer(object);
-    else if constexpr (std::is_same_v<D, DataLoader>) return prepare_data_loader(object);
-    else if constexpr (detail::SharedScheduler<D>::value) return prepare_scheduler(object);
-    else static_assert(detail::kAlwaysFalse<D>,
-                       "accel::Accelerator::prepare takes std::shared_ptr<Module>, module holders, "
-                       "std::shared_ptr<Optimizer>, accel::DataLoader and std::shared_ptr<LRScheduler>");
+    } else if constexpr (detail::SharedOptimizer<D>::value)
+      return prepare_optimizer(object);
+    else if constexpr (std::is_same_v<D, DataLoader>)
+      return prepare_data_loader(object);
+    else if constexpr (detail::SharedScheduler<D>::value)
+      return prepare_scheduler(object);
+    else
+      static_assert(
+          detail::kAlwaysFalse<D>,
+          "accel::Accelerator::prepare takes std::shared_ptr<Module>, module holders, "
+          "std::shared_ptr<Optimizer>, accel::DataLoader and std::shared_ptr<LRScheduler>");
   }
-  template <class M> static const torch::nn::Module* module_of(const std::shared_ptr<M>& m) { return m.get(); }
   template <class M>
-    requires detail::ModuleHolderType<M>
+  static const torch::nn::Module* module_of(const std::shared_ptr<M>& m) {
+    return m.get();
+  }
+  template <class M>
+  requires detail::ModuleHolderType<M>
   static const torch::nn::Module* module_of(const M& m) { return m.ptr().get(); }
   static const torch::nn::Module* module_of(const torch::nn::Module& m) { return &m; }
 
@@ -434,7 +481,8 @@ template <class T>
 void Accelerator::register_for_checkpointing(std::shared_ptr<T> object) {
   if (!object) throw UsageError("accel: register_for_checkpointing got a null object");
   detail::CustomState state;
-  if constexpr (requires(const T& t, torch::serialize::OutputArchive& a, T& u, torch::serialize::InputArchive& b) {
+  if constexpr (requires(const T& t, torch::serialize::OutputArchive& a, T& u,
+                         torch::serialize::InputArchive& b) {
                   t.save(a);
                   u.load(b);
                 }) {
@@ -457,9 +505,10 @@ void Accelerator::register_for_checkpointing(std::shared_ptr<T> object) {
     state.save = [object] { return std::string(object->state_dict()); };
     state.load = [object](const std::string& bytes) { object->load_state_dict(bytes); };
   } else {
-    static_assert(detail::kAlwaysFalse<T>,
-                  "register_for_checkpointing needs save(OutputArchive&) const + load(InputArchive&), or "
-                  "std::string state_dict() const + load_state_dict(const std::string&)");
+    static_assert(
+        detail::kAlwaysFalse<T>,
+        "register_for_checkpointing needs save(OutputArchive&) const + load(InputArchive&), or "
+        "std::string state_dict() const + load_state_dict(const std::string&)");
   }
   custom_.push_back(std::move(state));
 }

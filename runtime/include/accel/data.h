@@ -73,13 +73,13 @@ using Collate = std::function<Batch(std::vector<Example>&&)>;
 Batch default_collate(std::vector<Example>&& examples);
 
 struct DataLoaderOptions {
-  std::size_t batch_size = 1;      // per process (global when the Accelerator splits batches)
+  std::size_t batch_size = 1;  // per process (global when the Accelerator splits batches)
   bool shuffle = false;
-  uint64_t seed = 0;               // epoch e shuffles with seed + e: every rank draws one order
+  uint64_t seed = 0;  // epoch e shuffles with seed + e: every rank draws one order
   bool drop_last = false;
-  std::size_t num_workers = 0;     // background threads that build batches; 0: the iterating thread
-  std::size_t prefetch_factor = 2; // batches in flight per worker
-  Collate collate{};               // empty: default_collate
+  std::size_t num_workers = 0;  // background threads that build batches; 0: the iterating thread
+  std::size_t prefetch_factor = 2;  // batches in flight per worker
+  Collate collate{};                // empty: default_collate
 };
 
 // How a prepared loader is cut between processes (Accelerator::prepare fills this in).
@@ -114,7 +114,8 @@ class DataLoader {
   // `on_step_boundary`, if set, runs in the iterating thread before each batch is handed out and
   // once at the end of each pass: the previous batch's step is done by then (the Accelerator
   // saves periodic checkpoints there).
-  DataLoader shard(const ShardOptions& shard, std::shared_ptr<GradientState> gradient_state = nullptr,
+  DataLoader shard(const ShardOptions& shard,
+                   std::shared_ptr<GradientState> gradient_state = nullptr,
                    std::function<void()> on_step_boundary = {}) const;
 
   class Iterator {

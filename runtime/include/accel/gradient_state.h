@@ -13,7 +13,7 @@ namespace accel {
 struct LoaderPosition {
   bool end_of_dataloader = false;  // the batch being handed out is the last of the pass
   int64_t remainder = -1;          // real samples in the last global batch; -1: none duplicated
-  bool even_batches = true;        // ranks get equally sized batches (gather needs no size exchange)
+  bool even_batches = true;  // ranks get equally sized batches (gather needs no size exchange)
 };
 
 class GradientState {
@@ -32,7 +32,9 @@ class GradientState {
   void set_optimizer_step_overflowed(bool v) { overflowed_ = v; }
 
   // The loaders being iterated, innermost last (an evaluation loop inside a training loop).
-  void push_loader(std::shared_ptr<const LoaderPosition> position) { active_.push_back(std::move(position)); }
+  void push_loader(std::shared_ptr<const LoaderPosition> position) {
+    active_.push_back(std::move(position));
+  }
   void pop_loader(const LoaderPosition* position);
   bool in_dataloader() const { return !active_.empty(); }
   bool end_of_dataloader() const { return !active_.empty() && active_.back()->end_of_dataloader; }

@@ -34,9 +34,9 @@ class [[nodiscard]] AutocastGuard {
 };
 
 struct GradScalerOptions {
-  double init_scale = 65536.0;    // 2^16
-  double growth_factor = 2.0;     // scale *= growth after growth_interval clean steps in a row
-  double backoff_factor = 0.5;    // scale *= backoff after a step with inf/NaN gradients
+  double init_scale = 65536.0;  // 2^16
+  double growth_factor = 2.0;   // scale *= growth after growth_interval clean steps in a row
+  double backoff_factor = 0.5;  // scale *= backoff after a step with inf/NaN gradients
   int64_t growth_interval = 2000;
   bool enabled = true;
 };
@@ -58,7 +58,9 @@ class GradScaler {
   // divided twice).
   void unscale_(torch::optim::Optimizer& optimizer);
   // True when unscale_(optimizer) has run since the last update().
-  bool was_unscaled(const torch::optim::Optimizer& optimizer) const { return found_inf_.count(&optimizer) != 0; }
+  bool was_unscaled(const torch::optim::Optimizer& optimizer) const {
+    return found_inf_.count(&optimizer) != 0;
+  }
   // Unscales (if not done yet) and runs optimizer.step() unless a gradient was inf/NaN.
   // Returns true when the optimizer stepped.
   bool step(torch::optim::Optimizer& optimizer);

@@ -18,7 +18,7 @@ std::string to_string(DistributedType type);
 
 // Overrides of what the environment says; unset fields come from the environment.
 struct StateOptions {
-  std::optional<bool> cpu{};                                     // ACCEL_USE_CPU / ACCELERATE_USE_CPU
+  std::optional<bool> cpu{};  // ACCEL_USE_CPU / ACCELERATE_USE_CPU
   std::optional<std::chrono::milliseconds> collective_timeout{};  // ACCEL_COLLECTIVE_TIMEOUT
 };
 
@@ -61,7 +61,8 @@ class State {
   bool cpu_ = false;
   DistributedType type_ = DistributedType::kNo;
   torch::Device device_{torch::kCPU};
-  std::chrono::milliseconds timeout_{};  // set by the constructor (ACCEL_COLLECTIVE_TIMEOUT or its default)
+  // set by the constructor (ACCEL_COLLECTIVE_TIMEOUT or its default)
+  std::chrono::milliseconds timeout_{};
   std::unique_ptr<Comm> comm_;
 };
 

@@ -31,18 +31,26 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::string dir = argv[1];
-  int fail_rank = -1, fail_restart = -1, exit_code = 3, run_ms = -1, print_lines = 0, line_bytes = 20;
+  int fail_rank = -1, fail_restart = -1, exit_code = 3, run_ms = -1, print_lines = 0,
+      line_bytes = 20;
   std::string until_file;
   for (int i = 2; i + 1 < argc; i += 2) {
     std::string k = argv[i];
     std::string v = argv[i + 1];
-    if (k == "--fail-rank") fail_rank = std::atoi(v.c_str());
-    else if (k == "--fail-restart") fail_restart = std::atoi(v.c_str());
-    else if (k == "--exit-code") exit_code = std::atoi(v.c_str());
-    else if (k == "--until-file") until_file = v;
-    else if (k == "--run-ms") run_ms = std::atoi(v.c_str());
-    else if (k == "--print-lines") print_lines = std::atoi(v.c_str());
-    else if (k == "--line-bytes") line_bytes = std::atoi(v.c_str());
+    if (k == "--fail-rank")
+      fail_rank = std::atoi(v.c_str());
+    else if (k == "--fail-restart")
+      fail_restart = std::atoi(v.c_str());
+    else if (k == "--exit-code")
+      exit_code = std::atoi(v.c_str());
+    else if (k == "--until-file")
+      until_file = v;
+    else if (k == "--run-ms")
+      run_ms = std::atoi(v.c_str());
+    else if (k == "--print-lines")
+      print_lines = std::atoi(v.c_str());
+    else if (k == "--line-bytes")
+      line_bytes = std::atoi(v.c_str());
   }
   int rank = env_int("RANK");
   int world = env_int("WORLD_SIZE");
@@ -59,7 +67,8 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
   for (int i = 0; i < print_lines; ++i) {
     std::string line = "line " + std::to_string(rank) + " " + std::to_string(i) + " ";
-    if (static_cast<int>(line.size()) < line_bytes) line.append(static_cast<size_t>(line_bytes) - line.size(), 'x');
+    if (static_cast<int>(line.size()) < line_bytes)
+      line.append(static_cast<size_t>(line_bytes) - line.size(), 'x');
     line += '\n';
     std::fwrite(line.data(), 1, line.size(), stdout);
   }
@@ -69,7 +78,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "control_worker rank %d failing with exit code %d\n", rank, exit_code);
     return exit_code;
   }
-  auto deadline = std::chrono::steady_clock::now() + (run_ms >= 0 ? std::chrono::milliseconds(run_ms) : 120s);
+  auto deadline =
+      std::chrono::steady_clock::now() + (run_ms >= 0 ? std::chrono::milliseconds(run_ms) : 120s);
   while (std::chrono::steady_clock::now() < deadline) {
     if (!until_file.empty() && std::filesystem::exists(until_file)) break;
     std::this_thread::sleep_for(20ms);

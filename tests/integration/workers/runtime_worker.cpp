@@ -4,11 +4,12 @@
 //   runtime_worker collectives
 //   runtime_worker shard SIZE BATCH {even|uneven|drop_last|split}
 //   runtime_worker metrics SIZE BATCH {even|uneven} [stream]
-//   runtime_worker train OUT_FILE GLOBAL_BATCH STEPS {plain|set_to_none|accumulate|no_sync|throw_acc|throw_plain}
-//   runtime_worker mismatch {sleep|other_collective|dtype}
-//   runtime_worker backward_throws {acc|plain} [STEP_MS]
-//   runtime_worker save_killed DIR K    (one process: checkpoint_0, then SIGKILL at I/O op K of checkpoint_1)
-//   runtime_worker load_newest DIR      (one process: load_state() of the newest checkpoint, print its hash)
+//   runtime_worker train OUT_FILE GLOBAL_BATCH STEPS
+//   {plain|set_to_none|accumulate|no_sync|throw_acc|throw_plain} runtime_worker mismatch
+//   {sleep|other_collective|dtype} runtime_worker backward_throws {acc|plain} [STEP_MS]
+//   runtime_worker save_killed DIR K    (one process: checkpoint_0, then SIGKILL at I/O op K of
+//   checkpoint_1) runtime_worker load_newest DIR      (one process: load_state() of the newest
+//   checkpoint, print its hash)
 #include <ATen/CPUGeneratorImpl.h>
 #include <signal.h>
 #include <torch/torch.h>
@@ -26,13 +27,13 @@ namespace {
 
 int g_rank = 0;
 
-#define REQUIRE(cond, what)                                                                  \
-  do {                                                                                     \
-    if (!(cond)) {                                                                         \
-      std::fprintf(stderr, "CHECK FAILED on rank %d (line %d): %s: %s\n", g_rank, __LINE__, \
-                   #cond, std::string(what).c_str());                                     \
-      std::exit(1);                                                                        \
-    }                                                                                      \
+#define REQUIRE(cond, what)                                                                        \
+  do {                                                                                             \
+    if (!(cond)) {                                                                                 \
+      std::fprintf(stderr, "CHECK FAILED on rank %d (line %d): %s: %s\n", g_rank, __LINE__, #cond, \
+                   std::string(what).c_str());                                                     \
+      std::exit(1);                                                                                \
+    }                                                                                              \
   } while (0)
 
 std::string str(const torch::Tensor& t) {
@@ -50,10 +51,13 @@ int collectives(accel::Accelerator& acc) {
   for (int k = 0; k < n; ++k) expected.insert(expected.end(), {k * 10, k * 10 + 1});
   REQUIRE(torch::equal(all, torch::tensor(expected)), "gather " + str(all));
   auto scalars = acc.gather(torch::tensor(static_cast<double>(r)));
-  REQUIRE(scalars.dim() == 1 && scalars.size(0) == n && scalars[n - 1].item<double>() == n - 1, "gather scalar " + str(scalars));
+  REQUIRE(scalars.dim() == 1 && scalars.size(0) == n && scalars[n - 1].item<double>() == n - 1,
+          "gather scalar " + str(scalars));
   // 2-D gather keeps the trailing shape.
   auto rows = acc.gather(torch::full({2, 3}, r, torch::kFloat));
-  REQUIRE(rows.sizes() == torch::IntArrayRef({2 * n, 3}) && rows[2 * n - 1][2].item<float>() == n - 1, "gather 2-D");
+  REQUIRE(
+      rows.sizes() == torch::IntArrayRef({2 * n, 3}) && rows[2 * n - 1][2].item<float>() == n - 1,
+      "gather 2-D");
 
   // Random payloads of several sizes (some larger than a shared-memory slot, so chunked):
   // every rank can compute every other rank's tensor from its seed, hence the exact answer.
@@ -71,11 +75,15 @@ int collectives(accel::Accelerator& acc) {
       parts.push_back(of_rank(k));
     }
     auto got = acc.reduce(of_rank(r), accel::ReduceOp::kSum);
-    REQUIRE(torch::allclose(got, expected_sum, 1e-5, 1e-5), "reduce sum of " + std::to_string(numel) + " floats");
-    REQUIRE(torch::equal(acc.reduce(of_rank(r), accel::ReduceOp::kMax), expected_max), "reduce max of random floats");
-    REQUIRE(torch::equal(acc.gather(of_rank(r)), torch::cat(parts)), "gather of " + std::to_string(numel) + " floats");
+    REQUIRE(torch::allclose(got, expected_sum, 1e-5, 1e-5),
+            "reduce sum of " + std::to_string(numel) + " floats");
+    REQUIRE(torch::equal(acc.reduce(of_rank(r), accel::ReduceOp::kMax), expected_max),
+            "reduce max of random floats");
+    REQUIRE(torch::equal(acc.gather(of_rank(r)), torch::cat(parts)),
+            "gather of " + std::to_string(numel) + " floats");
     auto root = acc.broadcast(of_rank(r), n - 1);
-    REQUIRE(torch::equal(root, of_rank(n - 1)), "broadcast of " + std::to_string(numel) + " floats");
+    REQUIRE(torch::equal(root, of_rank(n - 1)),
+            "broadcast of " + std::to_string(numel) + " floats");
     // Every rank must hold bitwise the same sum (gradients must not drift apart between ranks).
     auto spread = acc.reduce(got, accel::ReduceOp::kMax) - acc.reduce(got, accel::ReduceOp::kMin);
     REQUIRE(spread.abs().max().item<float>() == 0.0f, "ranks disagree on a sum");
@@ -84,13 +92,19 @@ int collectives(accel::Accelerator& acc) {
   // reduce: values 1..n.
   auto v = torch::tensor({static_cast<double>(r + 1), -static_cast<double>(r + 1)});
   double sum = n * (n + 1) / 2.0;
-  REQUIRE(torch::allclose(acc.reduce(v, accel::ReduceOp::kSum), torch::tensor({sum, -sum})), "reduce sum");
-  REQUIRE(torch::allclose(acc.reduce(v, accel::ReduceOp::kMean), torch::tensor({sum / n, -sum / n})), "reduce mean");
-  REQUIRE(torch::allclose(acc.reduce(v, accel::ReduceOp::kMax), torch::tensor({1.0 * n, -1.0})), "reduce max");
-  REQUIRE(torch::allclose(acc.reduce(v, accel::ReduceOp::kMin), torch::tensor({1.0, -1.0 * n})), "reduce min");
+  REQUIRE(torch::allclose(acc.reduce(v, accel::ReduceOp::kSum), torch::tensor({sum, -sum})),
+          "reduce sum");
+  REQUIRE(
+      torch::allclose(acc.reduce(v, accel::ReduceOp::kMean), torch::tensor({sum / n, -sum / n})),
+      "reduce mean");
+  REQUIRE(torch::allclose(acc.reduce(v, accel::ReduceOp::kMax), torch::tensor({1.0 * n, -1.0})),
+          "reduce max");
+  REQUIRE(torch::allclose(acc.reduce(v, accel::ReduceOp::kMin), torch::tensor({1.0, -1.0 * n})),
+          "reduce min");
   REQUIRE(v[0].item<double>() == r + 1, "reduce must not modify its input");
   auto int_mean = acc.reduce(torch::tensor({r}, torch::kLong), accel::ReduceOp::kMean);
-  REQUIRE(std::abs(int_mean.item<double>() - (n - 1) / 2.0) < 1e-12, "integer mean " + str(int_mean));
+  REQUIRE(std::abs(int_mean.item<double>() - (n - 1) / 2.0) < 1e-12,
+          "integer mean " + str(int_mean));
 
   // broadcast from the last rank.
   auto b = acc.broadcast(torch::full({3}, static_cast<float>(r)), n - 1);
@@ -102,21 +116,28 @@ int collectives(accel::Accelerator& acc) {
   REQUIRE(padded.size(0) == n && padded[r][0].item<int64_t>() == r + 1, "pad rows " + str(padded));
   if (r + 1 < n) REQUIRE(padded[n - 1][0].item<int64_t>() == -1, "pad value " + str(padded));
   auto padded_first = acc.pad_across_processes(uneven, 0, -1, true);
-  REQUIRE(padded_first[n - 1][1].item<int64_t>() == r + 1, "pad_first keeps data at the end " + str(padded_first));
+  REQUIRE(padded_first[n - 1][1].item<int64_t>() == r + 1,
+          "pad_first keeps data at the end " + str(padded_first));
   if (r + 1 < n) REQUIRE(padded_first[0][0].item<int64_t>() == -1, "pad_first pads the front");
   // Uneven gather through gather_for_metrics outside a loader: sizes exchanged, nothing dropped.
   auto gathered = acc.gather(acc.pad_across_processes(uneven, 0, -1));
   REQUIRE(gathered.size(0) == n * n, "gather of padded tensors");
 
   // gather_object / broadcast_object with uneven (and empty) strings.
-  std::string me = r == 0 ? std::string() : std::string(static_cast<std::size_t>(r * 3), static_cast<char>('a' + r));
+  std::string me = r == 0
+                       ? std::string()
+                       : std::string(static_cast<std::size_t>(r * 3), static_cast<char>('a' + r));
   auto objects = acc.gather_object(me);
   REQUIRE(static_cast<int>(objects.size()) == n, "gather_object count");
   for (int k = 0; k < n; ++k) {
-    std::string want = k == 0 ? std::string() : std::string(static_cast<std::size_t>(k * 3), static_cast<char>('a' + k));
-    REQUIRE(objects[static_cast<std::size_t>(k)] == want, "gather_object[" + std::to_string(k) + "]");
+    std::string want =
+        k == 0 ? std::string()
+               : std::string(static_cast<std::size_t>(k * 3), static_cast<char>('a' + k));
+    REQUIRE(objects[static_cast<std::size_t>(k)] == want,
+            "gather_object[" + std::to_string(k) + "]");
   }
-  auto text = acc.broadcast_object(r == n - 1 ? std::string("from the last rank\n\0bytes", 25) : std::string("x"), n - 1);
+  auto text = acc.broadcast_object(
+      r == n - 1 ? std::string("from the last rank\n\0bytes", 25) : std::string("x"), n - 1);
   REQUIRE(text == std::string("from the last rank\n\0bytes", 25), "broadcast_object");
 
   // split_between_processes: 7 items; the first 7 % n ranks get one more.
@@ -125,13 +146,16 @@ int collectives(accel::Accelerator& acc) {
   int base = 7 / n, extra = 7 % n;
   int begin = r * base + std::min(r, extra);
   int len = base + (r < extra ? 1 : 0);
-  REQUIRE(static_cast<int>(part.size()) == len && (len == 0 || part.front() == begin), "split_between_processes");
+  REQUIRE(static_cast<int>(part.size()) == len && (len == 0 || part.front() == begin),
+          "split_between_processes");
   auto padded_part = acc.split_between_processes(items, true);
   REQUIRE(static_cast<int>(padded_part.size()) == base + (extra > 0 ? 1 : 0), "split padded size");
   REQUIRE(padded_part.back() == begin + len - 1, "split pads with its own last item");
   auto tpart = acc.split_between_processes(torch::arange(7), true);
-  REQUIRE(tpart.size(0) == base + (extra > 0 ? 1 : 0) && tpart[0].item<int64_t>() == begin, "split tensor");
-  if (len < tpart.size(0)) REQUIRE(tpart[-1].item<int64_t>() == 6, "HF pads a tensor share with the last item of all");
+  REQUIRE(tpart.size(0) == base + (extra > 0 ? 1 : 0) && tpart[0].item<int64_t>() == begin,
+          "split tensor");
+  if (len < tpart.size(0))
+    REQUIRE(tpart[-1].item<int64_t>() == 6, "HF pads a tensor share with the last item of all");
 
   // Trigger: only the last rank sets it; every rank sees it once.
   REQUIRE(!acc.check_trigger(), "trigger before set");
@@ -140,8 +164,9 @@ int collectives(accel::Accelerator& acc) {
   REQUIRE(!acc.check_trigger(), "trigger resets");
 
   // main_process_first: the main process writes a marker that the others must see.
-  static std::string marker = std::string(std::getenv("ACCEL_TEST_DIR") ? std::getenv("ACCEL_TEST_DIR") : "/tmp") +
-                              "/main_first_" + std::getenv("MASTER_PORT");
+  static std::string marker =
+      std::string(std::getenv("ACCEL_TEST_DIR") ? std::getenv("ACCEL_TEST_DIR") : "/tmp") +
+      "/main_first_" + std::getenv("MASTER_PORT");
   {
     auto order = acc.main_process_first();
     if (acc.is_main_process()) {
@@ -179,11 +204,13 @@ int shard(int argc, char** argv) {
   std::size_t count = 0;
   for (auto& batch : dl) {
     out << " [";
-    for (int64_t i = 0; i < batch.input.size(0); ++i) out << (i ? "," : "") << batch.input[i].item<int64_t>();
+    for (int64_t i = 0; i < batch.input.size(0); ++i)
+      out << (i ? "," : "") << batch.input[i].item<int64_t>();
     out << "]";
     ++count;
   }
-  REQUIRE(count == dl.size(), "size() says " + std::to_string(dl.size()) + " but the pass yielded " + std::to_string(count));
+  REQUIRE(count == dl.size(), "size() says " + std::to_string(dl.size()) +
+                                  " but the pass yielded " + std::to_string(count));
   // Print in rank order so the test reads one line per rank.
   auto lines = acc.gather_object(out.str());
   if (acc.is_main_process()) {
@@ -219,14 +246,16 @@ int metrics(int argc, char** argv) {
   accel::Accelerator acc(options_for(mode));
   g_rank = acc.process_index();
   accel::DataLoaderOptions opts{.batch_size = bs, .num_workers = 2};
-  auto loader = stream ? accel::DataLoader(std::make_shared<Counter>(size), opts)
-                       : accel::DataLoader(std::make_shared<accel::TensorDataset>(torch::arange(size)), opts);
+  auto loader =
+      stream ? accel::DataLoader(std::make_shared<Counter>(size), opts)
+             : accel::DataLoader(std::make_shared<accel::TensorDataset>(torch::arange(size)), opts);
   auto dl = acc.prepare(loader);
   for (int epoch = 0; epoch < 2; ++epoch) {
     std::vector<torch::Tensor> seen;
     for (auto& batch : dl) seen.push_back(acc.gather_for_metrics(batch.input));
     auto all = seen.empty() ? torch::empty({0}, torch::kLong) : torch::cat(seen);
-    REQUIRE(all.size(0) == size, "gather_for_metrics counted " + std::to_string(all.size(0)) + " samples of " + std::to_string(size));
+    REQUIRE(all.size(0) == size, "gather_for_metrics counted " + std::to_string(all.size(0)) +
+                                     " samples of " + std::to_string(size));
     auto sorted = std::get<0>(all.sort());
     REQUIRE(torch::equal(sorted, torch::arange(size)), "each sample exactly once: " + str(sorted));
   }
@@ -241,28 +270,37 @@ int metrics(int argc, char** argv) {
 struct NetImpl : torch::nn::Module {
   NetImpl()
       : unused_head(register_module("unused_head", torch::nn::Linear(16, 3))),
-        fc1(register_module("fc1", torch::nn::Linear(6, 16))), fc2(register_module("fc2", torch::nn::Linear(16, 2))) {}
-  torch::Tensor forward(const torch::Tensor& x) { return fc2->forward(torch::tanh(fc1->forward(x))); }
+        fc1(register_module("fc1", torch::nn::Linear(6, 16))),
+        fc2(register_module("fc2", torch::nn::Linear(16, 2))) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    return fc2->forward(torch::tanh(fc1->forward(x)));
+  }
   torch::nn::Linear unused_head, fc1, fc2;
 };
 
 // Identity forward, throwing backward: a backward pass that fails halfway, after some gradient
 // hooks have fired (fc2's, whose buckets are launched by then).
 struct Boom : torch::autograd::Function<Boom> {
-  static torch::Tensor forward(torch::autograd::AutogradContext*, const torch::Tensor& x) { return x.clone(); }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*, torch::autograd::variable_list) {
+  static torch::Tensor forward(torch::autograd::AutogradContext*, const torch::Tensor& x) {
+    return x.clone();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+                                                 torch::autograd::variable_list) {
     throw std::runtime_error("boom in backward");
   }
 };
 
 // acc.backward(loss), or autograd's own loss.backward() (the hooks alone must sync then).
 void run_backward(accel::Accelerator& acc, const torch::Tensor& loss, bool plain) {
-  if (plain) loss.backward();
-  else acc.backward(loss);
+  if (plain)
+    loss.backward();
+  else
+    acc.backward(loss);
 }
 
 // A backward that throws halfway, caught as a training loop would, then zero_grad.
-void caught_throwing_backward(accel::Accelerator& acc, NetImpl& m, accel::PreparedOptimizer& o, bool plain) {
+void caught_throwing_backward(accel::Accelerator& acc, NetImpl& m, accel::PreparedOptimizer& o,
+                              bool plain) {
   try {
     auto hidden = Boom::apply(torch::tanh(m.fc1->forward(torch::randn({4, 6}))));
     run_backward(acc, m.fc2->forward(hidden).pow(2).mean(), plain);
@@ -281,7 +319,8 @@ int open_collectives_on_progress_page() {
   std::ifstream in(path, std::ios::binary);
   accel::progress::Page page{};
   in.read(reinterpret_cast<char*>(&page), sizeof page);
-  REQUIRE(in.gcount() == static_cast<std::streamsize>(sizeof page), std::string("short progress page ") + path);
+  REQUIRE(in.gcount() == static_cast<std::streamsize>(sizeof page),
+          std::string("short progress page ") + path);
   int open = 0;
   for (const auto& e : page.ring) {
     if (e.seq_plus_one != 0 && e.end_ns == 0) ++open;
@@ -290,11 +329,13 @@ int open_collectives_on_progress_page() {
 }
 
 // All of the model's weights, flattened; fails with `what` unless every rank holds the same bits.
-torch::Tensor same_weights_everywhere(accel::Accelerator& acc, torch::nn::Module& model, const std::string& what) {
+torch::Tensor same_weights_everywhere(accel::Accelerator& acc, torch::nn::Module& model,
+                                      const std::string& what) {
   std::vector<torch::Tensor> flat;
   for (auto& p : model.parameters()) flat.push_back(p.detach().reshape({-1}));
   auto weights = torch::cat(flat);
-  auto spread = acc.reduce(weights, accel::ReduceOp::kMax) - acc.reduce(weights, accel::ReduceOp::kMin);
+  auto spread =
+      acc.reduce(weights, accel::ReduceOp::kMax) - acc.reduce(weights, accel::ReduceOp::kMin);
   REQUIRE(spread.abs().max().item<float>() == 0.0f, what);
   return weights;
 }
@@ -307,12 +348,14 @@ int train(int argc, char** argv) {
   std::string mode = argv[5];
   accel::AcceleratorOptions opts;
   if (mode == "accumulate") opts.gradient_accumulation_steps = 2;
-  if (mode == "throw_acc" || mode == "throw_plain") opts.bucket_cap_bytes = 64;  // launched before the throw
+  if (mode == "throw_acc" || mode == "throw_plain")
+    opts.bucket_cap_bytes = 64;  // launched before the throw
   accel::Accelerator acc(opts);
   g_rank = acc.process_index();
   const int n = acc.num_processes();
   const bool throws = mode == "throw_acc" || mode == "throw_plain";
-  const long micro = mode == "accumulate" || mode == "no_sync" ? 2 : 1;  // micro-steps per optimizer step
+  const long micro =
+      mode == "accumulate" || mode == "no_sync" ? 2 : 1;  // micro-steps per optimizer step
   REQUIRE(global % (n * micro) == 0, "global batch must divide by processes x micro-steps");
   torch::manual_seed(1234);
   // Different seeds per rank before this point would not matter: prepare() broadcasts rank 0.
@@ -320,9 +363,11 @@ int train(int argc, char** argv) {
   auto y = torch::randn({global * steps, 2});
   torch::manual_seed(99 + acc.process_index());  // ranks start from different weights on purpose
   auto model = std::make_shared<NetImpl>();
-  auto opt = std::make_shared<torch::optim::AdamW>(model->parameters(), torch::optim::AdamWOptions(1e-2));
-  accel::DataLoader loader(std::make_shared<accel::TensorDataset>(x, y),
-                           {.batch_size = static_cast<std::size_t>(global / (n * micro)), .shuffle = true, .seed = 7});
+  auto opt =
+      std::make_shared<torch::optim::AdamW>(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  accel::DataLoader loader(
+      std::make_shared<accel::TensorDataset>(x, y),
+      {.batch_size = static_cast<std::size_t>(global / (n * micro)), .shuffle = true, .seed = 7});
   auto [m, o, dl] = acc.prepare(model, opt, loader);
   long micro_step = 0;
   for (auto& batch : dl) {
@@ -337,11 +382,13 @@ int train(int argc, char** argv) {
       // After the first step (gradients live in the all-reduce buckets by then) a backward throws
       // halfway and is caught; the run must go on exactly as if it had never happened.
       if (micro_step == 1) caught_throwing_backward(acc, *m, o, mode == "throw_plain");
-      run_backward(acc, torch::mse_loss(m->forward(batch.input), batch.target), mode == "throw_plain");
+      run_backward(acc, torch::mse_loss(m->forward(batch.input), batch.target),
+                   mode == "throw_plain");
       o.step();
       o.zero_grad();
     } else if (mode == "set_to_none") {
-      // Gradients dropped after each step (torch 2.x's zero_grad default): sync must re-attach them.
+      // Gradients dropped after each step (torch 2.x's zero_grad default): sync must re-attach
+      // them.
       acc.backward(torch::mse_loss(m->forward(batch.input), batch.target));
       o.step();
       for (auto& p : m->parameters()) p.mutable_grad() = torch::Tensor();
@@ -380,30 +427,36 @@ int backward_throws(bool plain, int step_ms) {
   auto [m, o] = acc.prepare(model, opt);
   torch::manual_seed(100 + acc.process_index());  // every rank trains on different data
   auto step = [&] {
-    run_backward(acc, torch::mse_loss(m->forward(torch::randn({4, 6})), torch::randn({4, 2})), plain);
+    run_backward(acc, torch::mse_loss(m->forward(torch::randn({4, 6})), torch::randn({4, 2})),
+                 plain);
     o.step();
     o.zero_grad();
   };
   step();  // .grad now aliases the buckets, where a late reduction would write
   for (int trial = 0; trial < 10; ++trial) {
     caught_throwing_backward(acc, *m, o, plain);
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // a reduction still in flight lands by now
+    // a reduction still in flight lands by now
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
     for (auto& p : m->parameters()) {
       REQUIRE(!p.grad().defined() || p.grad().abs().max().item<float>() == 0.0f,
-              "trial " + std::to_string(trial) + ": a reduction of the failed backward wrote into .grad after zero_grad");
+              "trial " + std::to_string(trial) +
+                  ": a reduction of the failed backward wrote into .grad after zero_grad");
     }
     // Why not with STEP_MS: then the launcher's hang detection is what must see no open collective.
     if (step_ms == 0) {
       REQUIRE(open_collectives_on_progress_page() == 0,
-              "trial " + std::to_string(trial) + ": the failed backward left a collective open on the progress page");
+              "trial " + std::to_string(trial) +
+                  ": the failed backward left a collective open on the progress page");
     }
   }
   for (int k = 0; k < 5; ++k) {
     step();
     std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
   }
-  same_weights_everywhere(acc, *m, "ranks diverged: gradients stopped syncing after the failed backward");
-  REQUIRE(open_collectives_on_progress_page() == 0, "a collective is still open on the progress page");
+  same_weights_everywhere(acc, *m,
+                          "ranks diverged: gradients stopped syncing after the failed backward");
+  REQUIRE(open_collectives_on_progress_page() == 0,
+          "a collective is still open on the progress page");
   acc.print("OK backward_throws");
   return 0;
 }
@@ -433,8 +486,9 @@ int mismatch(accel::Accelerator& acc, const std::string& how) {
 class KillingFs : public accel::ckpt::CheckpointFs {
  public:
   explicit KillingFs(int kill_at) : kill_at_(kill_at) {}
-  accel::ckpt::WrittenFile write_stream(const std::filesystem::path& p,
-                                        const std::function<void(const accel::ckpt::Sink&)>& produce) override {
+  accel::ckpt::WrittenFile write_stream(
+      const std::filesystem::path& p,
+      const std::function<void(const accel::ckpt::Sink&)>& produce) override {
     tick("write " + p.filename().string());
     return CheckpointFs::write_stream(p, produce);
   }
@@ -486,9 +540,11 @@ struct CheckpointRig {
 CheckpointRig checkpoint_rig(accel::Accelerator& acc) {
   torch::manual_seed(7);
   auto model = std::make_shared<NetImpl>();
-  auto opt = std::make_shared<torch::optim::AdamW>(model->parameters(), torch::optim::AdamWOptions(1e-2));
-  accel::DataLoader loader(std::make_shared<accel::TensorDataset>(torch::randn({64, 6}), torch::randn({64, 2})),
-                           {.batch_size = 8, .shuffle = true, .seed = 3});
+  auto opt =
+      std::make_shared<torch::optim::AdamW>(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  accel::DataLoader loader(
+      std::make_shared<accel::TensorDataset>(torch::randn({64, 6}), torch::randn({64, 2})),
+      {.batch_size = 8, .shuffle = true, .seed = 3});
   auto [m, o, dl] = acc.prepare(model, opt, loader);
   return {m, o, dl};
 }

@@ -1,11 +1,10 @@
 // Every TCPStore operation of the libtorch C++ client, against the store at 127.0.0.1:PORT.
 // Prints OK and exits 0, or says what differed and exits 1.
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
-
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
 #include <string>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <vector>
 
 namespace {
@@ -38,14 +37,16 @@ int main(int argc, char** argv) {
   ok &= expect(store.compareSet("a", bytes("1"), bytes("2")) == bytes("2"), "compareSet");
   ok &= expect(store.check({"a", "c"}) && !store.check({"a", "zz"}), "check");
   store.wait({"a"});
-  ok &= expect(store.getNumKeys() == 3, "getNumKeys counts init/, a, c: got " + std::to_string(store.getNumKeys()));
+  ok &= expect(store.getNumKeys() == 3,
+               "getNumKeys counts init/, a, c: got " + std::to_string(store.getNumKeys()));
   ok &= expect(store.deleteKey("c") && !store.deleteKey("c"), "deleteKey");
   auto start = std::chrono::steady_clock::now();
   try {
     store.wait({"never"}, std::chrono::milliseconds(300));
     ok &= expect(false, "wait for a missing key did not time out");
   } catch (const std::exception&) {
-    ok &= expect(std::chrono::steady_clock::now() - start < std::chrono::seconds(5), "timeout too slow");
+    ok &= expect(std::chrono::steady_clock::now() - start < std::chrono::seconds(5),
+                 "timeout too slow");
   }
   if (!ok) return 1;
   std::cout << "OK" << std::endl;
