@@ -47,25 +47,25 @@ class ServedStore {
   std::thread thread_;
 };
 
-TEST(Store, TorchPythonClientEveryOperation) {
+// Runs a client program against a fresh store: it must print OK and exit 0.
+void expect_client_passes(const std::string& binary, std::vector<std::string> args_before_port,
+                          std::vector<std::string> args_after_port) {
   TempDir dir;
   ServedStore served;
-  Launched client(dir, kPython,
-                  {ACCEL_TEST_WORKERS_DIR "/store_client.py", std::to_string(served.port()), "ops"},
-                  {}, "client");
+  std::vector<std::string> args = std::move(args_before_port);
+  args.push_back(std::to_string(served.port()));
+  args.insert(args.end(), args_after_port.begin(), args_after_port.end());
+  Launched client(dir, binary, args, {}, "client");
   auto r = client.wait(60s);
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("OK"), std::string::npos) << r.out << r.err;
 }
 
-TEST(Store, LibtorchCppClientEveryOperation) {
-  TempDir dir;
-  ServedStore served;
-  Launched client(dir, STORE_CLIENT_BIN, {std::to_string(served.port())}, {}, "client");
-  auto r = client.wait(60s);
-  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
-  EXPECT_NE(r.out.find("OK"), std::string::npos) << r.out << r.err;
+TEST(Store, TorchPythonClientEveryOperation) {
+  expect_client_passes(kPython, {ACCEL_TEST_WORKERS_DIR "/store_client.py"}, {"ops"});
 }
+
+TEST(Store, LibtorchCppClientEveryOperation) { expect_client_passes(STORE_CLIENT_BIN, {}, {}); }
 
 TEST(Store, AStoreThatGoesAwayFailsAWaitingClientFast) {
   TempDir dir;
