@@ -6,7 +6,6 @@
 
 #include <CLI/CLI.hpp>
 #include <boost/asio/io_context.hpp>
-#include <boost/asio/signal_set.hpp>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -16,6 +15,7 @@
 #include "accel_version.h"
 #include "agent/common/clock.h"
 #include "agent/common/file_limit.h"
+#include "agent/common/stop_signals.h"
 #include "agent/common/temp_dir.h"
 #include "agent/config/config_loader.h"
 #include "agent/coordinator/coordinator_server.h"
@@ -190,28 +190,21 @@ int main(int argc, char** argv) {
     agent->start();
   }
 
-  boost::asio::signal_set signals(io, SIGINT, SIGTERM, SIGHUP);
-  int stops = 0;
-  std::function<void()> arm = [&] {
-    signals.async_wait([&](const boost::system::error_code& ec, int sig) {
-      if (ec) return;
-      if (sig == SIGHUP) {
-        logger->warn("received SIGHUP: ignored (SIGTERM stops the agent)");
-      } else if (++stops == 1) {
-        logger->info("received {}: stopping the workers and the agent",
-                     accel::supervisor::signal_name(sig));
-        if (agent) {
-          agent->shutdown(SIGTERM, [&] { io.stop(); });
-        } else {
-          io.stop();
+  accel::StopSignals signals(
+      io, "SIGTERM stops the agent", [&](const std::string& text) { logger->warn(text); },
+      [&](int sig, int nth) {
+        if (nth == 1) {
+          logger->info("received {}: stopping the workers and the agent",
+                       accel::supervisor::signal_name(sig));
+          if (agent) {
+            agent->shutdown(SIGTERM, [&] { io.stop(); });
+          } else {
+            io.stop();
+          }
+        } else if (agent) {
+          agent->shutdown(SIGKILL, [&] { io.stop(); });
         }
-      } else if (agent) {
-        agent->shutdown(SIGKILL, [&] { io.stop(); });
-      }
-      arm();
-    });
-  };
-  arm();
+      });
   auto guard = boost::asio::make_work_guard(io);
   io.run();
   agent.reset();

@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
-#include <boost/asio/signal_set.hpp>
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
@@ -14,6 +13,7 @@
 #include <iostream>
 #include <random>
 
+#include "agent/common/stop_signals.h"
 #include "agent/common/temp_dir.h"
 #include "agent/config/config_loader.h"
 #include "agent/supervisor/line_sink.h"
@@ -186,19 +186,10 @@ int main(int argc, char** argv) {
     }
   });
 
-  boost::asio::signal_set signals(io, SIGINT, SIGTERM, SIGHUP);
-  std::function<void()> arm_signals = [&] {
-    signals.async_wait([&](const boost::system::error_code& ec, int sig) {
-      if (ec) return;
-      if (sig == SIGHUP) {
-        logger->warn("received SIGHUP: ignored, the job keeps running (SIGTERM or Ctrl-C stop it)");
-      } else {
-        job.cancel(sig);
-      }
-      arm_signals();
-    });
-  };
-  arm_signals();
+  accel::StopSignals signals(
+      io, "the job keeps running (SIGTERM or Ctrl-C stop it)",
+      [&](const std::string& text) { logger->warn(text); },
+      [&](int sig, int /*nth: LocalJob escalates itself*/) { job.cancel(sig); });
 
   logger->info("job {}: {} x {}", opts.job_id, cfg.num_processes, opts.argv.front());
   int exit_code = 0;
@@ -212,8 +203,7 @@ int main(int argc, char** argv) {
       for (const auto& problem : result.log_problems)
         logger->warn("but its log is incomplete: {}", problem);
     }
-    boost::system::error_code ignored;
-    signals.cancel(ignored);
+    signals.cancel();
     io.stop();
   });
   io.run();

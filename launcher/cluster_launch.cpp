@@ -10,7 +10,6 @@
 #include <atomic>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
-#include <boost/asio/signal_set.hpp>
 #include <csignal>
 #include <filesystem>
 #include <functional>
@@ -18,6 +17,7 @@
 
 #include "agent/common/clock.h"
 #include "agent/common/file_limit.h"
+#include "agent/common/stop_signals.h"
 #include "agent/common/temp_dir.h"
 #include "agent/config/cluster_config.h"
 #include "agent/coordinator/coordinator_core.h"
@@ -450,38 +450,31 @@ int run_multi_node(const ClusterLaunch& launch) {
     });
   }
 
-  boost::asio::signal_set signals(io, SIGINT, SIGTERM, SIGHUP);
-  int cancels = 0;
-  std::function<void()> arm = [&] {
-    signals.async_wait([&](const boost::system::error_code& ec, int sig) {
-      if (ec) return;
-      if (sig == SIGHUP) {
-        logger()->warn(
-            "received SIGHUP: ignored, the job keeps running (SIGTERM or Ctrl-C stop it)");
-      } else if (++cancels == 1) {
-        logger()->warn("received {}: cancelling the job on every node (again to stop at once)",
-                       supervisor::signal_name(sig));
-        pb::CancelJobRequest cancel;
-        // Why the agent's: without --job-id every node names the job differently; the one the
-        // coordinator (machine rank 0) gave is the one this node's agent runs.
-        std::string running = agent->current_job_id();
-        cancel.set_job_id(running.empty() ? job_id : running);
-        cancel.set_signal(sig);
-        // Why a thread: the call blocks up to 2 s and the io thread runs the workers.
-        std::thread([c = *client, cancel] { c->cancel_job(cancel, 2s); }).detach();
-        // Not cancelled at the coordinator (unreachable, or job id unknown here): stop anyway.
-        auto timer = std::make_shared<boost::asio::steady_timer>(io, 3s);
-        timer->async_wait([&, timer, sig](const boost::system::error_code& e2) {
-          if (!e2) finish(128 + sig);
-        });
-      } else {
-        finish(128 + sig);
-        agent->shutdown(SIGKILL, nullptr);
-      }
-      arm();
-    });
-  };
-  arm();
+  StopSignals signals(
+      io, "the job keeps running (SIGTERM or Ctrl-C stop it)",
+      [](const std::string& text) { logger()->warn(text); },
+      [&](int sig, int nth) {
+        if (nth == 1) {
+          logger()->warn("received {}: cancelling the job on every node (again to stop at once)",
+                         supervisor::signal_name(sig));
+          pb::CancelJobRequest cancel;
+          // Why the agent's: without --job-id every node names the job differently; the one the
+          // coordinator (machine rank 0) gave is the one this node's agent runs.
+          std::string running = agent->current_job_id();
+          cancel.set_job_id(running.empty() ? job_id : running);
+          cancel.set_signal(sig);
+          // Why a thread: the call blocks up to 2 s and the io thread runs the workers.
+          std::thread([c = *client, cancel] { c->cancel_job(cancel, 2s); }).detach();
+          // Not cancelled at the coordinator (unreachable, or job id unknown here): stop anyway.
+          auto timer = std::make_shared<boost::asio::steady_timer>(io, 3s);
+          timer->async_wait([&, timer, sig](const boost::system::error_code& e2) {
+            if (!e2) finish(128 + sig);
+          });
+        } else {
+          finish(128 + sig);
+          agent->shutdown(SIGKILL, nullptr);
+        }
+      });
   logger()->info("machine rank {} of {} nodes: {} x {} (coordinator {})", cfg.machine_rank,
                  cfg.nodes.max, cfg.num_processes, launch.argv.front(), target);
   agent->start();
