@@ -86,6 +86,15 @@ struct StoreCore::Reader {
     }
     return ok() ? n : 0;
   }
+  // A count, then that many keys (WAIT, CHECK, MULTI_GET).
+  std::vector<std::string> keys() {
+    std::vector<std::string> out(count());
+    for (auto& k : out) {
+      if (!ok()) break;
+      k = key();
+    }
+    return out;
+  }
 };
 
 StoreCore::StoreCore(StoreLimits limits) : limits_(limits) {}
@@ -165,6 +174,17 @@ bool StoreCore::fits(size_t key_bytes, size_t old_value_bytes, size_t new_value_
             std::to_string(limits_.max_total_bytes);
     return false;
   }
+  return true;
+}
+
+bool StoreCore::append_value(std::string& out, const std::string& key, const char* op,
+                             std::string& error) const {
+  auto pos = data_.find(key);
+  if (pos == data_.end()) {
+    error = std::string(op) + " of " + shown(key) + ", which is not set (clients WAIT first)";
+    return false;
+  }
+  append_bytes(out, pos->second);
   return true;
 }
 
@@ -302,12 +322,7 @@ size_t StoreCore::serve_one(ConnId id, Conn& conn, std::string_view in, std::str
     case Op::kGet: {
       std::string key = r.key();
       if (!r.ok()) break;
-      auto pos = data_.find(key);
-      if (pos == data_.end()) {
-        error = "GET of " + shown(key) + ", which is not set (clients WAIT first)";
-        break;
-      }
-      append_bytes(out, pos->second);
+      append_value(out, key, "GET", error);
       break;
     }
     case Op::kAdd: {
@@ -345,9 +360,7 @@ size_t StoreCore::serve_one(ConnId id, Conn& conn, std::string_view in, std::str
     }
     case Op::kCheck:
     case Op::kWait: {
-      size_t n = r.count();
-      std::vector<std::string> keys;
-      for (size_t i = 0; i < n && r.ok(); ++i) keys.push_back(r.key());
+      std::vector<std::string> keys = r.keys();
       if (!r.ok()) break;
       std::vector<std::string> missing;
       for (auto& k : keys) {
@@ -383,17 +396,10 @@ size_t StoreCore::serve_one(ConnId id, Conn& conn, std::string_view in, std::str
       break;
     }
     case Op::kMultiGet: {
-      size_t n = r.count();
-      std::vector<std::string> keys;
-      for (size_t i = 0; i < n && r.ok(); ++i) keys.push_back(r.key());
+      std::vector<std::string> keys = r.keys();
       if (!r.ok()) break;
       for (const auto& k : keys) {
-        auto pos = data_.find(k);
-        if (pos == data_.end()) {
-          error = "MULTI_GET of " + shown(k) + ", which is not set";
-          break;
-        }
-        append_bytes(out, pos->second);
+        if (!append_value(out, k, "MULTI_GET", error)) break;
       }
       break;
     }

@@ -100,6 +100,9 @@ class StoreCore {
   // One request from `in` at offset 0: the bytes it took, 0 when incomplete.
   size_t serve_one(ConnId id, Conn& conn, std::string_view in, std::string& error);
   static Op decode(Dialect d, std::uint8_t byte);
+  // Appends the value of `key` as a reply; false (and `error`) when it is not set.
+  bool append_value(std::string& out, const std::string& key, const char* op,
+                    std::string& error) const;
   void put(const std::string& key, std::string value);
   bool erase(const std::string& key);
   void wake(const std::string& key);

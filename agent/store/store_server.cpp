@@ -7,6 +7,7 @@
 #include <boost/asio/write.hpp>
 #include <deque>
 #include <unordered_map>
+#include <vector>
 
 namespace accel::store {
 
@@ -26,7 +27,6 @@ struct StoreServer::Impl : std::enable_shared_from_this<StoreServer::Impl> {
     size_t unsent = 0;
     bool writing = false;
     bool reading = false;
-    std::shared_ptr<char[]> chunk{new char[kReadChunk]};
     explicit Client(tcp::socket s) : socket(std::move(s)) {}
   };
 
@@ -38,6 +38,9 @@ struct StoreServer::Impl : std::enable_shared_from_this<StoreServer::Impl> {
   tcp::acceptor acceptor;
   StoreCore core;
   std::unordered_map<StoreCore::ConnId, std::unique_ptr<Client>> clients;
+  // Why one buffer for every client: reads happen in on_readable, one at a time on the io
+  // thread, so an idle connection holds no read buffer (16384 of them would hold 1 GiB).
+  std::vector<char> buffer = std::vector<char>(kReadChunk);
   size_t warnings = 0;
   bool closed = false;
 
@@ -70,6 +73,7 @@ struct StoreServer::Impl : std::enable_shared_from_this<StoreServer::Impl> {
     // Why CLOEXEC: workers are forked from this thread; none may inherit another's connection.
     ::fcntl(s.native_handle(), F_SETFD, FD_CLOEXEC);
     s.set_option(tcp::no_delay(true), ignored);
+    s.non_blocking(true, ignored);
     StoreCore::ConnId id = core.open();
     clients.emplace(id, std::make_unique<Client>(std::move(s)));
     read(id);
@@ -98,26 +102,30 @@ struct StoreServer::Impl : std::enable_shared_from_this<StoreServer::Impl> {
     Client& c = *it->second;
     if (c.unsent > kMaxUnsent / 4) return;  // Why: a client that does not read its replies waits
     c.reading = true;
-    auto chunk = c.chunk;
-    c.socket.async_read_some(
-        asio::buffer(chunk.get(), kReadChunk),
-        [self = shared_from_this(), id, chunk](const boost::system::error_code& ec, size_t n) {
-          self->on_read(id, ec, chunk.get(), n);
-        });
+    c.socket.async_wait(tcp::socket::wait_read,
+                        [self = shared_from_this(), id](const boost::system::error_code& ec) {
+                          self->on_readable(id, ec);
+                        });
   }
 
-  void on_read(StoreCore::ConnId id, const boost::system::error_code& ec, const char* data,
-               size_t n) {
+  void on_readable(StoreCore::ConnId id, const boost::system::error_code& ec) {
     if (closed) return;
     auto it = clients.find(id);
     if (it == clients.end()) return;
     Client& c = *it->second;
     c.reading = false;
-    if (ec) {
-      drop(id, "");  // the client went away: the usual end of a worker
+    boost::system::error_code read_ec = ec;
+    size_t n = 0;
+    if (!read_ec) n = c.socket.read_some(asio::buffer(buffer), read_ec);  // non-blocking
+    if (read_ec == asio::error::would_block || read_ec == asio::error::try_again) {
+      read(id);
       return;
     }
-    c.in.append(data, n);
+    if (read_ec) {
+      drop(id, "");  // the client went away (EOF): the usual end of a worker
+      return;
+    }
+    c.in.append(buffer.data(), n);
     if (c.in.size() >= core.bytes_wanted(id)) {
       if (auto error = core.feed(id, c.in)) {
         flush();

@@ -88,17 +88,16 @@ def main():
 
     # A real Python job's start-up: both ranks run init_process_group("env://") and one
     # all_reduce, then exit (the store, and where it lives, is on this path).
-    py_job = [PYTHON, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests",
-                                   "integration", "workers", "allreduce.py")]
-    py_rows = [("accel-launch", [launch, "-q", "-n", "2"])]
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests",
+                          "integration", "workers", "allreduce.py")
+    py_rows = [("accel-launch", [launch, "-q", "-n", "2", PYTHON, script])]
     if args.baseline:
-        py_rows.append((f"baseline {args.baseline}", [args.baseline, "-q", "-n", "2"]))
-    py_rows.append(("torchrun --monitor_interval 0.1",
-                     [c for c in TORCHRUN if c != "--no_python"] + ["--monitor_interval", "0.1"]))
+        py_rows.append((f"baseline {args.baseline}", [args.baseline, "-q", "-n", "2", PYTHON, script]))
+    torchrun_py = [c for c in TORCHRUN if c != "--no_python"]  # torchrun starts python itself
+    py_rows.append(("torchrun --monitor_interval 0.1", torchrun_py + ["--monitor_interval", "0.1", script]))
     py_launch = {}
-    for who, prefix in py_rows:
-        py_launch[who] = median_of(args.runs, lambda prefix=prefix: timed(prefix + py_job[1:] if prefix[0] == PYTHON
-                                                                          else prefix + py_job))
+    for who, cmd in py_rows:
+        py_launch[who] = median_of(args.runs, lambda cmd=cmd: timed(cmd))
         rows.append(("2-rank Python init_process_group + all_reduce, whole command", who, py_launch[who] * 1e3))
 
     accel_crash = median_of(args.runs, lambda: crash_to_respawn(

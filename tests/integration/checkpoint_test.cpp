@@ -11,15 +11,6 @@
 namespace accel::testing {
 namespace {
 
-// The pids of `parent`'s children (the launcher's workers).
-std::vector<pid_t> children_of(pid_t parent) {
-  std::vector<pid_t> out;
-  std::ifstream in("/proc/" + std::to_string(parent) + "/task/" + std::to_string(parent) +
-                   "/children");
-  for (pid_t pid; in >> pid;) out.push_back(pid);
-  return out;
-}
-
 // A complete automatic checkpoint exists under the checkpoint dir (older ones are rotated away).
 bool has_checkpoint(const fs::path& dir) {
   std::error_code ec;

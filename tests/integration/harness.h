@@ -82,6 +82,15 @@ inline int free_port() {
 
 inline bool pid_alive(pid_t pid) { return ::kill(pid, 0) == 0; }
 
+// The pids of `parent`'s children (a launcher's or an agent's workers).
+inline std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> out;
+  std::ifstream in("/proc/" + std::to_string(parent) + "/task/" + std::to_string(parent) +
+                   "/children");
+  for (pid_t pid; in >> pid;) out.push_back(pid);
+  return out;
+}
+
 // Polls for a file to exist with at least `min_lines` lines (bounded).
 inline bool wait_for_file(const fs::path& p, std::chrono::milliseconds timeout,
                           size_t min_lines = 1) {

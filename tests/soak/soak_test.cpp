@@ -26,14 +26,6 @@ namespace {
 constexpr const char* kToken = "soak-test-token-0123456789";
 constexpr int kMaxFaults = 20;
 
-std::vector<pid_t> children_of(pid_t parent) {
-  std::vector<pid_t> out;
-  std::ifstream in("/proc/" + std::to_string(parent) + "/task/" + std::to_string(parent) +
-                   "/children");
-  for (pid_t pid; in >> pid;) out.push_back(pid);
-  return out;
-}
-
 size_t fd_count(pid_t pid) {
   std::error_code ec;
   size_t n = 0;
