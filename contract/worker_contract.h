@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <string_view>
 
 namespace accel::contract {
 
@@ -56,7 +57,18 @@ inline constexpr char kErrorFile[] = "ACCEL_ERROR_FILE";
 inline constexpr char kProgressFile[] = "ACCEL_PROGRESS_FILE";
 inline constexpr char kShmCollectives[] = "ACCEL_SHM_COLLECTIVES";
 inline constexpr char kTraceCollectives[] = "ACCEL_TRACE_COLLECTIVES";  // runtime debugging only
+inline constexpr char kLogLevel[] = "ACCEL_LOG_LEVEL";  // debug | info | warning | error
 inline constexpr char kToken[] = "ACCEL_TOKEN";  // the control plane's secret: never a worker's
+
+// HF Accelerate's name for one of accel's worker settings, or nullptr: the launcher sets both,
+// so a script written for `accelerate launch` reads what accel-launch was told.
+constexpr const char* hf_alias(std::string_view accel_variable) {
+  if (accel_variable == kMixedPrecision) return kHfMixedPrecision;
+  if (accel_variable == kUseCpu) return kHfUseCpu;
+  if (accel_variable == kGradientAccumulationSteps) return kHfGradientAccumulationSteps;
+  if (accel_variable == kDebug) return kHfDebugMode;
+  return nullptr;
+}
 
 // The default of every collective's timeout (config key collective_timeout, the runtime's
 // fallback when ACCEL_COLLECTIVE_TIMEOUT is unset): PyTorch's own default.

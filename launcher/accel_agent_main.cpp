@@ -18,10 +18,11 @@
 #include "agent/common/stop_signals.h"
 #include "agent/common/temp_dir.h"
 #include "agent/config/config_loader.h"
+#include "agent/config/key_flags.h"
 #include "agent/coordinator/coordinator_server.h"
+#include "agent/node/control_plane_config.h"
 #include "agent/rpc/rpc_security.h"
 #include "agent/supervisor/line_sink.h"
-#include "launcher/cluster_launch.h"
 
 namespace {
 
@@ -52,31 +53,7 @@ int main(int argc, char** argv) {
   CLI::App app("accel-agent: per-node daemon of accel's control plane.", "accel-agent");
   app.footer(kFooter);
   app.set_version_flag("--version", std::string("accel-agent ") + ACCEL_VERSION);
-  std::map<std::string, std::string> values;
-  std::vector<std::pair<std::string, CLI::Option*>> keyed;
-  auto opt = [&](const std::string& names, const std::string& key, const std::string& help) {
-    auto* o = app.add_option(names, values[key], help);
-    keyed.emplace_back(key, o);
-    return o;
-  };
-  opt("--coordinator", "coordinator", "Register with the coordinator at HOST:PORT")
-      ->type_name("HOST:PORT");
-  opt("--node-id", "node_id", "This node's id (default: host-pid-random)")->type_name("ID");
-  opt("--node-address", "node_address", "Where other nodes reach this one")->type_name("HOST");
-  opt("--token-file", "token_file", "File with the shared token (default: $ACCEL_TOKEN)")
-      ->type_name("FILE");
-  opt("--tls-cert", "tls_cert", "PEM certificate (coordinator's, or this client's for mutual TLS)")
-      ->type_name("FILE");
-  opt("--tls-key", "tls_key", "PEM key of --tls-cert")->type_name("FILE");
-  opt("--tls-ca", "tls_ca", "PEM CA of the peers' certificates")->type_name("FILE");
-  opt("--lease-timeout", "lease_timeout",
-      "Served coordinator: a node silent this long is lost (default 10s)")
-      ->type_name("DURATION");
-  opt("--retention", "retention",
-      "Served coordinator: forget ended jobs and lost nodes after (default 1h)")
-      ->type_name("DURATION");
-  opt("--stop-timeout", "stop_timeout", "SIGTERM -> SIGKILL grace for workers (default 10s)")
-      ->type_name("DURATION");
+  accel::config::KeyFlags keys(app, accel::config::kAgentFlag);
   std::string config_file;
   auto* config_opt =
       app.add_option("--config", config_file, "YAML file with the keys above")->type_name("FILE");
@@ -90,8 +67,6 @@ int main(int argc, char** argv) {
   app.add_option("--state-dir", state_dir,
                  "Folder for the workers' error files (default: a temporary one)")
       ->type_name("DIR");
-  bool quiet = false;
-  app.add_flag("-q,--quiet", quiet, "Only warnings and errors");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -101,17 +76,15 @@ int main(int argc, char** argv) {
   accel::config::ConfigSources sources;
   if (config_opt->count() > 0) sources.config_file = config_file;
   sources.env = accel::config::environment_snapshot();
-  for (const auto& [key, o] : keyed) {
-    if (o->count() > 0) sources.flags.push_back({key, values[key], "--" + o->get_lnames().front()});
-  }
+  sources.flags = keys.typed();
   auto resolved = accel::config::resolve_config(sources);
   if (!resolved) return fail(resolved.message());
   accel::config::ClusterConfig cfg = resolved->config;
   accel::supervisor::EnvMap env(sources.env.begin(), sources.env.end());
 
-  auto logger = spdlog::stderr_color_mt("accel-launch");
+  auto logger = spdlog::stderr_color_mt("accel-agent");
   logger->set_pattern("%^[accel-agent]%$ %v");
-  logger->set_level(quiet ? spdlog::level::warn : spdlog::level::info);
+  logger->set_level(cfg.quiet ? spdlog::level::warn : spdlog::level::info);
 
   if (serve.empty() && cfg.coordinator.empty()) {
     return fail(
@@ -120,7 +93,7 @@ int main(int argc, char** argv) {
   }
   if (coordinator_only && serve.empty())
     return fail("--coordinator-only needs --serve-coordinator");
-  auto auth = accel::launcher::control_plane_auth(cfg, env);
+  auto auth = accel::node::control_plane_auth(cfg, env);
   if (!auth) return fail(auth.message());
   accel::rpc::forget_token_in_environment();
   env.erase("ACCEL_TOKEN");
@@ -139,7 +112,7 @@ int main(int argc, char** argv) {
   }
   if (!serve.empty()) {
     std::string listen = serve.find(':') == std::string::npos ? "0.0.0.0:" + serve : serve;
-    auto options = accel::launcher::server_options(cfg, listen, *auth);
+    auto options = accel::node::server_options(cfg, listen, *auth);
     for (const auto& w : accel::coordinator::exposure_warnings(options)) logger->warn("{}", w);
     auto started = accel::coordinator::CoordinatorServer::start(std::move(options), clock);
     if (!started) return fail("--serve-coordinator " + serve + ": " + started.message(), 1);
@@ -158,7 +131,7 @@ int main(int argc, char** argv) {
   if (!coordinator_only) {
     auto client = accel::rpc::CoordinatorClient::create(target, auth->token, auth->tls);
     if (!client) return fail(client.message());
-    auto opts = accel::launcher::make_agent_options(cfg, env, target);
+    auto opts = accel::node::make_agent_options(cfg, env, target);
     if (!state_dir.empty()) {
       opts.state_dir = state_dir;
     } else {

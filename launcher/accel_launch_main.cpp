@@ -16,6 +16,7 @@
 #include "agent/common/stop_signals.h"
 #include "agent/common/temp_dir.h"
 #include "agent/config/config_loader.h"
+#include "agent/config/job_spec_builder.h"
 #include "agent/supervisor/line_sink.h"
 #include "agent/supervisor/local_job.h"
 #if ACCEL_LAUNCH_CLUSTER
@@ -68,18 +69,6 @@ int main(int argc, char** argv) {
     return 0;
   }
   accel::config::ClusterConfig& cfg = resolved->config;
-  std::string checkpoint_dir;
-  if (!cfg.checkpoint_dir.empty()) {
-    // Why absolute: workers may change directory; all ranks and restarts must agree on the path.
-    std::error_code ec;
-    fs::path abs = fs::absolute(cfg.checkpoint_dir, ec);
-    if (ec) {
-      return fail(cfg.origin("checkpoint_dir").where + ": checkpoint_dir: cannot make '" +
-                  cfg.checkpoint_dir + "' absolute: " + ec.message());
-    }
-    checkpoint_dir = abs.string();
-  }
-
   if (!cfg.coordinator.empty()) {
     // Why: these keys belong to `--nodes N` launches, where every node runs accel-launch (mode 2);
     // a standing coordinator assigns machine ranks itself and has its own port. Ignoring them made
@@ -100,6 +89,8 @@ int main(int argc, char** argv) {
   }
   auto argv_resolved = accel::launcher::resolve_command(cmd.program, sources.env);
   if (!argv_resolved) return fail(argv_resolved.message(), 127);
+  auto spec = accel::config::make_job_spec(cfg, *argv_resolved, cmd.worker_env);
+  if (!spec) return fail(spec.message());
 
   auto logger = spdlog::stderr_color_mt("accel-launch");
   logger->set_pattern("%^[accel-launch]%$ %v");
@@ -108,12 +99,8 @@ int main(int argc, char** argv) {
   if (!cfg.coordinator.empty() || cfg.nodes.max > 1) {
 #if ACCEL_LAUNCH_CLUSTER
     accel::rpc::prepare_grpc_process();
-    accel::launcher::ClusterLaunch launch{.cfg = cfg,
-                                          .argv = *argv_resolved,
-                                          .env = {},
-                                          .job_id = cfg.job_id,
-                                          .checkpoint_dir = checkpoint_dir,
-                                          .worker_env = cmd.worker_env};
+    accel::launcher::ClusterLaunch launch{
+        .cfg = cfg, .spec = std::move(*spec), .env = {}, .job_id = cfg.job_id};
     for (const auto& [k, v] : sources.env) launch.env.emplace(k, v);
     int code = 0;
     if (!cfg.coordinator.empty()) {
@@ -141,30 +128,14 @@ int main(int argc, char** argv) {
 
   accel::supervisor::LocalJobOptions opts;
   opts.job_id = cfg.job_id.empty() ? generate_job_id() : cfg.job_id;
-  opts.argv = *argv_resolved;
-  opts.num_processes = cfg.num_processes;
-  opts.max_restarts = cfg.max_restarts;
-  opts.env.master_addr = cfg.main_process_ip;
-  opts.env.master_port = cfg.main_process_port;
-  opts.env.mixed_precision = std::string(accel::config::to_string(cfg.mixed_precision));
-  opts.env.gradient_accumulation_steps = cfg.gradient_accumulation_steps;
-  opts.env.collective_timeout = accel::config::format_duration(cfg.collective_timeout);
-  opts.env.checkpoint_dir = checkpoint_dir;
-  opts.env.checkpoint_interval = cfg.checkpoint_interval;
-  opts.env.use_cpu = cfg.use_cpu;
-  opts.env.debug = cfg.debug;
-  opts.env.omp_num_threads = cfg.num_cpu_threads_per_process;
+  opts.spec = std::move(*spec);
+  opts.master_addr = cfg.main_process_ip;
   for (const auto& [k, v] : sources.env) opts.base_env.emplace(k, v);
-  for (const auto& [k, v] : cmd.worker_env) opts.base_env[k] = v;
-  opts.log_dir = cfg.log_dir;
-  opts.tee = cfg.tee;
   opts.group.stop_timeout = cfg.stop_timeout;
-  opts.hang.heartbeat_timeout = cfg.heartbeat_timeout;
-  opts.hang.collective_timeout = cfg.hang_timeout;
-  bool temp_error_dir = cfg.log_dir.empty();
-  opts.error_dir = temp_error_dir ? accel::make_temp_dir("accel-" + opts.job_id + "-")
-                                  : cfg.log_dir + "/" + opts.job_id;
-  if (opts.error_dir.empty()) {
+  bool temp_error_root = cfg.log_dir.empty();
+  opts.error_root =
+      temp_error_root ? accel::make_temp_dir("accel-" + opts.job_id + "-") : opts.spec.log_dir;
+  if (opts.error_root.empty()) {
     logger->warn(
         "cannot create a folder for the workers' error files in {} ({}); failures will "
         "be reported without their error messages",
@@ -191,7 +162,7 @@ int main(int argc, char** argv) {
       [&](const std::string& text) { logger->warn(text); },
       [&](int sig, int /*nth: LocalJob escalates itself*/) { job.cancel(sig); });
 
-  logger->info("job {}: {} x {}", opts.job_id, cfg.num_processes, opts.argv.front());
+  logger->info("job {}: {} x {}", opts.job_id, cfg.num_processes, opts.spec.argv.front());
   int exit_code = 0;
   job.run([&](const accel::supervisor::JobResult& result) {
     exit_code = result.exit_code;
@@ -208,9 +179,9 @@ int main(int argc, char** argv) {
   });
   io.run();
 
-  if (temp_error_dir && !opts.error_dir.empty()) {
+  if (temp_error_root && !opts.error_root.empty()) {
     std::error_code ec;
-    fs::remove_all(opts.error_dir, ec);
+    fs::remove_all(opts.error_root, ec);
   }
   return exit_code;
 }

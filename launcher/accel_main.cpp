@@ -8,11 +8,12 @@
 
 #include "accel_version.h"
 #include "agent/config/config_loader.h"
+#include "agent/config/key_flags.h"
 #include "agent/coordinator/coordinator_core.h"
 #include "agent/coordinator/request_limits.h"
+#include "agent/node/control_plane_config.h"
 #include "agent/rpc/rpc_security.h"
 #include "agent/supervisor/line_sink.h"
-#include "launcher/cluster_launch.h"
 
 namespace {
 
@@ -34,7 +35,7 @@ int status(const accel::config::ClusterConfig& cfg, const accel::supervisor::Env
         "accel status needs the coordinator: --coordinator HOST:PORT or coordinator: in the "
         "config");
   }
-  auto client = accel::launcher::connect(cfg, env, cfg.coordinator);
+  auto client = accel::node::connect(cfg, env, cfg.coordinator);
   if (!client) return fail(client.message());
   pb::GetStatusResponse resp;
   grpc::Status st = (*client)->get_status(&resp, std::chrono::seconds(5));
@@ -85,13 +86,9 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   auto* st = app.add_subcommand("status",
                                 "Nodes, jobs, ranks, restarts and last failures of a coordinator");
-  std::string coordinator, token_file, config_file, tls_ca, tls_cert, tls_key;
-  st->add_option("--coordinator", coordinator, "HOST:PORT (default: coordinator: in the config)");
-  st->add_option("--token-file", token_file, "File with the token (default: $ACCEL_TOKEN)");
-  st->add_option("--config", config_file, "YAML config file");
-  st->add_option("--tls-ca", tls_ca, "PEM CA: use TLS");
-  st->add_option("--tls-cert", tls_cert, "PEM client certificate (mutual TLS)");
-  st->add_option("--tls-key", tls_key, "PEM key of --tls-cert");
+  accel::config::KeyFlags keys(*st, accel::config::kStatusFlag);
+  std::string config_file;
+  st->add_option("--config", config_file, "YAML config file")->type_name("FILE");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -100,14 +97,7 @@ int main(int argc, char** argv) {
   accel::config::ConfigSources sources;
   if (!config_file.empty()) sources.config_file = config_file;
   sources.env = accel::config::environment_snapshot();
-  auto add = [&](const std::string& key, const std::string& v, const std::string& flag) {
-    if (!v.empty()) sources.flags.push_back({key, v, flag});
-  };
-  add("coordinator", coordinator, "--coordinator");
-  add("token_file", token_file, "--token-file");
-  add("tls_ca", tls_ca, "--tls-ca");
-  add("tls_cert", tls_cert, "--tls-cert");
-  add("tls_key", tls_key, "--tls-key");
+  sources.flags = keys.typed();
   auto resolved = accel::config::resolve_config(sources);
   if (!resolved) return fail(resolved.message());
   accel::supervisor::EnvMap env(sources.env.begin(), sources.env.end());

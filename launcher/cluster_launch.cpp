@@ -22,6 +22,8 @@
 #include "agent/config/cluster_config.h"
 #include "agent/coordinator/coordinator_core.h"
 #include "agent/coordinator/coordinator_server.h"
+#include "agent/node/control_plane_config.h"
+#include "agent/rpc/job_spec_proto.h"
 #include "agent/supervisor/line_sink.h"
 
 namespace accel::launcher {
@@ -29,6 +31,10 @@ namespace accel::launcher {
 namespace fs = std::filesystem;
 namespace pb = ::accel::v1;
 using namespace std::chrono_literals;
+using node::connect;
+using node::control_plane_auth;
+using node::make_agent_options;
+using node::server_options;
 using supervisor::LogLevel;
 
 namespace {
@@ -60,18 +66,6 @@ supervisor::JobLogger job_logger(const std::string& who) {
 int fail(const std::string& message, int code = 1) {
   supervisor::write_all(STDERR_FILENO, "accel-launch: error: " + message + "\n");
   return code;
-}
-
-std::string user_at_host() {
-  const char* user = std::getenv("USER");
-  std::string name = user ? user : "";
-  if (name.empty()) {
-    passwd pw{};
-    passwd* found = nullptr;
-    char buf[1024];
-    if (::getpwuid_r(::getuid(), &pw, buf, sizeof buf, &found) == 0 && found) name = found->pw_name;
-  }
-  return (name.empty() ? "uid " + std::to_string(::getuid()) : name) + "@" + node::local_hostname();
 }
 
 // Follows a job's events until it ends. Prints coordinator messages and failures (and worker
@@ -195,89 +189,10 @@ class JobWatcher {
 
 }  // namespace
 
-pb::JobSpec make_job_spec(const ClusterLaunch& launch, bool forward_logs) {
-  const auto& cfg = launch.cfg;
-  pb::JobSpec spec;
-  for (const auto& a : launch.argv) spec.add_argv(a);
-  std::error_code ec;
-  spec.set_working_dir(fs::current_path(ec).string());
-  spec.set_processes_per_node(cfg.num_processes);
-  spec.set_min_nodes(cfg.nodes.min);
-  spec.set_max_nodes(cfg.nodes.max);
-  spec.set_max_restarts(cfg.max_restarts);
-  spec.set_join_timeout_ms(cfg.join_timeout.count());
-  spec.set_last_call_ms(cfg.last_call.count());
-  spec.set_stop_timeout_ms(cfg.stop_timeout.count());
-  spec.set_forward_logs(forward_logs);
-  spec.set_master_port(cfg.main_process_port);
-  spec.set_submitted_by(user_at_host());
-  for (const auto& [k, v] : launch.worker_env) (*spec.mutable_extra_env())[k] = v;
-  spec.set_heartbeat_timeout_ms(cfg.heartbeat_timeout.count());
-  spec.set_hang_collective_timeout_ms(cfg.hang_timeout.count());
-  auto* s = spec.mutable_settings();
-  s->set_mixed_precision(std::string(config::to_string(cfg.mixed_precision)));
-  s->set_gradient_accumulation_steps(cfg.gradient_accumulation_steps);
-  s->set_use_cpu(cfg.use_cpu);
-  s->set_debug(cfg.debug);
-  s->set_collective_timeout(config::format_duration(cfg.collective_timeout));
-  s->set_checkpoint_dir(launch.checkpoint_dir);
-  s->set_checkpoint_interval(cfg.checkpoint_interval);
-  s->set_omp_num_threads(cfg.num_cpu_threads_per_process);
-  s->set_log_dir(cfg.log_dir.empty() ? "" : fs::absolute(cfg.log_dir, ec).string());
-  return spec;
-}
-
-Result<ControlPlaneAuth> control_plane_auth(const config::ClusterConfig& cfg,
-                                            const supervisor::EnvMap& env) {
-  // Why the origin: "tls_ca /etc/x.pem: cannot read it" alone does not say which file or flag set
-  // it.
-  auto located = [&cfg](const std::string& message) {
-    std::string key = message.substr(0, message.find(' '));
-    const auto& where = cfg.origin(key).where;
-    return Status::error(where.empty() ? message : where + ": " + message);
-  };
-  auto it = env.find("ACCEL_TOKEN");
-  auto token = rpc::load_token(cfg.token_file, it == env.end() ? nullptr : it->second.c_str());
-  if (!token) return located(token.message());
-  ControlPlaneAuth auth{*token, {.cert = cfg.tls_cert, .key = cfg.tls_key, .ca = cfg.tls_ca}};
-  // Read the PEM files now, so a bad one is an error before anything starts.
-  if (auto server = rpc::server_credentials(auth.tls); !server) return located(server.message());
-  if (auto client = rpc::channel_credentials(auth.tls); !client) return located(client.message());
-  return auth;
-}
-
-coordinator::ServerOptions server_options(const config::ClusterConfig& cfg,
-                                          const std::string& listen, const ControlPlaneAuth& auth) {
-  coordinator::ServerOptions so;
-  so.listen_address = listen;
-  so.token = auth.token;
-  so.tls = auth.tls;
-  so.core.lease = cfg.lease_timeout;
-  so.core.retention = cfg.retention;
-  so.core.sync_wait = std::min<std::chrono::milliseconds>(2s, cfg.lease_timeout / 4);
-  return so;
-}
-
-Result<std::shared_ptr<rpc::CoordinatorClient>> connect(const config::ClusterConfig& cfg,
-                                                        const supervisor::EnvMap& env,
-                                                        const std::string& target) {
-  auto auth = control_plane_auth(cfg, env);
-  if (!auth) return auth.status();
-  return rpc::CoordinatorClient::create(target, auth->token, auth->tls);
-}
-
-node::NodeAgentOptions make_agent_options(const config::ClusterConfig& cfg,
-                                          const supervisor::EnvMap& env,
-                                          const std::string& target) {
-  node::NodeAgentOptions o;
-  o.hostname = node::local_hostname();
-  o.node_id = cfg.node_id.empty() ? node::default_node_id(o.hostname) : cfg.node_id;
-  o.address = cfg.node_address.empty() ? node::route_address_to(target) : cfg.node_address;
-  o.base_env = env;
-  o.base_env.erase("ACCEL_TOKEN");  // Why: workers need no control-plane secret
-  o.group.stop_timeout = cfg.stop_timeout;
-  o.lease_fallback = cfg.lease_timeout;
-  return o;
+pb::JobSpec job_spec_proto(const ClusterLaunch& launch, bool forward_logs) {
+  JobSpec spec = launch.spec;
+  spec.forward_logs = forward_logs;
+  return rpc::to_proto(spec);
 }
 
 // --------------------------------------------------------------------------------- mode 3
@@ -293,7 +208,7 @@ int run_submit(const ClusterLaunch& launch) {
   if (!client) return fail(client.message());
   pb::SubmitJobRequest req;
   req.set_job_id(launch.job_id);
-  *req.mutable_spec() = make_job_spec(launch, /*forward_logs=*/true);
+  *req.mutable_spec() = job_spec_proto(launch, /*forward_logs=*/true);
   pb::SubmitJobResponse resp;
   // Why retry: agents and coordinator are often started moments before the first submit.
   grpc::Status st;
@@ -316,7 +231,7 @@ int run_submit(const ClusterLaunch& launch) {
   const std::string job_id = resp.job_id();
   logger()->info(
       "job {} submitted to coordinator {}: {} x {} per node on {} node(s)", job_id,
-      launch.cfg.coordinator, launch.cfg.num_processes, launch.argv.front(),
+      launch.cfg.coordinator, launch.cfg.num_processes, launch.spec.argv.front(),
       launch.cfg.nodes.min == launch.cfg.nodes.max
           ? std::to_string(launch.cfg.nodes.min)
           : std::to_string(launch.cfg.nodes.min) + "-" + std::to_string(launch.cfg.nodes.max));
@@ -394,7 +309,7 @@ int run_multi_node(const ClusterLaunch& launch) {
   if (server) {
     pb::SubmitJobRequest req;
     req.set_job_id(job_id);
-    *req.mutable_spec() = make_job_spec(launch, /*forward_logs=*/false);
+    *req.mutable_spec() = job_spec_proto(launch, /*forward_logs=*/false);
     pb::SubmitJobResponse resp;
     grpc::Status st = (*client)->submit_job(req, &resp, 10s);
     if (!st.ok()) return fail("cannot submit the job to our own coordinator: " + rpc::describe(st));
@@ -476,7 +391,7 @@ int run_multi_node(const ClusterLaunch& launch) {
         }
       });
   logger()->info("machine rank {} of {} nodes: {} x {} (coordinator {})", cfg.machine_rank,
-                 cfg.nodes.max, cfg.num_processes, launch.argv.front(), target);
+                 cfg.nodes.max, cfg.num_processes, launch.spec.argv.front(), target);
   agent->start();
   io.run();
 

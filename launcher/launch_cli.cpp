@@ -8,6 +8,7 @@
 #include <map>
 
 #include "accel_version.h"
+#include "agent/config/key_flags.h"
 #include "agent/supervisor/worker_env.h"
 
 namespace accel::launcher {
@@ -30,13 +31,6 @@ Every long flag also takes underscores (--num_processes). A flag you type beats 
 environment variable, which beats the config file, which beats the default.
 Docs: docs/launch.md, docs/operations.md, docs/configuration.md, docs/worker-environment.md.
 )";
-
-struct KeyedOption {
-  std::string key;
-  CLI::Option* option;
-  std::string* value;  // for options with a value
-  bool* flag;          // for boolean flags (--cpu, --cpu=false)
-};
 
 // Splits args into [launcher options] and [PROGRAM args...], normalizing --long_names.
 struct Split {
@@ -113,98 +107,7 @@ ParseOutcome parse_launch_command(const std::vector<std::string>& args) {
   app.footer(kExamples);
   app.set_version_flag("--version", std::string("accel-launch ") + ACCEL_VERSION);
 
-  std::map<std::string, std::string> values;
-  std::vector<KeyedOption> keyed;
-  auto opt = [&](const std::string& names, const std::string& key, const std::string& help) {
-    std::string* slot = &values[key];
-    CLI::Option* o =
-        app.add_option(names, *slot, help)->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-    keyed.push_back({key, o, slot, nullptr});
-    return o;
-  };
-  std::map<std::string, bool> flags;
-  auto flag = [&](const std::string& names, const std::string& key, const std::string& help) {
-    bool* slot = &flags[key];
-    CLI::Option* o = app.add_flag(names, *slot, help);
-    keyed.push_back({key, o, nullptr, slot});
-    return o;
-  };
-
-  opt("-n,--num-processes,--nproc-per-node", "num_processes",
-      "Worker processes to start (default 1)")
-      ->type_name("N");
-  opt("--nodes,--nnodes", "nodes", "Nodes in the job: N or MIN:MAX (default 1)")
-      ->type_name("N|MIN:MAX");
-  opt("--machine-rank,--node-rank", "machine_rank", "This node's rank (default 0)")->type_name("K");
-  opt("--main-process-ip,--master-addr", "main_process_ip", "MASTER_ADDR (default 127.0.0.1)")
-      ->type_name("HOST");
-  opt("--main-process-port,--master-port", "main_process_port",
-      "MASTER_PORT; 0 picks a free one per attempt (default 0)")
-      ->type_name("PORT");
-  opt("--max-restarts", "max_restarts",
-      "Restart the whole group up to N times after a failure (default 0)")
-      ->type_name("N");
-  opt("--log-dir", "log_dir", "Also write <DIR>/<job>/attempt_<k>/rank_<r>.log (default: none)")
-      ->type_name("DIR");
-  opt("--tee", "tee",
-      "With --log-dir, streams still shown on the console: 0 none, 1 stdout, 2 stderr, 3 both "
-      "(default 3)")
-      ->type_name("0-3");
-  opt("--mixed-precision", "mixed_precision", "no, fp16 or bf16 (default no)")->type_name("MODE");
-  opt("--gradient-accumulation-steps", "gradient_accumulation_steps",
-      "Micro-batches per optimizer step (default 1)")
-      ->type_name("N");
-  flag("--cpu,--use-cpu", "use_cpu", "Train on CPU even where a GPU is present");
-  flag("--debug", "debug", "Set ACCELERATE_DEBUG_MODE=true for the workers");
-  opt("--stop-timeout", "stop_timeout",
-      "Grace between SIGTERM and SIGKILL when stopping workers (default 10s)")
-      ->type_name("DURATION");
-  opt("--collective-timeout", "collective_timeout",
-      "Bound on every collective in the workers (default 30m)")
-      ->type_name("DURATION");
-  opt("--checkpoint-dir", "checkpoint_dir",
-      "Save checkpoints in DIR and resume from them after a restart (default: none)")
-      ->type_name("DIR");
-  opt("--checkpoint-interval", "checkpoint_interval",
-      "Save a checkpoint every N optimizer steps; 0: only on save_state() (default 0)")
-      ->type_name("N");
-  opt("--num-cpu-threads-per-process", "num_cpu_threads_per_process",
-      "OMP_NUM_THREADS per worker (default: 1 when several workers)")
-      ->type_name("N");
-  opt("--job-id,--run-id", "job_id", "Name of the job (default: generated)")->type_name("ID");
-  flag("-q,--quiet", "quiet", "Only warnings, errors and the failure summary from the launcher");
-  opt("--coordinator", "coordinator",
-      "Submit to the standing coordinator at HOST:PORT and stream the job's output (mode 3)")
-      ->type_name("HOST:PORT");
-  opt("--coordinator-port,--rdzv-port", "coordinator_port",
-      "Multi-node: port of the coordinator machine rank 0 serves (default 29400)")
-      ->type_name("PORT");
-  opt("--token-file", "token_file", "File with the control plane's token (default: $ACCEL_TOKEN)")
-      ->type_name("FILE");
-  opt("--tls-cert", "tls_cert", "PEM certificate for gRPC TLS")->type_name("FILE");
-  opt("--tls-key", "tls_key", "PEM key of --tls-cert")->type_name("FILE");
-  opt("--tls-ca", "tls_ca", "PEM CA: use TLS and verify the peer with it")->type_name("FILE");
-  opt("--node-id", "node_id", "This node's id at the coordinator (default: host-pid-random)")
-      ->type_name("ID");
-  opt("--node-address", "node_address",
-      "Where other nodes reach this one (default: found from the route to the coordinator)")
-      ->type_name("HOST");
-  opt("--lease-timeout", "lease_timeout",
-      "A node silent this long is lost and the job goes on without it (default 10s)")
-      ->type_name("DURATION");
-  opt("--join-timeout", "join_timeout",
-      "Fail when fewer than the minimum nodes joined a round by then (default 5m)")
-      ->type_name("DURATION");
-  opt("--hang-timeout", "hang_timeout",
-      "Stop the group when a collective has been in flight this long; 0 off (default 10m)")
-      ->type_name("DURATION");
-  opt("--heartbeat-timeout", "heartbeat_timeout",
-      "Stop the group when a worker shows no progress outside collectives this long; 0 off "
-      "(default 30m)")
-      ->type_name("DURATION");
-  opt("--last-call", "last_call",
-      "Elastic: with the minimum nodes joined, wait this long for more (default 30s)")
-      ->type_name("DURATION");
+  config::KeyFlags keys(app, config::kLaunchFlag);
 
   std::string config_file;
   CLI::Option* config_opt =
@@ -245,11 +148,7 @@ ParseOutcome parse_launch_command(const std::vector<std::string>& args) {
   }
 
   LaunchCommand cmd;
-  for (const auto& k : keyed) {
-    if (k.option->count() == 0) continue;
-    std::string spelling = "--" + k.option->get_lnames().front();
-    cmd.flags.push_back({k.key, k.flag ? (*k.flag ? "true" : "false") : *k.value, spelling});
-  }
+  cmd.flags = keys.typed();
   if (config_opt->count() > 0) cmd.config_file = config_file;
   cmd.print_config = print_config;
   cmd.program = std::move(split.program);
@@ -267,7 +166,9 @@ ParseOutcome parse_launch_command(const std::vector<std::string>& args) {
           "accel-launch: --env " + kv + ": expected KEY=VALUE or KEY, KEY of [A-Za-z0-9_]\n";
       return outcome;
     }
-    if (auto why = supervisor::reserved_worker_variable(key)) {
+    auto why = supervisor::reserved_worker_variable(key);
+    if (!why) why = config::set_by_key(key);
+    if (why) {
       outcome.exit_code = 2;
       outcome.text_is_error = true;
       outcome.text = "accel-launch: --env " + key + ": " + *why + "\n";

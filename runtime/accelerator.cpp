@@ -97,16 +97,18 @@ struct AutocastPause {
 
 Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(options)) {
   state_ = State::shared({options_.cpu, options_.collective_timeout});
+  const env::WorkerEnv& e = env::worker_env();
   std::string which = "option mixed_precision";
-  if (options_.mixed_precision)
+  if (options_.mixed_precision) {
     mixed_precision_ = *options_.mixed_precision;
-  else if (auto v = env::first_of({contract::kMixedPrecision, contract::kHfMixedPrecision}, &which))
-    mixed_precision_ = *v;
+  } else if (e.mixed_precision) {
+    mixed_precision_ = *e.mixed_precision;
+    which = e.mixed_precision_variable;
+  }
   setup_mixed_precision(which);
   setup_project();
-  int steps = options_.gradient_accumulation_steps.value_or(static_cast<int>(
-      env::integer({contract::kGradientAccumulationSteps, contract::kHfGradientAccumulationSteps},
-                   1, 1, 1 << 20)));
+  int steps =
+      options_.gradient_accumulation_steps.value_or(e.gradient_accumulation_steps.value_or(1));
   set_gradient_accumulation_steps(steps);
   gradient_state_->set_sync_with_dataloader(options_.sync_with_dataloader);
 }

@@ -15,6 +15,7 @@
 #include "runtime/checkpoint_io.h"
 #include "runtime/checkpoint_manifest.h"
 #include "runtime/env.h"
+#include "runtime/log.h"
 #include "runtime/safetensors.h"
 
 namespace accel {
@@ -254,14 +255,14 @@ void Accelerator::setup_project() {
   project_ = options_.project;
   bool from_launcher = false;
   if (!project_.project_dir) {
-    if (auto dir = env::first_of({contract::kCheckpointDir})) {
+    if (const auto& dir = env::worker_env().checkpoint_dir) {
       project_.project_dir = *dir;
       from_launcher = true;
     }
   }
   if (!project_.total_limit) {
-    if (env::first_of({contract::kCheckpointTotalLimit})) {
-      project_.total_limit = env::integer({contract::kCheckpointTotalLimit}, 0, 1, 1L << 40);
+    if (const auto& limit = env::worker_env().checkpoint_total_limit) {
+      project_.total_limit = *limit;
     } else if (from_launcher) {
       // Why: periodic saves under accel-launch would otherwise fill the disk on a long job.
       project_.total_limit = kDefaultLauncherTotalLimit;
@@ -270,7 +271,7 @@ void Accelerator::setup_project() {
   bool has_dir = project_.project_dir && !project_.project_dir->empty();
   if (!project_.automatic_checkpoint_naming) project_.automatic_checkpoint_naming = has_dir;
   if (!project_.save_interval) {
-    project_.save_interval = env::integer({contract::kCheckpointInterval}, 0, 0, 1L << 40);
+    project_.save_interval = env::worker_env().checkpoint_interval;
   }
   if (*project_.save_interval < 0) {
     throw ConfigError("accel: ProjectConfiguration::save_interval must be >= 0, got " +
@@ -532,6 +533,10 @@ fs::path Accelerator::save_state(const fs::path& dir) {
   if (!error.empty()) throw CheckpointError(error);
   ++project_.iteration;
   last_auto_save_ = completed_steps();
+  if (is_main_process()) {
+    log::debug("saved checkpoint " + target.string() + " at step " +
+               std::to_string(completed_steps()));
+  }
   return target;
 }
 
@@ -571,8 +576,8 @@ void check_contents(const CheckpointReader& ckpt,
     }
   }
   if (has_scaler && !c.value("scaler", false)) {
-    std::cerr << "accel: warning: checkpoint " << ckpt.dir().string()
-              << " has no loss-scaler state; the scaler starts from its initial scale\n";
+    log::warning("checkpoint " + ckpt.dir().string() +
+                 " has no loss-scaler state; the scaler starts from its initial scale");
   }
 }
 
@@ -606,7 +611,9 @@ fs::path Accelerator::load_state(const fs::path& dir) {
     }
     source = chosen;
   }
-  return load_from(source, /*verify_checksums=*/true);
+  fs::path loaded = load_from(source, /*verify_checksums=*/true);
+  if (is_main_process()) log::debug("resumed from checkpoint " + loaded.string());
+  return loaded;
 }
 
 fs::path Accelerator::load_from(const fs::path& source, bool verify_checksums) {
@@ -738,11 +745,11 @@ fs::path Accelerator::load_from(const fs::path& source, bool verify_checksums) {
   } else {
     // Map the position to the same number of samples under the new global batch.
     if (is_main_process()) {
-      std::cerr << "accel: warning: checkpoint " << source.string() << " was saved by "
-                << saved_world << " processes, this job has " << num_processes()
-                << ": model, optimizer, scheduler and scaler are restored exactly; the RNG states "
-                   "are not (each was "
-                   "saved for one of the old ranks)\n";
+      log::warning("checkpoint " + source.string() + " was saved by " +
+                   std::to_string(saved_world) + " processes, this job has " +
+                   std::to_string(num_processes()) +
+                   ": model, optimizer, scheduler and scaler are restored exactly; the RNG "
+                   "states are not (each was saved for one of the old ranks)");
     }
     const auto& saved = m["loaders"];
     for (std::size_t i = 0; i < loaders_.size(); ++i) {
@@ -751,14 +758,15 @@ fs::path Accelerator::load_from(const fs::path& source, bool verify_checksums) {
       auto now = static_cast<uint64_t>(loaders_[i].total_batch_size());
       loaders_[i].load_state({positions[i].epoch, samples / now});
       if (is_main_process() && positions[i].batches > 0) {
-        std::cerr << "accel: warning: loader " << i << " resumes epoch " << positions[i].epoch
-                  << " at sample " << (samples / now) * now;
+        std::string text = "loader " + std::to_string(i) + " resumes epoch " +
+                           std::to_string(positions[i].epoch) + " at sample " +
+                           std::to_string((samples / now) * now);
         if (samples % now != 0) {
-          std::cerr << ", not " << samples << ": " << samples % now
-                    << " samples seen before the save are seen again (the new global batch of "
-                    << now << " does not divide " << samples << ")";
+          text += ", not " + std::to_string(samples) + ": " + std::to_string(samples % now) +
+                  " samples seen before the save are seen again (the new global batch of " +
+                  std::to_string(now) + " does not divide " + std::to_string(samples) + ")";
         }
-        std::cerr << "\n";
+        log::warning(text);
       }
     }
   }
@@ -766,9 +774,9 @@ fs::path Accelerator::load_from(const fs::path& source, bool verify_checksums) {
   project_.iteration = m["iteration"].get<int64_t>() + 1;
   last_auto_save_ = completed_steps();
   if (m.value("mixed_precision", std::string("no")) != mixed_precision_ && is_main_process()) {
-    std::cerr << "accel: warning: checkpoint " << source.string()
-              << " was saved with mixed_precision=" << m.value("mixed_precision", std::string("no"))
-              << ", this run uses " << mixed_precision_ << "\n";
+    log::warning("checkpoint " + source.string() + " was saved with mixed_precision=" +
+                 m.value("mixed_precision", std::string("no")) + ", this run uses " +
+                 mixed_precision_);
   }
   return source;
 }

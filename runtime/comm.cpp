@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "accel/error.h"
+#include "runtime/env.h"
 #include "runtime/progress.h"
 
 namespace accel {
@@ -42,8 +43,7 @@ Comm::Comm(int rank, int world_size, std::chrono::milliseconds timeout,
       store_(std::move(store)),
       group_(std::move(group)),
       shm_(std::move(shm)) {
-  const char* trace = std::getenv(contract::kTraceCollectives);
-  trace_ = trace != nullptr && *trace != '\0' && std::string(trace) != "0";
+  trace_ = env::worker_env().trace_collectives;
 }
 
 Comm::~Comm() = default;

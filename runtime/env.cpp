@@ -1,18 +1,23 @@
-// Typed reads of environment variables for the runtime.
+// The worker environment, parsed once.
 #include "runtime/env.h"
 
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
+#include <initializer_list>
 
 #include "accel/error.h"
+#include "contract/duration.h"
+#include "contract/worker_contract.h"
 
 namespace accel::env {
 namespace {
 
+namespace c = contract;
+
 std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char ch) { return std::tolower(ch); });
   return s;
 }
 
@@ -22,72 +27,123 @@ std::string lower(std::string s) {
                     expected);
 }
 
+// Typed reads through a lookup; the first of `names` that is set wins (accel's, then HF's).
+class Reader {
+ public:
+  explicit Reader(const Lookup& lookup) : lookup_(lookup) {}
+
+  std::optional<std::string> text(std::initializer_list<const char*> names,
+                                  std::string* which = nullptr) const {
+    for (const char* name : names) {
+      auto value = lookup_(name);
+      if (value && !value->empty()) {
+        if (which != nullptr) *which = name;
+        return value;
+      }
+    }
+    return std::nullopt;
+  }
+
+  std::optional<long> integer(std::initializer_list<const char*> names, long min, long max) const {
+    std::string name;
+    auto value = text(names, &name);
+    if (!value) return std::nullopt;
+    errno = 0;
+    char* end = nullptr;
+    long parsed = std::strtol(value->c_str(), &end, 10);
+    if (errno != 0 || end == value->c_str() || *end != '\0' || parsed < min || parsed > max) {
+      bad(name, *value, "an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "]");
+    }
+    return parsed;
+  }
+
+  bool boolean(std::initializer_list<const char*> names, bool fallback) const {
+    std::string name;
+    auto value = text(names, &name);
+    if (!value) return fallback;
+    std::string v = lower(*value);
+    if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
+    if (v == "0" || v == "false" || v == "no" || v == "off") return false;
+    bad(name, *value, "true or false");
+  }
+
+ private:
+  const Lookup& lookup_;
+};
+
 }  // namespace
 
-std::optional<std::string> first_of(std::initializer_list<const char*> names, std::string* which) {
-  for (const char* name : names) {
-    const char* value = std::getenv(name);
-    if (value != nullptr && *value != '\0') {
-      if (which != nullptr) *which = name;
-      return std::string(value);
-    }
-  }
-  return std::nullopt;
-}
-
-long integer(std::initializer_list<const char*> names, long fallback, long min, long max) {
-  std::string name;
-  auto value = first_of(names, &name);
-  if (!value) return fallback;
-  errno = 0;
-  char* end = nullptr;
-  long parsed = std::strtol(value->c_str(), &end, 10);
-  if (errno != 0 || end == value->c_str() || *end != '\0' || parsed < min || parsed > max) {
-    bad(name, *value, "an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "]");
-  }
-  return parsed;
-}
-
-bool boolean(std::initializer_list<const char*> names, bool fallback) {
-  std::string name;
-  auto value = first_of(names, &name);
-  if (!value) return fallback;
-  std::string v = lower(*value);
-  if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
-  if (v == "0" || v == "false" || v == "no" || v == "off") return false;
-  bad(name, *value, "true or false");
-}
-
 std::chrono::milliseconds parse_duration(const std::string& text, const std::string& what) {
-  errno = 0;
-  char* end = nullptr;
-  double number = std::strtod(text.c_str(), &end);
-  std::string unit = lower(std::string(end));
-  double ms = 0;
-  if (unit.empty() || unit == "s")
-    ms = number * 1e3;
-  else if (unit == "ms")
-    ms = number;
-  else if (unit == "m" || unit == "min")
-    ms = number * 60e3;
-  else if (unit == "h")
-    ms = number * 3600e3;
-  else
-    ms = -1;
-  if (errno != 0 || end == text.c_str() || !(ms > 0) || ms > 1e12) {
+  auto ms = contract::parse_duration(text);  // the launcher's grammar, so both read text alike
+  if (!ms || ms->count() <= 0) {
     throw ConfigError(
         "accel: " + what + "=\"" + text +
         "\": expected a positive duration such as 30m, 90s, 500ms or a number of seconds");
   }
-  return std::chrono::milliseconds(static_cast<long long>(ms));
+  return *ms;
 }
 
-std::chrono::milliseconds duration(std::initializer_list<const char*> names,
-                                   std::chrono::milliseconds fallback) {
-  std::string name;
-  auto value = first_of(names, &name);
-  if (!value) return fallback;
-  return parse_duration(*value, "environment variable " + name);
+WorkerEnv read_worker_env(const Lookup& lookup) {
+  Reader r(lookup);
+  WorkerEnv e;
+  e.world_size = static_cast<int>(r.integer({c::kWorldSize}, 1, 1 << 20).value_or(1));
+  e.rank = static_cast<int>(r.integer({c::kRank}, 0, e.world_size - 1).value_or(0));
+  e.local_world_size =
+      static_cast<int>(r.integer({c::kLocalWorldSize}, 1, e.world_size).value_or(e.world_size));
+  e.local_rank = static_cast<int>(
+      r.integer({c::kLocalRank}, 0, e.local_world_size - 1).value_or(e.rank % e.local_world_size));
+  e.group_rank = static_cast<int>(
+      r.integer({c::kGroupRank}, 0, e.world_size - 1).value_or(e.rank / e.local_world_size));
+  e.master_addr = r.text({c::kMasterAddr});
+  if (auto port = r.integer({c::kMasterPort}, 1, 65535)) e.master_port = static_cast<int>(*port);
+  e.agent_store = r.text({c::kUseAgentStore}).value_or("") == c::kAgentStoreOn;
+  e.restart_count = r.text({c::kRestartCount}).value_or("0");
+
+  e.mixed_precision =
+      r.text({c::kMixedPrecision, c::kHfMixedPrecision}, &e.mixed_precision_variable);
+  if (auto steps =
+          r.integer({c::kGradientAccumulationSteps, c::kHfGradientAccumulationSteps}, 1, 1 << 20)) {
+    e.gradient_accumulation_steps = static_cast<int>(*steps);
+  }
+  e.use_cpu = r.boolean({c::kUseCpu, c::kHfUseCpu}, false);
+  e.debug = r.boolean({c::kDebug, c::kHfDebugMode}, false);
+  e.collective_timeout = c::kDefaultCollectiveTimeout;
+  if (auto t = r.text({c::kCollectiveTimeout})) {
+    e.collective_timeout =
+        parse_duration(*t, std::string("environment variable ") + c::kCollectiveTimeout);
+  }
+  e.checkpoint_dir = r.text({c::kCheckpointDir});
+  e.checkpoint_total_limit = r.integer({c::kCheckpointTotalLimit}, 1, 1L << 40);
+  e.checkpoint_interval = r.integer({c::kCheckpointInterval}, 0, 1L << 40).value_or(0);
+  if (auto level = r.text({c::kLogLevel})) {
+    std::string v = lower(*level);
+    if (v == "debug") {
+      e.log_level = LogLevel::kDebug;
+    } else if (v == "info") {
+      e.log_level = LogLevel::kInfo;
+    } else if (v == "warning" || v == "warn") {
+      e.log_level = LogLevel::kWarning;
+    } else if (v == "error") {
+      e.log_level = LogLevel::kError;
+    } else {
+      bad(c::kLogLevel, *level, "one of debug, info, warning, error");
+    }
+  }
+
+  e.progress_file = r.text({c::kProgressFile}).value_or("");
+  e.shm_collectives = r.boolean({c::kShmCollectives}, true);
+  auto trace = r.text({c::kTraceCollectives});
+  e.trace_collectives = trace && *trace != "0";
+  e.gloo_socket_ifname = r.text({"GLOO_SOCKET_IFNAME"});
+  return e;
+}
+
+const WorkerEnv& worker_env() {
+  static const WorkerEnv kParsed = read_worker_env([](const char* name) {
+    const char* v = std::getenv(name);
+    return v == nullptr ? std::nullopt : std::optional<std::string>(v);
+  });
+  return kParsed;
 }
 
 }  // namespace accel::env

@@ -1,27 +1,58 @@
-// Reads the worker environment (DESIGN §4) with errors that name the variable and its value.
+// The worker environment (docs/worker-environment.md), parsed once into one struct: what the
+// launcher or node agent told this worker. Errors are ConfigErrors that name the variable and
+// its value. The one exception is the crash path (error_file.cpp), which reads ACCEL_ERROR_FILE
+// by itself: it must report even an environment that does not parse.
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <string>
 
 namespace accel::env {
 
-// The value of the first of `names` that is set (and non-empty), or nullopt.
-std::optional<std::string> first_of(std::initializer_list<const char*> names,
-                                    std::string* which = nullptr);
+enum class LogLevel { kDebug, kInfo, kWarning, kError };
 
-// An integer in [min, max]; ConfigError naming the variable otherwise. `fallback` when unset.
-long integer(std::initializer_list<const char*> names, long fallback, long min, long max);
+struct WorkerEnv {
+  // torchrun's; a lone process without them is rank 0 of 1.
+  int world_size = 1;
+  int rank = 0;
+  int local_world_size = 1;
+  int local_rank = 0;
+  int group_rank = 0;
+  std::optional<std::string> master_addr;
+  std::optional<int> master_port;
+  bool agent_store = false;         // TORCHELASTIC_USE_AGENT_STORE=True
+  std::string restart_count = "0";  // TORCHELASTIC_RESTART_COUNT, as text (a store prefix)
+  // The launch configuration's (accel's name, else HF Accelerate's); unset: the API's default.
+  std::optional<std::string> mixed_precision;
+  std::string mixed_precision_variable;  // which variable set it, for messages
+  std::optional<int> gradient_accumulation_steps;
+  bool use_cpu = false;
+  bool debug = false;
+  std::chrono::milliseconds collective_timeout;
+  std::optional<std::string> checkpoint_dir;
+  std::optional<long> checkpoint_total_limit;
+  long checkpoint_interval = 0;
+  LogLevel log_level = LogLevel::kInfo;
+  // Supervision and debugging.
+  std::string progress_file;  // empty: no progress page
+  bool shm_collectives = true;
+  bool trace_collectives = false;
+  std::optional<std::string> gloo_socket_ifname;
+};
 
-// true/false/1/0/yes/no/on/off (any case); ConfigError otherwise.
-bool boolean(std::initializer_list<const char*> names, bool fallback);
+// The value of a variable, or nullopt when unset (empty counts as unset).
+using Lookup = std::function<std::optional<std::string>(const char* name)>;
 
-// "30m", "90s", "500ms", "2h", or a plain number of seconds; ConfigError otherwise.
-std::chrono::milliseconds duration(std::initializer_list<const char*> names,
-                                   std::chrono::milliseconds fallback);
+// Parses every variable of the contract through `lookup` (tests pass a map).
+WorkerEnv read_worker_env(const Lookup& lookup);
 
-// Parses a duration as above; `what` names the source in the error.
+// This process's, read on the first call (a ConfigError is thrown again on the next call).
+const WorkerEnv& worker_env();
+
+// "30m", "90s", "500ms", "2h", or a plain number of seconds, positive; ConfigError otherwise.
+// `what` names the source in the error.
 std::chrono::milliseconds parse_duration(const std::string& text, const std::string& what);
 
 }  // namespace accel::env

@@ -11,13 +11,15 @@
 
 #include "contract/progress_page.h"
 #include "contract/worker_contract.h"
+#include "runtime/env.h"
 
 namespace accel::progress {
 namespace {
 
 Page* open_page() {
-  const char* path = std::getenv(contract::kProgressFile);
-  if (path == nullptr || *path == '\0') return nullptr;
+  const env::WorkerEnv& e = env::worker_env();
+  if (e.progress_file.empty()) return nullptr;
+  const char* path = e.progress_file.c_str();
   int fd = ::open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) {
     std::fprintf(
@@ -37,10 +39,10 @@ Page* open_page() {
     return nullptr;
   }
   auto* page = static_cast<Page*>(mem);
-  const char* rank = std::getenv(contract::kRank);
+
   page->version = kVersion;
   page->ring_size = kRingSize;
-  page->rank = rank ? std::atoi(rank) : 0;
+  page->rank = e.rank;
   page->pid = static_cast<std::int32_t>(::getpid());
   // Why last: a reader sees a page only when complete
   std::memcpy(page->magic, kMagic, sizeof kMagic);

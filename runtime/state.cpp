@@ -20,19 +20,17 @@
 #include "runtime/comm.h"
 #include "runtime/env.h"
 #include "runtime/error_file.h"
+#include "runtime/log.h"
 
 namespace accel {
 namespace {
-
-// HF Accelerate's (and torch's) default for non-NCCL groups; one value for every collective.
-constexpr std::chrono::milliseconds kDefaultCollectiveTimeout = contract::kDefaultCollectiveTimeout;
 
 std::mutex g_state_mu;                // guards g_state
 std::weak_ptr<State> g_state;         // the process's State while any Accelerator holds it
 std::optional<StateOptions> g_first;  // options of the first creation, to detect disagreement
 
 std::shared_ptr<::gloo::transport::Device> gloo_device(bool single_node) {
-  if (auto ifname = env::first_of({"GLOO_SOCKET_IFNAME"})) {
+  if (const auto& ifname = env::worker_env().gloo_socket_ifname) {
     return c10d::ProcessGroupGloo::createDeviceForInterface(*ifname);
   }
   // Why: all ranks on one machine talk over loopback; hostname resolution may point elsewhere.
@@ -74,18 +72,15 @@ std::shared_ptr<State> State::shared(const StateOptions& options) {
 
 State::State(const StateOptions& options) {
   install_error_handlers();
-  world_size_ = static_cast<int>(env::integer({contract::kWorldSize}, 1, 1, 1 << 20));
-  rank_ = static_cast<int>(env::integer({contract::kRank}, 0, 0, world_size_ - 1));
-  local_world_size_ =
-      static_cast<int>(env::integer({contract::kLocalWorldSize}, world_size_, 1, world_size_));
-  local_rank_ = static_cast<int>(
-      env::integer({contract::kLocalRank}, rank_ % local_world_size_, 0, local_world_size_ - 1));
-  node_rank_ = static_cast<int>(
-      env::integer({contract::kGroupRank}, rank_ / local_world_size_, 0, world_size_ - 1));
-  debug_ = env::boolean({contract::kDebug, contract::kHfDebugMode}, false);
-  cpu_ = options.cpu.value_or(env::boolean({contract::kUseCpu, contract::kHfUseCpu}, false));
-  timeout_ = options.collective_timeout.value_or(
-      env::duration({contract::kCollectiveTimeout}, kDefaultCollectiveTimeout));
+  const env::WorkerEnv& e = env::worker_env();
+  world_size_ = e.world_size;
+  rank_ = e.rank;
+  local_world_size_ = e.local_world_size;
+  local_rank_ = e.local_rank;
+  node_rank_ = e.group_rank;
+  debug_ = e.debug;
+  cpu_ = options.cpu.value_or(e.use_cpu);
+  timeout_ = options.collective_timeout.value_or(e.collective_timeout);
 
   // Why: this build of libtorch decides the device; a CUDA build with a GPU and no --cpu uses it.
   bool cuda = !cpu_ && torch::cuda::is_available();
@@ -105,8 +100,8 @@ State::State(const StateOptions& options) {
 #endif
   type_ = cuda ? DistributedType::kMultiGpu : DistributedType::kMultiCpu;
 
-  auto addr = env::first_of({contract::kMasterAddr});
-  auto port = env::integer({contract::kMasterPort}, -1, 1, 65535);
+  const auto& addr = e.master_addr;
+  const int port = e.master_port.value_or(-1);
   if (!addr || port < 0) {
     throw ConfigError(
         "accel: WORLD_SIZE=" + std::to_string(world_size_) +
@@ -115,8 +110,7 @@ State::State(const StateOptions& options) {
   // TORCHELASTIC_USE_AGENT_STORE=True (accel-launch, accel-agent, torchrun): the launcher serves
   // the store and every rank is a client, under a prefix per attempt (as c10d's env:// does), so
   // nothing a failed attempt left can reach this one. Otherwise rank 0 hosts it.
-  const bool agent_store =
-      env::first_of({contract::kUseAgentStore}).value_or("") == contract::kAgentStoreOn;
+  const bool agent_store = e.agent_store;
   c10d::TCPStoreOptions store_opts;
   store_opts.port = static_cast<std::uint16_t>(port);
   store_opts.isServer = !agent_store && rank_ == 0;
@@ -134,8 +128,8 @@ State::State(const StateOptions& options) {
                           format_duration(timeout_) + ": " + e.what());
   }
   if (agent_store) {
-    std::string attempt = env::first_of({contract::kRestartCount}).value_or("0");
-    store = c10::make_intrusive<c10d::PrefixStore>(contract::kRuntimeStorePrefix + attempt, store);
+    store = c10::make_intrusive<c10d::PrefixStore>(contract::kRuntimeStorePrefix + e.restart_count,
+                                                   store);
   }
   c10::intrusive_ptr<c10d::ProcessGroup> group;
   try {
@@ -163,15 +157,19 @@ State::State(const StateOptions& options) {
   std::unique_ptr<ShmGroup> shm;
   // Shared memory between the ranks of one machine (all of them, for now); gloo otherwise.
   // Not with NCCL: its group takes CUDA tensors only, and NCCL has its own intra-node transport.
-  if (!cuda && local_world_size_ == world_size_ &&
-      env::boolean({contract::kShmCollectives}, true)) {
+  if (!cuda && local_world_size_ == world_size_ && e.shm_collectives) {
     std::string why;
     shm = ShmGroup::create(*store, *group, rank_, world_size_, timeout_, &why);
-    if (!shm && rank_ == 0) {
-      std::fprintf(stderr, "accel: shared-memory collectives are off (%s); using gloo\n",
-                   why.c_str());
-    }
+    if (!shm && rank_ == 0)
+      log::info("shared-memory collectives are off (" + why + "); using gloo");
   }
+  log::debug("rank " + std::to_string(rank_) + " of " + std::to_string(world_size_) +
+             ": process group up (store " + *addr + ":" + std::to_string(port) +
+             (agent_store ? " served by the launcher, attempt " + e.restart_count : "") + ", " +
+             (shm    ? "shared-memory collectives"
+              : cuda ? "nccl"
+                     : "gloo") +
+             ")");
   comm_ = std::make_unique<Comm>(rank_, world_size_, timeout_, store, group, std::move(shm));
 }
 

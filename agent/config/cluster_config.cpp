@@ -215,13 +215,13 @@ Status set_job_id(ClusterConfig& cfg, std::string_view text) {
   return Status::ok();
 }
 
-Status set_collective_timeout(ClusterConfig& cfg, std::string_view text) {
-  auto d = parse_duration(text);
-  if (!d || d->count() <= 0) {
-    return Status::error("expected a positive duration such as 30m, 90s or 500ms, got " +
-                         quoted(trim(text)));
+Status set_log_level(ClusterConfig& cfg, std::string_view text) {
+  std::string t = lower(trim(text));
+  if (t == "warn") t = "warning";
+  if (t != "debug" && t != "info" && t != "warning" && t != "error") {
+    return Status::error("expected one of debug, info, warning, error, got " + quoted(trim(text)));
   }
-  cfg.collective_timeout = *d;
+  cfg.log_level = t;
   return Status::ok();
 }
 
@@ -280,150 +280,333 @@ const Origin& ClusterConfig::origin(std::string_view key) const {
   return it == origins.end() ? kDefaultOrigin : it->second;
 }
 
-std::optional<std::chrono::milliseconds> parse_duration(std::string_view text) {
-  text = trim(text);
-  size_t unit_at = text.find_first_not_of("0123456789.+");
-  std::string_view number = text.substr(0, unit_at);
-  std::string unit = unit_at == std::string_view::npos ? "s" : lower(trim(text.substr(unit_at)));
-  double value = 0;
-  auto [end, ec] = std::from_chars(number.data(), number.data() + number.size(), value);
-  if (number.empty() || ec != std::errc() || end != number.data() + number.size() ||
-      !std::isfinite(value) || value < 0) {
-    return std::nullopt;
-  }
-  double ms_per_unit = 0;
-  if (unit == "ms")
-    ms_per_unit = 1;
-  else if (unit == "s")
-    ms_per_unit = 1000;
-  else if (unit == "m" || unit == "min")
-    ms_per_unit = 60'000;
-  else if (unit == "h")
-    ms_per_unit = 3'600'000;
-  else
-    return std::nullopt;
-  double ms = value * ms_per_unit;
-  if (ms > 1e12) return std::nullopt;
-  return std::chrono::milliseconds(static_cast<long long>(std::llround(ms)));
-}
-
-std::string format_duration(std::chrono::milliseconds d) {
-  long long ms = d.count();
-  if (ms % 3'600'000 == 0 && ms != 0) return std::to_string(ms / 3'600'000) + "h";
-  if (ms % 60'000 == 0 && ms != 0) return std::to_string(ms / 60'000) + "m";
-  if (ms % 1000 == 0) return std::to_string(ms / 1000) + "s";
-  return std::to_string(ms) + "ms";
-}
-
 const std::vector<KeySpec>& all_keys() {
   using C = ClusterConfig;
+  constexpr unsigned kLaunch = kLaunchFlag;
+  constexpr unsigned kEveryNode = kLaunchFlag | kAgentFlag;
+  constexpr unsigned kClient = kLaunchFlag | kAgentFlag | kStatusFlag;
   static const std::vector<KeySpec> kKeys = {
-      {"num_processes", "an integer from 1 to 4096",
-       "Worker processes to start on this node (torchrun's --nproc-per-node).",
-       set_int<&C::num_processes, 1, 4096>, get_int<&C::num_processes>},
-      {"nodes", "N or MIN:MAX", "How many nodes take part: a fixed count, or an elastic range.",
-       set_nodes, get_nodes},
-      {"machine_rank", "an integer from 0 to 99999",
-       "This node's rank when every node runs accel-launch.", set_int<&C::machine_rank, 0, 99999>,
-       get_int<&C::machine_rank>},
-      {"main_process_ip", "a host name or IP address",
-       "MASTER_ADDR: where rank 0 listens for the process group's store.", set_host,
-       get_string<&C::main_process_ip>},
-      {"main_process_port", "an integer from 0 to 65535",
-       "MASTER_PORT; 0 picks a free port for every attempt.",
-       set_int<&C::main_process_port, 0, 65535>, get_int<&C::main_process_port>},
-      {"max_restarts", "an integer >= 0",
-       "How many times the whole worker group is restarted after a failure.",
-       set_int<&C::max_restarts, 0, INT_MAX>, get_int<&C::max_restarts>},
-      {"log_dir", "a directory",
-       "Also write each rank's output to <log_dir>/<job_id>/attempt_<k>/rank_<r>.log.", set_log_dir,
-       get_string<&C::log_dir>},
-      {"tee", "an integer from 0 to 3",
-       "With log_dir: streams still echoed to the console (1 stdout, 2 stderr, 3 both, 0 none).",
-       set_int<&C::tee, 0, 3>, get_int<&C::tee>},
-      {"mixed_precision", "one of no, fp16, bf16", "Mixed-precision mode passed to the runtime.",
-       set_mixed_precision, get_mixed_precision},
-      {"gradient_accumulation_steps", "an integer >= 1",
-       "Micro-batches per optimizer step, passed to the runtime.",
-       set_int<&C::gradient_accumulation_steps, 1, INT_MAX>,
-       get_int<&C::gradient_accumulation_steps>},
-      {"use_cpu", "true or false", "Train on CPU even where a GPU is present.",
-       set_bool<&C::use_cpu>, get_bool<&C::use_cpu>},
-      {"debug", "true or false", "Sets ACCELERATE_DEBUG_MODE for the workers.", set_bool<&C::debug>,
-       get_bool<&C::debug>},
-      {"stop_timeout", "a duration such as 10s or 500ms",
-       "Grace between SIGTERM and SIGKILL when a worker group is stopped.",
-       set_positive_duration<&C::stop_timeout>, get_duration<&C::stop_timeout>},
-      {"collective_timeout", "a duration such as 30m or 90s",
-       "Bound on every collective and the rendezvous store in the workers "
-       "(ACCEL_COLLECTIVE_TIMEOUT).",
-       set_collective_timeout, get_duration<&C::collective_timeout>},
-      {"checkpoint_dir", "a directory",
-       "Folder where libaccel saves checkpoints (checkpoints/checkpoint_<n> inside it) and from "
-       "which a restarted group resumes by itself (ACCEL_CHECKPOINT_DIR); empty: none.",
-       set_checkpoint_dir, get_string<&C::checkpoint_dir>},
-      {"checkpoint_interval", "an integer >= 0",
-       "Save a checkpoint every N optimizer steps; 0 = only when the program calls save_state() "
-       "(ACCEL_CHECKPOINT_INTERVAL).",
-       set_int<&C::checkpoint_interval, 0, INT_MAX>, get_int<&C::checkpoint_interval>},
-      {"num_cpu_threads_per_process", "an integer from 0 to 4096",
-       "OMP_NUM_THREADS for each worker; 0 = 1 when a node runs several workers.",
-       set_int<&C::num_cpu_threads_per_process, 0, 4096>, get_int<&C::num_cpu_threads_per_process>},
-      {"job_id", "1-64 characters of [A-Za-z0-9._-]",
-       "Names the job (TORCHELASTIC_RUN_ID, ACCEL_JOB_ID, log folder); generated if unset.",
-       set_job_id, get_string<&C::job_id>},
-      {"quiet", "true or false", "Only warnings, errors and the failure summary from the launcher.",
-       set_bool<&C::quiet>, get_bool<&C::quiet>},
-      {"coordinator", "HOST:PORT",
-       "A standing coordinator: accel-launch submits the job there, accel-agent registers there.",
-       set_coordinator, get_string<&C::coordinator>},
-      {"coordinator_port", "an integer from 0 to 65535",
-       "Multi-node (every node runs accel-launch): machine rank 0 serves the coordinator at "
-       "main_process_ip:coordinator_port.",
-       set_int<&C::coordinator_port, 0, 65535>, get_int<&C::coordinator_port>},
-      {"token_file", "a file",
-       "File whose first line is the control plane's shared token; empty: "
-       "$ACCEL_TOKEN.",
-       set_string<&C::token_file>, get_string<&C::token_file>},
-      {"tls_cert", "a PEM file",
-       "TLS certificate of this endpoint (coordinator, or client for mutual TLS).",
-       set_string<&C::tls_cert>, get_string<&C::tls_cert>},
-      {"tls_key", "a PEM file", "Private key of tls_cert.", set_string<&C::tls_key>,
-       get_string<&C::tls_key>},
-      {"tls_ca", "a PEM file",
-       "CA that signs the peers' certificates; clients use TLS when it is set.",
-       set_string<&C::tls_ca>, get_string<&C::tls_ca>},
-      {"node_id", "1-128 characters of [A-Za-z0-9._:-]",
-       "This node's id at the coordinator; empty: <hostname>-<pid>-<random>.",
-       set_string<&C::node_id>, get_string<&C::node_id>},
-      {"node_address", "a host name or IP address",
-       "Where other nodes reach this one (MASTER_ADDR when it is node rank 0); empty: the "
-       "address that routes to the coordinator.",
-       set_string<&C::node_address>, get_string<&C::node_address>},
-      {"lease_timeout", "a duration such as 10s",
-       "A node whose agent has not been heard from for this long is lost; the others go on "
-       "without it.",
-       set_positive_duration<&C::lease_timeout>, get_duration<&C::lease_timeout>},
-      {"retention", "a duration such as 1h",
-       "A served coordinator forgets an ended job and a lost node this long after it ended or was "
-       "lost (accel status stops listing it).",
-       set_positive_duration<&C::retention>, get_duration<&C::retention>},
-      {"join_timeout", "a duration such as 5m",
-       "A rendezvous round that has not reached the minimum number of nodes by then fails the job.",
-       set_positive_duration<&C::join_timeout>, get_duration<&C::join_timeout>},
-      {"last_call", "a duration such as 30s or 0",
-       "Elastic jobs: once the minimum number of nodes joined, wait this long for more.",
-       set_duration<&C::last_call>, get_duration<&C::last_call>},
-      {"hang_timeout", "a duration such as 10m, or 0 (off)",
-       "The agent stops the group when a worker's collective has been in flight this long, and "
-       "prints which rank lags (progress page; docs/operations.md).",
-       set_duration<&C::hang_timeout>, get_duration<&C::hang_timeout>},
-      {"heartbeat_timeout", "a duration such as 30m, or 0 (off)",
-       "The agent stops the group when a libaccel worker shows no progress (no batch, no "
-       "collective) for this long outside any collective: a CPU hang.",
-       set_duration<&C::heartbeat_timeout>, get_duration<&C::heartbeat_timeout>},
+      {.name = "num_processes",
+       .accepts = "an integer from 1 to 4096",
+       .help = "Worker processes to start on this node (torchrun's --nproc-per-node).",
+       .set = set_int<&C::num_processes, 1, 4096>,
+       .get = get_int<&C::num_processes>,
+       .flags = "-n,--num-processes,--nproc-per-node",
+       .metavar = "N",
+       .tools = kLaunch},
+      {.name = "nodes",
+       .accepts = "N or MIN:MAX",
+       .help = "Nodes in the job: a count, or an elastic range MIN:MAX.",
+       .set = set_nodes,
+       .get = get_nodes,
+       .flags = "--nodes,--nnodes",
+       .metavar = "N|MIN:MAX",
+       .tools = kLaunch},
+      {.name = "machine_rank",
+       .accepts = "an integer from 0 to 99999",
+       .help = "This node's rank when every node runs accel-launch.",
+       .set = set_int<&C::machine_rank, 0, 99999>,
+       .get = get_int<&C::machine_rank>,
+       .flags = "--machine-rank,--node-rank",
+       .metavar = "K",
+       .tools = kLaunch},
+      {.name = "main_process_ip",
+       .accepts = "a host name or IP address",
+       .help = "MASTER_ADDR: where the job's rendezvous store listens (multi-node: machine rank "
+               "0's address).",
+       .set = set_host,
+       .get = get_string<&C::main_process_ip>,
+       .flags = "--main-process-ip,--master-addr",
+       .metavar = "HOST",
+       .tools = kLaunch},
+      {.name = "main_process_port",
+       .accepts = "an integer from 0 to 65535",
+       .help = "MASTER_PORT; 0 picks a free port.",
+       .set = set_int<&C::main_process_port, 0, 65535>,
+       .get = get_int<&C::main_process_port>,
+       .flags = "--main-process-port,--master-port",
+       .metavar = "PORT",
+       .tools = kLaunch},
+      {.name = "max_restarts",
+       .accepts = "an integer >= 0",
+       .help = "Restart the whole worker group up to N times after a failure.",
+       .set = set_int<&C::max_restarts, 0, INT_MAX>,
+       .get = get_int<&C::max_restarts>,
+       .flags = "--max-restarts",
+       .metavar = "N",
+       .tools = kLaunch},
+      {.name = "log_dir",
+       .accepts = "a directory",
+       .help = "Also write each rank's output to <log_dir>/<job_id>/attempt_<k>/rank_<r>.log; "
+               "empty: console only.",
+       .set = set_log_dir,
+       .get = get_string<&C::log_dir>,
+       .flags = "--log-dir",
+       .metavar = "DIR",
+       .tools = kLaunch},
+      {.name = "tee",
+       .accepts = "an integer from 0 to 3",
+       .help = "With log_dir: streams still shown on the console (0 none, 1 stdout, 2 stderr, 3 "
+               "both).",
+       .set = set_int<&C::tee, 0, 3>,
+       .get = get_int<&C::tee>,
+       .flags = "--tee",
+       .metavar = "0-3",
+       .tools = kLaunch},
+      {.name = "mixed_precision",
+       .accepts = "one of no, fp16, bf16",
+       .help = "Mixed-precision mode of the workers' Accelerator.",
+       .set = set_mixed_precision,
+       .get = get_mixed_precision,
+       .flags = "--mixed-precision",
+       .metavar = "MODE",
+       .tools = kLaunch,
+       .to_workers = true},
+      {.name = "gradient_accumulation_steps",
+       .accepts = "an integer >= 1",
+       .help = "Micro-batches per optimizer step.",
+       .set = set_int<&C::gradient_accumulation_steps, 1, INT_MAX>,
+       .get = get_int<&C::gradient_accumulation_steps>,
+       .flags = "--gradient-accumulation-steps",
+       .metavar = "N",
+       .tools = kLaunch,
+       .to_workers = true},
+      {.name = "use_cpu",
+       .accepts = "true or false",
+       .help = "Train on CPU even where a GPU is present.",
+       .set = set_bool<&C::use_cpu>,
+       .get = get_bool<&C::use_cpu>,
+       .flags = "--cpu,--use-cpu",
+       .tools = kLaunch,
+       .to_workers = true},
+      {.name = "debug",
+       .accepts = "true or false",
+       .help = "Debug mode of the workers (ACCELERATE_DEBUG_MODE): checks that every rank calls "
+               "the same collectives.",
+       .set = set_bool<&C::debug>,
+       .get = get_bool<&C::debug>,
+       .flags = "--debug",
+       .tools = kLaunch,
+       .to_workers = true},
+      {.name = "log_level",
+       .accepts = "one of debug, info, warning, error",
+       .help = "What the workers' libaccel logs: debug adds each rendezvous and checkpoint step; "
+               "warning and error keep only problems.",
+       .set = set_log_level,
+       .get = get_string<&C::log_level>,
+       .flags = "--log-level",
+       .metavar = "LEVEL",
+       .tools = kLaunch,
+       .to_workers = true},
+      {.name = "stop_timeout",
+       .accepts = "a duration such as 10s or 500ms",
+       .help = "Grace between SIGTERM and SIGKILL when a worker group is stopped.",
+       .set = set_positive_duration<&C::stop_timeout>,
+       .get = get_duration<&C::stop_timeout>,
+       .flags = "--stop-timeout",
+       .metavar = "DURATION",
+       .tools = kEveryNode},
+      {.name = "collective_timeout",
+       .accepts = "a duration such as 30m or 90s",
+       .help = "Bound on every collective and on the rendezvous store in the workers.",
+       .set = set_positive_duration<&C::collective_timeout>,
+       .get = get_duration<&C::collective_timeout>,
+       .flags = "--collective-timeout",
+       .metavar = "DURATION",
+       .tools = kLaunch,
+       .to_workers = true},
+      {.name = "checkpoint_dir",
+       .accepts = "a directory",
+       .help = "Folder where libaccel saves checkpoints and from which a restarted group resumes "
+               "by itself; empty: none.",
+       .set = set_checkpoint_dir,
+       .get = get_string<&C::checkpoint_dir>,
+       .flags = "--checkpoint-dir",
+       .metavar = "DIR",
+       .tools = kLaunch,
+       .to_workers = true},
+      {.name = "checkpoint_interval",
+       .accepts = "an integer >= 0",
+       .help = "Save a checkpoint every N optimizer steps; 0: only when the program calls "
+               "save_state().",
+       .set = set_int<&C::checkpoint_interval, 0, INT_MAX>,
+       .get = get_int<&C::checkpoint_interval>,
+       .flags = "--checkpoint-interval",
+       .metavar = "N",
+       .tools = kLaunch,
+       .to_workers = true},
+      {.name = "num_cpu_threads_per_process",
+       .accepts = "an integer from 0 to 4096",
+       .help = "OMP_NUM_THREADS of each worker; 0: 1 when a node runs several workers.",
+       .set = set_int<&C::num_cpu_threads_per_process, 0, 4096>,
+       .get = get_int<&C::num_cpu_threads_per_process>,
+       .flags = "--num-cpu-threads-per-process",
+       .metavar = "N",
+       .tools = kLaunch},
+      {.name = "job_id",
+       .accepts = "1-64 characters of [A-Za-z0-9._-]",
+       .help = "Names the job (TORCHELASTIC_RUN_ID, ACCEL_JOB_ID, log folder); empty: generated.",
+       .set = set_job_id,
+       .get = get_string<&C::job_id>,
+       .flags = "--job-id,--run-id",
+       .metavar = "ID",
+       .tools = kLaunch},
+      {.name = "quiet",
+       .accepts = "true or false",
+       .help = "Only warnings, errors and the failure summary from the launcher or agent.",
+       .set = set_bool<&C::quiet>,
+       .get = get_bool<&C::quiet>,
+       .flags = "-q,--quiet",
+       .tools = kEveryNode},
+      {.name = "coordinator",
+       .accepts = "HOST:PORT",
+       .help = "A standing coordinator: accel-launch submits the job there and streams its "
+               "output, accel-agent registers there.",
+       .set = set_coordinator,
+       .get = get_string<&C::coordinator>,
+       .flags = "--coordinator",
+       .metavar = "HOST:PORT",
+       .tools = kClient},
+      {.name = "coordinator_port",
+       .accepts = "an integer from 0 to 65535",
+       .help = "Multi-node (every node runs accel-launch): machine rank 0 serves the coordinator "
+               "at main_process_ip:coordinator_port.",
+       .set = set_int<&C::coordinator_port, 0, 65535>,
+       .get = get_int<&C::coordinator_port>,
+       .flags = "--coordinator-port,--rdzv-port",
+       .metavar = "PORT",
+       .tools = kLaunch},
+      {.name = "token_file",
+       .accepts = "a file",
+       .help = "File whose first line is the control plane's shared token; empty: $ACCEL_TOKEN.",
+       .set = set_string<&C::token_file>,
+       .get = get_string<&C::token_file>,
+       .flags = "--token-file",
+       .metavar = "FILE",
+       .tools = kClient},
+      {.name = "tls_cert",
+       .accepts = "a PEM file",
+       .help = "TLS certificate of this endpoint (a coordinator's, or a client's for mutual TLS).",
+       .set = set_string<&C::tls_cert>,
+       .get = get_string<&C::tls_cert>,
+       .flags = "--tls-cert",
+       .metavar = "FILE",
+       .tools = kClient},
+      {.name = "tls_key",
+       .accepts = "a PEM file",
+       .help = "Private key of tls_cert.",
+       .set = set_string<&C::tls_key>,
+       .get = get_string<&C::tls_key>,
+       .flags = "--tls-key",
+       .metavar = "FILE",
+       .tools = kClient},
+      {.name = "tls_ca",
+       .accepts = "a PEM file",
+       .help = "CA that signs the peers' certificates; clients use TLS when it is set.",
+       .set = set_string<&C::tls_ca>,
+       .get = get_string<&C::tls_ca>,
+       .flags = "--tls-ca",
+       .metavar = "FILE",
+       .tools = kClient},
+      {.name = "node_id",
+       .accepts = "1-128 characters of [A-Za-z0-9._:-]",
+       .help = "This node's id at the coordinator; empty: <hostname>-<pid>-<random>.",
+       .set = set_string<&C::node_id>,
+       .get = get_string<&C::node_id>,
+       .flags = "--node-id",
+       .metavar = "ID",
+       .tools = kEveryNode},
+      {.name = "node_address",
+       .accepts = "a host name or IP address",
+       .help = "Where other nodes reach this one (MASTER_ADDR when it is node rank 0); empty: "
+               "the address that routes to the coordinator.",
+       .set = set_string<&C::node_address>,
+       .get = get_string<&C::node_address>,
+       .flags = "--node-address",
+       .metavar = "HOST",
+       .tools = kEveryNode},
+      {.name = "lease_timeout",
+       .accepts = "a duration such as 10s",
+       .help = "A node whose agent has not been heard from for this long is lost; the others go "
+               "on without it.",
+       .set = set_positive_duration<&C::lease_timeout>,
+       .get = get_duration<&C::lease_timeout>,
+       .flags = "--lease-timeout",
+       .metavar = "DURATION",
+       .tools = kEveryNode},
+      {.name = "retention",
+       .accepts = "a duration such as 1h",
+       .help = "A served coordinator forgets an ended job or a lost node this long after it "
+               "ended or was lost.",
+       .set = set_positive_duration<&C::retention>,
+       .get = get_duration<&C::retention>,
+       .flags = "--retention",
+       .metavar = "DURATION",
+       .tools = kAgentFlag},
+      {.name = "join_timeout",
+       .accepts = "a duration such as 5m",
+       .help = "A rendezvous round that has not reached the minimum number of nodes by then "
+               "fails the job.",
+       .set = set_positive_duration<&C::join_timeout>,
+       .get = get_duration<&C::join_timeout>,
+       .flags = "--join-timeout",
+       .metavar = "DURATION",
+       .tools = kLaunch},
+      {.name = "last_call",
+       .accepts = "a duration such as 30s or 0",
+       .help = "Elastic jobs: once the minimum number of nodes joined, wait this long for more.",
+       .set = set_duration<&C::last_call>,
+       .get = get_duration<&C::last_call>,
+       .flags = "--last-call",
+       .metavar = "DURATION",
+       .tools = kLaunch},
+      {.name = "hang_timeout",
+       .accepts = "a duration such as 10m, or 0 (off)",
+       .help = "Stop the group when a worker's collective has been in flight this long, and say "
+               "which rank lags.",
+       .set = set_duration<&C::hang_timeout>,
+       .get = get_duration<&C::hang_timeout>,
+       .flags = "--hang-timeout",
+       .metavar = "DURATION",
+       .tools = kLaunch},
+      {.name = "heartbeat_timeout",
+       .accepts = "a duration such as 30m, or 0 (off)",
+       .help = "Stop the group when a libaccel worker shows no progress (no batch, no "
+               "collective) for this long outside any collective.",
+       .set = set_duration<&C::heartbeat_timeout>,
+       .get = get_duration<&C::heartbeat_timeout>,
+       .flags = "--heartbeat-timeout",
+       .metavar = "DURATION",
+       .tools = kLaunch},
   };
   return kKeys;
+}
+
+std::string default_text(const KeySpec& key) {
+  static const ClusterConfig kDefaults;
+  return key.get(kDefaults);
+}
+
+std::map<std::string, std::string> worker_settings(const ClusterConfig& cfg) {
+  std::map<std::string, std::string> out;
+  for (const auto& key : all_keys()) {
+    if (key.to_workers) out[env_var_for(key.name)] = key.get(cfg);
+  }
+  return out;
+}
+
+std::optional<std::string> set_by_key(std::string_view var) {
+  for (const auto& key : all_keys()) {
+    if (!key.to_workers) continue;
+    std::string own = env_var_for(key.name);
+    const char* hf = contract::hf_alias(own);
+    if (var != own && (hf == nullptr || var != hf)) continue;
+    std::string_view flag = key.flags.substr(0, key.flags.find(','));
+    if (flag.size() == 2) flag = key.flags.substr(3, key.flags.find(',', 3) - 3);  // past "-x,"
+    return std::string(var) + " comes from the launch configuration; use " + std::string(flag) +
+           " (or the config key " + std::string(key.name) + ") instead";
+  }
+  return std::nullopt;
 }
 
 const KeySpec* find_key(std::string_view name) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "agent/common/status.h"
+#include "contract/duration.h"
 #include "contract/worker_contract.h"
 
 namespace accel::config {
@@ -48,6 +49,7 @@ struct ClusterConfig {
   int gradient_accumulation_steps = 1;
   bool use_cpu = false;
   bool debug = false;
+  std::string log_level = "info";  // the workers' libaccel log level (ACCEL_LOG_LEVEL)
   std::chrono::milliseconds stop_timeout{10'000};  // SIGTERM -> SIGKILL grace
   // every collective (ACCEL_COLLECTIVE_TIMEOUT)
   std::chrono::milliseconds collective_timeout{contract::kDefaultCollectiveTimeout};
@@ -80,14 +82,27 @@ struct ClusterConfig {
   [[nodiscard]] const Origin& origin(std::string_view key) const;
 };
 
-// One configuration key: its name, what it accepts, and how to read and write it as text.
+// The command lines that offer a key as a flag (a bit set).
+enum KeyTool : unsigned { kFileOnly = 0, kLaunchFlag = 1, kAgentFlag = 2, kStatusFlag = 4 };
+
+// One configuration key, declared once: its name, what it accepts, its help, how to read and
+// write it as text, its flags, and whether the workers receive it. Its default is the value of
+// a default-constructed ClusterConfig; its environment variable is env_var_for(name).
 struct KeySpec {
   std::string_view name;
   std::string_view accepts;  // "an integer >= 1", "one of no, fp16, bf16", ...
-  std::string_view doc;
+  std::string_view help;     // one or two sentences: --help, docs, the config wizard
   // Parses `text` into `cfg`. Returns an error message without location ("expected ..., got ...").
   Status (*set)(ClusterConfig& cfg, std::string_view text);
   std::string (*get)(const ClusterConfig& cfg);
+  // Command-line spellings ("-n,--num-processes,--nproc-per-node") and the value's name in --help
+  // ("N"). An empty metavar makes a switch: --cpu, --cpu=false.
+  std::string_view flags = {};
+  std::string_view metavar = {};
+  unsigned tools = kFileOnly;
+  // Every worker receives it as env_var_for(name) (ACCEL_MIXED_PRECISION=bf16), as get() writes
+  // it: the runtime reads the same variable a user may set by hand. An empty value unsets it.
+  bool to_workers = false;
 };
 
 const std::vector<KeySpec>& all_keys();
@@ -108,8 +123,18 @@ Status set_value(ClusterConfig& cfg, std::string_view key, std::string_view text
 // needs a checkpoint_dir).
 Status validate(const ClusterConfig& cfg);
 
-// Parsers shared with the CLI and tests.
-std::optional<std::chrono::milliseconds> parse_duration(std::string_view text);
-std::string format_duration(std::chrono::milliseconds d);
+// The text of the key's default ("1", "30m", "" when empty).
+std::string default_text(const KeySpec& key);
+
+// The settings every worker receives, from the keys marked to_workers: variable -> value ("" =
+// unset it).
+std::map<std::string, std::string> worker_settings(const ClusterConfig& cfg);
+
+// Why `--env VAR=...` cannot set `var` because a key sets it for the workers (naming the flag
+// or key to use), or nullopt. Also covers HF Accelerate's spelling of the same variable.
+std::optional<std::string> set_by_key(std::string_view var);
+
+using contract::format_duration;
+using contract::parse_duration;
 
 }  // namespace accel::config

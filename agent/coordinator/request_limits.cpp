@@ -76,6 +76,19 @@ std::string check(const pb::JobSpec& s) {
     return "nodes must satisfy 1 <= min_nodes <= max_nodes <= " + std::to_string(kMaxNodesPerJob) +
            ", got " + std::to_string(s.min_nodes()) + ":" + std::to_string(s.max_nodes());
   }
+  if (s.tee() < 0 || s.tee() > 3) return "tee must be 0..3, got " + std::to_string(s.tee());
+  for (const auto& [name, value] : s.worker_settings()) {
+    // Why only ACCEL_*: a setting must not pass for one of the contract's per-worker variables
+    // (RANK, MASTER_PORT, ...), which the agent sets itself.
+    bool ok = name.size() > 6 && name.size() <= 64 && name.rfind("ACCEL_", 0) == 0 &&
+              std::all_of(name.begin(), name.end(), [](unsigned char c) {
+                return (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+              });
+    if (!ok) {
+      return "worker setting '" + printable(name.substr(0, 64)) +
+             "' is not an ACCEL_* variable name";
+    }
+  }
   return "";
 }
 

@@ -13,10 +13,8 @@
 #include <random>
 
 #include "agent/coordinator/request_limits.h"
-#include "agent/supervisor/error_file.h"
+#include "agent/rpc/job_spec_proto.h"
 #include "agent/supervisor/hang_monitor.h"
-#include "agent/supervisor/worker_specs.h"
-#include "contract/worker_contract.h"
 
 namespace accel::node {
 
@@ -88,15 +86,14 @@ struct NodeAgent::Active {
   int64_t round = 0;
   pb::JobSpec spec;
   pb::Assignment assignment;
-  // Node rank 0 only: the round's rendezvous store (declared before group: it outlives the
+  // Node rank 0 only: the round's rendezvous store (declared before attempt: it outlives the
   // workers).
   std::unique_ptr<store::StoreServer> store;
-  std::unique_ptr<supervisor::WorkerGroup> group;
-  std::unique_ptr<supervisor::HangWatch> hang_watch;
+  std::unique_ptr<supervisor::Attempt> attempt;  // null once its workers are stopped
   std::string error_dir;  // <state_dir>/<job>/attempt_<round>: error files, progress pages
-  int succeeded = 0;
-  bool failed = false;
-  [[nodiscard]] bool all_succeeded() const { return succeeded == spec.processes_per_node(); }
+  bool all_succeeded = false;
+
+  [[nodiscard]] bool running() const { return attempt && attempt->running() > 0; }
 
   Active() = default;
   Active(const Active&) = delete;
@@ -104,9 +101,8 @@ struct NodeAgent::Active {
   // Why: a standing agent runs job after job; each round's folder is read while its workers
   // exit and is garbage once the round is over (the job's folder too, once empty).
   ~Active() {
+    attempt.reset();
     if (error_dir.empty()) return;
-    hang_watch.reset();
-    group.reset();
     std::error_code ec;
     fs::remove_all(error_dir, ec);
     fs::remove(fs::path(error_dir).parent_path(), ec);  // only when empty
@@ -177,8 +173,8 @@ std::string NodeAgent::current_job_id() const {
 }
 
 std::vector<pid_t> NodeAgent::worker_pids() const {
-  if (!active_ || !active_->group) return {};
-  return active_->group->pids();
+  if (!active_ || !active_->attempt) return {};
+  return active_->attempt->pids();
 }
 
 void NodeAgent::retry_later(std::chrono::milliseconds delay, std::function<void()> f) {
@@ -203,7 +199,7 @@ void NodeAgent::fatal(const std::string& why) {
   auto after = [this, why] {
     if (hooks_.on_fatal) hooks_.on_fatal(why);
   };
-  if (active_ && active_->group && active_->group->running() > 0) {
+  if (active_ && active_->running()) {
     stopped_waiters_.push_back(after);
     stop_active(SIGTERM);
   } else {
@@ -227,7 +223,7 @@ void NodeAgent::do_register() {
     cur->set_round(active_->round);
     *cur->mutable_spec() = active_->spec;
     *cur->mutable_assignment() = active_->assignment;
-    cur->set_group_succeeded(active_->all_succeeded());
+    cur->set_group_succeeded(active_->all_succeeded);
   }
   client_->register_node(
       req, options_.rpc_timeout,
@@ -275,7 +271,7 @@ void NodeAgent::coordinator_unreachable(const grpc::Status& status) {
     log(LogLevel::kWarn, "coordinator at " + client_->target() + " unreachable (" +
                              rpc::describe(status) + "); retrying");
   }
-  bool running = active_ && active_->group && active_->group->running() > 0;
+  bool running = active_ && active_->running();
   if (!running && options_.give_up_after.count() > 0 &&
       now - *unreachable_since_ > options_.give_up_after) {
     fatal("cannot reach the coordinator at " + client_->target() + " for " +
@@ -304,12 +300,14 @@ void NodeAgent::do_sync() {
   req.set_node_id(options_.node_id);
   req.set_known_version(known_version_);
   req.set_wait_ms(sync_wait_.count());
-  if (active_ && active_->hang_watch) {
-    auto now = active_->hang_watch->latest_ns();
+  const supervisor::HangWatch* watch =
+      active_ && active_->attempt ? active_->attempt->hang_watch() : nullptr;
+  if (watch != nullptr) {
+    auto now = watch->latest_ns();
     auto ms = [now](std::uint64_t t) {
       return static_cast<int64_t>(now > t ? (now - t) / 1'000'000 : 0);
     };
-    for (const auto& v : active_->hang_watch->latest()) {
+    for (const auto& v : watch->latest()) {
       if (!v.valid) continue;
       auto* p = req.add_progress();
       p->set_rank(v.rank);
@@ -375,7 +373,7 @@ void NodeAgent::reconcile() {
   bool same = active_ && run && active_->job_id == ins.job_id() && active_->round == ins.round();
   if (same) return;
   if (active_) {
-    if (active_->group && active_->group->running() > 0) {
+    if (active_->running()) {
       log(LogLevel::kInfo, "stopping the workers of job " + active_->job_id + " round " +
                                std::to_string(active_->round));
       int sig = stop_signal_;
@@ -398,26 +396,26 @@ void NodeAgent::reconcile() {
 }
 
 void NodeAgent::stop_active(int signal) {
-  if (!active_ || !active_->group) return;
+  if (!active_ || !active_->attempt) return;
   if (stopping_) {
-    if (signal == SIGKILL) active_->group->stop(SIGKILL, nullptr);
+    if (signal == SIGKILL) active_->attempt->stop(SIGKILL);
     return;
   }
   stopping_ = true;
-  uint64_t gen = active_->generation;
-  active_->group->stop(signal, [this, gen, alive = alive_](const supervisor::StopReport& report) {
-    if (!alive->open) return;
-    if (!report.unkillable.empty()) {
-      log(LogLevel::kWarn, std::to_string(report.unkillable.size()) +
-                               " worker(s) survived SIGKILL (D state?); not waiting for them");
-    }
-    stopping_ = false;
-    if (active_ && active_->generation == gen) active_->group.reset();
-    auto waiters = std::move(stopped_waiters_);
-    stopped_waiters_.clear();
-    for (auto& w : waiters) w();
-    reconcile();
-  });
+  active_->attempt->stop(signal);
+}
+
+void NodeAgent::on_stopped(uint64_t generation, const supervisor::StopReport& report) {
+  if (!report.unkillable.empty()) {
+    log(LogLevel::kWarn, std::to_string(report.unkillable.size()) +
+                             " worker(s) survived SIGKILL (D state?); not waiting for them");
+  }
+  stopping_ = false;
+  if (active_ && active_->generation == generation) active_->attempt.reset();
+  auto waiters = std::move(stopped_waiters_);
+  stopped_waiters_.clear();
+  for (auto& w : waiters) w();
+  reconcile();
 }
 
 void NodeAgent::join(const pb::Instruction& ins) {
@@ -474,14 +472,13 @@ std::unique_ptr<store::StoreServer> NodeAgent::open_store(int port, std::string&
 }
 
 void NodeAgent::start_group(const pb::Instruction& ins) {
-  const pb::JobSpec& spec = ins.spec();
   const pb::Assignment& a = ins.assignment();
   active_ = std::make_unique<Active>();
   Active& act = *active_;
   act.generation = ++generation_;
   act.job_id = ins.job_id();
   act.round = ins.round();
-  act.spec = spec;
+  act.spec = ins.spec();
   act.assignment = a;
   // Node rank 0 serves the round's store before its workers start; the other nodes' workers
   // retry connecting until it listens (c10d's client does).
@@ -504,107 +501,72 @@ void NodeAgent::start_group(const pb::Instruction& ins) {
     }
   }
 
-  supervisor::GroupPlan plan;
-  plan.argv.assign(spec.argv().begin(), spec.argv().end());
-  plan.local_world_size = spec.processes_per_node();
-  plan.rank_offset = a.rank_offset();
-  plan.world_size = a.world_size();
-  plan.node_rank = a.node_rank();
-  plan.num_nodes = a.num_nodes();
-  plan.env.job_id = ins.job_id();
-  plan.env.master_addr = a.master_addr();
-  plan.env.master_port = a.master_port();
-  plan.env.restart_count = a.restart_count();
-  plan.env.max_restarts = spec.max_restarts();
-  const auto& s = spec.settings();
-  if (!s.mixed_precision().empty()) plan.env.mixed_precision = s.mixed_precision();
-  plan.env.gradient_accumulation_steps = std::max(1, s.gradient_accumulation_steps());
-  plan.env.use_cpu = s.use_cpu();
-  plan.env.debug = s.debug();
-  if (!s.collective_timeout().empty()) plan.env.collective_timeout = s.collective_timeout();
-  plan.env.checkpoint_dir = s.checkpoint_dir();
-  plan.env.checkpoint_interval = s.checkpoint_interval();
-  plan.env.omp_num_threads = s.omp_num_threads();
-  plan.base_env = options_.base_env;
-  for (const auto& [k, v] : spec.extra_env()) plan.base_env[k] = v;
-  std::error_code ec;
-  if (!spec.working_dir().empty() && fs::is_directory(spec.working_dir(), ec)) {
-    plan.working_dir = spec.working_dir();
-  }
-  std::string round_dir = ins.job_id() + "/attempt_" + std::to_string(ins.round());
-  if (!s.log_dir().empty()) {
-    plan.log_dir = s.log_dir() + "/" + round_dir;
-    fs::create_directories(plan.log_dir, ec);
-    if (ec) {
-      log(LogLevel::kWarn, "cannot create log folder " + plan.log_dir + ": " + ec.message() +
-                               "; output goes to the console only");
-      plan.log_dir.clear();
-    }
-  }
+  supervisor::AttemptOptions ao;
+  ao.placement = {.job_id = ins.job_id(),
+                  .attempt = static_cast<int>(ins.round()),
+                  // Rounds that only change membership do not count as restarts.
+                  .restart_count = a.restart_count(),
+                  .rank_offset = a.rank_offset(),
+                  .world_size = a.world_size(),
+                  .node_rank = a.node_rank(),
+                  .num_nodes = a.num_nodes(),
+                  .master_addr = a.master_addr(),
+                  .master_port = a.master_port()};
+  ao.base_env = options_.base_env;
   if (!options_.state_dir.empty()) {
-    act.error_dir = options_.state_dir + "/" + round_dir;
+    act.error_dir = supervisor::Attempt::folder(options_.state_dir, ins.job_id(), ins.round());
+    std::error_code ec;
     fs::create_directories(act.error_dir, ec);
     if (ec) act.error_dir.clear();
   }
-  plan.error_dir = act.error_dir;
-  supervisor::HangOptions hang;
-  hang.heartbeat_timeout = std::chrono::milliseconds(spec.heartbeat_timeout_ms());
-  hang.collective_timeout = std::chrono::milliseconds(spec.hang_collective_timeout_ms());
-  if (hang.enabled()) plan.progress_dir = act.error_dir;
-  plan.host = options_.hostname;
-  auto specs = supervisor::make_worker_specs(plan);
-  std::vector<std::pair<int, std::string>> pages;
-  for (const auto& w : specs) {
-    auto it = w.env.find(contract::kProgressFile);
-    if (it != w.env.end()) pages.emplace_back(w.rank, it->second);
-  }
-  if (spec.forward_logs()) {
+  ao.error_dir = act.error_dir;
+  ao.host = options_.hostname;
+  ao.group = options_.group;
+  JobSpec spec = rpc::from_proto(act.spec);
+
+  uint64_t gen = act.generation;
+  supervisor::AttemptHooks hooks;
+  hooks.on_failure = [this, gen](const supervisor::AttemptFailure& f) { on_failure(gen, f); };
+  hooks.on_success = [this, gen] { on_success(gen); };
+  hooks.on_stopped = [this, gen](const supervisor::StopReport& r) { on_stopped(gen, r); };
+  hooks.log = log_;
+  if (spec.forward_logs) {
     log_job_ = ins.job_id();
-    for (auto& w : specs) {
-      int rank = w.rank;
-      w.forward = [this, rank](bool is_stderr, std::string_view line) {
-        pb::LogLine l;
-        l.set_rank(rank);
-        l.set_hostname(options_.hostname);
-        l.set_stderr(is_stderr);
-        // Why cut here: one line must fit in a push (the coordinator keeps 64 KiB of it anyway;
-        // the rank's log file on this node keeps it whole).
-        l.set_text(
-            coordinator::limits::cut_text(std::string(line), coordinator::limits::kMaxLineBytes));
-        log_buffer_bytes_ += l.ByteSizeLong();
-        log_buffer_.push_back(std::move(l));
-        if (log_buffer_.size() >= 500 || log_buffer_bytes_ >= kMaxPushBytes) {
+    hooks.on_line = [this](int rank, bool is_stderr, std::string_view line) {
+      pb::LogLine l;
+      l.set_rank(rank);
+      l.set_hostname(options_.hostname);
+      l.set_stderr(is_stderr);
+      // Why cut here: one line must fit in a push (the coordinator keeps 64 KiB of it anyway;
+      // the rank's log file on this node keeps it whole).
+      l.set_text(
+          coordinator::limits::cut_text(std::string(line), coordinator::limits::kMaxLineBytes));
+      log_buffer_bytes_ += l.ByteSizeLong();
+      log_buffer_.push_back(std::move(l));
+      if (log_buffer_.size() >= 500 || log_buffer_bytes_ >= kMaxPushBytes) {
+        flush_logs();
+      } else if (!log_timer_armed_) {
+        log_timer_armed_ = true;
+        log_timer_.expires_after(100ms);
+        log_timer_.async_wait([this, alive = alive_](const boost::system::error_code& ec2) {
+          if (!alive->open || ec2) return;
+          log_timer_armed_ = false;
           flush_logs();
-        } else if (!log_timer_armed_) {
-          log_timer_armed_ = true;
-          log_timer_.expires_after(100ms);
-          log_timer_.async_wait([this, alive = alive_](const boost::system::error_code& ec2) {
-            if (!alive->open || ec2) return;
-            log_timer_armed_ = false;
-            flush_logs();
-          });
-        }
-      };
-    }
+        });
+      }
+    };
   }
 
-  auto group_opts = options_.group;
-  if (spec.stop_timeout_ms() > 0)
-    group_opts.stop_timeout = std::chrono::milliseconds(spec.stop_timeout_ms());
-  group_opts.on_warning = [this](const std::string& problem) { log(LogLevel::kWarn, problem); };
-  act.group = std::make_unique<supervisor::WorkerGroup>(io_, group_opts);
   log(LogLevel::kInfo, "job " + ins.job_id() + " round " + std::to_string(ins.round()) +
                            ": starting ranks " + std::to_string(a.rank_offset()) + ".." +
-                           std::to_string(a.rank_offset() + spec.processes_per_node() - 1) +
-                           " of " + std::to_string(a.world_size()) + " (node rank " +
+                           std::to_string(a.rank_offset() + spec.processes_per_node - 1) + " of " +
+                           std::to_string(a.world_size()) + " (node rank " +
                            std::to_string(a.node_rank()) + ", MASTER_ADDR=" + a.master_addr() +
                            " MASTER_PORT=" + std::to_string(a.master_port()) + ", restart " +
                            std::to_string(a.restart_count()) + ")");
-  uint64_t gen = act.generation;
-  Status st = act.group->start(
-      std::move(specs), [this, gen](const supervisor::WorkerExit& e) { on_worker_exit(gen, e); });
-  if (!st) {
-    act.group.reset();
+  act.attempt = std::make_unique<supervisor::Attempt>(io_, spec, std::move(ao), std::move(hooks));
+  if (Status st = act.attempt->start(); !st) {
+    act.attempt.reset();
     log(LogLevel::kError, "cannot start the workers: " + st.message());
     pb::Failure f;
     f.set_kind(pb::Failure::KIND_SPAWN);
@@ -614,65 +576,54 @@ void NodeAgent::start_group(const pb::Instruction& ins) {
     return;
   }
   report_event(pb::ReportGroupRequest::EVENT_STARTED);
-  if (!pages.empty()) {
-    act.hang_watch = std::make_unique<supervisor::HangWatch>(
-        io_, hang, std::move(pages), options_.hostname,
-        [this, gen](const supervisor::Hang& h) { on_hang(gen, h); });
-    act.hang_watch->start();
-  }
 }
 
-void NodeAgent::on_hang(uint64_t generation, const supervisor::Hang& hang) {
-  if (!active_ || active_->generation != generation || active_->failed || stopping_) return;
-  Active& act = *active_;
-  pb::Failure f;
-  f.set_kind(pb::Failure::KIND_HANG);
-  f.set_rank(hang.rank);
-  f.set_local_rank(hang.rank - act.assignment.rank_offset());
-  f.set_message(hang.reason);
-  f.set_report(hang.report);
-  log(LogLevel::kError, hang.report + "stopping this node's workers and telling the coordinator");
-  fail_round(std::move(f));
-}
-
-void NodeAgent::on_worker_exit(uint64_t generation, const supervisor::WorkerExit& exit) {
+void NodeAgent::on_success(uint64_t generation) {
   if (!active_ || active_->generation != generation) return;
-  Active& act = *active_;
-  if (act.hang_watch) act.hang_watch->forget(exit.rank);  // an exited worker cannot hang
-  if (exit.during_stop || act.failed) return;
-  if (exit.success()) {
-    if (++act.succeeded == act.spec.processes_per_node()) {
-      log(LogLevel::kInfo, "job " + act.job_id + " round " + std::to_string(act.round) +
-                               ": every local worker exited 0");
-      flush_logs();
-      report_event(pb::ReportGroupRequest::EVENT_SUCCEEDED);
-    }
-    return;
-  }
+  active_->all_succeeded = true;
+  log(LogLevel::kInfo, "job " + active_->job_id + " round " + std::to_string(active_->round) +
+                           ": every local worker exited 0");
+  flush_logs();
+  report_event(pb::ReportGroupRequest::EVENT_SUCCEEDED);
+}
+
+void NodeAgent::on_failure(uint64_t generation, const supervisor::AttemptFailure& failure) {
+  if (!active_ || active_->generation != generation) return;
   pb::Failure f;
-  f.set_kind(pb::Failure::KIND_EXIT);
-  f.set_rank(exit.rank);
-  f.set_local_rank(exit.local_rank);
-  f.set_pid(exit.pid);
-  if (exit.signaled) {
-    f.set_signal(exit.signal);
+  if (failure.hang) {
+    const supervisor::Hang& hang = *failure.hang;
+    f.set_kind(pb::Failure::KIND_HANG);
+    f.set_rank(hang.rank);
+    f.set_local_rank(hang.rank - active_->assignment.rank_offset());
+    f.set_message(hang.reason);
+    f.set_report(hang.report);
+    log(LogLevel::kError, hang.report + "stopping this node's workers and telling the coordinator");
   } else {
-    f.set_exit_code(exit.exit_code);
-  }
-  f.set_time_unix_ms(
-      std::chrono::duration_cast<std::chrono::milliseconds>(exit.time.time_since_epoch()).count());
-  for (const auto& line : exit.stderr_tail) f.add_stderr_tail(line);
-  if (!act.error_dir.empty()) {
-    if (auto err =
-            supervisor::read_error_file(supervisor::error_file_path(act.error_dir, exit.rank))) {
-      f.set_message(err->message);
-      f.set_stack(err->stack);
+    const supervisor::WorkerExit& exit = *failure.exit;
+    f.set_kind(pb::Failure::KIND_EXIT);
+    f.set_rank(exit.rank);
+    f.set_local_rank(exit.local_rank);
+    f.set_pid(exit.pid);
+    if (exit.signaled) {
+      f.set_signal(exit.signal);
+    } else {
+      f.set_exit_code(exit.exit_code);
     }
+    f.set_time_unix_ms(
+        std::chrono::duration_cast<std::chrono::milliseconds>(exit.time.time_since_epoch())
+            .count());
+    for (const auto& line : exit.stderr_tail) f.add_stderr_tail(line);
+    if (failure.error) {
+      f.set_message(failure.error->message);
+      f.set_stack(failure.error->stack);
+    }
+    log(LogLevel::kError, "rank " + std::to_string(exit.rank) + " (pid " +
+                              std::to_string(exit.pid) + ") failed: " + exit.describe() +
+                              (f.message().empty() ? "" : ": " + f.message()) +
+                              "; stopping this node's workers and telling the coordinator");
   }
-  log(LogLevel::kError, "rank " + std::to_string(exit.rank) + " (pid " + std::to_string(exit.pid) +
-                            ") failed: " + exit.describe() +
-                            (f.message().empty() ? "" : ": " + f.message()) +
-                            "; stopping this node's workers and telling the coordinator");
+  // The attempt stops its workers itself once this returns.
+  stopping_ = true;
   fail_round(std::move(f));
 }
 
@@ -688,7 +639,6 @@ void NodeAgent::report_event(pb::ReportGroupRequest::Event event,
 }
 
 void NodeAgent::fail_round(pb::Failure failure) {
-  active_->failed = true;
   if (failure.hostname().empty()) failure.set_hostname(options_.hostname);
   if (failure.time_unix_ms() == 0) failure.set_time_unix_ms(now_unix_ms());
   flush_logs();
@@ -788,10 +738,10 @@ void NodeAgent::shutdown(int signal, std::function<void()> done) {
   bool again = shutting_down_;
   shutting_down_ = true;
   flush_logs();
-  if (active_ && active_->group && active_->group->running() > 0) {
+  if (active_ && active_->running()) {
     if (done) stopped_waiters_.push_back(std::move(done));
     if (again) {
-      active_->group->stop(SIGKILL, nullptr);
+      active_->attempt->stop(SIGKILL);
     } else if (!stopping_) {
       stop_active(signal);
     }  // else: a stop is under way; its grace is kept and the waiter runs when it ends

@@ -27,8 +27,7 @@
 
 #include "agent/rpc/coordinator_client.h"
 #include "agent/store/store_server.h"
-#include "agent/supervisor/hang_monitor.h"
-#include "agent/supervisor/local_job.h"
+#include "agent/supervisor/attempt.h"
 #include "agent/supervisor/worker_group.h"
 
 namespace accel::node {
@@ -91,8 +90,9 @@ class NodeAgent {
   // A rendezvous store on this node's address (or any address when that fails) and `port`
   // (0: any); null when neither can be bound (`why` says so).
   std::unique_ptr<store::StoreServer> open_store(int port, std::string& why);
-  void on_worker_exit(uint64_t generation, const supervisor::WorkerExit& exit);
-  void on_hang(uint64_t generation, const supervisor::Hang& hang);
+  void on_failure(uint64_t generation, const supervisor::AttemptFailure& failure);
+  void on_success(uint64_t generation);
+  void on_stopped(uint64_t generation, const supervisor::StopReport& report);
   void report(pb::ReportGroupRequest req);
   // Reports `event` for the active round.
   void report_event(pb::ReportGroupRequest::Event event,

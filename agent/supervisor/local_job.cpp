@@ -9,12 +9,8 @@
 
 #include "agent/common/clock.h"
 #include "agent/common/exit_hints.h"
-#include "agent/supervisor/worker_specs.h"
-#include "contract/worker_contract.h"
 
 namespace accel::supervisor {
-
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -31,21 +27,10 @@ std::vector<std::string> split_lines(const std::string& text) {
   return out;
 }
 
-std::string attempt_dir(const std::string& root, int attempt) {
-  return root + "/attempt_" + std::to_string(attempt);
-}
-
 }  // namespace
 
 LocalJob::LocalJob(boost::asio::io_context& io, LocalJobOptions options, JobLogger log)
-    : io_(io), options_(std::move(options)), log_(std::move(log)) {
-  // Why here: a full disk must not truncate a rank's log in silence; it is said at once and
-  // again at the end, even when the job succeeds.
-  options_.group.on_warning = [this](const std::string& problem) {
-    log_(LogLevel::kWarn, problem);
-    result_.log_problems.push_back(problem);
-  };
-}
+    : io_(io), options_(std::move(options)), log_(std::move(log)) {}
 
 LocalJob::~LocalJob() = default;
 
@@ -57,20 +42,14 @@ void LocalJob::run(std::function<void(const JobResult&)> done) {
 void LocalJob::start_attempt() {
   if (finished_) return;
   const int attempt = restart_count_;
-  successes_ = 0;
-  stopping_ = false;
   AttemptRecord record;
   record.attempt = attempt;
   record.started = std::chrono::system_clock::now();
 
-  JobEnv env = options_.env;
-  env.job_id = options_.job_id;
-  env.restart_count = attempt;
-  env.max_restarts = options_.max_restarts;
   if (!store_) {
     store::StoreServerOptions so;
-    so.host = env.master_addr;
-    so.port = env.master_port;
+    so.host = options_.master_addr;
+    so.port = options_.spec.master_port;
     so.warn = [this](const std::string& w) { log_(LogLevel::kWarn, w); };
     auto server = store::StoreServer::listen(io_, std::move(so));
     if (!server) {
@@ -83,97 +62,68 @@ void LocalJob::start_attempt() {
   }
   // Why reset: nothing the last attempt's workers stored, or still send, may reach this one.
   store_->reset();
-  env.master_port = store_->port();
-  env.agent_store = true;
-  record.master_port = env.master_port;
+  record.master_port = store_->port();
 
-  std::error_code ec;
-  std::string log_attempt_dir;
-  if (!options_.log_dir.empty()) {
-    log_attempt_dir = attempt_dir(options_.log_dir + "/" + options_.job_id, attempt);
-    fs::create_directories(log_attempt_dir, ec);
-    if (ec) {
-      result_.spawn_error = "cannot create log directory " + log_attempt_dir + ": " + ec.message();
-      result_.attempts.push_back(std::move(record));
-      finish();
-      return;
-    }
+  AttemptOptions ao;
+  const int n = options_.spec.processes_per_node;
+  ao.placement = {.job_id = options_.job_id,
+                  .attempt = attempt,
+                  .restart_count = attempt,
+                  .rank_offset = 0,
+                  .world_size = n,
+                  .node_rank = 0,
+                  .num_nodes = 1,
+                  .master_addr = options_.master_addr,
+                  .master_port = store_->port()};
+  ao.base_env = options_.base_env;
+  if (!options_.error_root.empty()) {
+    ao.error_dir = Attempt::folder(options_.error_root, options_.job_id, attempt);
+    std::error_code ec;
+    std::filesystem::create_directories(ao.error_dir, ec);
+    if (ec) ao.error_dir.clear();
   }
-  std::string error_attempt_dir;
-  if (!options_.error_dir.empty()) {
-    error_attempt_dir = attempt_dir(options_.error_dir, attempt);
-    fs::create_directories(error_attempt_dir, ec);
-  }
-
-  const int n = options_.num_processes;
-  GroupPlan plan;
-  plan.argv = options_.argv;
-  plan.local_world_size = n;
-  plan.world_size = n;
-  plan.env = env;
-  plan.base_env = options_.base_env;
-  plan.log_dir = log_attempt_dir;
-  plan.tee = options_.tee;
-  plan.error_dir = error_attempt_dir;
-  if (options_.hang.enabled()) plan.progress_dir = error_attempt_dir;
-  std::vector<WorkerSpec> specs = make_worker_specs(plan);
-  std::vector<std::pair<int, std::string>> pages;
-  for (const auto& spec : specs) {
-    auto it = spec.env.find(contract::kProgressFile);
-    if (it != spec.env.end()) pages.emplace_back(spec.rank, it->second);
-  }
+  ao.group = options_.group;
+  AttemptHooks hooks;
+  hooks.on_exit = [this](const WorkerExit& e) { result_.attempts.back().exits.push_back(e); };
+  hooks.on_failure = [this](const AttemptFailure& f) { on_failure(f); };
+  hooks.on_success = [this] { finish(); };
+  hooks.on_stopped = [this](const StopReport& r) { on_stopped(r); };
+  // Why here: a full disk must not truncate a rank's log in silence; it is said at once and
+  // again at the end, even when the job succeeds.
+  hooks.log = [this](LogLevel level, const std::string& problem) {
+    log_(level, problem);
+    result_.log_problems.push_back(problem);
+  };
 
   result_.attempts.push_back(std::move(record));
   log_(LogLevel::kInfo, "attempt " + std::to_string(attempt) + ": starting " + std::to_string(n) +
-                            " worker" + (n == 1 ? "" : "s") + " (MASTER_ADDR=" + env.master_addr +
-                            " MASTER_PORT=" + std::to_string(env.master_port) + ")");
-  group_ = std::make_unique<WorkerGroup>(io_, options_.group);
-  hang_watch_.reset();
-  if (Status s =
-          group_->start(std::move(specs), [this](const WorkerExit& e) { on_worker_exit(e); });
-      !s) {
+                            " worker" + (n == 1 ? "" : "s") +
+                            " (MASTER_ADDR=" + options_.master_addr +
+                            " MASTER_PORT=" + std::to_string(store_->port()) + ")");
+  attempt_ = std::make_unique<Attempt>(io_, options_.spec, std::move(ao), std::move(hooks));
+  if (Status s = attempt_->start(); !s) {
     result_.spawn_error = s.message();
     finish();
-    return;
-  }
-  if (!pages.empty()) {
-    hang_watch_ = std::make_unique<HangWatch>(io_, options_.hang, std::move(pages), "this node",
-                                              [this](const Hang& h) { on_hang(h); });
-    hang_watch_->start();
   }
 }
 
-void LocalJob::on_hang(const Hang& hang) {
-  if (stopping_ || finished_) return;
-  result_.attempts.back().hang = hang;
-  log_(LogLevel::kError, hang.report + "stopping the workers");
-  stopping_ = true;
-  group_->stop(SIGTERM, [this](const StopReport& r) { on_group_stopped(r); });
-}
-
-void LocalJob::on_worker_exit(const WorkerExit& exit) {
+void LocalJob::on_failure(const AttemptFailure& failure) {
   AttemptRecord& record = result_.attempts.back();
-  record.exits.push_back(exit);
-  if (hang_watch_) hang_watch_->forget(exit.rank);
-  if (stopping_) return;  // a worker we are stopping
-  if (exit.success()) {
-    if (++successes_ == static_cast<size_t>(options_.num_processes)) finish();
+  if (failure.hang) {
+    record.hang = failure.hang;
+    log_(LogLevel::kError, failure.hang->report + "stopping the workers");
     return;
   }
+  const WorkerExit& exit = *failure.exit;
   record.root_cause = record.exits.size() - 1;
-  if (!options_.error_dir.empty()) {
-    record.root_cause_error = read_error_file(
-        error_file_path(attempt_dir(options_.error_dir, record.attempt), exit.rank));
-  }
+  record.root_cause_error = failure.error;
   std::string what = "rank " + std::to_string(exit.rank) + " (pid " + std::to_string(exit.pid) +
                      ") failed: " + exit.describe();
-  if (record.root_cause_error) what += ": " + record.root_cause_error->message;
+  if (failure.error) what += ": " + failure.error->message;
   log_(LogLevel::kError, what + "; stopping the other workers");
-  stopping_ = true;
-  group_->stop(SIGTERM, [this](const StopReport& r) { on_group_stopped(r); });
 }
 
-void LocalJob::on_group_stopped(const StopReport& report) {
+void LocalJob::on_stopped(const StopReport& report) {
   if (finished_) return;
   if (!report.unkillable.empty()) {
     std::string pids;
@@ -183,12 +133,15 @@ void LocalJob::on_group_stopped(const StopReport& report) {
     result_.unkillable.insert(result_.unkillable.end(), report.unkillable.begin(),
                               report.unkillable.end());
   }
-  if (!result_.cancelled && restart_count_ < options_.max_restarts) {
+  if (!result_.cancelled && restart_count_ < options_.spec.max_restarts) {
     ++restart_count_;
     log_(LogLevel::kWarn, "restarting the worker group (restart " + std::to_string(restart_count_) +
-                              " of " + std::to_string(options_.max_restarts) + ")");
-    group_.reset();
-    start_attempt();
+                              " of " + std::to_string(options_.spec.max_restarts) + ")");
+    // Why posted: the old attempt is still on the stack (its stop completion called us).
+    boost::asio::post(io_, [this] {
+      attempt_.reset();
+      start_attempt();
+    });
     return;
   }
   finish();
@@ -196,23 +149,22 @@ void LocalJob::on_group_stopped(const StopReport& report) {
 
 void LocalJob::cancel(int signal) {
   if (finished_) return;
-  if (result_.cancelled || stopping_) {
+  if (result_.cancelled || (attempt_ && attempt_->stopping())) {
     result_.cancelled = true;
     if (result_.cancel_signal == 0) result_.cancel_signal = signal;
     log_(LogLevel::kWarn, "stopping now: SIGKILL to every worker");
-    if (group_) group_->stop(SIGKILL, nullptr);
+    if (attempt_) attempt_->stop(SIGKILL);
     return;
   }
   result_.cancelled = true;
   result_.cancel_signal = signal;
-  stopping_ = true;
   log_(LogLevel::kWarn,
        "received " + signal_name(signal) + ": stopping the workers (again to SIGKILL them now)");
-  if (!group_) {
+  if (!attempt_) {
     finish();
     return;
   }
-  group_->stop(signal, [this](const StopReport& r) { on_group_stopped(r); });
+  attempt_->stop(signal);
 }
 
 void LocalJob::finish() {
@@ -248,7 +200,7 @@ std::string format_failure_summary(const LocalJobOptions& options, const JobResu
   } else {
     out << " FAILED with exit code " << result.exit_code << " after " << result.attempts.size()
         << " attempt" << (result.attempts.size() == 1 ? "" : "s") << " (max_restarts "
-        << options.max_restarts << ")\n";
+        << options.spec.max_restarts << ")\n";
   }
   for (const auto& problem : result.log_problems) out << "  log: " << problem << "\n";
   if (result.attempts.empty()) return out.str();

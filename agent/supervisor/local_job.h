@@ -13,26 +13,21 @@
 #include <string>
 #include <vector>
 
+#include "agent/common/job_spec.h"
 #include "agent/store/store_server.h"
-#include "agent/supervisor/error_file.h"
-#include "agent/supervisor/hang_monitor.h"
-#include "agent/supervisor/worker_env.h"
-#include "agent/supervisor/worker_group.h"
+#include "agent/supervisor/attempt.h"
 
 namespace accel::supervisor {
 
 struct LocalJobOptions {
   std::string job_id;
-  std::vector<std::string> argv;  // resolved command line of every worker
-  int num_processes = 1;
-  int max_restarts = 0;
-  JobEnv env;             // master_port 0: the store's port is picked by the kernel
-  EnvMap base_env;        // the launcher's environment, inherited by workers
-  std::string log_dir;    // empty: console only
-  int tee = 3;            // with log_dir: 1 stdout, 2 stderr, 3 both still on console
-  std::string error_dir;  // where the workers' error files go (must exist)
+  JobSpec spec;             // its processes_per_node workers run on this node
+  std::string master_addr;  // where the job's store listens (MASTER_ADDR)
+  EnvMap base_env;          // the launcher's environment, inherited by workers
+  // Error files and progress pages go to <error_root>/<job_id>/attempt_<k>/ (the folder must
+  // exist); empty: failures are reported without their error messages.
+  std::string error_root;
   WorkerGroupOptions group;
-  HangOptions hang;  // progress pages live beside the error files
 };
 
 struct AttemptRecord {
@@ -55,9 +50,6 @@ struct JobResult {
   std::vector<std::string> log_problems;  // rank log files that could not be written, once each
 };
 
-enum class LogLevel { kInfo, kWarn, kError };
-using JobLogger = std::function<void(LogLevel, const std::string&)>;
-
 class LocalJob {
  public:
   LocalJob(boost::asio::io_context& io, LocalJobOptions options, JobLogger log);
@@ -73,24 +65,20 @@ class LocalJob {
 
  private:
   void start_attempt();
-  void on_worker_exit(const WorkerExit& exit);
-  void on_hang(const Hang& hang);
-  void on_group_stopped(const StopReport& report);
+  void on_failure(const AttemptFailure& failure);
+  void on_stopped(const StopReport& report);
   void finish();
 
   boost::asio::io_context& io_;
   LocalJobOptions options_;
   JobLogger log_;
   std::function<void(const JobResult&)> done_;
-  std::unique_ptr<WorkerGroup> group_;
-  std::unique_ptr<HangWatch> hang_watch_;
+  std::unique_ptr<Attempt> attempt_;
   // The rendezvous store (TCPStore protocol) at MASTER_ADDR:MASTER_PORT, bound before the first
   // worker starts and held for the whole job; emptied before every attempt.
   std::unique_ptr<store::StoreServer> store_;
   JobResult result_;
   int restart_count_ = 0;
-  size_t successes_ = 0;
-  bool stopping_ = false;
   bool finished_ = false;
 };
 

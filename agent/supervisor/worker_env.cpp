@@ -21,24 +21,9 @@ std::optional<std::string> reserved_worker_variable(std::string_view key) {
       c::kUseAgentStore, c::kTorchelasticErrorFile,
       c::kJobId,         c::kAccelRestartCount,
       c::kErrorFile,     c::kProgressFile};
-  static const std::map<std::string_view, std::string_view> kFromConfig = {
-      {c::kMixedPrecision, "--mixed-precision"},
-      {c::kHfMixedPrecision, "--mixed-precision"},
-      {c::kGradientAccumulationSteps, "--gradient-accumulation-steps"},
-      {c::kHfGradientAccumulationSteps, "--gradient-accumulation-steps"},
-      {c::kUseCpu, "--cpu"},
-      {c::kHfUseCpu, "--cpu"},
-      {c::kHfDebugMode, "--debug"},
-      {c::kCollectiveTimeout, "--collective-timeout"},
-      {c::kCheckpointDir, "--checkpoint-dir"},
-      {c::kCheckpointInterval, "--checkpoint-interval"}};
   if (kPerWorker.contains(key)) {
     return std::string(key) +
            " is set by accel for each worker (rank, world, rendezvous); --env cannot change it";
-  }
-  if (auto it = kFromConfig.find(key); it != kFromConfig.end()) {
-    return std::string(key) + " comes from the launch configuration; use " +
-           std::string(it->second) + " (or its config key) instead";
   }
   if (key == c::kToken)
     return std::string("ACCEL_TOKEN is the control plane's secret and is never given to workers");
@@ -53,6 +38,18 @@ EnvMap build_worker_env(const EnvMap& base, const WorkerIdentity& id, const JobE
   env.erase(c::kToken);
   auto set = [&env](const char* k, const std::string& v) { env[k] = v; };
   auto num = [](int v) { return std::to_string(v); };
+
+  // The configuration's settings first: the contract's own variables below always win.
+  for (const auto& [name, value] : job.settings) {
+    const char* hf = c::hf_alias(name);
+    if (value.empty()) {
+      env.erase(name);
+      if (hf != nullptr) env.erase(hf);
+    } else {
+      env[name] = value;
+      if (hf != nullptr) env[hf] = value;
+    }
+  }
 
   // torchrun's set (torch/distributed/elastic/agent/server/local_elastic_agent.py)
   set(c::kRank, num(id.rank));
@@ -82,30 +79,9 @@ EnvMap build_worker_env(const EnvMap& base, const WorkerIdentity& id, const JobE
     set(c::kOmpNumThreads, "1");
   }
 
-  // HF Accelerate's
-  set(c::kHfMixedPrecision, job.mixed_precision);
-  set(c::kHfUseCpu, job.use_cpu ? "true" : "false");
-  set(c::kHfGradientAccumulationSteps, num(job.gradient_accumulation_steps));
-  set(c::kHfDebugMode, job.debug ? "true" : "false");
-
   // accel's
   set(c::kJobId, job.job_id);
   set(c::kAccelRestartCount, num(job.restart_count));
-  set(c::kMixedPrecision, job.mixed_precision);
-  set(c::kGradientAccumulationSteps, num(job.gradient_accumulation_steps));
-  set(c::kUseCpu, job.use_cpu ? "true" : "false");
-  set(c::kCollectiveTimeout, job.collective_timeout);
-  // Why erase: the config already read these from the launcher's environment; a flag or file
-  // that turned checkpointing off must not be undone by the inherited variable.
-  auto set_or_erase = [&](const char* k, bool on, const std::string& v) {
-    if (on) {
-      set(k, v);
-    } else {
-      env.erase(k);
-    }
-  };
-  set_or_erase(c::kCheckpointDir, !job.checkpoint_dir.empty(), job.checkpoint_dir);
-  set_or_erase(c::kCheckpointInterval, job.checkpoint_interval > 0, num(job.checkpoint_interval));
   if (!error_file.empty()) {
     set(c::kErrorFile, error_file);
     set(c::kTorchelasticErrorFile, error_file);

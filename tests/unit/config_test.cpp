@@ -118,9 +118,10 @@ TEST(ConfigYaml, WrongTypes) {
             "cluster.yaml:1:10: use_cpu: expected true or false, got 'maybe'");
   EXPECT_EQ(load_error("mixed_precision: fp8\n"),
             "cluster.yaml:1:18: mixed_precision: expected one of no, fp16, bf16, got 'fp8'");
-  EXPECT_EQ(load_error("collective_timeout: 0s\n"),
-            "cluster.yaml:1:21: collective_timeout: expected a positive duration such as 30m, 90s "
-            "or 500ms, got '0s'");
+  EXPECT_EQ(
+      load_error("collective_timeout: 0s\n"),
+      "cluster.yaml:1:21: collective_timeout: expected a positive duration such as 10s, 500ms "
+      "or 2m, got '0s'");
   EXPECT_EQ(load_error("stop_timeout: soon\n"),
             "cluster.yaml:1:15: stop_timeout: expected a positive duration such as 10s, 500ms or "
             "2m, got 'soon'");

@@ -5,9 +5,12 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <set>
 
 #include "accel/accel.h"
+#include "contract/duration.h"
+#include "contract/worker_contract.h"
 #include "runtime/batch_shard.h"
 #include "runtime/env.h"
 #include "runtime/error_file.h"
@@ -387,16 +390,81 @@ TEST(Env, DurationsAndIntegersNameTheVariable) {
         "duration such as 30m, 90s, 500ms or a number of seconds");
   }
   EXPECT_THROW(env::parse_duration("-1s", "x"), ConfigError);
-  ::setenv("ACCEL_UNIT_TEST_INT", "12x", 1);
+}
+
+env::WorkerEnv parse_env(std::map<std::string, std::string> vars) {
+  return env::read_worker_env([&vars](const char* name) -> std::optional<std::string> {
+    auto it = vars.find(name);
+    return it == vars.end() ? std::nullopt : std::optional<std::string>(it->second);
+  });
+}
+
+std::string env_error(std::map<std::string, std::string> vars) {
   try {
-    env::integer({"ACCEL_UNIT_TEST_INT"}, 0, 0, 100);
-    FAIL();
+    parse_env(std::move(vars));
   } catch (const ConfigError& e) {
-    EXPECT_STREQ(
-        e.what(),
-        "accel: environment variable ACCEL_UNIT_TEST_INT=\"12x\": expected an integer in [0, 100]");
+    return e.what();
   }
-  ::unsetenv("ACCEL_UNIT_TEST_INT");
+  return "no error";
+}
+
+TEST(Env, TheWorkerEnvironmentIsParsedIntoOneStruct) {
+  env::WorkerEnv lone = parse_env({});
+  EXPECT_EQ(lone.world_size, 1);
+  EXPECT_EQ(lone.rank, 0);
+  EXPECT_FALSE(lone.mixed_precision);
+  EXPECT_EQ(lone.collective_timeout, contract::kDefaultCollectiveTimeout);
+  EXPECT_EQ(lone.log_level, env::LogLevel::kInfo);
+
+  env::WorkerEnv e = parse_env({{"WORLD_SIZE", "8"},
+                                {"RANK", "5"},
+                                {"LOCAL_WORLD_SIZE", "4"},
+                                {"MASTER_ADDR", "10.0.0.1"},
+                                {"MASTER_PORT", "29500"},
+                                {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                                {"TORCHELASTIC_RESTART_COUNT", "2"},
+                                {"ACCELERATE_MIXED_PRECISION", "bf16"},  // HF's name alone
+                                {"ACCEL_GRADIENT_ACCUMULATION_STEPS", "4"},
+                                {"ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "9"},  // accel's wins
+                                {"ACCEL_COLLECTIVE_TIMEOUT", "90s"},
+                                {"ACCEL_CHECKPOINT_INTERVAL", "0"},
+                                {"ACCEL_LOG_LEVEL", "WARNING"}});
+  EXPECT_EQ(e.local_rank, 1);  // derived: 5 % 4
+  EXPECT_EQ(e.group_rank, 1);
+  EXPECT_EQ(e.master_port, 29500);
+  EXPECT_TRUE(e.agent_store);
+  EXPECT_EQ(e.restart_count, "2");
+  EXPECT_EQ(e.mixed_precision, "bf16");
+  EXPECT_EQ(e.mixed_precision_variable, "ACCELERATE_MIXED_PRECISION");
+  EXPECT_EQ(e.gradient_accumulation_steps, 4);
+  EXPECT_EQ(e.collective_timeout, std::chrono::seconds(90));
+  EXPECT_EQ(e.checkpoint_interval, 0);
+  EXPECT_EQ(e.log_level, env::LogLevel::kWarning);
+}
+
+TEST(Env, ABadVariableIsNamedWithItsValue) {
+  EXPECT_EQ(env_error({{"WORLD_SIZE", "12x"}}),
+            "accel: environment variable WORLD_SIZE=\"12x\": expected an integer in [1, 1048576]");
+  EXPECT_EQ(env_error({{"WORLD_SIZE", "2"}, {"RANK", "2"}}),
+            "accel: environment variable RANK=\"2\": expected an integer in [0, 1]");
+  EXPECT_EQ(env_error({{"ACCEL_LOG_LEVEL", "loud"}}),
+            "accel: environment variable ACCEL_LOG_LEVEL=\"loud\": expected one of debug, info, "
+            "warning, error");
+  EXPECT_EQ(env_error({{"ACCEL_USE_CPU", "maybe"}}),
+            "accel: environment variable ACCEL_USE_CPU=\"maybe\": expected true or false");
+  EXPECT_EQ(env_error({{"ACCEL_COLLECTIVE_TIMEOUT", "0"}}),
+            "accel: environment variable ACCEL_COLLECTIVE_TIMEOUT=\"0\": expected a positive "
+            "duration such as 30m, 90s, 500ms or a number of seconds");
+}
+
+// The launcher writes durations with the config's formatter; the runtime must read every one
+// of them back to the same value.
+TEST(Env, TheRuntimeReadsEveryDurationTheLauncherWrites) {
+  for (long long ms : {1LL, 500LL, 1000LL, 1500LL, 60'000LL, 90'000LL, 1'800'000LL, 3'600'000LL,
+                       5'400'000LL, 86'400'000LL}) {
+    std::string text = contract::format_duration(std::chrono::milliseconds(ms));
+    EXPECT_EQ(env::parse_duration(text, "x").count(), ms) << text;
+  }
 }
 
 TEST(ErrorFile, WritesTheFormatTheLauncherReads) {

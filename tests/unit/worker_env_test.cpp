@@ -19,10 +19,11 @@ TEST(WorkerEnv, TorchrunHfAndAccelVariables) {
              .master_port = 29501,
              .restart_count = 2,
              .max_restarts = 3,
-             .mixed_precision = "bf16",
-             .gradient_accumulation_steps = 4,
-             .use_cpu = true,
-             .debug = false};
+             .settings = {{"ACCEL_MIXED_PRECISION", "bf16"},
+                          {"ACCEL_GRADIENT_ACCUMULATION_STEPS", "4"},
+                          {"ACCEL_USE_CPU", "true"},
+                          {"ACCEL_DEBUG", "false"},
+                          {"ACCEL_COLLECTIVE_TIMEOUT", "30m"}}};
   EnvMap env = build_worker_env(base, id, job, "/tmp/e.json");
   EnvMap expected = {{"RANK", "5"},
                      {"LOCAL_RANK", "1"},
@@ -51,7 +52,8 @@ TEST(WorkerEnv, TorchrunHfAndAccelVariables) {
                      {"ACCEL_MIXED_PRECISION", "bf16"},
                      {"ACCEL_GRADIENT_ACCUMULATION_STEPS", "4"},
                      {"ACCEL_USE_CPU", "true"},
-                     {"ACCEL_COLLECTIVE_TIMEOUT", "1800000ms"},
+                     {"ACCEL_DEBUG", "false"},
+                     {"ACCEL_COLLECTIVE_TIMEOUT", "30m"},
                      {"ACCEL_ERROR_FILE", "/tmp/e.json"},
                      {"TORCHELASTIC_ERROR_FILE", "/tmp/e.json"},
                      {"PATH", "/usr/bin"},
@@ -79,25 +81,28 @@ TEST(WorkerEnv, OmpThreads) {
   EXPECT_EQ(build_worker_env({{"OMP_NUM_THREADS", "8"}}, single, job, "")["OMP_NUM_THREADS"], "3");
 }
 
-TEST(WorkerEnv, CheckpointVariables) {
+TEST(WorkerEnv, AnEmptySettingUnsetsTheInheritedVariableAndItsHfAlias) {
   WorkerIdentity id;
   JobEnv job;
-  job.checkpoint_dir = "/abs/ck";
-  job.checkpoint_interval = 50;
-  EnvMap on = build_worker_env({}, id, job, "");
-  EXPECT_EQ(on["ACCEL_CHECKPOINT_DIR"], "/abs/ck");
-  EXPECT_EQ(on["ACCEL_CHECKPOINT_INTERVAL"], "50");
-
-  job.checkpoint_interval = 0;  // a directory alone: saves only on save_state()
-  EnvMap dir_only = build_worker_env({}, id, job, "");
-  EXPECT_EQ(dir_only["ACCEL_CHECKPOINT_DIR"], "/abs/ck");
-  EXPECT_FALSE(dir_only.contains("ACCEL_CHECKPOINT_INTERVAL"));
-
+  job.settings = {{"ACCEL_CHECKPOINT_DIR", ""}, {"ACCEL_MIXED_PRECISION", ""}};
   // Off in the config: absent, even when the launcher's own environment had them.
-  EnvMap stale = {{"ACCEL_CHECKPOINT_DIR", "rel"}, {"ACCEL_CHECKPOINT_INTERVAL", "9"}};
-  EnvMap off = build_worker_env(stale, id, JobEnv{}, "");
-  EXPECT_FALSE(off.contains("ACCEL_CHECKPOINT_DIR"));
-  EXPECT_FALSE(off.contains("ACCEL_CHECKPOINT_INTERVAL"));
+  EnvMap stale = {{"ACCEL_CHECKPOINT_DIR", "rel"},
+                  {"ACCEL_MIXED_PRECISION", "fp16"},
+                  {"ACCELERATE_MIXED_PRECISION", "fp16"}};
+  EnvMap env = build_worker_env(stale, id, job, "");
+  EXPECT_FALSE(env.contains("ACCEL_CHECKPOINT_DIR"));
+  EXPECT_FALSE(env.contains("ACCEL_MIXED_PRECISION"));
+  EXPECT_FALSE(env.contains("ACCELERATE_MIXED_PRECISION"));
+}
+
+TEST(WorkerEnv, ASettingCannotReplaceAPerWorkerVariable) {
+  WorkerIdentity id{.rank = 1, .world_size = 2};
+  JobEnv job;
+  job.settings = {{"RANK", "7"}, {"MASTER_PORT", "1"}};
+  job.master_port = 29500;
+  EnvMap env = build_worker_env({}, id, job, "");
+  EXPECT_EQ(env["RANK"], "1");
+  EXPECT_EQ(env["MASTER_PORT"], "29500");
 }
 
 }  // namespace
