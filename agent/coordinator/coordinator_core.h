@@ -36,7 +36,8 @@ enum class Code {
   kNotFound,
   kFailedPrecondition,
   kAlreadyExists,
-  kResourceExhausted
+  kResourceExhausted,
+  kUnavailable  // not from the core: a transport's (a parked call when the server stops)
 };
 
 struct RpcStatus {

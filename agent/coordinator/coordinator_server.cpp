@@ -57,6 +57,8 @@ grpc::Status to_grpc(const RpcStatus& s) {
       return {grpc::StatusCode::FAILED_PRECONDITION, s.message};
     case Code::kAlreadyExists:
       return {grpc::StatusCode::ALREADY_EXISTS, s.message};
+    case Code::kUnavailable:
+      return {grpc::StatusCode::UNAVAILABLE, s.message};
     case Code::kResourceExhausted:
       return {grpc::StatusCode::RESOURCE_EXHAUSTED, s.message};
   }
@@ -113,8 +115,11 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
       RpcStatus st = core.sync(*req, resp);
       bool unchanged = st.is_ok() && resp->version() == req->known_version();
       if (unchanged && req->wait_ms() > 0 && !s_.stopping_) {
-        s_.parked_syncs_[req->node_id()].push_back(
-            {reactor, resp, req->known_version(), deadline(req->wait_ms())});
+        s_.polls_.park_sync(req->node_id(), req->known_version(), deadline(req->wait_ms()),
+                            [reactor, resp](const RpcStatus& answer, v1::SyncResponse& fresh) {
+                              if (answer.is_ok()) *resp = std::move(fresh);
+                              reactor->Finish(to_grpc(answer));
+                            });
         return std::optional<RpcStatus>();
       }
       return std::optional<RpcStatus>(st);
@@ -128,8 +133,11 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
       RpcStatus st = core.watch_job(*req, resp);
       bool nothing = st.is_ok() && resp->events().empty() && !resp->done();
       if (nothing && req->wait_ms() > 0 && !s_.stopping_) {
-        s_.parked_watches_[req->job_id()].push_back(
-            {reactor, *req, resp, deadline(req->wait_ms())});
+        s_.polls_.park_watch(*req, deadline(req->wait_ms()),
+                             [reactor, resp](const RpcStatus& answer, v1::WatchJobResponse& fresh) {
+                               *resp = std::move(fresh);
+                               reactor->Finish(to_grpc(answer));
+                             });
         return std::optional<RpcStatus>();
       }
       return std::optional<RpcStatus>(st);
@@ -252,19 +260,7 @@ bool CoordinatorServer::listen(const std::string& address) {
 }
 
 std::vector<std::function<void()>> CoordinatorServer::take_parked(const std::string& why) {
-  std::vector<std::function<void()>> finish;
-  auto answer = [&](grpc::ServerUnaryReactor* r) {
-    finish.push_back([r, why] { r->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, why)); });
-  };
-  for (auto& [node, list] : parked_syncs_) {
-    for (auto& p : list) answer(p.reactor);
-  }
-  for (auto& [job, list] : parked_watches_) {
-    for (auto& p : list) answer(p.reactor);
-  }
-  parked_syncs_.clear();
-  parked_watches_.clear();
-  return finish;
+  return polls_.take_all(RpcStatus::error(Code::kUnavailable, why));
 }
 
 void CoordinatorServer::rebuild_listener() {
@@ -323,72 +319,10 @@ void CoordinatorServer::with_core(const std::function<void(CoordinatorCore&)>& f
   wake();
 }
 
-namespace {
-
-// Answers the parked calls of one key (`answer` returns true when it finished one), and drops
-// the key when none is left.
-template <class Map, class Answer>
-void answer_key(Map& parked, typename Map::iterator it, Answer answer) {
-  auto& list = it->second;
-  list.erase(std::remove_if(list.begin(), list.end(), answer), list.end());
-  if (list.empty()) parked.erase(it);
-}
-
-}  // namespace
-
 void CoordinatorServer::collect_ready(std::vector<std::function<void()>>& finish, bool expire) {
-  auto changes = core_.take_changes();
-  auto now = std::chrono::steady_clock::now();
-  auto sync_answer = [&](const std::string& node, bool changed) {
-    return [&, changed](ParkedSync& p) {
-      bool late = now >= p.deadline;
-      if (!changed && !late) return false;
-      v1::SyncResponse fresh;
-      RpcStatus st = core_.instruction(node, &fresh);
-      if (st.is_ok() && fresh.version() == p.known && !late) return false;
-      if (st.is_ok()) *p.resp = std::move(fresh);
-      finish.push_back([r = p.reactor, g = to_grpc(st)] { r->Finish(g); });
-      return true;
-    };
-  };
-  auto watch_answer = [&](bool changed) {
-    return [&, changed](ParkedWatch& p) {
-      bool late = now >= p.deadline;
-      if (!changed && !late) return false;
-      p.resp->Clear();
-      RpcStatus st = core_.watch_job(p.req, p.resp);
-      if (st.is_ok() && p.resp->events().empty() && !p.resp->done() && !late) return false;
-      finish.push_back([r = p.reactor, g = to_grpc(st)] { r->Finish(g); });
-      return true;
-    };
-  };
-  // Why two paths: after an RPC only what it changed needs a look (a heartbeat of one node
-  // must not scan thousands of parked polls); the ticker also answers expired waits.
-  if (expire || changes.all_nodes) {
-    for (auto it = parked_syncs_.begin(); it != parked_syncs_.end();) {
-      auto next = std::next(it);
-      answer_key(parked_syncs_, it,
-                 sync_answer(it->first, changes.all_nodes || changes.nodes.contains(it->first)));
-      it = next;
-    }
-  } else {
-    for (const auto& node : changes.nodes) {
-      if (auto it = parked_syncs_.find(node); it != parked_syncs_.end())
-        answer_key(parked_syncs_, it, sync_answer(node, true));
-    }
-  }
-  if (expire) {
-    for (auto it = parked_watches_.begin(); it != parked_watches_.end();) {
-      auto next = std::next(it);
-      answer_key(parked_watches_, it, watch_answer(changes.jobs.contains(it->first)));
-      it = next;
-    }
-  } else {
-    for (const auto& job : changes.jobs) {
-      if (auto it = parked_watches_.find(job); it != parked_watches_.end())
-        answer_key(parked_watches_, it, watch_answer(true));
-    }
-  }
+  auto ready =
+      polls_.collect(core_, core_.take_changes(), std::chrono::steady_clock::now(), expire);
+  for (auto& f : ready) finish.push_back(std::move(f));
 }
 
 void CoordinatorServer::wake() {

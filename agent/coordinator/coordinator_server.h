@@ -24,6 +24,7 @@
 #include "agent/common/clock.h"
 #include "agent/common/status.h"
 #include "agent/coordinator/coordinator_core.h"
+#include "agent/coordinator/long_polls.h"
 #include "agent/rpc/rpc_security.h"
 
 namespace accel::coordinator {
@@ -99,25 +100,12 @@ class CoordinatorServer {
   void wake();
 
   friend class Service;
-  struct ParkedSync {
-    grpc::ServerUnaryReactor* reactor;
-    v1::SyncResponse* resp;
-    uint64_t known;
-    std::chrono::steady_clock::time_point deadline;
-  };
-  struct ParkedWatch {
-    grpc::ServerUnaryReactor* reactor;
-    v1::WatchJobRequest req;
-    v1::WatchJobResponse* resp;
-    std::chrono::steady_clock::time_point deadline;
-  };
 
   ServerOptions options_;
   const Clock& clock_;
-  std::mutex mu_;  // guards core_, parked_syncs_, parked_watches_, stopping_
+  std::mutex mu_;  // guards core_, polls_, stopping_
   CoordinatorCore core_;
-  std::map<std::string, std::vector<ParkedSync>> parked_syncs_;
-  std::map<std::string, std::vector<ParkedWatch>> parked_watches_;
+  LongPolls polls_;
   bool stopping_ = false;
   std::condition_variable tick_cv_;
   std::mutex server_mu_;  // guards service_ and server_ (rebuild_listener swaps them)

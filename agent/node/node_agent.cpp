@@ -109,7 +109,7 @@ struct NodeAgent::Active {
   }
 };
 
-NodeAgent::NodeAgent(asio::io_context& io, std::shared_ptr<rpc::CoordinatorClient> client,
+NodeAgent::NodeAgent(asio::io_context& io, std::shared_ptr<rpc::CoordinatorApi> client,
                      NodeAgentOptions options, supervisor::JobLogger log, NodeAgentHooks hooks)
     : io_(io),
       client_(std::move(client)),
@@ -127,8 +127,8 @@ NodeAgent::~NodeAgent() {
 
 // Why a gate: gRPC completions run on gRPC's threads and may arrive after this agent is gone;
 // they post onto `io` (which outlives the agent) only while the gate is open.
-void NodeAgent::post_from_grpc(const std::shared_ptr<Gate>& gate, asio::io_context* io,
-                               std::function<void()> f) {
+void NodeAgent::post_completion(const std::shared_ptr<Gate>& gate, asio::io_context* io,
+                                std::function<void()> f) {
   std::lock_guard lock(gate->mu);
   if (!gate->open) return;
   asio::post(*io, [gate, f = std::move(f)] {
@@ -227,13 +227,13 @@ void NodeAgent::do_register() {
   }
   client_->register_node(
       req, options_.rpc_timeout,
-      [this, gate = alive_, io = &io_](const grpc::Status& st, pb::RegisterNodeResponse& resp) {
-        post_from_grpc(gate, io, [this, st, resp] {
+      [this, gate = alive_, io = &io_](const rpc::CallStatus& st, pb::RegisterNodeResponse& resp) {
+        post_completion(gate, io, [this, st, resp] {
           if (shutting_down_) return;
           if (!st.ok()) {
-            if (st.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
-                st.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
-                st.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
+            if (st.code == rpc::CallCode::kUnauthenticated ||
+                st.code == rpc::CallCode::kInvalidArgument ||
+                st.code == rpc::CallCode::kAlreadyExists) {
               fatal("the coordinator at " + client_->target() +
                     " refused this node: " + rpc::describe(st));
               return;
@@ -262,7 +262,7 @@ void NodeAgent::do_register() {
       });
 }
 
-void NodeAgent::coordinator_unreachable(const grpc::Status& status) {
+void NodeAgent::coordinator_unreachable(const rpc::CallStatus& status) {
   ++failures_in_a_row_;
   auto now = std::chrono::steady_clock::now();
   if (!unreachable_since_) unreachable_since_ = now;
@@ -321,23 +321,24 @@ void NodeAgent::do_sync() {
       p->set_heartbeat_age_ms(v.heartbeat_ns == 0 ? -1 : ms(v.heartbeat_ns));
     }
   }
-  client_->sync(req, sync_wait_ + options_.rpc_timeout,
-                [this, gate = alive_, io = &io_](const grpc::Status& st, pb::SyncResponse& resp) {
-                  post_from_grpc(gate, io, [this, st, resp] { on_sync(st, resp); });
-                });
+  client_->sync(
+      req, sync_wait_ + options_.rpc_timeout,
+      [this, gate = alive_, io = &io_](const rpc::CallStatus& st, pb::SyncResponse& resp) {
+        post_completion(gate, io, [this, st, resp] { on_sync(st, resp); });
+      });
 }
 
-void NodeAgent::on_sync(const grpc::Status& status, const pb::SyncResponse& resp) {
+void NodeAgent::on_sync(const rpc::CallStatus& status, const pb::SyncResponse& resp) {
   if (shutting_down_) return;
   if (!status.ok()) {
-    if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
-      log(LogLevel::kWarn, "coordinator does not know this node (" + status.error_message() +
-                               "); registering again");
+    if (status.code == rpc::CallCode::kNotFound) {
+      log(LogLevel::kWarn,
+          "coordinator does not know this node (" + status.message + "); registering again");
       registered_ = false;
       do_register();
       return;
     }
-    if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+    if (status.code == rpc::CallCode::kUnauthenticated) {
       fatal("the coordinator at " + client_->target() +
             " refused this node: " + rpc::describe(status));
       return;
@@ -439,16 +440,16 @@ void NodeAgent::join(const pb::Instruction& ins) {
   join_in_flight_ = true;
   client_->join_round(
       req, options_.rpc_timeout,
-      [this, req, gate = alive_, io = &io_](const grpc::Status& st, pb::JoinRoundResponse&) {
-        post_from_grpc(gate, io, [this, req, st] {
+      [this, req, gate = alive_, io = &io_](const rpc::CallStatus& st, pb::JoinRoundResponse&) {
+        post_completion(gate, io, [this, req, st] {
           join_in_flight_ = false;
           if (st.ok()) {
             joined_job_ = req.job_id();
             joined_round_ = req.round();
             log(LogLevel::kInfo,
                 "joined job " + req.job_id() + " round " + std::to_string(req.round()));
-          } else if (st.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                     st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+          } else if (st.code == rpc::CallCode::kUnavailable ||
+                     st.code == rpc::CallCode::kDeadlineExceeded) {
             retry_later(backoff(), [this] { reconcile(); });
           } else {
             log(LogLevel::kInfo, "could not join job " + req.job_id() + " round " +
@@ -686,15 +687,14 @@ void NodeAgent::flush_logs() {
 void NodeAgent::send_next() {
   if (sending_ || outbox_.empty() || !alive_->open) return;
   sending_ = true;
-  auto on_done = [this, gate = alive_, io = &io_](const grpc::Status& st) {
-    post_from_grpc(gate, io, [this, st] {
+  auto on_done = [this, gate = alive_, io = &io_](const rpc::CallStatus& st) {
+    post_completion(gate, io, [this, st] {
       sending_ = false;
       if (outbox_.empty()) return;
       Outgoing& front = outbox_.front();
-      bool transient = st.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                       st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
-                       st.error_code() == grpc::StatusCode::NOT_FOUND ||
-                       st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+      bool transient =
+          st.code == rpc::CallCode::kUnavailable || st.code == rpc::CallCode::kDeadlineExceeded ||
+          st.code == rpc::CallCode::kNotFound || st.code == rpc::CallCode::kResourceExhausted;
       // Why NOT_FOUND is retried: after a coordinator restart the job is known again once this
       // node has re-registered with its work.
       if (!st.ok() && transient && front.attempt < 40) {
@@ -725,12 +725,13 @@ void NodeAgent::send_next() {
   };
   Outgoing& front = outbox_.front();
   if (const auto* push = std::get_if<pb::PushLogsRequest>(&front.call)) {
-    client_->push_logs(*push, options_.rpc_timeout,
-                       [on_done](const grpc::Status& st, pb::PushLogsResponse&) { on_done(st); });
+    client_->push_logs(
+        *push, options_.rpc_timeout,
+        [on_done](const rpc::CallStatus& st, pb::PushLogsResponse&) { on_done(st); });
   } else {
     client_->report_group(
         std::get<pb::ReportGroupRequest>(front.call), options_.rpc_timeout,
-        [on_done](const grpc::Status& st, pb::ReportGroupResponse&) { on_done(st); });
+        [on_done](const rpc::CallStatus& st, pb::ReportGroupResponse&) { on_done(st); });
   }
 }
 

@@ -25,7 +25,7 @@
 #include <variant>
 #include <vector>
 
-#include "agent/rpc/coordinator_client.h"
+#include "agent/rpc/coordinator_api.h"
 #include "agent/store/store_server.h"
 #include "agent/supervisor/attempt.h"
 #include "agent/supervisor/worker_group.h"
@@ -60,7 +60,7 @@ struct NodeAgentHooks {
 
 class NodeAgent {
  public:
-  NodeAgent(boost::asio::io_context& io, std::shared_ptr<rpc::CoordinatorClient> client,
+  NodeAgent(boost::asio::io_context& io, std::shared_ptr<rpc::CoordinatorApi> client,
             NodeAgentOptions options, supervisor::JobLogger log, NodeAgentHooks hooks);
   ~NodeAgent();
   NodeAgent(const NodeAgent&) = delete;
@@ -81,8 +81,8 @@ class NodeAgent {
   void remove_leftover_rounds();
   void do_register();
   void do_sync();
-  void on_sync(const grpc::Status& status, const pb::SyncResponse& resp);
-  void coordinator_unreachable(const grpc::Status& status);
+  void on_sync(const rpc::CallStatus& status, const pb::SyncResponse& resp);
+  void coordinator_unreachable(const rpc::CallStatus& status);
   void reconcile();
   void stop_active(int signal);
   void start_group(const pb::Instruction& ins);
@@ -113,11 +113,11 @@ class NodeAgent {
     std::mutex mu;  // guards open against the gRPC threads
     bool open = true;
   };
-  static void post_from_grpc(const std::shared_ptr<Gate>& gate, boost::asio::io_context* io,
-                             std::function<void()> f);
+  static void post_completion(const std::shared_ptr<Gate>& gate, boost::asio::io_context* io,
+                              std::function<void()> f);
 
   boost::asio::io_context& io_;
-  std::shared_ptr<rpc::CoordinatorClient> client_;
+  std::shared_ptr<rpc::CoordinatorApi> client_;
   NodeAgentOptions options_;
   supervisor::JobLogger log_;
   NodeAgentHooks hooks_;

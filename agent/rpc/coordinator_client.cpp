@@ -36,8 +36,10 @@ void CoordinatorClient::call(Invoke invoke, const Req& req, std::chrono::millise
   c->req = req;
   c->done = std::move(done);
   prepare_context(c->ctx, token_, timeout);
-  invoke(stub_->async(), &c->ctx, &c->req, &c->resp,
-         [c](grpc::Status status) { c->done(status, c->resp); });
+  invoke(stub_->async(), &c->ctx, &c->req, &c->resp, [c](grpc::Status status) {
+    CallStatus st{static_cast<CallCode>(status.error_code()), status.error_message()};
+    c->done(st, c->resp);
+  });
 }
 
 void CoordinatorClient::register_node(const pb::RegisterNodeRequest& req,

@@ -13,32 +13,31 @@
 
 #include "accel/v1/coordinator.grpc.pb.h"
 #include "agent/common/status.h"
+#include "agent/rpc/coordinator_api.h"
 #include "agent/rpc/rpc_security.h"
 
 namespace accel::rpc {
 
 namespace pb = ::accel::v1;
 
-class CoordinatorClient {
+class CoordinatorClient final : public CoordinatorApi {
  public:
   // `target`: "host:port". Fails only on bad TLS files; connecting happens on the first call.
   static Result<std::shared_ptr<CoordinatorClient>> create(const std::string& target,
                                                            std::string token, const TlsFiles& tls);
 
-  template <class Resp>
-  using Done = std::function<void(const grpc::Status&, Resp&)>;
-
-  // Asynchronous: `done` runs once on a gRPC thread (post it to your io_context).
+  // Asynchronous (CoordinatorApi): `done` runs once on a gRPC thread (post it to your
+  // io_context).
   void register_node(const pb::RegisterNodeRequest& req, std::chrono::milliseconds timeout,
-                     Done<pb::RegisterNodeResponse> done);
+                     Done<pb::RegisterNodeResponse> done) override;
   void sync(const pb::SyncRequest& req, std::chrono::milliseconds timeout,
-            Done<pb::SyncResponse> done);
+            Done<pb::SyncResponse> done) override;
   void join_round(const pb::JoinRoundRequest& req, std::chrono::milliseconds timeout,
-                  Done<pb::JoinRoundResponse> done);
+                  Done<pb::JoinRoundResponse> done) override;
   void report_group(const pb::ReportGroupRequest& req, std::chrono::milliseconds timeout,
-                    Done<pb::ReportGroupResponse> done);
+                    Done<pb::ReportGroupResponse> done) override;
   void push_logs(const pb::PushLogsRequest& req, std::chrono::milliseconds timeout,
-                 Done<pb::PushLogsResponse> done);
+                 Done<pb::PushLogsResponse> done) override;
 
   // Blocking, bounded by `timeout`.
   grpc::Status submit_job(const pb::SubmitJobRequest& req, pb::SubmitJobResponse* resp,
@@ -48,7 +47,7 @@ class CoordinatorClient {
   grpc::Status cancel_job(const pb::CancelJobRequest& req, std::chrono::milliseconds timeout);
   grpc::Status get_status(pb::GetStatusResponse* resp, std::chrono::milliseconds timeout);
 
-  [[nodiscard]] const std::string& target() const { return target_; }
+  [[nodiscard]] const std::string& target() const override { return target_; }
 
  private:
   CoordinatorClient(std::string target, std::string token, std::shared_ptr<grpc::Channel> channel);

@@ -10,6 +10,8 @@
 #include <sstream>
 #include <string_view>
 
+#include "agent/rpc/coordinator_api.h"
+
 namespace accel::rpc {
 
 namespace {
@@ -153,26 +155,7 @@ bool token_matches(const grpc::CallbackServerContext& ctx, const std::string& to
 }
 
 std::string describe(const grpc::Status& status) {
-  static const char* kNames[] = {"OK",
-                                 "CANCELLED",
-                                 "UNKNOWN",
-                                 "INVALID_ARGUMENT",
-                                 "DEADLINE_EXCEEDED",
-                                 "NOT_FOUND",
-                                 "ALREADY_EXISTS",
-                                 "PERMISSION_DENIED",
-                                 "RESOURCE_EXHAUSTED",
-                                 "FAILED_PRECONDITION",
-                                 "ABORTED",
-                                 "OUT_OF_RANGE",
-                                 "UNIMPLEMENTED",
-                                 "INTERNAL",
-                                 "UNAVAILABLE",
-                                 "DATA_LOSS",
-                                 "UNAUTHENTICATED"};
-  int code = status.error_code();
-  std::string name = code >= 0 && code <= 16 ? kNames[code] : std::to_string(code);
-  return name + ": " + status.error_message();
+  return describe(CallStatus{static_cast<CallCode>(status.error_code()), status.error_message()});
 }
 
 }  // namespace accel::rpc

@@ -55,7 +55,8 @@ struct SimAgent : std::enable_shared_from_this<SimAgent> {
     req.set_address("127.0.0.1");
     req.set_machine_rank(-1);
     client().register_node(
-        req, 30s, [self = shared_from_this()](const grpc::Status& st, pb::RegisterNodeResponse&) {
+        req, 30s,
+        [self = shared_from_this()](const accel::rpc::CallStatus& st, pb::RegisterNodeResponse&) {
           if (!st.ok()) {
             self->s->errors++;
             return;
@@ -71,39 +72,40 @@ struct SimAgent : std::enable_shared_from_this<SimAgent> {
     req.set_node_id(id);
     req.set_known_version(known);
     req.set_wait_ms(1000);
-    client().sync(req, 30s,
-                  [self = shared_from_this()](const grpc::Status& st, pb::SyncResponse& resp) {
-                    self->s->syncs++;
-                    if (!st.ok()) {
-                      self->s->errors++;
-                      std::this_thread::sleep_for(100ms);
-                      self->sync();
-                      return;
-                    }
-                    self->known = resp.version();
-                    const auto& ins = resp.instruction();
-                    if (ins.action() == pb::Instruction::ACTION_JOIN && !self->joined) {
-                      self->joined = true;
-                      pb::JoinRoundRequest j;
-                      j.set_node_id(self->id);
-                      j.set_job_id(ins.job_id());
-                      j.set_round(ins.round());
-                      self->client().join_round(
-                          j, 30s, [self](const grpc::Status& js, pb::JoinRoundResponse&) {
-                            if (!js.ok()) self->s->errors++;
-                            self->sync();
-                          });
-                      return;
-                    }
-                    if (ins.action() == pb::Instruction::ACTION_RUN && !self->ran) {
-                      self->ran = true;
-                      if (++self->s->running == self->s->registered.load()) {
-                        std::lock_guard lock(self->s->mu);
-                        self->s->all_running = Clock::now();
-                      }
-                    }
-                    self->sync();
-                  });
+    client().sync(
+        req, 30s,
+        [self = shared_from_this()](const accel::rpc::CallStatus& st, pb::SyncResponse& resp) {
+          self->s->syncs++;
+          if (!st.ok()) {
+            self->s->errors++;
+            std::this_thread::sleep_for(100ms);
+            self->sync();
+            return;
+          }
+          self->known = resp.version();
+          const auto& ins = resp.instruction();
+          if (ins.action() == pb::Instruction::ACTION_JOIN && !self->joined) {
+            self->joined = true;
+            pb::JoinRoundRequest j;
+            j.set_node_id(self->id);
+            j.set_job_id(ins.job_id());
+            j.set_round(ins.round());
+            self->client().join_round(
+                j, 30s, [self](const accel::rpc::CallStatus& js, pb::JoinRoundResponse&) {
+                  if (!js.ok()) self->s->errors++;
+                  self->sync();
+                });
+            return;
+          }
+          if (ins.action() == pb::Instruction::ACTION_RUN && !self->ran) {
+            self->ran = true;
+            if (++self->s->running == self->s->registered.load()) {
+              std::lock_guard lock(self->s->mu);
+              self->s->all_running = Clock::now();
+            }
+          }
+          self->sync();
+        });
   }
 };
 
