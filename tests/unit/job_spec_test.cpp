@@ -8,6 +8,7 @@
 
 #include <CLI/CLI.hpp>
 #include <filesystem>
+#include <fstream>
 #include <set>
 
 #include "agent/config/config_loader.h"
@@ -55,6 +56,27 @@ TEST(KeyTable, EveryKeyIsComplete) {
     }
     // A key without a value name is a switch: it must be a true/false key.
     if (key.metavar.empty()) EXPECT_EQ(key.accepts, "true or false");
+  }
+}
+
+// docs/configuration.md's table lists every key (a key added to the table without its row
+// fails here).
+TEST(KeyTable, EveryKeyHasARowInTheConfigurationPage) {
+  std::ifstream in(std::string(ACCEL_SOURCE_DIR) + "/docs/configuration.md");
+  ASSERT_TRUE(in) << "docs/configuration.md";
+  std::set<std::string> documented;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("| `", 0) != 0) continue;
+    std::string first = line.substr(2, line.find(" |", 2) - 2);  // "`a`, `b`"
+    for (size_t at = 0; (at = first.find('`', at)) != std::string::npos;) {
+      size_t end = first.find('`', at + 1);
+      documented.insert(first.substr(at + 1, end - at - 1));
+      at = end + 1;
+    }
+  }
+  for (const KeySpec& key : all_keys()) {
+    EXPECT_TRUE(documented.contains(std::string(key.name)))
+        << key.name << " has no row in docs/configuration.md";
   }
 }
 
