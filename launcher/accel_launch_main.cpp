@@ -18,17 +18,16 @@
 #include "agent/config/config_loader.h"
 #include "agent/config/job_spec_builder.h"
 #include "agent/supervisor/line_sink.h"
-#include "agent/supervisor/local_job.h"
 #if ACCEL_LAUNCH_CLUSTER
 #include "agent/rpc/rpc_security.h"
 #include "launcher/cluster_launch.h"
 #endif
 #include "launcher/launch_cli.h"
+#include "launcher/local_launch.h"
 
 namespace {
 
 namespace fs = std::filesystem;
-using accel::supervisor::LogLevel;
 
 std::string generate_job_id() {
   std::time_t now = std::time(nullptr);
@@ -126,62 +125,10 @@ int main(int argc, char** argv) {
 #endif
   }
 
-  accel::supervisor::LocalJobOptions opts;
-  opts.job_id = cfg.job_id.empty() ? generate_job_id() : cfg.job_id;
-  opts.spec = std::move(*spec);
-  opts.master_addr = cfg.main_process_ip;
-  for (const auto& [k, v] : sources.env) opts.base_env.emplace(k, v);
-  opts.group.stop_timeout = cfg.stop_timeout;
-  bool temp_error_root = cfg.log_dir.empty();
-  opts.error_root =
-      temp_error_root ? accel::make_temp_dir("accel-" + opts.job_id + "-") : opts.spec.log_dir;
-  if (opts.error_root.empty()) {
-    logger->warn(
-        "cannot create a folder for the workers' error files in {} ({}); failures will "
-        "be reported without their error messages",
-        accel::temp_root(), std::strerror(errno));
-  }
-
-  boost::asio::io_context io;
-  accel::supervisor::LocalJob job(io, opts, [&](LogLevel level, const std::string& msg) {
-    switch (level) {
-      case LogLevel::kInfo:
-        logger->info(msg);
-        break;
-      case LogLevel::kWarn:
-        logger->warn(msg);
-        break;
-      case LogLevel::kError:
-        logger->error(msg);
-        break;
-    }
-  });
-
-  accel::StopSignals signals(
-      io, "the job keeps running (SIGTERM or Ctrl-C stop it)",
-      [&](const std::string& text) { logger->warn(text); },
-      [&](int sig, int /*nth: LocalJob escalates itself*/) { job.cancel(sig); });
-
-  logger->info("job {}: {} x {}", opts.job_id, cfg.num_processes, opts.spec.argv.front());
-  int exit_code = 0;
-  job.run([&](const accel::supervisor::JobResult& result) {
-    exit_code = result.exit_code;
-    if (result.exit_code != 0) {
-      accel::supervisor::write_all(STDERR_FILENO,
-                                   accel::supervisor::format_failure_summary(opts, result));
-    } else {
-      logger->info("job {} succeeded", opts.job_id);
-      for (const auto& problem : result.log_problems)
-        logger->warn("but its log is incomplete: {}", problem);
-    }
-    signals.cancel();
-    io.stop();
-  });
-  io.run();
-
-  if (temp_error_root && !opts.error_root.empty()) {
-    std::error_code ec;
-    fs::remove_all(opts.error_root, ec);
-  }
+  accel::launcher::LocalLaunch local{.cfg = cfg,
+                                     .spec = std::move(*spec),
+                                     .env = {sources.env.begin(), sources.env.end()},
+                                     .job_id = cfg.job_id.empty() ? generate_job_id() : cfg.job_id};
+  int exit_code = accel::launcher::run_local(local);
   return exit_code;
 }

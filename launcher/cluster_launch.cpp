@@ -319,7 +319,6 @@ int run_multi_node(const ClusterLaunch& launch) {
   boost::asio::io_context io;
   auto opts = make_agent_options(cfg, launch.env, target);
   opts.machine_rank = cfg.machine_rank;
-  opts.exit_after_job = true;
   opts.give_up_after = cfg.join_timeout;
   opts.state_dir = make_temp_dir("accel-node-");  // empty: failures go without error files
   if (server) opts.address = cfg.node_address.empty() ? cfg.main_process_ip : cfg.node_address;

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <ctime>
 #include <random>
+#include <sstream>
 
 #include "agent/common/exit_hints.h"
 #include "agent/coordinator/request_limits.h"
@@ -592,7 +593,9 @@ void CoordinatorCore::summarize(Job& job) {
   if (job.state == pb::JOB_STATE_FAILED) {
     job.summary = format_failure_summary(job.id, job.failures, job.last_failed_round,
                                          root_cause(job, job.last_failed_round));
-    if (!why.empty()) job.summary = "accel: job " + job.id + ": " + why + "\n" + job.summary;
+    job.summary = "accel: job " + job.id + " FAILED with exit code " +
+                  std::to_string(job.exit_code) + (why.empty() ? "" : ": " + why) + "\n" +
+                  job.summary;
   } else if (job.state == pb::JOB_STATE_CANCELLED) {
     job.summary =
         "accel: job " + job.id + " was cancelled" + (why.empty() ? "" : ": " + why) + "\n";
@@ -889,8 +892,10 @@ RpcStatus CoordinatorCore::cancel_job(const pb::CancelJobRequest& req) {
     return precondition("job " + job.id + " has ended already (" + job_state_name(job.state) + ")");
   }
   int sig = req.signal() == 0 ? 15 : req.signal();
+  const char* abbrev = ::sigabbrev_np(sig);
+  std::string name = abbrev ? "SIG" + std::string(abbrev) : "signal " + std::to_string(sig);
   end_job(job, pb::JOB_STATE_CANCELLED, 128 + sig,
-          "cancelled by a launcher (signal " + std::to_string(sig) + ")");
+          "stopped by " + name + " from a launcher (exit code " + std::to_string(128 + sig) + ")");
   return RpcStatus::ok();
 }
 
@@ -1127,8 +1132,15 @@ std::string format_failure_summary(const std::string& job_id,
            describe_failure(f) + "\n";
     if (!is_root) continue;
     if (!f.report().empty()) out += f.report() + (f.report().back() == '\n' ? "" : "\n");
-    if (!f.stack().empty()) {
-      out += "      stack| " + f.stack().substr(0, 2000) + "\n";
+    if (!f.stack().empty()) {  // it says what stderr's tail would repeat: its last lines
+      std::vector<std::string> lines;
+      std::istringstream in(f.stack());
+      for (std::string line; std::getline(in, line);) {
+        if (!line.empty()) lines.push_back(line.substr(0, 500));
+      }
+      for (size_t l = lines.size() > 6 ? lines.size() - 6 : 0; l < lines.size(); ++l) {
+        out += "      stack| " + lines[l] + "\n";
+      }
     } else {
       for (const auto& line : f.stderr_tail()) out += "      stderr| " + line + "\n";
     }

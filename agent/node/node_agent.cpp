@@ -92,6 +92,7 @@ struct NodeAgent::Active {
   std::unique_ptr<supervisor::Attempt> attempt;  // null once its workers are stopped
   std::string error_dir;  // <state_dir>/<job>/attempt_<round>: error files, progress pages
   bool all_succeeded = false;
+  bool keep_folder = false;  // the round folder is also the user's log folder
 
   [[nodiscard]] bool running() const { return attempt && attempt->running() > 0; }
 
@@ -102,7 +103,7 @@ struct NodeAgent::Active {
   // exit and is garbage once the round is over (the job's folder too, once empty).
   ~Active() {
     attempt.reset();
-    if (error_dir.empty()) return;
+    if (error_dir.empty() || keep_folder) return;
     std::error_code ec;
     fs::remove_all(error_dir, ec);
     fs::remove(fs::path(error_dir).parent_path(), ec);  // only when empty
@@ -145,7 +146,7 @@ void NodeAgent::start() {
 // workers died with it (PR_SET_PDEATHSIG), so what an earlier agent left in the state folder is
 // garbage. Only folders shaped like ours go: <job>/attempt_<n>/.
 void NodeAgent::remove_leftover_rounds() {
-  if (options_.state_dir.empty()) return;
+  if (options_.state_dir.empty() || options_.keep_round_folders) return;
   std::error_code ec;
   int removed = 0;
   for (const auto& job : fs::directory_iterator(options_.state_dir, ec)) {
@@ -252,11 +253,13 @@ void NodeAgent::do_register() {
           failures_in_a_row_ = 0;
           unreachable_since_.reset();
           known_version_ = 0;
-          log(LogLevel::kInfo,
-              std::string(restarted ? "registered again with restarted coordinator "
-                                    : "registered with coordinator ") +
-                  coordinator_id_ + " at " + client_->target() + " as node " + options_.node_id +
-                  " (" + options_.address + ")");
+          if (!options_.local) {
+            log(LogLevel::kInfo,
+                std::string(restarted ? "registered again with restarted coordinator "
+                                      : "registered with coordinator ") +
+                    coordinator_id_ + " at " + client_->target() + " as node " + options_.node_id +
+                    " (" + options_.address + ")");
+          }
           do_sync();
         });
       });
@@ -370,6 +373,7 @@ void NodeAgent::on_sync(const rpc::CallStatus& status, const pb::SyncResponse& r
 void NodeAgent::reconcile() {
   if (!have_desired_ || shutting_down_ || stopping_) return;
   const pb::Instruction& ins = desired_;
+  if (job_store_ && ins.job_id() != job_store_job_) job_store_.reset();  // that job is over here
   bool run = ins.action() == pb::Instruction::ACTION_RUN;
   bool same = active_ && run && active_->job_id == ins.job_id() && active_->round == ins.round();
   if (same) return;
@@ -382,16 +386,24 @@ void NodeAgent::reconcile() {
       stop_active(sig);
       return;
     }
-    active_.reset();
+    if (active_->store) {  // kept for the job's next round (see join)
+      job_store_ = std::move(active_->store);
+      job_store_job_ = active_->job_id;
+    }
+    // Why not at once: removing the round's folder is file-system work between a failure and
+    // the replacement's start; it waits until the next round runs, or the node is idle.
+    retired_ = std::move(active_);
   }
   switch (ins.action()) {
     case pb::Instruction::ACTION_RUN:
       start_group(ins);
+      retired_.reset();
       break;
     case pb::Instruction::ACTION_JOIN:
       join(ins);
       break;
     default:
+      retired_.reset();
       break;
   }
 }
@@ -429,12 +441,18 @@ void NodeAgent::join(const pb::Instruction& ins) {
     // Why every node binds one: any node may become node rank 0, whose agent then serves the
     // round's rendezvous store on it. Bound now and held, so nothing can take the port before
     // the workers connect.
-    std::string why;
-    reserved_store_ = open_store(0, why);
+    // The store of this job's last round, when this node served it: the job keeps its
+    // MASTER_PORT across restarts whenever this node stays node rank 0 (as under torchrun).
+    if (job_store_ && job_store_job_ == ins.job_id()) {
+      reserved_store_ = std::move(job_store_);
+    } else {
+      job_store_.reset();
+      std::string why;
+      reserved_store_ = open_store(0, why);
+      if (!reserved_store_) log(LogLevel::kWarn, why);
+    }
     if (reserved_store_) {
       req.set_master_port(reserved_store_->port());
-    } else {
-      log(LogLevel::kWarn, why);
     }
   }
   join_in_flight_ = true;
@@ -446,8 +464,10 @@ void NodeAgent::join(const pb::Instruction& ins) {
           if (st.ok()) {
             joined_job_ = req.job_id();
             joined_round_ = req.round();
-            log(LogLevel::kInfo,
-                "joined job " + req.job_id() + " round " + std::to_string(req.round()));
+            if (!options_.local) {
+              log(LogLevel::kInfo,
+                  "joined job " + req.job_id() + " round " + std::to_string(req.round()));
+            }
           } else if (st.code == rpc::CallCode::kUnavailable ||
                      st.code == rpc::CallCode::kDeadlineExceeded) {
             retry_later(backoff(), [this] { reconcile(); });
@@ -463,7 +483,11 @@ std::unique_ptr<store::StoreServer> NodeAgent::open_store(int port, std::string&
   store::StoreServerOptions so;
   so.port = port;
   so.warn = [this](const std::string& w) { log(LogLevel::kWarn, w); };
-  for (const std::string& host : {options_.address, std::string("0.0.0.0")}) {
+  // Why only the address in local mode: a one-machine job's store must not listen on every
+  // interface; a cluster node falls back to any address when its own cannot be bound.
+  std::vector<std::string> hosts = {options_.address};
+  if (!options_.local) hosts.emplace_back("0.0.0.0");
+  for (const std::string& host : hosts) {
     so.host = host;
     auto server = store::StoreServer::listen(io_, so);
     if (server) return std::move(*server);
@@ -487,6 +511,8 @@ void NodeAgent::start_group(const pb::Instruction& ins) {
   if (a.node_rank() == 0) {
     if (reserved && reserved->port() == a.master_port()) {
       act.store = std::move(reserved);
+      // Why: nothing the last round's workers stored, or still send, may reach this one.
+      act.store->reset();
     } else {
       std::string why;
       act.store = open_store(a.master_port(), why);
@@ -516,12 +542,13 @@ void NodeAgent::start_group(const pb::Instruction& ins) {
   ao.base_env = options_.base_env;
   if (!options_.state_dir.empty()) {
     act.error_dir = supervisor::Attempt::folder(options_.state_dir, ins.job_id(), ins.round());
+    act.keep_folder = options_.keep_round_folders;
     std::error_code ec;
     fs::create_directories(act.error_dir, ec);
     if (ec) act.error_dir.clear();
   }
   ao.error_dir = act.error_dir;
-  ao.host = options_.hostname;
+  if (!options_.local) ao.host = options_.hostname;
   ao.group = options_.group;
   JobSpec spec = rpc::from_proto(act.spec);
 
@@ -531,6 +558,7 @@ void NodeAgent::start_group(const pb::Instruction& ins) {
   hooks.on_success = [this, gen] { on_success(gen); };
   hooks.on_stopped = [this, gen](const supervisor::StopReport& r) { on_stopped(gen, r); };
   hooks.log = log_;
+  hooks.on_log_problem = [this](const std::string& problem) { log_problems_.push_back(problem); };
   if (spec.forward_logs) {
     log_job_ = ins.job_id();
     hooks.on_line = [this](int rank, bool is_stderr, std::string_view line) {
@@ -558,13 +586,21 @@ void NodeAgent::start_group(const pb::Instruction& ins) {
     };
   }
 
-  log(LogLevel::kInfo, "job " + ins.job_id() + " round " + std::to_string(ins.round()) +
-                           ": starting ranks " + std::to_string(a.rank_offset()) + ".." +
-                           std::to_string(a.rank_offset() + spec.processes_per_node - 1) + " of " +
-                           std::to_string(a.world_size()) + " (node rank " +
-                           std::to_string(a.node_rank()) + ", MASTER_ADDR=" + a.master_addr() +
-                           " MASTER_PORT=" + std::to_string(a.master_port()) + ", restart " +
-                           std::to_string(a.restart_count()) + ")");
+  if (options_.local) {
+    const int n = spec.processes_per_node;
+    log(LogLevel::kInfo, "attempt " + std::to_string(a.restart_count()) + ": starting " +
+                             std::to_string(n) + " worker" + (n == 1 ? "" : "s") +
+                             " (MASTER_ADDR=" + a.master_addr() +
+                             " MASTER_PORT=" + std::to_string(a.master_port()) + ")");
+  } else {
+    log(LogLevel::kInfo, "job " + ins.job_id() + " round " + std::to_string(ins.round()) +
+                             ": starting ranks " + std::to_string(a.rank_offset()) + ".." +
+                             std::to_string(a.rank_offset() + spec.processes_per_node - 1) +
+                             " of " + std::to_string(a.world_size()) + " (node rank " +
+                             std::to_string(a.node_rank()) + ", MASTER_ADDR=" + a.master_addr() +
+                             " MASTER_PORT=" + std::to_string(a.master_port()) + ", restart " +
+                             std::to_string(a.restart_count()) + ")");
+  }
   act.attempt = std::make_unique<supervisor::Attempt>(io_, spec, std::move(ao), std::move(hooks));
   if (Status st = act.attempt->start(); !st) {
     act.attempt.reset();
@@ -579,11 +615,18 @@ void NodeAgent::start_group(const pb::Instruction& ins) {
   report_event(pb::ReportGroupRequest::EVENT_STARTED);
 }
 
+std::string NodeAgent::stopping_others() const {
+  return options_.local ? "stopping the other workers"
+                        : "stopping this node's workers and telling the coordinator";
+}
+
 void NodeAgent::on_success(uint64_t generation) {
   if (!active_ || active_->generation != generation) return;
   active_->all_succeeded = true;
-  log(LogLevel::kInfo, "job " + active_->job_id + " round " + std::to_string(active_->round) +
-                           ": every local worker exited 0");
+  if (!options_.local) {
+    log(LogLevel::kInfo, "job " + active_->job_id + " round " + std::to_string(active_->round) +
+                             ": every local worker exited 0");
+  }
   flush_logs();
   report_event(pb::ReportGroupRequest::EVENT_SUCCEEDED);
 }
@@ -598,7 +641,7 @@ void NodeAgent::on_failure(uint64_t generation, const supervisor::AttemptFailure
     f.set_local_rank(hang.rank - active_->assignment.rank_offset());
     f.set_message(hang.reason);
     f.set_report(hang.report);
-    log(LogLevel::kError, hang.report + "stopping this node's workers and telling the coordinator");
+    log(LogLevel::kError, hang.report + stopping_others());
   } else {
     const supervisor::WorkerExit& exit = *failure.exit;
     f.set_kind(pb::Failure::KIND_EXIT);
@@ -620,8 +663,8 @@ void NodeAgent::on_failure(uint64_t generation, const supervisor::AttemptFailure
     }
     log(LogLevel::kError, "rank " + std::to_string(exit.rank) + " (pid " +
                               std::to_string(exit.pid) + ") failed: " + exit.describe() +
-                              (f.message().empty() ? "" : ": " + f.message()) +
-                              "; stopping this node's workers and telling the coordinator");
+                              (f.message().empty() ? "" : ": " + f.message()) + "; " +
+                              stopping_others());
   }
   // The attempt stops its workers itself once this returns.
   stopping_ = true;

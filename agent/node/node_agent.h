@@ -37,11 +37,17 @@ namespace pb = ::accel::v1;
 struct NodeAgentOptions {
   std::string node_id;  // unique among the coordinator's nodes
   std::string hostname;
-  std::string address;          // MASTER_ADDR when this node is node rank 0
-  int machine_rank = -1;        // mode 2: the node rank asked for
-  std::string only_job_id;      // take part only in this job
-  bool exit_after_job = false;  // mode 2: done once the first job it joined has ended
-  std::string state_dir;        // where workers' error files go: <state_dir>/<job>/round_<r>/
+  std::string address;      // MASTER_ADDR when this node is node rank 0
+  int machine_rank = -1;    // mode 2: the node rank asked for
+  std::string only_job_id;  // take part only in this job
+  // A local launch: the only node, with the coordinator in this process. It says nothing about
+  // registering and joining rounds, speaks of attempts and "the other workers", and prefixes the
+  // workers' console lines "[rank r]" (not "[host:rank]").
+  bool local = false;
+  std::string state_dir;  // where workers' error files go: <state_dir>/<job>/attempt_<round>/
+  // Keep those folders after the round, and leave what is in state_dir at start: they are the
+  // user's log folders (a local launch with log_dir puts error files beside the logs).
+  bool keep_round_folders = false;
   supervisor::EnvMap base_env;  // the workers' inherited environment
   supervisor::WorkerGroupOptions group;
   std::chrono::milliseconds rpc_timeout{5'000};
@@ -72,6 +78,9 @@ class NodeAgent {
   void shutdown(int signal, std::function<void()> done);
 
   [[nodiscard]] std::vector<pid_t> worker_pids() const;
+  // Rank log files that could not be written so far, one line each (said when they happen; a
+  // launcher repeats them at the end).
+  [[nodiscard]] const std::vector<std::string>& log_problems() const { return log_problems_; }
   // The job this node runs or was told to join; empty when idle.
   [[nodiscard]] std::string current_job_id() const;
 
@@ -92,6 +101,7 @@ class NodeAgent {
   std::unique_ptr<store::StoreServer> open_store(int port, std::string& why);
   void on_failure(uint64_t generation, const supervisor::AttemptFailure& failure);
   void on_success(uint64_t generation);
+  [[nodiscard]] std::string stopping_others() const;
   void on_stopped(uint64_t generation, const supervisor::StopReport& report);
   void report(pb::ReportGroupRequest req);
   // Reports `event` for the active round.
@@ -136,8 +146,12 @@ class NodeAgent {
   std::chrono::steady_clock::time_point last_unreachable_log_{};
 
   std::unique_ptr<Active> active_;
+  std::unique_ptr<Active> retired_;  // the last round, its workers gone, until the next one runs
   // The store bound when joining a round (any node may become node rank 0); see join().
   std::unique_ptr<store::StoreServer> reserved_store_;
+  // The store this node served in the last round of job_store_job_, kept for its next round.
+  std::unique_ptr<store::StoreServer> job_store_;
+  std::string job_store_job_;
   uint64_t generation_ = 0;
   bool stopping_ = false;
   int stop_signal_ = 15;  // SIGTERM, or a cancelling launcher's signal
@@ -146,6 +160,7 @@ class NodeAgent {
   int64_t joined_round_ = -1;
   bool join_in_flight_ = false;
   std::string reported_outcome_;  // the job whose end was handed to on_job_end
+  std::vector<std::string> log_problems_;
 
   std::vector<pb::LogLine> log_buffer_;
   size_t log_buffer_bytes_ = 0;

@@ -11,6 +11,13 @@ namespace accel::supervisor {
 
 namespace fs = std::filesystem;
 
+namespace {
+std::string format_ms(std::chrono::milliseconds d) {
+  return d.count() % 1000 == 0 ? std::to_string(d.count() / 1000) + "s"
+                               : std::to_string(d.count()) + "ms";
+}
+}  // namespace
+
 std::string Attempt::folder(const std::string& root, const std::string& job_id, int attempt) {
   return root + "/" + job_id + "/attempt_" + std::to_string(attempt);
 }
@@ -75,7 +82,9 @@ Status Attempt::start() {
   if (spec_.stop_timeout.count() > 0) group.stop_timeout = spec_.stop_timeout;
   group.on_warning = [this](const std::string& problem) {
     if (hooks_.log) hooks_.log(LogLevel::kWarn, problem);
+    if (hooks_.on_log_problem) hooks_.on_log_problem(problem);
   };
+  stop_timeout_ = group.stop_timeout;
   group_ = std::make_unique<WorkerGroup>(io_, group);
   if (Status s =
           group_->start(std::move(specs), [this](const WorkerExit& e) { on_worker_exit(e); });
@@ -97,7 +106,15 @@ std::vector<pid_t> Attempt::pids() const { return group_ ? group_->pids() : std:
 void Attempt::on_worker_exit(const WorkerExit& exit) {
   if (hang_watch_) hang_watch_->forget(exit.rank);  // an exited worker cannot hang
   if (hooks_.on_exit) hooks_.on_exit(exit);
-  if (stopping_ || exit.during_stop) return;  // a worker we are stopping
+  if (stopping_ || exit.during_stop) {  // a worker we are stopping
+    if (exit.signaled && exit.signal == SIGKILL && stop_signal_ != SIGKILL && hooks_.log) {
+      hooks_.log(LogLevel::kWarn, "rank " + std::to_string(exit.rank) + " (pid " +
+                                      std::to_string(exit.pid) + ") did not stop within " +
+                                      format_ms(stop_timeout_) + " of " +
+                                      signal_name(stop_signal_) + ": SIGKILLed");
+    }
+    return;
+  }
   if (exit.success()) {
     if (++succeeded_ == spec_.processes_per_node && hooks_.on_success) hooks_.on_success();
     return;
@@ -130,6 +147,7 @@ void Attempt::stop(int signal) {
     return;
   }
   stopping_ = true;
+  stop_signal_ = signal;
   group_->stop(signal, [this, alive = alive_](const StopReport& report) {
     if (!*alive || stopped_) return;
     stopped_ = true;

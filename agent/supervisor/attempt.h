@@ -1,8 +1,7 @@
 // Attempt: one node's share of one attempt of a job (a restart, or a rendezvous round): its
 // folders, its workers' specs and environment, the WorkerGroup, the hang watch, and the first
-// failure with the worker's error file. accel-launch's LocalJob and the node agent both run
-// their workers through it; they differ only in who decides what happens next (the local
-// restart budget, or the coordinator).
+// failure with the worker's error file. The node agent runs every job's workers through it, in
+// every launch mode; what happens next (a restart, the end) is the coordinator's decision.
 //
 // Thread: the io_context passed in (see WorkerGroup).
 #pragma once
@@ -56,7 +55,9 @@ struct AttemptHooks {
   std::function<void(const StopReport&)> on_stopped;
   // Every output line, when set (the node agent forwards them to watching launchers).
   std::function<void(int rank, bool is_stderr, std::string_view line)> on_line;
-  JobLogger log;  // warnings: a rank log file that cannot be written
+  JobLogger log;  // warnings: a rank log file that cannot be written, a worker SIGKILLed
+  // A rank log file that cannot be written (also logged), once per file.
+  std::function<void(const std::string& problem)> on_log_problem;
 };
 
 struct AttemptOptions {
@@ -109,6 +110,8 @@ class Attempt {
   bool failed_ = false;
   bool stopping_ = false;
   bool stopped_ = false;
+  int stop_signal_ = 0;
+  std::chrono::milliseconds stop_timeout_{0};
   // Why: a WorkerGroup completion may be queued when the owner destroys the attempt.
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };

@@ -103,6 +103,12 @@ def main():
     accel_crash = median_of(args.runs, lambda: crash_to_respawn(
         [launch, "-q", "-n", "2", "--max-restarts", "1", worker]))
     rows.append(("worker crash -> replacement started", "accel-launch", accel_crash))
+    baseline_crash = None
+    if args.baseline:
+        baseline_crash = median_of(args.runs, lambda: crash_to_respawn(
+            [args.baseline, "-q", "-n", "2", "--max-restarts", "1", worker]))
+        rows.append(("worker crash -> replacement started", f"baseline {args.baseline}",
+                     baseline_crash))
     torch_crash = {}
     for iv in intervals:
         torch_crash[iv] = median_of(args.runs, lambda iv=iv: crash_to_respawn(
@@ -115,6 +121,9 @@ def main():
     for what, who, ms in rows:
         print(f"| {what} | {who} | {ms:.1f} |")
     print()
+    if args.baseline:
+        print(f"against the baseline: launch {accel_launch / baseline:.2f}x, crash -> respawn "
+              f"{accel_crash / baseline_crash:.2f}x (target <= 1.2x)")
     for iv in intervals:
         print(f"launch: accel-launch is {torch_launch[iv] / accel_launch:.1f}x faster than torchrun "
               f"--monitor_interval {iv} (target >= 20x)")

@@ -93,11 +93,11 @@ TEST(Launcher, ExitCodeIsTheRootCause) {
   EXPECT_EQ(bad.exit_code, 7) << bad.err;
   EXPECT_LT(bad.elapsed, 10s);  // the sleepers were stopped, not waited for
   EXPECT_NE(bad.err.find("FAILED with exit code 7"), std::string::npos) << bad.err;
-  EXPECT_TRUE(std::regex_search(bad.err, std::regex(R"(\* 2 +\d+ +exit code 7 .*<- root cause)")))
+  EXPECT_TRUE(std::regex_search(
+      bad.err, std::regex(R"(\* [0-9:.]+ +rank 2 on \S+ \(pid \d+\) failed: exit code 7\n)")))
       << bad.err;
   EXPECT_NE(bad.err.find("stderr| boom on two"), std::string::npos) << bad.err;
-  EXPECT_TRUE(
-      std::regex_search(bad.err, std::regex(R"(  0 +\d+ +SIGTERM \(signal 15\) .*\(stopped\))")))
+  EXPECT_NE(bad.err.find("failed: exit code 7; stopping the other workers"), std::string::npos)
       << bad.err;
 }
 
@@ -109,7 +109,7 @@ TEST(Launcher, ErrorFileMessageInSummary) {
                    "loss is nan\", \"extraInfo\": {\"py_callstack\": \"tb\"}}}' > "
                    "\"$TORCHELASTIC_ERROR_FILE\"; exit 1; fi; exec sleep 30")));
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.err.find("error: ValueError: loss is nan"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("failed: exit code 1: ValueError: loss is nan"), std::string::npos) << r.err;
 }
 
 TEST(Launcher, RestartsTheWholeGroupAndCountsAttempts) {
@@ -137,7 +137,11 @@ TEST(Launcher, RestartsTheWholeGroupAndCountsAttempts) {
     }
   }
   EXPECT_FALSE(fs::exists(dir / "ran_3_3_0"));
-  EXPECT_NE(r.err.find("restarting the worker group (restart 2 of 3)"), std::string::npos) << r.err;
+  EXPECT_TRUE(std::regex_search(
+      r.err,
+      std::regex(
+          R"(restarting: rank 1 on \S+ \(pid \d+\) failed: exit code 3 \(restart 2 of 3\))")))
+      << r.err;
 }
 
 TEST(Launcher, RestartBudgetRunsOut) {
@@ -149,9 +153,16 @@ TEST(Launcher, RestartBudgetRunsOut) {
   EXPECT_EQ(r.exit_code, 4);
   EXPECT_TRUE(fs::exists(dir / "a_2"));
   EXPECT_FALSE(fs::exists(dir / "a_3"));
-  EXPECT_NE(r.err.find("after 3 attempts (max_restarts 2)"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("attempt 0: rank 0 exit code 4"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("attempt 1: rank 0 exit code 4"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("FAILED with exit code 4"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("no restarts left (max_restarts 2)"), std::string::npos) << r.err;
+  EXPECT_TRUE(std::regex_search(
+      r.err,
+      std::regex(R"(earlier: round 0 at [0-9:.]+: rank 0 on \S+ \(pid \d+\) failed: exit code 4)")))
+      << r.err;
+  EXPECT_TRUE(std::regex_search(
+      r.err,
+      std::regex(R"(earlier: round 1 at [0-9:.]+: rank 0 on \S+ \(pid \d+\) failed: exit code 4)")))
+      << r.err;
 }
 
 TEST(Launcher, WorkerKilledWithSigkill) {
@@ -167,7 +178,9 @@ TEST(Launcher, WorkerKilledWithSigkill) {
   auto r = l.wait(20s);
   EXPECT_FALSE(r.timed_out);
   EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r.err;
-  EXPECT_TRUE(std::regex_search(r.err, std::regex(R"(\* 1 +\d+ +SIGKILL \(signal 9\))"))) << r.err;
+  EXPECT_TRUE(std::regex_search(
+      r.err, std::regex(R"(\* [0-9:.]+ +rank 1 on \S+ \(pid \d+\) failed: SIGKILL \(signal 9\))")))
+      << r.err;
   EXPECT_FALSE(pid_alive(other));
 }
 
@@ -187,7 +200,9 @@ TEST(Launcher, WorkerIgnoringSigtermIsKilledAfterGrace) {
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_GE(r.elapsed, 700ms);  // the grace was given...
   EXPECT_LT(r.elapsed, 10s);    // ...and then SIGKILL, not a wait for sleep 60
-  EXPECT_TRUE(std::regex_search(r.err, std::regex(R"(  1 +\d+ +SIGKILL \(signal 9\))"))) << r.err;
+  EXPECT_TRUE(std::regex_search(
+      r.err, std::regex(R"(rank 1 \(pid \d+\) did not stop within 700ms of SIGTERM: SIGKILLed)")))
+      << r.err;
   pid_t stubborn = std::stoi(read_file(dir / "stubborn"));
   EXPECT_FALSE(pid_alive(stubborn));
 }
@@ -419,7 +434,7 @@ TEST(Launcher, CpuHangOutsideCollectivesIsCaughtByTheHeartbeat) {
                              90s);
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_NE(r.err.find("rank 0 has shown no progress for"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("root cause: rank 0 is outside any collective; its last was barrier #2"),
+  EXPECT_NE(r.err.find("hung: rank 0 is outside any collective; its last was barrier #2"),
             std::string::npos)
       << r.err;
 }

@@ -894,7 +894,8 @@ TEST(CoordinatorCore, RootCauseIsTheEarliestFailureEvenWhenReportedLater) {
   EXPECT_TRUE(starts_with(line_with(summary, "  rank 1 on host-a"), "  ")) << summary;
   // The exit code follows the root cause; the first line still says why the job ended.
   EXPECT_EQ(w.outcome().exit_code(), 128 + 11);
-  EXPECT_TRUE(starts_with(summary, "accel: job j: rank 0 on host-a")) << summary;
+  EXPECT_TRUE(starts_with(summary, "accel: job j FAILED with exit code 139: rank 0 on host-a"))
+      << summary;
   EXPECT_NE(summary.find("stderr| Segmentation fault (core dumped)"), std::string::npos) << summary;
   // Nodes are told the updated summary too.
   Ins a = h.ins("a");

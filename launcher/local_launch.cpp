@@ -1,0 +1,185 @@
+// Mode 1 through the in-process coordinator.
+#include "launcher/local_launch.h"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+
+#include "agent/common/clock.h"
+#include "agent/common/stop_signals.h"
+#include "agent/common/temp_dir.h"
+#include "agent/node/local_coordinator.h"
+#include "agent/node/node_agent.h"
+#include "agent/rpc/job_spec_proto.h"
+#include "agent/supervisor/line_sink.h"
+#include "contract/worker_contract.h"
+
+namespace accel::launcher {
+
+namespace fs = std::filesystem;
+namespace pb = ::accel::v1;
+using supervisor::LogLevel;
+
+namespace {
+
+std::shared_ptr<spdlog::logger> logger() {
+  auto l = spdlog::get("accel-launch");
+  return l ? l : spdlog::default_logger();
+}
+
+void log_line(LogLevel level, const std::string& msg) {
+  switch (level) {
+    case LogLevel::kInfo:
+      logger()->info(msg);
+      break;
+    case LogLevel::kWarn:
+      logger()->warn(msg);
+      break;
+    case LogLevel::kError:
+      logger()->error(msg);
+      break;
+  }
+}
+
+// The coordinator's lines a local user needs: restarts and why the job ended. Round openings
+// and closings of a one-node job say nothing new.
+bool worth_showing(const std::string& message) {
+  return message.rfind("restarting", 0) == 0 || message.rfind("job ", 0) == 0;
+}
+
+}  // namespace
+
+int run_local(const LocalLaunch& launch) {
+  const auto& cfg = launch.cfg;
+  boost::asio::io_context io;
+  SystemClock clock;
+  coordinator::CoordinatorOptions co;
+  co.coordinator_id = "local";
+  co.lease = cfg.lease_timeout;
+  co.sync_wait = std::chrono::milliseconds(2'000);
+  node::LocalCoordinator coord(io, clock, co);
+
+  pb::SubmitJobRequest submit;
+  submit.set_job_id(launch.job_id);
+  *submit.mutable_spec() = rpc::to_proto(launch.spec);
+  coordinator::RpcStatus submitted;
+  coord.with_core([&](coordinator::CoordinatorCore& core) {
+    pb::SubmitJobResponse resp;
+    submitted = core.submit_job(submit, &resp);
+  });
+  if (!submitted.is_ok()) {
+    supervisor::write_all(STDERR_FILENO, "accel-launch: error: " + submitted.message + "\n");
+    return 1;
+  }
+
+  node::NodeAgentOptions opts;
+  opts.hostname = node::local_hostname();
+  opts.node_id = opts.hostname;
+  opts.address = cfg.main_process_ip;  // MASTER_ADDR: where this node serves the store
+  opts.machine_rank = 0;
+  opts.only_job_id = launch.job_id;
+  opts.local = true;
+  opts.lease_fallback = cfg.lease_timeout;
+  opts.group.stop_timeout = cfg.stop_timeout;
+  opts.base_env = launch.env;
+  opts.base_env.erase(contract::kToken);
+  // Error files and progress pages go beside the rank logs, else to a private temporary folder.
+  bool temp_state = launch.spec.log_dir.empty();
+  opts.state_dir = temp_state ? make_temp_dir("accel-" + launch.job_id + "-") : launch.spec.log_dir;
+  opts.keep_round_folders = !temp_state;
+  if (opts.state_dir.empty()) {
+    logger()->warn(
+        "cannot create a folder for the workers' error files in {} ({}); failures will be "
+        "reported without their error messages",
+        temp_root(), std::strerror(errno));
+  }
+
+  int exit_code = 1;
+  bool ended = false;
+  std::unique_ptr<node::NodeAgent> agent;
+  auto finish = [&](int code, int stop_signal) {
+    if (ended) return;
+    ended = true;
+    exit_code = code;
+    agent->shutdown(stop_signal, [&] {
+      coord.stop();
+      io.stop();
+    });
+  };
+  node::NodeAgentHooks hooks;
+  hooks.on_job_end = [&](const pb::JobOutcome& outcome) {
+    if (outcome.exit_code() != 0) {
+      std::string text = outcome.summary();
+      for (const auto& problem : agent->log_problems()) text += "  log: " + problem + "\n";
+      supervisor::write_all(STDERR_FILENO, text);
+    } else {
+      logger()->info("job {} succeeded", outcome.job_id());
+      for (const auto& problem : agent->log_problems()) {
+        logger()->warn("but its log is incomplete: {}", problem);
+      }
+    }
+    // A cancelled job's workers get the user's signal first (SIGINT for Ctrl-C), as they
+    // would from a shell.
+    bool cancelled = outcome.state() == pb::JOB_STATE_CANCELLED && outcome.exit_code() > 128;
+    finish(outcome.exit_code(), cancelled ? outcome.exit_code() - 128 : SIGTERM);
+  };
+  hooks.on_fatal = [&](const std::string& why) {
+    logger()->error("{}", why);
+    finish(1, SIGTERM);
+  };
+  agent = std::make_unique<node::NodeAgent>(
+      io, std::shared_ptr<rpc::CoordinatorApi>(&coord, [](rpc::CoordinatorApi*) {}), opts, log_line,
+      hooks);
+
+  // The coordinator's lines worth a local user's eye, as they happen.
+  uint64_t seen = 0;
+  coord.on_change([&](coordinator::CoordinatorCore& core) {
+    if (core.last_event_seq(launch.job_id) == seen) return;
+    pb::WatchJobRequest req;
+    req.set_job_id(launch.job_id);
+    req.set_after_seq(seen);
+    pb::WatchJobResponse resp;
+    if (!core.watch_job(req, &resp).is_ok()) return;
+    for (const auto& ev : resp.events()) {
+      seen = ev.seq();
+      if (ev.has_message() && worth_showing(ev.message())) logger()->warn("{}", ev.message());
+    }
+  });
+
+  StopSignals signals(
+      io, "the job keeps running (SIGTERM or Ctrl-C stop it)",
+      [](const std::string& text) { logger()->warn(text); },
+      [&](int sig, int nth) {
+        if (nth == 1) {
+          logger()->warn("received {}: stopping the workers (again to SIGKILL them now)",
+                         supervisor::signal_name(sig));
+          pb::CancelJobRequest cancel;
+          cancel.set_job_id(launch.job_id);
+          cancel.set_signal(sig);
+          coord.with_core([&](coordinator::CoordinatorCore& core) { core.cancel_job(cancel); });
+        } else {
+          logger()->warn("stopping now: SIGKILL to every worker");
+          agent->shutdown(SIGKILL, nullptr);
+          finish(128 + sig, SIGKILL);
+        }
+      });
+  logger()->info("job {}: {} x {}", launch.job_id, cfg.num_processes, launch.spec.argv.front());
+  coord.start();
+  agent->start();
+  io.run();
+  signals.cancel();
+  agent.reset();
+  if (temp_state && !opts.state_dir.empty()) {
+    std::error_code ec;
+    fs::remove_all(opts.state_dir, ec);
+  }
+  return exit_code;
+}
+
+}  // namespace accel::launcher
