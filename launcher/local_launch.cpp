@@ -102,12 +102,15 @@ int run_local(const LocalLaunch& launch) {
 
   int exit_code = 1;
   bool ended = false;
+  int cancel_signal = 0;  // the first SIGINT/SIGTERM: the job's exit code is 128 + it
   std::unique_ptr<node::NodeAgent> agent;
+  std::string last_words;  // the summary, said once every worker is gone
   auto finish = [&](int code, int stop_signal) {
     if (ended) return;
     ended = true;
     exit_code = code;
     agent->shutdown(stop_signal, [&] {
+      supervisor::write_all(STDERR_FILENO, last_words);
       coord.stop();
       io.stop();
     });
@@ -115,9 +118,8 @@ int run_local(const LocalLaunch& launch) {
   node::NodeAgentHooks hooks;
   hooks.on_job_end = [&](const pb::JobOutcome& outcome) {
     if (outcome.exit_code() != 0) {
-      std::string text = outcome.summary();
-      for (const auto& problem : agent->log_problems()) text += "  log: " + problem + "\n";
-      supervisor::write_all(STDERR_FILENO, text);
+      last_words = outcome.summary();
+      for (const auto& problem : agent->log_problems()) last_words += "  log: " + problem + "\n";
     } else {
       logger()->info("job {} succeeded", outcome.job_id());
       for (const auto& problem : agent->log_problems()) {
@@ -127,7 +129,8 @@ int run_local(const LocalLaunch& launch) {
     // A cancelled job's workers get the user's signal first (SIGINT for Ctrl-C), as they
     // would from a shell.
     bool cancelled = outcome.state() == pb::JOB_STATE_CANCELLED && outcome.exit_code() > 128;
-    finish(outcome.exit_code(), cancelled ? outcome.exit_code() - 128 : SIGTERM);
+    finish(cancel_signal != 0 ? 128 + cancel_signal : outcome.exit_code(),
+           cancelled ? outcome.exit_code() - 128 : SIGTERM);
   };
   hooks.on_fatal = [&](const std::string& why) {
     logger()->error("{}", why);
@@ -156,18 +159,22 @@ int run_local(const LocalLaunch& launch) {
       io, "the job keeps running (SIGTERM or Ctrl-C stop it)",
       [](const std::string& text) { logger()->warn(text); },
       [&](int sig, int nth) {
-        if (nth == 1) {
+        if (cancel_signal == 0) cancel_signal = sig;
+        if (nth == 1 && !ended) {
           logger()->warn("received {}: stopping the workers (again to SIGKILL them now)",
                          supervisor::signal_name(sig));
           pb::CancelJobRequest cancel;
           cancel.set_job_id(launch.job_id);
           cancel.set_signal(sig);
-          coord.with_core([&](coordinator::CoordinatorCore& core) { core.cancel_job(cancel); });
-        } else {
-          logger()->warn("stopping now: SIGKILL to every worker");
-          agent->shutdown(SIGKILL, nullptr);
-          finish(128 + sig, SIGKILL);
+          coordinator::RpcStatus st;
+          coord.with_core([&](coordinator::CoordinatorCore& core) { st = core.cancel_job(cancel); });
+          if (st.is_ok()) return;  // the agent hears of the end and stops the workers with `sig`
         }
+        // A second signal, or the job has ended already and its workers are being stopped.
+        logger()->warn("stopping now: SIGKILL to every worker");
+        if (ended) exit_code = 128 + cancel_signal;
+        agent->shutdown(SIGKILL, nullptr);
+        finish(128 + cancel_signal, SIGKILL);
       });
   logger()->info("job {}: {} x {}", launch.job_id, cfg.num_processes, launch.spec.argv.front());
   coord.start();

@@ -895,7 +895,7 @@ RpcStatus CoordinatorCore::cancel_job(const pb::CancelJobRequest& req) {
   const char* abbrev = ::sigabbrev_np(sig);
   std::string name = abbrev ? "SIG" + std::string(abbrev) : "signal " + std::to_string(sig);
   end_job(job, pb::JOB_STATE_CANCELLED, 128 + sig,
-          "stopped by " + name + " from a launcher (exit code " + std::to_string(128 + sig) + ")");
+          "stopped by " + name + " (exit code " + std::to_string(128 + sig) + ")");
   return RpcStatus::ok();
 }
 
