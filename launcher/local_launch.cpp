@@ -167,7 +167,8 @@ int run_local(const LocalLaunch& launch) {
           cancel.set_job_id(launch.job_id);
           cancel.set_signal(sig);
           coordinator::RpcStatus st;
-          coord.with_core([&](coordinator::CoordinatorCore& core) { st = core.cancel_job(cancel); });
+          coord.with_core(
+              [&](coordinator::CoordinatorCore& core) { st = core.cancel_job(cancel); });
           if (st.is_ok()) return;  // the agent hears of the end and stops the workers with `sig`
         }
         // A second signal, or the job has ended already and its workers are being stopped.

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "agent/common/defaults.h"
 #include "agent/common/status.h"
 #include "contract/duration.h"
 #include "contract/worker_contract.h"
@@ -50,7 +51,7 @@ struct ClusterConfig {
   bool use_cpu = false;
   bool debug = false;
   std::string log_level = "info";  // the workers' libaccel log level (ACCEL_LOG_LEVEL)
-  std::chrono::milliseconds stop_timeout{10'000};  // SIGTERM -> SIGKILL grace
+  std::chrono::milliseconds stop_timeout{defaults::kStopTimeout};  // SIGTERM -> SIGKILL grace
   // every collective (ACCEL_COLLECTIVE_TIMEOUT)
   std::chrono::milliseconds collective_timeout{contract::kDefaultCollectiveTimeout};
   std::string checkpoint_dir;   // empty: no checkpoints (ACCEL_CHECKPOINT_DIR, made absolute)
@@ -67,7 +68,7 @@ struct ClusterConfig {
   std::string tls_ca;
   std::string node_id;       // empty: <hostname>-<pid>-<random>
   std::string node_address;  // MASTER_ADDR when this node is rank 0; empty: found
-  std::chrono::milliseconds lease_timeout{10'000};  // a node silent this long is lost
+  std::chrono::milliseconds lease_timeout{defaults::kLease};  // a node silent this long is lost
   // served coordinator: ended jobs, lost nodes kept
   std::chrono::milliseconds retention{3'600'000};
   std::chrono::milliseconds join_timeout{300'000};  // a round without min nodes fails the job

@@ -24,6 +24,7 @@
 
 #include "accel/v1/coordinator.pb.h"
 #include "agent/common/clock.h"
+#include "agent/common/defaults.h"
 
 namespace accel::coordinator {
 
@@ -49,8 +50,8 @@ struct RpcStatus {
 };
 
 struct CoordinatorOptions {
-  std::chrono::milliseconds lease{10'000};     // a node silent this long is lost
-  std::chrono::milliseconds sync_wait{2'000};  // long-poll wait agents are told to use
+  std::chrono::milliseconds lease{defaults::kLease};  // a node silent this long is lost
+  std::chrono::milliseconds sync_wait{2'000};         // long-poll wait agents are told to use
   size_t max_events_per_job = 250'000;         // older events are dropped (watchers are told)
   size_t max_event_bytes_per_job = 16u << 20;  // the same, by their serialized size
   // Ended jobs and lost nodes are forgotten this long after they ended or were lost.

@@ -25,6 +25,7 @@
 #include <variant>
 #include <vector>
 
+#include "agent/common/defaults.h"
 #include "agent/rpc/coordinator_api.h"
 #include "agent/store/store_server.h"
 #include "agent/supervisor/attempt.h"
@@ -51,7 +52,8 @@ struct NodeAgentOptions {
   supervisor::EnvMap base_env;  // the workers' inherited environment
   supervisor::WorkerGroupOptions group;
   std::chrono::milliseconds rpc_timeout{5'000};
-  std::chrono::milliseconds lease_fallback{10'000};  // until the coordinator says its lease
+  std::chrono::milliseconds lease_fallback{
+      defaults::kLease};  // until the coordinator says its lease
   // Mode 2: give up (on_fatal) when the coordinator cannot be reached for this long and no
   // worker runs; 0: never (standing agents wait for it).
   std::chrono::milliseconds give_up_after{0};

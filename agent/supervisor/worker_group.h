@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/common/defaults.h"
 #include "agent/common/status.h"
 #include "agent/supervisor/worker_env.h"
 
@@ -65,8 +66,8 @@ struct StopReport {
 };
 
 struct WorkerGroupOptions {
-  std::chrono::milliseconds stop_timeout{10'000};  // stop signal -> SIGKILL
-  std::chrono::milliseconds kill_timeout{5'000};   // SIGKILL -> give up waiting
+  std::chrono::milliseconds stop_timeout{defaults::kStopTimeout};  // stop signal -> SIGKILL
+  std::chrono::milliseconds kill_timeout{5'000};                   // SIGKILL -> give up waiting
   int console_stdout_fd = STDOUT_FILENO;
   int console_stderr_fd = STDERR_FILENO;
   size_t stderr_tail_lines = 8;

@@ -529,8 +529,7 @@ TEST(ControlPlane, CtrlCOnAnyNodeCancelsTheJobEverywhere) {
   RunResult r0 = n0->wait(30s);
   EXPECT_EQ(r1.exit_code, 128 + SIGINT) << r1.err;
   EXPECT_EQ(r0.exit_code, 128 + SIGINT) << r0.err;
-  EXPECT_NE(r0.err.find("stopped by SIGINT (exit code 130)"), std::string::npos)
-      << r0.err;
+  EXPECT_NE(r0.err.find("stopped by SIGINT (exit code 130)"), std::string::npos) << r0.err;
   expect_no_orphans(dir.path() / "w");
 }
 

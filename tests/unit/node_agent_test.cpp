@@ -12,8 +12,11 @@
 #include <csignal>
 #include <deque>
 #include <filesystem>
+#include <fstream>
 
+#include "agent/common/clock.h"
 #include "agent/common/temp_dir.h"
+#include "agent/node/local_coordinator.h"
 
 namespace accel::node {
 namespace {
@@ -296,6 +299,80 @@ TEST_F(NodeAgentTest, LosingTheCoordinatorForLongerThanTheLeaseStopsTheWorkers) 
         return agent_->worker_pids().empty();
       },
       "the workers to be stopped");
+}
+
+}  // namespace
+}  // namespace accel::node
+
+namespace accel::node {
+namespace {
+
+// A local launch's path without the launcher: the in-process coordinator and a node agent, a
+// rank that fails on the first attempt, the restart, the same MASTER_PORT, the job's end.
+TEST(LocalCoordinatorTest, ARestartedLocalJobKeepsItsPortAndSucceeds) {
+  std::string dir = make_temp_dir("accel-local-coord-test-");
+  ASSERT_FALSE(dir.empty());
+  boost::asio::io_context io;
+  SystemClock clock;
+  coordinator::CoordinatorOptions co;
+  co.coordinator_id = "local";
+  co.sync_wait = 2s;
+  LocalCoordinator coord(io, clock, co, 20ms);
+
+  pb::JobSpec spec =
+      spec_of("echo $MASTER_PORT > " + dir + "/port_$TORCHELASTIC_RESTART_COUNT; " +
+              "[ $TORCHELASTIC_RESTART_COUNT = 0 ] && [ $RANK = 1 ] && exit 5; " + "exit 0");
+  spec.set_max_restarts(1);
+  spec.set_join_timeout_ms(60'000);
+  pb::SubmitJobRequest submit;
+  submit.set_job_id("local-job");
+  *submit.mutable_spec() = spec;
+  coordinator::RpcStatus st;
+  coord.with_core([&](coordinator::CoordinatorCore& core) {
+    pb::SubmitJobResponse resp;
+    st = core.submit_job(submit, &resp);
+  });
+  ASSERT_TRUE(st.is_ok()) << st.message;
+
+  NodeAgentOptions opts;
+  opts.node_id = "local";
+  opts.hostname = "host";
+  opts.address = "127.0.0.1";
+  opts.only_job_id = "local-job";
+  opts.local = true;
+  opts.state_dir = dir;
+  opts.group.console_stdout_fd = -1;
+  opts.group.console_stderr_fd = -1;
+  std::optional<pb::JobOutcome> outcome;
+  NodeAgentHooks hooks;
+  hooks.on_job_end = [&](const pb::JobOutcome& o) { outcome = o; };
+  std::string log;
+  NodeAgent agent(
+      io, std::shared_ptr<rpc::CoordinatorApi>(&coord, [](rpc::CoordinatorApi*) {}), opts,
+      [&](supervisor::LogLevel, const std::string& m) { log += m + "\n"; }, hooks);
+  coord.start();
+  agent.start();
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (!outcome && std::chrono::steady_clock::now() < deadline) {
+    io.run_for(10ms);
+    io.restart();
+  }
+  ASSERT_TRUE(outcome) << log;
+  EXPECT_EQ(outcome->state(), pb::JOB_STATE_SUCCEEDED) << outcome->summary() << log;
+  EXPECT_EQ(outcome->exit_code(), 0);
+  std::ifstream p0(dir + "/port_0"), p1(dir + "/port_1");
+  std::string port0, port1;
+  p0 >> port0;
+  p1 >> port1;
+  EXPECT_FALSE(port0.empty());
+  EXPECT_EQ(port0, port1) << "a restart keeps MASTER_PORT";
+  EXPECT_NE(log.find("attempt 1: starting 2 workers"), std::string::npos) << log;
+  bool stopped = false;
+  agent.shutdown(SIGTERM, [&] { stopped = true; });
+  while (!stopped) io.run_one_for(100ms);
+  coord.stop();
+  std::error_code ec;
+  fs::remove_all(dir, ec);
 }
 
 }  // namespace
