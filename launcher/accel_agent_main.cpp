@@ -85,6 +85,7 @@ int main(int argc, char** argv) {
   auto logger = spdlog::stderr_color_mt("accel-agent");
   logger->set_pattern("%^[accel-agent]%$ %v");
   logger->set_level(cfg.quiet ? spdlog::level::warn : spdlog::level::info);
+  for (const auto& w : resolved->warnings) logger->warn("{}", w);
 
   if (serve.empty() && cfg.coordinator.empty()) {
     return fail(

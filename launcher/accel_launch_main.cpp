@@ -94,6 +94,7 @@ int main(int argc, char** argv) {
   auto logger = spdlog::stderr_color_mt("accel-launch");
   logger->set_pattern("%^[accel-launch]%$ %v");
   logger->set_level(cfg.quiet ? spdlog::level::warn : spdlog::level::info);
+  for (const auto& w : resolved->warnings) logger->warn("{}", w);
 
   if (!cfg.coordinator.empty() || cfg.nodes.max > 1) {
 #if ACCEL_LAUNCH_CLUSTER

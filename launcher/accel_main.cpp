@@ -1,5 +1,6 @@
 // accel: the user-facing tool beside accel-launch. `accel status` shows a coordinator's
-// nodes, jobs, ranks, restarts and last failures.
+// nodes, jobs, ranks, restarts and last failures; `accel config ...` shows, checks and writes the
+// configuration.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -14,6 +15,7 @@
 #include "agent/node/control_plane_config.h"
 #include "agent/rpc/rpc_security.h"
 #include "agent/supervisor/line_sink.h"
+#include "launcher/config_cmd.h"
 
 namespace {
 
@@ -89,11 +91,51 @@ int main(int argc, char** argv) {
   accel::config::KeyFlags keys(*st, accel::config::kStatusFlag);
   std::string config_file;
   st->add_option("--config", config_file, "YAML config file")->type_name("FILE");
+
+  auto* cfg_cmd = app.add_subcommand("config", "Show, check, or write accel's configuration");
+  cfg_cmd->require_subcommand(1);
+  auto* show = cfg_cmd->add_subcommand(
+      "show", "The resolved configuration and where each value came from (as --print-config)");
+  accel::config::KeyFlags show_keys(*show, accel::config::kLaunchFlag);
+  std::string show_file;
+  show->add_option("--config,--config-file", show_file, "YAML config file (accel's or HF's)")
+      ->type_name("FILE");
+  auto* check = cfg_cmd->add_subcommand("validate", "Check a config file (accel's or HF's)");
+  std::string check_file;
+  check->add_option("FILE", check_file, "The file")->required();
+  auto* def = cfg_cmd->add_subcommand(
+      "default", "Write a minimal config file: the keys given as flags, the rest default");
+  accel::config::KeyFlags def_keys(*def, accel::config::kLaunchFlag);
+  std::string out_file;
+  bool force = false;
+  def->add_option("--config-file", out_file, "Where to write (default: the default location)")
+      ->type_name("PATH");
+  def->add_flag("--force", force, "Replace an existing file");
+  auto* imp = cfg_cmd->add_subcommand(
+      "import", "Convert an HF Accelerate config file (default_config.yaml) to accel's keys");
+  std::string hf_file;
+  imp->add_option("FILE", hf_file, "The HF Accelerate config file")->required();
+  imp->add_option("--config-file", out_file, "Where to write (default: the default location)")
+      ->type_name("PATH");
+  imp->add_flag("--force", force, "Replace an existing file");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  auto env_now = accel::config::environment_snapshot();
+  std::optional<std::string> out_path;
+  if (!out_file.empty()) out_path = out_file;
+  if (show->parsed()) {
+    accel::config::ConfigSources src{std::nullopt, env_now, show_keys.typed()};
+    if (!show_file.empty()) src.config_file = show_file;
+    return accel::launcher::config_show(src);
+  }
+  if (check->parsed()) return accel::launcher::config_validate(check_file);
+  if (def->parsed())
+    return accel::launcher::config_default(def_keys.typed(), env_now, out_path, force);
+  if (imp->parsed()) return accel::launcher::config_import(hf_file, env_now, out_path, force);
+
   accel::config::ConfigSources sources;
   if (!config_file.empty()) sources.config_file = config_file;
   sources.env = accel::config::environment_snapshot();

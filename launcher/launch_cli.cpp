@@ -112,7 +112,8 @@ ParseOutcome parse_launch_command(const std::vector<std::string>& args) {
   std::string config_file;
   CLI::Option* config_opt =
       app.add_option("--config,--config-file", config_file,
-                     "YAML config file (default: $ACCEL_CONFIG_FILE, else the default location)")
+                     "YAML config file, accel's or HF Accelerate's (default: $ACCEL_CONFIG_FILE, "
+                     "else accel's default location, else HF Accelerate's)")
           ->type_name("FILE");
   bool print_config = false;
   app.add_flag("--print-config", print_config,

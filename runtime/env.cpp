@@ -109,8 +109,9 @@ WorkerEnv read_worker_env(const Lookup& lookup) {
   e.debug = r.boolean({c::kDebug, c::kHfDebugMode}, false);
   e.collective_timeout = c::kDefaultCollectiveTimeout;
   if (auto t = r.text({c::kCollectiveTimeout})) {
-    e.collective_timeout =
-        parse_duration(*t, std::string("environment variable ") + c::kCollectiveTimeout);
+    std::string what = "environment variable ";
+    what += c::kCollectiveTimeout;
+    e.collective_timeout = parse_duration(*t, what);
   }
   e.checkpoint_dir = r.text({c::kCheckpointDir});
   e.checkpoint_total_limit = r.integer({c::kCheckpointTotalLimit}, 1, 1L << 40);

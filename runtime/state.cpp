@@ -72,15 +72,15 @@ std::shared_ptr<State> State::shared(const StateOptions& options) {
 
 State::State(const StateOptions& options) {
   install_error_handlers();
-  const env::WorkerEnv& e = env::worker_env();
-  world_size_ = e.world_size;
-  rank_ = e.rank;
-  local_world_size_ = e.local_world_size;
-  local_rank_ = e.local_rank;
-  node_rank_ = e.group_rank;
-  debug_ = e.debug;
-  cpu_ = options.cpu.value_or(e.use_cpu);
-  timeout_ = options.collective_timeout.value_or(e.collective_timeout);
+  const env::WorkerEnv& we = env::worker_env();
+  world_size_ = we.world_size;
+  rank_ = we.rank;
+  local_world_size_ = we.local_world_size;
+  local_rank_ = we.local_rank;
+  node_rank_ = we.group_rank;
+  debug_ = we.debug;
+  cpu_ = options.cpu.value_or(we.use_cpu);
+  timeout_ = options.collective_timeout.value_or(we.collective_timeout);
 
   // Why: this build of libtorch decides the device; a CUDA build with a GPU and no --cpu uses it.
   bool cuda = !cpu_ && torch::cuda::is_available();
@@ -100,8 +100,8 @@ State::State(const StateOptions& options) {
 #endif
   type_ = cuda ? DistributedType::kMultiGpu : DistributedType::kMultiCpu;
 
-  const auto& addr = e.master_addr;
-  const int port = e.master_port.value_or(-1);
+  const auto& addr = we.master_addr;
+  const int port = we.master_port.value_or(-1);
   if (!addr || port < 0) {
     throw ConfigError(
         "accel: WORLD_SIZE=" + std::to_string(world_size_) +
@@ -110,7 +110,7 @@ State::State(const StateOptions& options) {
   // TORCHELASTIC_USE_AGENT_STORE=True (accel-launch, accel-agent, torchrun): the launcher serves
   // the store and every rank is a client, under a prefix per attempt (as c10d's env:// does), so
   // nothing a failed attempt left can reach this one. Otherwise rank 0 hosts it.
-  const bool agent_store = e.agent_store;
+  const bool agent_store = we.agent_store;
   c10d::TCPStoreOptions store_opts;
   store_opts.port = static_cast<std::uint16_t>(port);
   store_opts.isServer = !agent_store && rank_ == 0;
@@ -128,7 +128,7 @@ State::State(const StateOptions& options) {
                           format_duration(timeout_) + ": " + e.what());
   }
   if (agent_store) {
-    store = c10::make_intrusive<c10d::PrefixStore>(contract::kRuntimeStorePrefix + e.restart_count,
+    store = c10::make_intrusive<c10d::PrefixStore>(contract::kRuntimeStorePrefix + we.restart_count,
                                                    store);
   }
   c10::intrusive_ptr<c10d::ProcessGroup> group;
@@ -157,7 +157,7 @@ State::State(const StateOptions& options) {
   std::unique_ptr<ShmGroup> shm;
   // Shared memory between the ranks of one machine (all of them, for now); gloo otherwise.
   // Not with NCCL: its group takes CUDA tensors only, and NCCL has its own intra-node transport.
-  if (!cuda && local_world_size_ == world_size_ && e.shm_collectives) {
+  if (!cuda && local_world_size_ == world_size_ && we.shm_collectives) {
     std::string why;
     shm = ShmGroup::create(*store, *group, rank_, world_size_, timeout_, &why);
     if (!shm && rank_ == 0)
@@ -165,7 +165,7 @@ State::State(const StateOptions& options) {
   }
   log::debug("rank " + std::to_string(rank_) + " of " + std::to_string(world_size_) +
              ": process group up (store " + *addr + ":" + std::to_string(port) +
-             (agent_store ? " served by the launcher, attempt " + e.restart_count : "") + ", " +
+             (agent_store ? " served by the launcher, attempt " + we.restart_count : "") + ", " +
              (shm    ? "shared-memory collectives"
               : cuda ? "nccl"
                      : "gloo") +

@@ -9,6 +9,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "agent/config/hf_config.h"
+
 extern char** environ;  // NOLINT: POSIX
 
 namespace accel::config {
@@ -32,8 +34,15 @@ std::string_view node_kind(const YAML::Node& n) {
   }
 }
 
-Status load_root(ClusterConfig& cfg, const YAML::Node& root, const std::string& name) {
+Status load_root(ClusterConfig& cfg, const YAML::Node& root, const std::string& name,
+                 std::vector<std::string>* warnings) {
   if (!root || root.IsNull()) return Status::ok();  // an empty file: all defaults
+  if (is_hf_config(root)) {
+    std::vector<std::string> ignored;
+    Status s = load_hf_root(cfg, root, name, ignored);
+    if (warnings != nullptr) warnings->insert(warnings->end(), ignored.begin(), ignored.end());
+    return s;
+  }
   if (!root.IsMap()) {
     return Status::error(at(name, root.Mark()) +
                          ": expected a mapping of keys to values at the "
@@ -95,19 +104,21 @@ std::string default_config_path(const EnvMap& env) {
   return {};
 }
 
-Status load_yaml_text(ClusterConfig& cfg, const std::string& text, const std::string& name) {
+Status load_yaml_text(ClusterConfig& cfg, const std::string& text, const std::string& name,
+                      std::vector<std::string>* warnings) {
   if (text.size() > kMaxConfigFileBytes) {
     return Status::error(name + ": the config is " + std::to_string(text.size()) +
                          " bytes; the most accepted is " + std::to_string(kMaxConfigFileBytes));
   }
   try {
-    return load_root(cfg, YAML::Load(text), name);
+    return load_root(cfg, YAML::Load(text), name, warnings);
   } catch (const YAML::Exception& e) {
     return Status::error(at(name, e.mark) + ": not valid YAML: " + e.msg);
   }
 }
 
-Status load_yaml_file(ClusterConfig& cfg, const std::string& path) {
+Status load_yaml_file(ClusterConfig& cfg, const std::string& path,
+                      std::vector<std::string>* warnings) {
   // Why a bound: yaml-cpp holds a whole document in memory many times over (a 48 MB file took
   // 2.9 GB); a config file is a few dozen lines.
   std::error_code ec;
@@ -122,7 +133,7 @@ Status load_yaml_file(ClusterConfig& cfg, const std::string& path) {
   std::stringstream text;
   text << in.rdbuf();
   if (in.bad()) return Status::error(path + ": error while reading the config file");
-  return load_yaml_text(cfg, text.str(), path);
+  return load_yaml_text(cfg, text.str(), path, warnings);
 }
 
 Result<ResolvedConfig> resolve_config(const ConfigSources& sources) {
@@ -139,13 +150,18 @@ Result<ResolvedConfig> resolve_config(const ConfigSources& sources) {
   } else if (!out.default_path.empty() && is_regular_file(out.default_path)) {
     out.file = out.default_path;
     out.file_reason = "default location";
+  } else if (std::string hf = hf_default_config_path(sources.env);
+             !hf.empty() && is_regular_file(hf)) {
+    // Why: an HF Accelerate user's machine already says how it runs jobs.
+    out.file = hf;
+    out.file_reason = "HF Accelerate's default location";
   }
   if (!out.file.empty()) {
     if (!is_regular_file(out.file)) {
       return Status::error(out.file + ": config file (from " + out.file_reason +
                            ") does not exist or is not a regular file");
     }
-    if (Status s = load_yaml_file(out.config, out.file); !s) return s;
+    if (Status s = load_yaml_file(out.config, out.file, &out.warnings); !s) return s;
   }
 
   for (const auto& key : all_keys()) {
@@ -180,6 +196,7 @@ std::string render_config(const ResolvedConfig& resolved) {
                (resolved.default_path.empty() ? std::string("unknown") : resolved.default_path) +
                " does not exist)\n";
   }
+  for (const auto& w : resolved.warnings) out << "# warning: " << w << "\n";
   size_t width = 0;
   std::vector<std::pair<std::string, std::string>> lines;
   for (const auto& key : all_keys()) {

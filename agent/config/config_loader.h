@@ -36,18 +36,25 @@ struct ResolvedConfig {
   std::string file;          // the file that was read; empty if none
   std::string file_reason;   // "--config", "ACCEL_CONFIG_FILE", "default location"
   std::string default_path;  // where the default file is looked for
+  // What the file had that accel ignores (keys of an HF Accelerate config), one line each: the
+  // CLIs print them as warnings.
+  std::vector<std::string> warnings;
 };
 
 // The default file: $ACCEL_HOME/config.yaml, else $XDG_CONFIG_HOME/accel/config.yaml, else
 // ~/.config/accel/config.yaml. Empty when none of HOME, XDG_CONFIG_HOME, ACCEL_HOME is set.
 std::string default_config_path(const EnvMap& env);
 
-// Reads one YAML file into `cfg`. Errors name the file, line, column and key.
-Status load_yaml_file(ClusterConfig& cfg, const std::string& path);
+// Reads one YAML file into `cfg`: accel's keys, or an HF Accelerate config file (hf_config.h),
+// whose ignored keys go to `warnings`. Errors name the file, line, column and key.
+Status load_yaml_file(ClusterConfig& cfg, const std::string& path,
+                      std::vector<std::string>* warnings = nullptr);
 // Same for YAML text; `name` stands for the file in messages (tests use this).
-Status load_yaml_text(ClusterConfig& cfg, const std::string& text, const std::string& name);
+Status load_yaml_text(ClusterConfig& cfg, const std::string& text, const std::string& name,
+                      std::vector<std::string>* warnings = nullptr);
 
-// Applies defaults < file < environment < flags, then cross-key validation.
+// Applies defaults < file < environment < flags, then cross-key validation. The file: --config,
+// else $ACCEL_CONFIG_FILE, else accel's default location, else HF Accelerate's.
 Result<ResolvedConfig> resolve_config(const ConfigSources& sources);
 
 // YAML that can be saved and reused as a config file, each line commented with its origin.

@@ -364,6 +364,92 @@ TEST(Launcher, AFullLogDiskIsReportedAndTheConsoleKeepsEveryLine) {
   EXPECT_NE(r.err.find("but its log is incomplete"), std::string::npos) << r.err;
 }
 
+// An HF Accelerate user's default_config.yaml launches as it is: HF's total process count over
+// its machines, MULTI_CPU as use_cpu, the ignored keys said once each.
+TEST(Launcher, AnHfAccelerateConfigFileLaunchesUnchanged) {
+  TempDir dir;
+  std::ofstream(dir / "default_config.yaml") << "compute_environment: LOCAL_MACHINE\n"
+                                                "distributed_type: MULTI_CPU\n"
+                                                "downcast_bf16: 'no'\n"
+                                                "machine_rank: 0\n"
+                                                "main_training_function: main\n"
+                                                "mixed_precision: 'no'\n"
+                                                "num_machines: 1\n"
+                                                "num_processes: 3\n"
+                                                "rdzv_backend: static\n"
+                                                "same_network: true\n";
+  auto r = run_launcher(dir, {"--config_file", dir / "default_config.yaml", "--", "sh", "-c",
+                              "echo \"$RANK/$WORLD_SIZE cpu=$ACCELERATE_USE_CPU\""});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_NE(
+        r.out.find("[rank " + std::to_string(rank) + "] " + std::to_string(rank) + "/3 cpu=true"),
+        std::string::npos)
+        << r.out;
+  }
+  EXPECT_NE(r.err.find("default_config.yaml:3:16: downcast_bf16 is ignored: TPU only"),
+            std::string::npos)
+      << r.err;
+  auto ds = run_launcher(
+      dir, {"--config_file", dir / "default_config.yaml", "--distributed-type", "x", "/bin/true"});
+  EXPECT_EQ(ds.exit_code, 2) << ds.err;  // not an accel flag: refused before anything starts
+}
+
+// accel config default / validate / import / show, as a person uses them: files written, read
+// back by accel-launch, never overwritten without --force, bad files named.
+TEST(AccelConfig, DefaultValidateImportAndShow) {
+  TempDir dir;
+  auto accel = [&](std::vector<std::string> args) {
+    Launched l(dir, ACCEL_BIN, std::move(args), {}, "accel");
+    return l.wait(30s);
+  };
+  const std::string mine = (dir.path() / "conf" / "accel.yaml").string();
+  auto made = accel({"config", "default", "--config-file", mine, "-n", "4", "--max-restarts", "2"});
+  ASSERT_EQ(made.exit_code, 0) << made.err;
+  EXPECT_NE(made.out.find("wrote " + mine), std::string::npos) << made.out;
+  EXPECT_EQ(read_file(mine),
+            "# accel configuration (docs/configuration.md); a key not here has its default "
+            "(accel-launch --print-config)\nnum_processes: 4\nmax_restarts: 2\n");
+  auto again = accel({"config", "default", "--config-file", mine});
+  EXPECT_EQ(again.exit_code, 1);
+  EXPECT_NE(again.err.find(mine + " exists; it was left as it is (--force replaces it)"),
+            std::string::npos)
+      << again.err;
+  EXPECT_NE(read_file(mine).find("num_processes: 4"), std::string::npos);  // untouched
+
+  auto ok = accel({"config", "validate", mine});
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_NE(ok.out.find(mine + ": valid (2 keys set, 0 ignored)"), std::string::npos) << ok.out;
+  std::ofstream(dir / "bad.yaml") << "num_processes: lots\n";
+  auto bad = accel({"config", "validate", dir / "bad.yaml"});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("bad.yaml:1:16: num_processes: expected an integer from 1 to 4096, got "
+                         "'lots'"),
+            std::string::npos)
+      << bad.err;
+
+  std::ofstream(dir / "default_config.yaml") << "compute_environment: LOCAL_MACHINE\n"
+                                                "distributed_type: MULTI_CPU\n"
+                                                "num_machines: 1\n"
+                                                "num_processes: 2\n"
+                                                "rdzv_backend: static\n";
+  const std::string imported = dir / "imported.yaml";
+  auto imp = accel({"config", "import", dir / "default_config.yaml", "--config-file", imported});
+  ASSERT_EQ(imp.exit_code, 0) << imp.err;
+  EXPECT_NE(imp.out.find("rdzv_backend is ignored"), std::string::npos) << imp.out;
+  std::string text = read_file(imported);
+  EXPECT_NE(text.find("num_processes: 2\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("use_cpu: true\n"), std::string::npos) << text;
+  auto run = run_launcher(dir, {"--config", imported, "--", "sh", "-c", "echo ws=$WORLD_SIZE"});
+  EXPECT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_NE(run.out.find("[rank 1] ws=2"), std::string::npos) << run.out;
+
+  auto show = accel({"config", "show", "--config", imported, "-n", "3"});
+  EXPECT_EQ(show.exit_code, 0) << show.err;
+  EXPECT_NE(show.out.find("num_processes: 3"), std::string::npos) << show.out;
+  EXPECT_NE(show.out.find("# flag --num-processes"), std::string::npos) << show.out;
+}
+
 // The control plane's token stays with the launcher, in local mode too.
 TEST(Launcher, WorkersNeverSeeTheToken) {
   TempDir dir;

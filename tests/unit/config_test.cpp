@@ -99,8 +99,8 @@ TEST(ConfigYaml, UnknownKeySuggestsNearest) {
   EXPECT_EQ(load_error("max-restarts: 4\n"),
             "cluster.yaml:1:1: unknown key 'max-restarts' (did you mean 'max_restarts'?)");
   // Nothing near: list the valid keys instead of a silly guess.
-  std::string far = load_error("compute_environment: LOCAL_MACHINE\n");
-  EXPECT_EQ(far.rfind("cluster.yaml:1:1: unknown key 'compute_environment' (valid keys: "
+  std::string far = load_error("telemetry_endpoint: http://x\n");
+  EXPECT_EQ(far.rfind("cluster.yaml:1:1: unknown key 'telemetry_endpoint' (valid keys: "
                       "num_processes, nodes, ",
                       0),
             0u)

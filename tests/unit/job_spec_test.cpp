@@ -55,7 +55,9 @@ TEST(KeyTable, EveryKeyIsComplete) {
       at = comma == std::string::npos ? flags.size() : comma + 1;
     }
     // A key without a value name is a switch: it must be a true/false key.
-    if (key.metavar.empty()) EXPECT_EQ(key.accepts, "true or false");
+    if (key.metavar.empty()) {
+      EXPECT_EQ(key.accepts, "true or false");
+    }
   }
 }
 
