@@ -47,6 +47,8 @@ void log_line(LogLevel level, const std::string& msg) {
   }
 }
 
+constexpr std::chrono::milliseconds kForever = std::chrono::hours(24 * 365 * 10);
+
 // The coordinator's lines a local user needs: restarts and why the job ended. Round openings
 // and closings of a one-node job say nothing new.
 bool worth_showing(const std::string& message) {
@@ -61,13 +63,19 @@ int run_local(const LocalLaunch& launch) {
   SystemClock clock;
   coordinator::CoordinatorOptions co;
   co.coordinator_id = "local";
-  co.lease = cfg.lease_timeout;
+  // Why no lease and no join deadline: the only node lives in this process. It cannot be lost,
+  // and it joins each round as soon as its last workers are gone, however long their grace; a
+  // console that blocks the launcher for a while (a full pipe, a paused terminal) must not pass
+  // for a lost node.
+  co.lease = kForever;
   co.sync_wait = std::chrono::milliseconds(2'000);
   node::LocalCoordinator coord(io, clock, co);
 
+  JobSpec spec = launch.spec;
+  spec.join_timeout = kForever;
   pb::SubmitJobRequest submit;
   submit.set_job_id(launch.job_id);
-  *submit.mutable_spec() = rpc::to_proto(launch.spec);
+  *submit.mutable_spec() = rpc::to_proto(spec);
   coordinator::RpcStatus submitted;
   coord.with_core([&](coordinator::CoordinatorCore& core) {
     pb::SubmitJobResponse resp;
@@ -85,7 +93,7 @@ int run_local(const LocalLaunch& launch) {
   opts.machine_rank = 0;
   opts.only_job_id = launch.job_id;
   opts.local = true;
-  opts.lease_fallback = cfg.lease_timeout;
+  opts.lease_fallback = kForever;
   opts.group.stop_timeout = cfg.stop_timeout;
   opts.base_env = launch.env;
   opts.base_env.erase(contract::kToken);
