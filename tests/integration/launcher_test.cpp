@@ -450,6 +450,21 @@ TEST(AccelConfig, DefaultValidateImportAndShow) {
   EXPECT_NE(show.out.find("# flag --num-processes"), std::string::npos) << show.out;
 }
 
+// A console that stops reading (a full pipe, a paused terminal) blocks the launcher; for longer
+// than the cluster lease (10 s) it must still not pass for a lost node and restart the job.
+TEST(Launcher, AConsoleThatBlocksForLongerThanALeaseDoesNotRestartTheJob) {
+  TempDir dir;
+  const std::string runs = dir / "runs";
+  const std::string cmd = std::string(ACCEL_LAUNCH_BIN) + " -n 1 -- sh -c 'echo run >> " + runs +
+                          "; yes line | head -c 5000000' | (sleep 12; cat > /dev/null)";
+  Launched l(dir, "/bin/sh", {"-c", cmd}, {}, "blocked");
+  auto r = l.wait(60s);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(read_file(runs), "run\n") << r.err;  // one attempt
+  EXPECT_EQ(r.err.find("lost"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("succeeded"), std::string::npos) << r.err;
+}
+
 // The control plane's token stays with the launcher, in local mode too.
 TEST(Launcher, WorkersNeverSeeTheToken) {
   TempDir dir;
