@@ -57,19 +57,7 @@ std::string minimal_yaml(const config::ClusterConfig& cfg, const std::string& he
   for (const auto& key : config::all_keys()) {
     std::string value = key.get(cfg);
     if (value == config::default_text(key)) continue;
-    // Why through YAML's quoting rules: a value such as "2:4" or "" must read back the same.
-    bool plain = !value.empty() &&
-                 value.find_first_of(":#'\"{}[],&*!|>%@`\n") == std::string::npos &&
-                 value.front() != ' ' && value.back() != ' ' && value.front() != '-';
-    if (!plain) {
-      std::string quoted = "\"";
-      for (char c : value) {
-        if (c == '"' || c == '\\') quoted += '\\';
-        quoted += c;
-      }
-      value = quoted + "\"";
-    }
-    out += std::string(key.name) + ": " + value + "\n";
+    out += std::string(key.name) + ": " + config::yaml_scalar(value) + "\n";
   }
   return out;
 }

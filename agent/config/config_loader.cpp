@@ -79,6 +79,8 @@ bool is_regular_file(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
+}  // namespace
+
 std::string yaml_scalar(const std::string& v) {
   bool plain = !v.empty() && v.find_first_of(":#'\"{}[],&*!|>%@`\n") == std::string::npos &&
                v.front() != ' ' && v.back() != ' ' && v.front() != '-';
@@ -90,8 +92,6 @@ std::string yaml_scalar(const std::string& v) {
   }
   return out + "\"";
 }
-
-}  // namespace
 
 std::string default_config_path(const EnvMap& env) {
   auto get = [&](std::string_view k) -> std::string {

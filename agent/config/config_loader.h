@@ -62,4 +62,7 @@ std::string render_config(const ResolvedConfig& resolved);
 
 EnvMap environment_snapshot();
 
+// `v` as a YAML scalar that reads back as the same string: plain when it can be, else quoted.
+std::string yaml_scalar(const std::string& v);
+
 }  // namespace accel::config
