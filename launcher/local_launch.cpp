@@ -49,11 +49,9 @@ void log_line(LogLevel level, const std::string& msg) {
 
 constexpr std::chrono::milliseconds kForever = std::chrono::hours(24 * 365 * 10);
 
-// The coordinator's lines a local user needs: restarts and why the job ended. Round openings
-// and closings of a one-node job say nothing new.
-bool worth_showing(const std::string& message) {
-  return message.rfind("restarting", 0) == 0 || message.rfind("job ", 0) == 0;
-}
+// The coordinator's lines a local user needs: why the job restarts. Round openings and closings
+// of a one-node job say nothing new, and the end comes with the summary.
+bool worth_showing(const std::string& message) { return message.rfind("restarting", 0) == 0; }
 
 }  // namespace
 
@@ -68,7 +66,6 @@ int run_local(const LocalLaunch& launch) {
   // console that blocks the launcher for a while (a full pipe, a paused terminal) must not pass
   // for a lost node.
   co.lease = kForever;
-  co.sync_wait = std::chrono::milliseconds(2'000);
   node::LocalCoordinator coord(io, clock, co);
 
   JobSpec spec = launch.spec;

@@ -5,18 +5,12 @@
 #include <filesystem>
 
 #include "agent/supervisor/worker_specs.h"
+#include "contract/duration.h"
 #include "contract/worker_contract.h"
 
 namespace accel::supervisor {
 
 namespace fs = std::filesystem;
-
-namespace {
-std::string format_ms(std::chrono::milliseconds d) {
-  return d.count() % 1000 == 0 ? std::to_string(d.count() / 1000) + "s"
-                               : std::to_string(d.count()) + "ms";
-}
-}  // namespace
 
 std::string Attempt::folder(const std::string& root, const std::string& job_id, int attempt) {
   return root + "/" + job_id + "/attempt_" + std::to_string(attempt);
@@ -110,7 +104,7 @@ void Attempt::on_worker_exit(const WorkerExit& exit) {
     if (exit.signaled && exit.signal == SIGKILL && stop_signal_ != SIGKILL && hooks_.log) {
       hooks_.log(LogLevel::kWarn, "rank " + std::to_string(exit.rank) + " (pid " +
                                       std::to_string(exit.pid) + ") did not stop within " +
-                                      format_ms(stop_timeout_) + " of " +
+                                      contract::format_duration(stop_timeout_) + " of " +
                                       signal_name(stop_signal_) + ": SIGKILLed");
     }
     return;
