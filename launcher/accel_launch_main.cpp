@@ -18,6 +18,9 @@
 #include "agent/config/config_loader.h"
 #include "agent/config/job_spec_builder.h"
 #include "agent/supervisor/line_sink.h"
+#ifndef ACCEL_LAUNCH_CLUSTER
+#define ACCEL_LAUNCH_CLUSTER 0
+#endif
 #if ACCEL_LAUNCH_CLUSTER
 #include "agent/rpc/rpc_security.h"
 #include "launcher/cluster_launch.h"
@@ -63,6 +66,7 @@ int main(int argc, char** argv) {
                                        cmd.flags};
   auto resolved = accel::config::resolve_config(sources);
   if (!resolved) return fail(resolved.message());
+  resolved->warnings.insert(resolved->warnings.begin(), cmd.warnings.begin(), cmd.warnings.end());
   if (cmd.print_config) {
     std::cout << accel::config::render_config(*resolved) << std::flush;
     return 0;
@@ -94,9 +98,13 @@ int main(int argc, char** argv) {
   auto logger = spdlog::stderr_color_mt("accel-launch");
   logger->set_pattern("%^[accel-launch]%$ %v");
   logger->set_level(cfg.quiet ? spdlog::level::warn : spdlog::level::info);
-  for (const auto& w : resolved->warnings) logger->warn("{}", w);
+  const bool cluster = !cfg.coordinator.empty() || cfg.nodes.max > 1;
+  // Why not before an exec of accel-launch-cluster: it parses the same flags and warns itself.
+  if (ACCEL_LAUNCH_CLUSTER || !cluster) {
+    for (const auto& w : resolved->warnings) logger->warn("{}", w);
+  }
 
-  if (!cfg.coordinator.empty() || cfg.nodes.max > 1) {
+  if (cluster) {
 #if ACCEL_LAUNCH_CLUSTER
     accel::rpc::prepare_grpc_process();
     accel::launcher::ClusterLaunch launch{
@@ -118,9 +126,9 @@ int main(int argc, char** argv) {
     // mode (the common one) must not pay for the control plane it does not use.
     std::error_code ec;
     fs::path self = fs::read_symlink("/proc/self/exe", ec);
-    std::string cluster = (self.parent_path() / "accel-launch-cluster").string();
-    ::execv(cluster.c_str(), argv);
-    return fail("multi-node and --coordinator jobs need " + cluster +
+    std::string cluster_bin = (self.parent_path() / "accel-launch-cluster").string();
+    ::execv(cluster_bin.c_str(), argv);
+    return fail("multi-node and --coordinator jobs need " + cluster_bin +
                     " (installed beside accel-launch): " + std::strerror(errno),
                 1);
 #endif

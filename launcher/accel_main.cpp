@@ -1,6 +1,6 @@
 // accel: the user-facing tool beside accel-launch. `accel status` shows a coordinator's
-// nodes, jobs, ranks, restarts and last failures; `accel config ...` shows, checks and writes the
-// configuration.
+// nodes, jobs, ranks, restarts and last failures; `accel config` asks questions and writes the
+// configuration, and its subcommands show, check, import and write it without questions.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -16,6 +16,9 @@
 #include "agent/rpc/rpc_security.h"
 #include "agent/supervisor/line_sink.h"
 #include "launcher/config_cmd.h"
+#include "launcher/config_wizard.h"
+#include "launcher/env_cmd.h"
+#include "launcher/test_cmd.h"
 
 namespace {
 
@@ -92,8 +95,16 @@ int main(int argc, char** argv) {
   std::string config_file;
   st->add_option("--config", config_file, "YAML config file")->type_name("FILE");
 
-  auto* cfg_cmd = app.add_subcommand("config", "Show, check, or write accel's configuration");
-  cfg_cmd->require_subcommand(1);
+  auto* cfg_cmd = app.add_subcommand(
+      "config",
+      "Write accel's configuration by answering questions (no subcommand), or show, check, "
+      "import it");
+  cfg_cmd->require_subcommand(0, 1);
+  std::string wizard_file;
+  cfg_cmd
+      ->add_option("--config-file", wizard_file,
+                   "Where the wizard writes (default: the default location)")
+      ->type_name("PATH");
   auto* show = cfg_cmd->add_subcommand(
       "show", "The resolved configuration and where each value came from (as --print-config)");
   accel::config::KeyFlags show_keys(*show, accel::config::kLaunchFlag);
@@ -118,6 +129,23 @@ int main(int argc, char** argv) {
   imp->add_option("--config-file", out_file, "Where to write (default: the default location)")
       ->type_name("PATH");
   imp->add_flag("--force", force, "Replace an existing file");
+  auto* env_cmd = app.add_subcommand(
+      "env", "What a bug report needs (versions, CPU, GPUs, libtorch, config), as Markdown");
+  std::string env_file;
+  env_cmd->add_option("--config,--config-file", env_file, "YAML config file (accel's or HF's)")
+      ->type_name("FILE");
+  auto* test_cmd = app.add_subcommand(
+      "test",
+      "Check this installation: runs a built-in job through accel-launch with the options given "
+      "(-n 2, --nodes ..., --config ...) and prints a PASS/FAIL table");
+  test_cmd->allow_extras();
+  accel::launcher::TestOptions test_options;
+  test_cmd->add_flag("--verbose", test_options.verbose,
+                     "Show the launcher's and the workers' output as it comes");
+  test_cmd
+      ->add_flag("--inject-collective-fault", test_options.inject_collective_fault,
+                 "Make one rank send a wrong value, to see a FAIL (tests accel test itself)")
+      ->group("");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -135,6 +163,21 @@ int main(int argc, char** argv) {
   if (def->parsed())
     return accel::launcher::config_default(def_keys.typed(), env_now, out_path, force);
   if (imp->parsed()) return accel::launcher::config_import(hf_file, env_now, out_path, force);
+  if (env_cmd->parsed()) {
+    accel::config::ConfigSources src{std::nullopt, env_now, {}};
+    if (!env_file.empty()) src.config_file = env_file;
+    return accel::launcher::print_env(src);
+  }
+  if (test_cmd->parsed()) {
+    test_options.launch_args = test_cmd->remaining();
+    return accel::launcher::run_test(test_options);
+  }
+  if (cfg_cmd->parsed()) {
+    accel::launcher::WizardOptions wizard;
+    if (!wizard_file.empty()) wizard.path = wizard_file;
+    wizard.interactive = ::isatty(STDIN_FILENO) == 1;
+    return accel::launcher::config_wizard(env_now, wizard, std::cin, std::cout);
+  }
 
   accel::config::ConfigSources sources;
   if (!config_file.empty()) sources.config_file = config_file;

@@ -21,8 +21,8 @@ int fail(const std::string& message, int code = 2) {
   return code;
 }
 
-// Writes `text` to `path` atomically (a temporary file in the same folder, then rename), making
-// the folder; never replaces an existing file unless `force`.
+}  // namespace
+
 int write_config(const std::string& path, const std::string& text, bool force) {
   std::error_code ec;
   if (!force && fs::exists(path, ec)) {
@@ -45,6 +45,8 @@ int write_config(const std::string& path, const std::string& text, bool force) {
   std::cout << "wrote " << path << "\n";
   return 0;
 }
+
+namespace {
 
 std::string target_path(const config::EnvMap& env, const std::optional<std::string>& path) {
   return path ? *path : config::default_config_path(env);

@@ -23,6 +23,11 @@ int config_default(const std::vector<config::FlagValue>& flags, const config::En
 int config_import(const std::string& hf_file, const config::EnvMap& env,
                   const std::optional<std::string>& path, bool force);
 
+// Writes `text` to `path` atomically (a temporary file in the same folder, then rename), making
+// the folder; never replaces an existing file unless `force`. Returns 0, or 1 after an error
+// message on stderr.
+int write_config(const std::string& path, const std::string& text, bool force);
+
 // The keys of `cfg` that are not at their default, as YAML, under a comment header.
 std::string minimal_yaml(const config::ClusterConfig& cfg, const std::string& header);
 

@@ -10,6 +10,7 @@
 #include "accel_version.h"
 #include "agent/config/key_flags.h"
 #include "agent/supervisor/worker_env.h"
+#include "launcher/foreign_flags.h"
 
 namespace accel::launcher {
 namespace {
@@ -67,6 +68,13 @@ Split split_args(const CLI::App& app, const std::vector<std::string>& args) {
             eq != std::string::npos ? value : (i + 1 < args.size() ? args[++i] : "");
         out.program.args = rest(i + 1);
         return out;
+      }
+      if (eq != std::string::npos && value.empty() && takes_value(name)) {
+        // `--checkpoint-dir=` sets the empty value; CLI11 would read "--x=" as a flag with
+        // its value still to come.
+        out.options.push_back(name);
+        out.options.push_back("");
+        continue;
       }
       out.options.push_back(eq == std::string::npos ? name : name + "=" + value);
       if (eq == std::string::npos && takes_value(name) && i + 1 < args.size()) {
@@ -129,9 +137,20 @@ ParseOutcome parse_launch_command(const std::vector<std::string>& args) {
                  "Set KEY=VALUE (or KEY as it is here) for every worker on every node; repeatable")
       ->type_name("KEY[=VALUE]");
 
+  ForeignFlags foreign(app);
+
   Split split = split_args(app, args);
-  std::vector<std::string> reversed(split.options.rbegin(), split.options.rend());
   ParseOutcome outcome;
+  auto error = [&](const std::string& message) {
+    outcome.exit_code = 2;
+    outcome.text_is_error = true;
+    outcome.text = "accel-launch: " + message + "\n";
+    return outcome;
+  };
+  if (std::string refused = ForeignFlags::refused(split.options); !refused.empty()) {
+    return error(refused);
+  }
+  std::vector<std::string> reversed(split.options.rbegin(), split.options.rend());
   try {
     app.parse(reversed);
   } catch (const CLI::CallForHelp&) {
@@ -140,12 +159,12 @@ ParseOutcome parse_launch_command(const std::vector<std::string>& args) {
   } catch (const CLI::CallForVersion& e) {
     outcome.text = std::string(e.what()) + "\n";
     return outcome;
+  } catch (const CLI::ExtrasError& e) {
+    return error(std::string(e.what()) +
+                 "\nRun 'accel-launch --help' for accel's options; docs/launch.md says what "
+                 "accel does with each HF Accelerate and torchrun flag.");
   } catch (const CLI::ParseError& e) {
-    outcome.exit_code = 2;
-    outcome.text_is_error = true;
-    outcome.text =
-        std::string("accel-launch: ") + e.what() + "\nRun 'accel-launch --help' for usage.\n";
-    return outcome;
+    return error(std::string(e.what()) + "\nRun 'accel-launch --help' for usage.");
   }
 
   LaunchCommand cmd;
@@ -154,6 +173,10 @@ ParseOutcome parse_launch_command(const std::vector<std::string>& args) {
   cmd.print_config = print_config;
   cmd.program = std::move(split.program);
   cmd.program.no_python = no_python;
+  if (std::string problem = foreign.apply(split.options, cmd.flags, cmd.worker_env, cmd.warnings);
+      !problem.empty()) {
+    return error(problem);
+  }
   for (const auto& kv : worker_env) {
     auto eq = kv.find('=');
     std::string key = kv.substr(0, eq);

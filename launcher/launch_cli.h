@@ -1,5 +1,9 @@
 // Command-line parsing for accel-launch (CLI11). Every long flag is also accepted with
-// underscores (--num_processes), as HF Accelerate and torchrun users type them. Only flags the
+// underscores (--num_processes), as HF Accelerate and torchrun users type them, and their other
+// launch flags are mapped where they mean something here (--num_machines, --gpu_ids,
+// --multi_gpu, --standalone, --rdzv-endpoint, ...), ignored with a warning where they are only
+// tuning that accel does not need (--monitor_interval), and refused with a reason where they ask
+// for a feature accel does not have (--use_deepspeed, --use_fsdp, ...). Only flags the
 // user typed become FlagValues: that is what makes "flag > env > file > default" hold per key.
 #pragma once
 
@@ -21,6 +25,9 @@ struct LaunchCommand {
   // this is how a submitter passes variables along.
   std::vector<std::pair<std::string, std::string>> worker_env;
   ProgramSpec program;
+  // HF Accelerate's and torchrun's flags that mean nothing here, each with why (printed as
+  // warnings before the launch).
+  std::vector<std::string> warnings;
 };
 
 struct ParseOutcome {

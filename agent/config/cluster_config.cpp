@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "agent/common/hardware.h"
+
 namespace accel::config {
 namespace {
 
@@ -69,6 +71,34 @@ Status set_int(ClusterConfig& cfg, std::string_view text) {
     return Status::error("expected " + range + ", got " + quoted(trim(text)));
   }
   cfg.*Member = static_cast<int>(*v);
+  return Status::ok();
+}
+
+// num_processes: a count, or torchrun's words for "what this machine has": auto (one per GPU,
+// else one per CPU core), gpu, cpu. Resolved where the value is read, so a config file with
+// `num_processes: auto` fits each node it is read on.
+Status set_num_processes(ClusterConfig& cfg, std::string_view text) {
+  std::string word = lower(trim(text));
+  int gpus = word == "auto" || word == "gpu" ? hardware::visible_gpus() : 0;
+  if (word == "gpu" && gpus == 0) {
+    return Status::error(
+        "'gpu' means one worker per GPU, and no NVIDIA GPU is visible here (no driver in "
+        "/proc/driver/nvidia, or CUDA_VISIBLE_DEVICES hides them); give a number");
+  }
+  if (word == "gpu" || (word == "auto" && gpus > 0)) {
+    cfg.num_processes = gpus;
+    return Status::ok();
+  }
+  if (word == "auto" || word == "cpu") {
+    cfg.num_processes = hardware::usable_cpus();
+    return Status::ok();
+  }
+  auto v = parse_integer(text);
+  if (!v || *v < 1 || *v > 4096) {
+    return Status::error("expected an integer from 1 to 4096, or auto, gpu or cpu, got " +
+                         quoted(trim(text)));
+  }
+  cfg.num_processes = static_cast<int>(*v);
   return Status::ok();
 }
 
@@ -287,9 +317,11 @@ const std::vector<KeySpec>& all_keys() {
   constexpr unsigned kClient = kLaunchFlag | kAgentFlag | kStatusFlag;
   static const std::vector<KeySpec> kKeys = {
       {.name = "num_processes",
-       .accepts = "an integer from 1 to 4096",
-       .help = "Worker processes to start on this node (torchrun's --nproc-per-node).",
-       .set = set_int<&C::num_processes, 1, 4096>,
+       .accepts = "an integer from 1 to 4096, or auto, gpu or cpu",
+       .help = "Worker processes to start on this node (torchrun's --nproc-per-node): a count, "
+               "or gpu (one per visible GPU), cpu (one per usable core), auto (gpu if there are "
+               "GPUs, else cpu).",
+       .set = set_num_processes,
        .get = get_int<&C::num_processes>,
        .flags = "-n,--num-processes,--nproc-per-node",
        .metavar = "N",
@@ -448,7 +480,7 @@ const std::vector<KeySpec>& all_keys() {
        .help = "Names the job (TORCHELASTIC_RUN_ID, ACCEL_JOB_ID, log folder); empty: generated.",
        .set = set_job_id,
        .get = get_string<&C::job_id>,
-       .flags = "--job-id,--run-id",
+       .flags = "--job-id,--run-id,--rdzv-id",
        .metavar = "ID",
        .tools = kLaunch},
       {.name = "quiet",
@@ -522,7 +554,7 @@ const std::vector<KeySpec>& all_keys() {
                "the address that routes to the coordinator.",
        .set = set_string<&C::node_address>,
        .get = get_string<&C::node_address>,
-       .flags = "--node-address",
+       .flags = "--node-address,--local-addr",
        .metavar = "HOST",
        .tools = kEveryNode},
       {.name = "lease_timeout",

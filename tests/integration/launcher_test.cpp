@@ -316,7 +316,8 @@ TEST(Launcher, BadConfigAndFlagsAreClearErrors) {
                 ":2:8: nodes: minimum 4 is larger than maximum 2 in '4:2' (write MIN:MAX)\n");
   auto flag = run_launcher(dir, {"-n", "-3", "/bin/true"});
   EXPECT_EQ(flag.exit_code, 2);
-  EXPECT_NE(flag.err.find("num_processes: expected an integer from 1 to 4096, got '-3'"),
+  EXPECT_NE(flag.err.find(
+                "num_processes: expected an integer from 1 to 4096, or auto, gpu or cpu, got '-3'"),
             std::string::npos)
       << flag.err;
   auto env = run_launcher(dir, {"/bin/true"}, 30s, {{"ACCEL_MAIN_PROCESS_PORT", "70000"}});
@@ -423,7 +424,8 @@ TEST(AccelConfig, DefaultValidateImportAndShow) {
   std::ofstream(dir / "bad.yaml") << "num_processes: lots\n";
   auto bad = accel({"config", "validate", dir / "bad.yaml"});
   EXPECT_EQ(bad.exit_code, 2);
-  EXPECT_NE(bad.err.find("bad.yaml:1:16: num_processes: expected an integer from 1 to 4096, got "
+  EXPECT_NE(bad.err.find("bad.yaml:1:16: num_processes: expected an integer from 1 to 4096, or "
+                         "auto, gpu or cpu, got "
                          "'lots'"),
             std::string::npos)
       << bad.err;

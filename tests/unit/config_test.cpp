@@ -79,7 +79,8 @@ TEST(ConfigYaml, EmptyFileMeansDefaults) {
 
 TEST(ConfigYaml, NegativeProcessCount) {
   EXPECT_EQ(load_error("num_processes: -3\n"),
-            "cluster.yaml:1:16: num_processes: expected an integer from 1 to 4096, got '-3'");
+            "cluster.yaml:1:16: num_processes: expected an integer from 1 to 4096, or auto, gpu or "
+            "cpu, got '-3'");
 }
 
 TEST(ConfigYaml, InvertedNodeRange) {
@@ -109,11 +110,14 @@ TEST(ConfigYaml, UnknownKeySuggestsNearest) {
 
 TEST(ConfigYaml, WrongTypes) {
   EXPECT_EQ(load_error("num_processes: two\n"),
-            "cluster.yaml:1:16: num_processes: expected an integer from 1 to 4096, got 'two'");
+            "cluster.yaml:1:16: num_processes: expected an integer from 1 to 4096, or auto, gpu or "
+            "cpu, got 'two'");
   EXPECT_EQ(load_error("num_processes: 2.5\n"),
-            "cluster.yaml:1:16: num_processes: expected an integer from 1 to 4096, got '2.5'");
+            "cluster.yaml:1:16: num_processes: expected an integer from 1 to 4096, or auto, gpu or "
+            "cpu, got '2.5'");
   EXPECT_EQ(load_error("num_processes: [1, 2]\n"),
-            "cluster.yaml:1:16: num_processes: expected an integer from 1 to 4096, got a list");
+            "cluster.yaml:1:16: num_processes: expected an integer from 1 to 4096, or auto, gpu or "
+            "cpu, got a list");
   EXPECT_EQ(load_error("use_cpu: maybe\n"),
             "cluster.yaml:1:10: use_cpu: expected true or false, got 'maybe'");
   EXPECT_EQ(load_error("mixed_precision: fp8\n"),
@@ -296,7 +300,7 @@ TEST_F(ConfigSourcesTest, BadEnvAndFlagValuesNameTheirSource) {
   ASSERT_FALSE(r.is_ok());
   EXPECT_EQ(r.message(),
             "environment variable ACCEL_NUM_PROCESSES: num_processes: expected an integer from 1 "
-            "to 4096, got 'lots'");
+            "to 4096, or auto, gpu or cpu, got 'lots'");
   src.env.clear();
   src.flags = {{"main_process_port", "70000", "--main-process-port"}};
   r = resolve_config(src);

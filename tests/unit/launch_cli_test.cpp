@@ -155,5 +155,109 @@ TEST(LaunchCli, HelpVersionAndErrors) {
   EXPECT_NE(bad.text.find("--num-procs"), std::string::npos) << bad.text;
 }
 
+ParseOutcome parse_error(const std::vector<std::string>& args) {
+  ParseOutcome out = parse_launch_command(args);
+  EXPECT_FALSE(out.command.has_value());
+  EXPECT_EQ(out.exit_code, 2);
+  EXPECT_TRUE(out.text_is_error);
+  return out;
+}
+
+// HF Accelerate's --num_processes counts every machine's processes: with its --num_machines the
+// launcher divides; torchrun's --nproc-per-node is per machine already.
+TEST(LaunchCli, HfNumMachinesMakesNumProcessesATotal) {
+  LaunchCommand hf = parse_ok({"--num_machines", "2", "--num_processes", "8", "--machine_rank", "1",
+                               "--main_process_ip", "10.0.0.1", "train.py"});
+  EXPECT_EQ(flag_value(hf, "nodes"), "2");
+  EXPECT_EQ(flag_value(hf, "num_processes"), "4");
+  EXPECT_EQ(flag_value(hf, "machine_rank"), "1");
+  for (const auto& f : hf.flags) {
+    if (f.key == "num_processes") {
+      EXPECT_EQ(f.flag, "--num-processes 8 / --num-machines 2");
+    }
+  }
+  LaunchCommand torchrun = parse_ok({"--num_machines", "2", "--nproc-per-node", "8", "train.py"});
+  EXPECT_EQ(flag_value(torchrun, "num_processes"), "8");
+  auto uneven = parse_error({"--num_machines", "2", "--num_processes", "7", "train.py"});
+  EXPECT_NE(uneven.text.find("--num-processes 7 is not a multiple of --num-machines 2"),
+            std::string::npos)
+      << uneven.text;
+}
+
+TEST(LaunchCli, TorchrunRendezvousFlagsMapToTheCoordinator) {
+  LaunchCommand cmd =
+      parse_ok({"--nnodes", "2", "--rdzv-endpoint", "node0:29500", "--rdzv-backend", "c10d",
+                "--rdzv-id", "run7", "--local-addr", "10.1.1.2", "train.py"});
+  EXPECT_EQ(flag_value(cmd, "main_process_ip"), "node0");
+  EXPECT_EQ(flag_value(cmd, "coordinator_port"), "29500");
+  EXPECT_EQ(flag_value(cmd, "job_id"), "run7");
+  EXPECT_EQ(flag_value(cmd, "node_address"), "10.1.1.2");
+  ASSERT_EQ(cmd.warnings.size(), 1u);
+  EXPECT_EQ(cmd.warnings[0],
+            "--rdzv-backend c10d is ignored: accel's own coordinator is the "
+            "rendezvous");
+  LaunchCommand v6 = parse_ok({"--rdzv_endpoint=[fe80::1]:1234", "train.py"});
+  EXPECT_EQ(flag_value(v6, "main_process_ip"), "fe80::1");
+  EXPECT_EQ(flag_value(v6, "coordinator_port"), "1234");
+  auto etcd = parse_error({"--rdzv-backend", "etcd", "train.py"});
+  EXPECT_NE(etcd.text.find("--rdzv-backend etcd: not supported"), std::string::npos) << etcd.text;
+
+  LaunchCommand standalone = parse_ok({"--standalone", "--nproc-per-node", "2", "train.py"});
+  EXPECT_EQ(flag_value(standalone, "nodes"), "1");
+  auto both = parse_error({"--nnodes", "2", "--standalone", "train.py"});
+  EXPECT_NE(
+      both.text.find("--standalone runs on this machine alone; it does not go with --nodes 2"),
+      std::string::npos)
+      << both.text;
+}
+
+TEST(LaunchCli, TuningFlagsAreIgnoredWithAWarning) {
+  LaunchCommand cmd = parse_ok({"--monitor_interval", "0.1", "--redirects", "3", "--same_network",
+                                "--dynamo_backend", "no", "-n", "2", "train.py", "--redirects"});
+  ASSERT_EQ(cmd.warnings.size(), 3u);
+  EXPECT_EQ(cmd.warnings[0],
+            "--monitor-interval is ignored: accel-launch learns of a worker's "
+            "exit at once, without polling");
+  EXPECT_NE(cmd.warnings[1].find("--redirects is ignored: give --log-dir DIR"), std::string::npos);
+  EXPECT_NE(cmd.warnings[2].find("--same-network is ignored"), std::string::npos);
+  EXPECT_EQ(cmd.program.args, (std::vector<std::string>{"--redirects"}));  // the program's
+}
+
+TEST(LaunchCli, FeaturesAccelLacksAreRefusedByName) {
+  for (const auto& args :
+       std::vector<std::vector<std::string>>{{"--use_deepspeed", "train.py"},
+                                             {"--deepspeed_config_file", "ds.json", "train.py"},
+                                             {"--use_fsdp", "train.py"},
+                                             {"--fsdp_sharding_strategy", "FULL_SHARD", "train.py"},
+                                             {"--tpu", "train.py"}}) {
+    auto out = parse_error(args);
+    EXPECT_NE(out.text.find(": not supported: accel does not do "), std::string::npos) << out.text;
+  }
+  auto dynamo = parse_error({"--dynamo_backend", "inductor", "train.py"});
+  EXPECT_NE(dynamo.text.find("does not wrap models in torch.compile"), std::string::npos);
+  auto unknown = parse_error({"--frobnicate", "train.py"});
+  EXPECT_NE(unknown.text.find("docs/launch.md"), std::string::npos) << unknown.text;
+}
+
+TEST(LaunchCli, AnEmptyValueAfterEqualsClearsAKey) {
+  LaunchCommand cmd = parse_ok({"--checkpoint-dir=", "-n", "1", "train.py"});
+  EXPECT_EQ(flag_value(cmd, "checkpoint_dir"), "");
+  EXPECT_EQ(flag_value(cmd, "num_processes"), "1");
+}
+
+TEST(LaunchCli, GpuIdsAndMultiGpu) {
+  LaunchCommand ids = parse_ok({"--gpu_ids", "0,2", "--multi_gpu", "train.py"});
+  ASSERT_EQ(ids.worker_env.size(), 1u);
+  EXPECT_EQ(ids.worker_env[0],
+            (std::pair<std::string, std::string>{"CUDA_VISIBLE_DEVICES", "0,2"}));
+  EXPECT_EQ(flag_value(ids, "num_processes"), "2");  // one worker per listed GPU
+  LaunchCommand all = parse_ok({"--gpu_ids", "all", "-n", "2", "train.py"});
+  EXPECT_TRUE(all.worker_env.empty());
+  auto cpu = parse_error({"--multi_gpu", "--cpu", "train.py"});
+  EXPECT_NE(cpu.text.find("--multi-gpu does not go with --cpu"), std::string::npos) << cpu.text;
+  LaunchCommand counted = parse_ok({"--multi_gpu", "-n", "3", "train.py"});
+  EXPECT_EQ(flag_value(counted, "num_processes"), "3");
+}
+
 }  // namespace
 }  // namespace accel::launcher
