@@ -349,6 +349,13 @@ int config_wizard(const config::EnvMap& env, const WizardOptions& options, std::
     std::string launch = options.path ? "accel-launch --config " + path : "accel-launch";
     out << "Next: " << launch << " ./train runs with it; " << launch
         << " --print-config shows each value and where it came from.\n";
+    if (cfg.nodes.max > 1 && cfg.coordinator.empty()) {
+      std::string others = cfg.nodes.max == 2 ? std::string("--machine-rank 1")
+                                              : "--machine-rank K (K from 1 to " +
+                                                    std::to_string(cfg.nodes.max - 1) + ")";
+      out << "On the other machine" << (cfg.nodes.max == 2 ? "" : "s") << ": the same file with "
+          << others << ", or accel config there.\n";
+    }
     return 0;
   } catch (const Stop& stop) {
     out.flush();
