@@ -19,6 +19,7 @@
 #include "launcher/config_wizard.h"
 #include "launcher/env_cmd.h"
 #include "launcher/test_cmd.h"
+#include "launcher/weights_cmd.h"
 
 namespace {
 
@@ -146,6 +147,37 @@ int main(int argc, char** argv) {
       ->add_flag("--inject-collective-fault", test_options.inject_collective_fault,
                  "Make one rank send a wrong value, to see a FAIL (tests accel test itself)")
       ->group("");
+  auto* mem_cmd = app.add_subcommand(
+      "estimate-memory",
+      "Parameters and training memory per rank of a save_model folder or a .safetensors file");
+  accel::launcher::EstimateMemoryOptions mem;
+  mem_cmd->add_option("PATH", mem.path, "A save_model folder, a .safetensors file or its index")
+      ->required();
+  mem_cmd
+      ->add_option("--world-size,--num-processes", mem.world_size,
+                   "Ranks for the ZeRO-1 rows (they appear above 1)")
+      ->capture_default_str();
+  mem_cmd->add_option("--optimizers", mem.optimizers, "adamw, sgd")
+      ->delimiter(',')
+      ->capture_default_str();
+  mem_cmd->add_option("--dtypes", mem.dtypes, "fp32, bf16, fp16")
+      ->delimiter(',')
+      ->capture_default_str();
+  auto* merge_cmd = app.add_subcommand(
+      "merge-weights",
+      "Merge a sharded save_model folder into one .safetensors file, or split one with "
+      "--max-shard-size");
+  accel::launcher::MergeWeightsOptions merge;
+  std::string max_shard;
+  merge_cmd->add_option("INPUT", merge.input, "A save_model folder, a .safetensors file or index")
+      ->required();
+  merge_cmd->add_option("OUTPUT", merge.output, "The merged file; with --max-shard-size, a folder")
+      ->required();
+  merge_cmd
+      ->add_option("--max-shard-size", max_shard,
+                   "Split into shards of at most this size (500MB, 5GB, 2GiB)")
+      ->type_name("SIZE");
+  merge_cmd->add_flag("--force", merge.force, "Replace an existing output");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -163,6 +195,17 @@ int main(int argc, char** argv) {
   if (def->parsed())
     return accel::launcher::config_default(def_keys.typed(), env_now, out_path, force);
   if (imp->parsed()) return accel::launcher::config_import(hf_file, env_now, out_path, force);
+  if (mem_cmd->parsed()) return accel::launcher::estimate_memory(mem, std::cout, std::cerr);
+  if (merge_cmd->parsed()) {
+    if (!max_shard.empty()) {
+      merge.max_shard_size = accel::launcher::parse_size(max_shard);
+      if (!merge.max_shard_size) {
+        return fail("--max-shard-size " + max_shard +
+                    ": expected a size such as 500MB, 5GB or 2GiB (above 0)");
+      }
+    }
+    return accel::launcher::merge_weights(merge, std::cout, std::cerr);
+  }
   if (env_cmd->parsed()) {
     accel::config::ConfigSources src{std::nullopt, env_now, {}};
     if (!env_file.empty()) src.config_file = env_file;

@@ -13,6 +13,7 @@
 #include <unordered_set>
 
 #include "accel/error.h"
+#include "contract/safetensors_layout.h"
 #include "runtime/checkpoint_io.h"
 
 namespace accel::safetensors {
@@ -67,9 +68,7 @@ std::string show_shape(const std::vector<int64_t>& shape) {
   return out + "]";
 }
 
-std::string show_offsets(uint64_t begin, uint64_t end) {
-  return "[" + std::to_string(begin) + ", " + std::to_string(end) + "]";
-}
+using contract::show_offsets;
 
 [[noreturn]] void fail(const std::string& where, const std::string& what) {
   throw CheckpointError(where + ": " + what);
@@ -282,32 +281,10 @@ OrderedJson parse_header(std::string_view bytes, const std::string& where) {
 
 // Invariant on return: entries sorted by offset tile [0, data_size) with no gap or overlap.
 void check_tiling(std::vector<Entry>& entries, uint64_t data_size, const std::string& where) {
-  for (const auto& e : entries)
-    if (e.end > data_size)
-      fail(where, e.name,
-           "data_offsets " + show_offsets(e.begin, e.end) + " end past the data section (" +
-               std::to_string(data_size) + " bytes); the file is truncated or corrupt");
-  std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
-    return std::tie(a.begin, a.end) < std::tie(b.begin, b.end);
-  });
-  uint64_t covered = 0;
-  for (std::size_t i = 0; i < entries.size(); ++i) {
-    const Entry& e = entries[i];
-    if (e.begin < covered)
-      fail(where, e.name,
-           "data_offsets " + show_offsets(e.begin, e.end) + " overlap tensor " +
-               in_quotes(entries[i - 1].name) + " " +
-               show_offsets(entries[i - 1].begin, entries[i - 1].end));
-    if (e.begin > covered)
-      fail(where, e.name,
-           "data_offsets " + show_offsets(e.begin, e.end) + " leave bytes " +
-               show_offsets(covered, e.begin) + " of the data section to no tensor");
-    covered = e.end;
+  if (auto problem = contract::check_tiling(entries, data_size)) {
+    if (problem->tensor.empty()) fail(where, problem->what);
+    fail(where, problem->tensor, problem->what);
   }
-  if (covered != data_size)
-    fail(where, std::to_string(data_size - covered) +
-                    " bytes after the last tensor (the tensors cover " + std::to_string(covered) +
-                    " of the " + std::to_string(data_size) + " data bytes)");
 }
 
 torch::Tensor load(const Entry& e, const char* data, const std::string& where, bool borrow) {

@@ -311,5 +311,66 @@ TEST(AccelEnv, ReportsTheBuildAndHidesSecrets) {
   EXPECT_EQ(r.out.find("hunter2secret"), std::string::npos) << r.out;
 }
 
+// A safetensors file of float tensors, written byte by byte as the format says.
+void write_safetensors(const std::string& path,
+                       const std::vector<std::pair<std::string, int>>& tensors) {
+  std::string json = "{";
+  std::string data;
+  for (const auto& [name, count] : tensors) {
+    size_t begin = data.size();
+    for (int i = 0; i < count; ++i) {
+      float v = static_cast<float>(i) + 0.5f;
+      data.append(reinterpret_cast<const char*>(&v), sizeof v);
+    }
+    json += (json.size() > 1 ? "," : "") + std::string("\"") + name +
+            "\":{\"dtype\":\"F32\",\"shape\":[" + std::to_string(count) + "],\"data_offsets\":[" +
+            std::to_string(begin) + "," + std::to_string(data.size()) + "]}";
+  }
+  json += "}";
+  json.append((8 - json.size() % 8) % 8, ' ');
+  std::string out(8, '\0');
+  uint64_t n = json.size();
+  for (int i = 0; i < 8; ++i)
+    out[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
+  std::ofstream(path, std::ios::binary) << out << json << data;
+}
+
+// Through the accel command line: the parameter count and AdamW's 16 bytes per fp32 parameter,
+// then a split into shards and a merge back that gives the same bytes.
+TEST(AccelWeights, EstimateMemoryAndASplitMergedBackIsTheSameFile) {
+  TempDir dir;
+  const std::string model = dir / "model.safetensors";
+  write_safetensors(model, {{"a.weight", 1000}, {"b.weight", 3000}, {"b.bias", 10}});
+  auto accel = [&](std::vector<std::string> args, const std::string& name) {
+    Launched l(dir, ACCEL_BIN, std::move(args), {}, name);
+    return l.wait(30s);
+  };
+  auto est = accel(
+      {"estimate-memory", model, "--world-size", "2", "--dtypes", "fp32", "--optimizers", "adamw"},
+      "estimate");
+  EXPECT_EQ(est.exit_code, 0) << est.err;
+  EXPECT_NE(est.out.find("(4010)"), std::string::npos) << est.out;
+  EXPECT_NE(est.out.find(" 64160\n"), std::string::npos) << "16 bytes x 4010:\n" << est.out;
+  EXPECT_NE(est.out.find(" 48120\n"), std::string::npos) << "ZeRO-1 over 2:\n" << est.out;
+
+  auto split = accel({"merge-weights", model, dir / "split", "--max-shard-size", "8KB"}, "split");
+  EXPECT_EQ(split.exit_code, 0) << split.err;
+  EXPECT_TRUE(fs::exists(dir / "split/model.safetensors.index.json")) << split.out;
+  auto merged = accel({"merge-weights", dir / "split", dir / "merged.safetensors"}, "merge");
+  EXPECT_EQ(merged.exit_code, 0) << merged.err;
+  EXPECT_EQ(read_file(dir / "merged.safetensors"), read_file(model));
+  auto again = accel({"merge-weights", dir / "split", dir / "merged.safetensors"}, "again");
+  EXPECT_EQ(again.exit_code, 1) << again.err;
+
+  auto bad = accel({"merge-weights", model, dir / "x", "--max-shard-size", "lots"}, "bad");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("--max-shard-size lots: expected a size such as 500MB"), std::string::npos)
+      << bad.err;
+  std::ofstream(dir / "junk.safetensors") << "not a model";
+  auto junk = accel({"estimate-memory", dir / "junk.safetensors"}, "junk");
+  EXPECT_EQ(junk.exit_code, 2);
+  EXPECT_NE(junk.err.find("junk.safetensors"), std::string::npos) << junk.err;
+}
+
 }  // namespace
 }  // namespace accel::testing
