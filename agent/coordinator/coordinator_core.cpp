@@ -827,13 +827,41 @@ RpcStatus CoordinatorCore::push_logs(const pb::PushLogsRequest& req) {
     return invalid("a push of " + std::to_string(req.lines_size()) + " lines; the most is " +
                    std::to_string(limits::kMaxLinesPerPush));
   }
+  std::vector<pb::JobEvent> incoming;
+  size_t incoming_bytes = 0;
   for (const auto& line : req.lines()) {
-    pb::JobEvent ev;
+    pb::JobEvent& ev = incoming.emplace_back();
     *ev.mutable_log() = line;
     limits::cut(*ev.mutable_log());
-    event(job, std::move(ev));
+    incoming_bytes += ev.ByteSizeLong() + 16;  // + seq, time and round, set by event()
   }
+  if (would_drop_unread(job, incoming.size(), incoming_bytes)) {
+    // Why refuse rather than drop: the watching launcher is alive and reading, only slower than
+    // the workers write; the node keeps the lines and retries, so none is lost and this
+    // coordinator's memory stays bounded.
+    return RpcStatus::error(
+        Code::kResourceExhausted,
+        "job " + job.id + ": the launcher watching it has not read its output yet; retry");
+  }
+  for (auto& ev : incoming) event(job, std::move(ev));
   return RpcStatus::ok();
+}
+
+bool CoordinatorCore::would_drop_unread(const Job& job, size_t count, size_t bytes) const {
+  if (!job.watcher_until || clock_.now() >= *job.watcher_until) return false;
+  size_t events = job.events.size() + count;
+  size_t total = job.event_bytes + bytes;
+  // Pop the events the watcher has read, oldest first, as event() would; an unread one to pop
+  // means a line lost.
+  for (const auto& ev : job.events) {
+    if (events <= options_.max_events_per_job && total <= options_.max_event_bytes_per_job) {
+      return false;
+    }
+    if (ev.seq() > job.watched_through) return true;
+    --events;
+    total -= ev.ByteSizeLong();
+  }
+  return false;  // a push larger than the whole bound: nothing unread is left to lose
 }
 
 RpcStatus CoordinatorCore::watch_job(const pb::WatchJobRequest& req, pb::WatchJobResponse* resp) {
@@ -842,7 +870,12 @@ RpcStatus CoordinatorCore::watch_job(const pb::WatchJobRequest& req, pb::WatchJo
     return not_found("job " + req.job_id() + " does not exist on coordinator " +
                      options_.coordinator_id);
   }
-  const Job& job = jt->second;
+  Job& job = jt->second;
+  job.watched_through = std::max(job.watched_through, req.after_seq());
+  auto until = clock_.now() +
+               std::clamp(milliseconds(req.wait_ms()), milliseconds(0), milliseconds(60'000)) +
+               options_.watcher_grace;
+  if (!job.watcher_until || until > *job.watcher_until) job.watcher_until = until;
   resp->set_coordinator_id(options_.coordinator_id);
   resp->set_state(job.state);
   // Why both bounds: a reply must stay far under the 4 MiB message limit (64 KiB log lines).

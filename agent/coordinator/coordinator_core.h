@@ -54,6 +54,9 @@ struct CoordinatorOptions {
   std::chrono::milliseconds sync_wait{2'000};         // long-poll wait agents are told to use
   size_t max_events_per_job = 250'000;         // older events are dropped (watchers are told)
   size_t max_event_bytes_per_job = 16u << 20;  // the same, by their serialized size
+  // A launcher watching a job holds back pushes of its output that would drop lines it has not
+  // read (the node retries them), until it has not polled for its poll's wait plus this long.
+  std::chrono::milliseconds watcher_grace{5'000};
   // Ended jobs and lost nodes are forgotten this long after they ended or were lost.
   std::chrono::milliseconds retention{3'600'000};
   int max_port_retries = 3;    // MASTER_PORT taken: new round, not counted
@@ -146,6 +149,10 @@ class CoordinatorCore {
     std::deque<pb::JobEvent> events;
     size_t event_bytes = 0;  // serialized size of `events`
     uint64_t next_seq = 1;
+    // The watching launcher has read every event up to this seq, and counts as watching until
+    // watcher_until (its poll's deadline plus the grace).
+    uint64_t watched_through = 0;
+    std::optional<Clock::time_point> watcher_until;
     uint64_t submitted_order = 0;
     std::optional<Clock::time_point> ended_at;
     std::map<std::pair<int64_t, std::string>, size_t> failures_kept;  // per (round, node)
@@ -158,6 +165,8 @@ class CoordinatorCore {
   [[nodiscard]] pb::Instruction instruction_for(const std::string& node_id, const Node& node) const;
   void fill_sync(const std::string& node_id, Node& node, pb::SyncResponse* resp);
 
+  // True when `count` more events of `bytes` would push out events a live watcher has not read.
+  [[nodiscard]] bool would_drop_unread(const Job& job, size_t count, size_t bytes) const;
   void open_round(Job& job, const std::string& why);
   void close_round(Job& job);
   void restart(Job& job, const std::string& why, bool counted);

@@ -68,6 +68,8 @@ std::string route_address_to(const std::string& target) {
 
 namespace {
 
+// Tries of one push the coordinator holds back for a slow launcher (about 100 ms apart).
+constexpr int kMaxHeldBackTries = 6000;
 // One PushLogs call carries at most this much: far under gRPC's 4 MiB message limit.
 constexpr size_t kMaxPushBytes = 1u << 20;
 
@@ -740,7 +742,12 @@ void NodeAgent::send_next() {
           st.code == rpc::CallCode::kNotFound || st.code == rpc::CallCode::kResourceExhausted;
       // Why NOT_FOUND is retried: after a coordinator restart the job is known again once this
       // node has re-registered with its work.
-      if (!st.ok() && transient && front.attempt < 40) {
+      // Why a push refused as RESOURCE_EXHAUSTED gets many more tries: the coordinator holds
+      // output back while a live launcher has not read it yet (lossless forwarding); it stops
+      // once that launcher is gone, so this waits only as long as someone reads.
+      bool held_back = st.code == rpc::CallCode::kResourceExhausted &&
+                       std::holds_alternative<pb::PushLogsRequest>(front.call);
+      if (!st.ok() && transient && front.attempt < (held_back ? kMaxHeldBackTries : 40)) {
         ++front.attempt;
         sending_ = true;  // Why: nothing may overtake the call that waits for its retry
         retry_later(backoff(), [this] {

@@ -1510,6 +1510,47 @@ TEST(CoordinatorCore, WatchJobReportsDroppedEventsBeyondTheBound) {
   EXPECT_EQ(w10.events(0).seq(), base + 8);
 }
 
+// A live watcher that is behind holds pushes back instead of losing lines: the push is refused
+// as RESOURCE_EXHAUSTED (the node retries it), accepted once the watcher has read, and once the
+// watcher has gone quiet for its poll's wait plus the grace, the bound drops old lines again.
+TEST(CoordinatorCore, ASlowWatcherHoldsPushesBackInsteadOfLosingLines) {
+  CoordinatorOptions o = default_options();
+  o.max_events_per_job = 8;
+  Harness h(o);
+  auto spec = make_spec(1, 1);
+  spec.set_forward_logs(true);
+  h.start_job("j", spec, {"a"});
+  auto push = [&](int n) {
+    pb::PushLogsRequest logs;
+    logs.set_node_id("a");
+    logs.set_job_id("j");
+    for (int i = 0; i < n; ++i) logs.add_lines()->set_text("line");
+    return h.core.push_logs(logs);
+  };
+  pb::WatchJobRequest req;
+  req.set_job_id("j");
+  req.set_after_seq(h.core.last_event_seq("j"));
+  req.set_wait_ms(1000);
+  pb::WatchJobResponse resp;
+  ASSERT_TRUE(h.core.watch_job(req, &resp).is_ok());  // a launcher, up to date, polling
+  const uint64_t read = h.core.last_event_seq("j");
+
+  ASSERT_TRUE(push(6).is_ok());
+  RpcStatus held = push(6);  // 12 unread lines do not fit in 8
+  EXPECT_EQ(held.code, Code::kResourceExhausted);
+  EXPECT_NE(held.message.find("has not read its output yet"), std::string::npos) << held.message;
+  EXPECT_EQ(h.core.last_event_seq("j"), read + 6) << "nothing of the refused push was kept";
+
+  auto w = h.watch("j", read + 6);  // the launcher caught up
+  EXPECT_EQ(w.dropped(), 0u);
+  ASSERT_TRUE(push(6).is_ok());
+  EXPECT_EQ(h.watch("j", read + 6).dropped(), 0u) << "every line is still there to read";
+
+  h.clock.advance(std::chrono::milliseconds(1000) + o.watcher_grace);  // the launcher is gone
+  ASSERT_TRUE(push(6).is_ok());
+  EXPECT_GT(h.watch("j", read + 6).dropped(), 0u) << "with nobody reading, the bound drops";
+}
+
 // Only a node that takes part in the job may push its logs; a job must forward logs.
 TEST(CoordinatorCore, PushLogsRequiresForwardLogsAndANodeOfTheJob) {
   Harness h;
