@@ -6,16 +6,19 @@
 
 #include <CLI/CLI.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 
 #include "accel_version.h"
 #include "agent/common/clock.h"
 #include "agent/common/file_limit.h"
 #include "agent/common/stop_signals.h"
+#include "agent/common/systemd_notify.h"
 #include "agent/common/temp_dir.h"
 #include "agent/config/config_loader.h"
 #include "agent/config/key_flags.h"
@@ -98,6 +101,8 @@ int main(int argc, char** argv) {
   if (!auth) return fail(auth.message());
   accel::rpc::forget_token_in_environment();
   env.erase("ACCEL_TOKEN");
+  accel::SystemdNotifier systemd;  // reads NOTIFY_SOCKET before the workers' environment drops it
+  for (const char* var : accel::SystemdNotifier::kVariables) env.erase(var);
 
   accel::SystemClock clock;
   std::unique_ptr<accel::coordinator::CoordinatorServer> server;
@@ -164,12 +169,34 @@ int main(int argc, char** argv) {
     agent->start();
   }
 
+  // systemd (Type=notify): READY=1 once registered (or, coordinator only, once listening),
+  // STATUS= on every change, WATCHDOG=1 from this loop: a wedged loop stops the pings and
+  // WatchdogSec= restarts the agent.
+  boost::asio::steady_timer notify_timer(io);
+  std::function<void()> notify_tick = [&] {
+    std::string state = agent ? agent->state_text()
+                              : "coordinator only, listening on port " +
+                                    std::to_string(server ? server->port() : 0);
+    if (!agent || agent->registered()) systemd.ready(state);
+    systemd.status(state);
+    systemd.watchdog();
+    auto every = std::min<std::chrono::milliseconds>(
+        systemd.watchdog_interval().value_or(std::chrono::milliseconds(1000)),
+        std::chrono::milliseconds(1000));
+    notify_timer.expires_after(every);
+    notify_timer.async_wait([&](const boost::system::error_code& ec) {
+      if (!ec) notify_tick();
+    });
+  };
+  if (systemd.enabled()) notify_tick();
+
   accel::StopSignals signals(
       io, "SIGTERM stops the agent", [&](const std::string& text) { logger->warn(text); },
       [&](int sig, int nth) {
         if (nth == 1) {
           logger->info("received {}: stopping the workers and the agent",
                        accel::supervisor::signal_name(sig));
+          systemd.stopping(std::string("stopping (") + accel::supervisor::signal_name(sig) + ")");
           if (agent) {
             agent->shutdown(SIGTERM, [&] { io.stop(); });
           } else {

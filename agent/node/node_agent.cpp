@@ -175,6 +175,21 @@ std::string NodeAgent::current_job_id() const {
   return desired_.job_id();
 }
 
+std::string NodeAgent::state_text() const {
+  if (shutting_down_) return "stopping";
+  if (!registered_) return "registering with the coordinator at " + client_->target();
+  if (active_ && active_->running()) {
+    const auto& a = active_->assignment;
+    int first = a.rank_offset();
+    int last = first + active_->spec.processes_per_node() - 1;
+    return "running job " + active_->job_id + " round " + std::to_string(active_->round) +
+           " (node rank " + std::to_string(a.node_rank()) + ", ranks " + std::to_string(first) +
+           "-" + std::to_string(last) + " of " + std::to_string(a.world_size()) + ")";
+  }
+  if (!desired_.job_id().empty()) return "joining job " + desired_.job_id();
+  return "idle, registered with the coordinator at " + client_->target();
+}
+
 std::vector<pid_t> NodeAgent::worker_pids() const {
   if (!active_ || !active_->attempt) return {};
   return active_->attempt->pids();

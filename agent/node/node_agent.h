@@ -85,6 +85,9 @@ class NodeAgent {
   [[nodiscard]] const std::vector<std::string>& log_problems() const { return log_problems_; }
   // The job this node runs or was told to join; empty when idle.
   [[nodiscard]] std::string current_job_id() const;
+  [[nodiscard]] bool registered() const { return registered_; }
+  // One line for people (systemd's STATUS=): "idle", "running job J round R (ranks a-b)", ...
+  [[nodiscard]] std::string state_text() const;
 
  private:
   struct Active;
