@@ -18,6 +18,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "contract/byte_size.h"
 #include "contract/safetensors_layout.h"
 
 namespace accel::launcher {
@@ -912,39 +913,9 @@ int merge_weights(const MergeWeightsOptions& o, std::ostream& out, std::ostream&
 }
 
 std::optional<uint64_t> parse_size(std::string_view text) {
-  struct Unit {
-    const char* suffix;
-    uint64_t factor;
-  };
-  // Longest suffixes first, so "GIB" is not read as "B".
-  static constexpr Unit kUnits[] = {{"GIB", 1ULL << 30},
-                                    {"MIB", 1ULL << 20},
-                                    {"KIB", 1ULL << 10},
-                                    {"GB", 1000000000},
-                                    {"MB", 1000000},
-                                    {"KB", 1000},
-                                    {"B", 1},
-                                    {"", 1}};
-  auto space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
-  std::string upper;
-  for (char c : text) upper += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  while (!upper.empty() && space(upper.back())) upper.pop_back();
-  const Unit* unit = std::find_if(std::begin(kUnits), std::end(kUnits),
-                                  [&](const Unit& u) { return ends_with(upper, u.suffix); });
-  std::string_view digits(upper);
-  digits.remove_suffix(std::strlen(unit->suffix));
-  while (!digits.empty() && space(digits.front())) digits.remove_prefix(1);
-  while (!digits.empty() && space(digits.back())) digits.remove_suffix(1);
-  if (digits.empty()) return std::nullopt;
-  uint64_t value = 0;
-  for (char c : digits) {
-    if (c < '0' || c > '9') return std::nullopt;
-    if (__builtin_mul_overflow(value, 10, &value) ||
-        __builtin_add_overflow(value, static_cast<uint64_t>(c - '0'), &value))
-      return std::nullopt;
-  }
-  if (__builtin_mul_overflow(value, unit->factor, &value) || value == 0) return std::nullopt;
-  return value;
+  contract::ByteSize size = contract::parse_byte_size(text);
+  if (size.problem != nullptr) return std::nullopt;
+  return size.bytes;
 }
 
 }  // namespace accel::launcher

@@ -100,8 +100,8 @@ struct MergeWeightsOptions {
 int merge_weights(const MergeWeightsOptions& o, std::ostream& out, std::ostream& err);
 
 // "1000" (bytes), "500MB" and "5GB" (10^6, 10^9, as HF), "64KB", and "2GiB", "10MiB", "8KiB"
-// (2^30, 2^20, 2^10); case-insensitive, a trailing "B" alone means bytes. nullopt for anything
-// else, for 0, or for a size past 2^64.
+// (2^30, 2^20, 2^10); case-insensitive (contract/byte_size.h, as save_model reads them). nullopt
+// for anything else, for 0, or for a size past 2^64.
 std::optional<uint64_t> parse_size(std::string_view text);
 
 }  // namespace accel::launcher

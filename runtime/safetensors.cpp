@@ -13,6 +13,7 @@
 #include <unordered_set>
 
 #include "accel/error.h"
+#include "contract/byte_size.h"
 #include "contract/safetensors_layout.h"
 #include "runtime/checkpoint_io.h"
 
@@ -332,44 +333,12 @@ namespace {
                     "GiB (2^10), e.g. \"10GB\"");
 }
 
-std::string trim(std::string_view s) {
-  auto space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
-  while (!s.empty() && space(s.front())) s.remove_prefix(1);
-  while (!s.empty() && space(s.back())) s.remove_suffix(1);
-  return std::string(s);
-}
-
 }  // namespace
 
 uint64_t parse_size(const std::string& text, const std::string& name) {
-  struct Unit {
-    const char* suffix;
-    uint64_t factor;
-  };
-  static constexpr Unit kUnits[] = {{"GIB", 1ULL << 30},
-                                    {"MIB", 1ULL << 20},
-                                    {"KIB", 1ULL << 10},
-                                    {"GB", 1000000000},
-                                    {"MB", 1000000},
-                                    {"KB", 1000},
-                                    {"", 1}};
-  std::string upper = trim(text);
-  for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  const Unit* unit = std::find_if(std::begin(kUnits), std::end(kUnits),
-                                  [&](const Unit& u) { return ends_with(upper, u.suffix); });
-  std::string digits =
-      trim(std::string_view(upper).substr(0, upper.size() - std::strlen(unit->suffix)));
-  if (digits.empty() ||
-      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
-    bad_size(name, text, "is not a size");
-  uint64_t value = 0;
-  for (char c : digits)
-    if (__builtin_mul_overflow(value, 10, &value) || __builtin_add_overflow(value, c - '0', &value))
-      bad_size(name, text, "does not fit in 64 bits");
-  if (__builtin_mul_overflow(value, unit->factor, &value))
-    bad_size(name, text, "does not fit in 64 bits");
-  if (value == 0) bad_size(name, text, "is zero");
-  return value;
+  contract::ByteSize size = contract::parse_byte_size(text);
+  if (size.problem != nullptr) bad_size(name, text, size.problem);
+  return size.bytes;
 }
 
 namespace {
