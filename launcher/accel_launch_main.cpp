@@ -27,6 +27,7 @@
 #endif
 #include "launcher/launch_cli.h"
 #include "launcher/local_launch.h"
+#include "launcher/slurm_submit.h"
 
 namespace {
 
@@ -64,6 +65,8 @@ int main(int argc, char** argv) {
 
   accel::config::ConfigSources sources{cmd.config_file, accel::config::environment_snapshot(),
                                        cmd.flags};
+  // Why not when writing a batch script: it runs where the job is submitted, not in it.
+  sources.slurm = cmd.writes_slurm_script() ? accel::config::SlurmUse::kOff : cmd.slurm;
   auto resolved = accel::config::resolve_config(sources);
   if (!resolved) return fail(resolved.message());
   resolved->warnings.insert(resolved->warnings.begin(), cmd.warnings.begin(), cmd.warnings.end());
@@ -92,6 +95,14 @@ int main(int argc, char** argv) {
   }
   auto argv_resolved = accel::launcher::resolve_command(cmd.program, sources.env);
   if (!argv_resolved) return fail(argv_resolved.message(), 127);
+  if (cmd.writes_slurm_script()) {
+    if (!cfg.coordinator.empty()) {
+      return fail("--slurm-submit does not go with coordinator (" +
+                  cfg.origin("coordinator").where +
+                  "): inside the allocation the first node hosts the coordinator");
+    }
+    return accel::launcher::slurm_submit(cmd, cfg, *argv_resolved);
+  }
   auto spec = accel::config::make_job_spec(cfg, *argv_resolved, cmd.worker_env);
   if (!spec) return fail(spec.message());
 

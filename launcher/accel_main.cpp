@@ -188,6 +188,7 @@ int main(int argc, char** argv) {
   if (!out_file.empty()) out_path = out_file;
   if (show->parsed()) {
     accel::config::ConfigSources src{std::nullopt, env_now, show_keys.typed()};
+    src.slurm = accel::config::SlurmUse::kAuto;  // what accel-launch would resolve here
     if (!show_file.empty()) src.config_file = show_file;
     return accel::launcher::config_show(src);
   }
@@ -208,6 +209,7 @@ int main(int argc, char** argv) {
   }
   if (env_cmd->parsed()) {
     accel::config::ConfigSources src{std::nullopt, env_now, {}};
+    src.slurm = accel::config::SlurmUse::kAuto;
     if (!env_file.empty()) src.config_file = env_file;
     return accel::launcher::print_env(src);
   }

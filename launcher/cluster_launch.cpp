@@ -201,7 +201,7 @@ int run_submit(const ClusterLaunch& launch) {
   // Why mask first: gRPC's threads inherit it, so only our sigwait thread sees these signals.
   sigset_t set;
   sigemptyset(&set);
-  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGUSR2}) sigaddset(&set, s);  // SIGUSR2: our own "done"
+  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2}) sigaddset(&set, s);  // SIGUSR2: ours
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 
   auto client = connect(launch.cfg, launch.env, launch.cfg.coordinator);
@@ -327,11 +327,13 @@ int run_multi_node(const ClusterLaunch& launch) {
   bool ended = false;
   std::string current_job = job_id;
   std::unique_ptr<node::NodeAgent> agent;
-  auto finish = [&](int code) {
+  // Why the stop signal matters: a job cancelled with SIGUSR1 (Slurm before a time limit) must
+  // reach its workers as SIGUSR1, so libaccel saves a checkpoint; SIGTERM would lose the save.
+  auto finish = [&](int code, int stop_signal = SIGTERM) {
     if (ended) return;
     ended = true;
     exit_code = code;
-    agent->shutdown(SIGTERM, [&] { io.stop(); });
+    agent->shutdown(stop_signal, [&] { io.stop(); });
   };
   node::NodeAgentHooks hooks;
   hooks.on_job_end = [&](const pb::JobOutcome& outcome) {
@@ -340,7 +342,8 @@ int run_multi_node(const ClusterLaunch& launch) {
     } else if (outcome.exit_code() == 0) {
       logger()->info("job {} succeeded", outcome.job_id());
     }
-    finish(outcome.exit_code());
+    bool cancelled = outcome.state() == pb::JOB_STATE_CANCELLED && outcome.exit_code() > 128;
+    finish(outcome.exit_code(), cancelled ? outcome.exit_code() - 128 : SIGTERM);
   };
   hooks.on_fatal = [&](const std::string& why) {
     logger()->error("{}", why);
@@ -356,10 +359,11 @@ int run_multi_node(const ClusterLaunch& launch) {
     // then its agent never hears of the end; the watcher does.
     watch_thread = std::thread([&, w = watcher.get()] {
       int code = w->run();
-      boost::asio::post(io, [&, code, summary = w->outcome().summary()] {
+      bool cancelled = w->outcome().state() == pb::JOB_STATE_CANCELLED && code > 128;
+      boost::asio::post(io, [&, code, cancelled, summary = w->outcome().summary()] {
         if (ended) return;
         if (code != 0 && !summary.empty()) supervisor::write_all(STDERR_FILENO, summary);
-        finish(code);
+        finish(code, cancelled ? code - 128 : SIGTERM);
       });
     });
   }
@@ -382,13 +386,14 @@ int run_multi_node(const ClusterLaunch& launch) {
           // Not cancelled at the coordinator (unreachable, or job id unknown here): stop anyway.
           auto timer = std::make_shared<boost::asio::steady_timer>(io, 3s);
           timer->async_wait([&, timer, sig](const boost::system::error_code& e2) {
-            if (!e2) finish(128 + sig);
+            if (!e2) finish(128 + sig, sig);
           });
         } else {
           finish(128 + sig);
           agent->shutdown(SIGKILL, nullptr);
         }
-      });
+      },
+      /*usr1_stops=*/true);
   logger()->info("machine rank {} of {} nodes: {} x {} (coordinator {})", cfg.machine_rank,
                  cfg.nodes.max, cfg.num_processes, launch.spec.argv.front(), target);
   agent->start();

@@ -150,8 +150,26 @@ void ask_multi_node(Asker& ask, config::ClusterConfig& cfg, bool& make_token) {
   size_t how = ask.choose("How do the machines meet?",
                           {"every machine runs accel-launch; machine rank 0 hosts the coordinator",
                            "standing accel-agent daemons and a coordinator; accel-launch "
-                           "--coordinator submits the job"},
+                           "--coordinator submits the job",
+                           "a Slurm allocation: srun starts one accel-launch per node"},
                           standing ? 1 : 0);
+  if (how == 2) {
+    // Why ask nothing more: inside the allocation Slurm says how many nodes, which one this is
+    // and where the first one is; the batch script makes the token.
+    set(cfg, "coordinator", "");
+    for (const char* k : {"nodes", "machine_rank", "main_process_ip"}) {
+      cfg.origins.erase(k);
+    }
+    cfg.nodes = {};
+    cfg.machine_rank = 0;
+    cfg.main_process_ip = config::ClusterConfig{}.main_process_ip;
+    ask.out() << "  note: inside the allocation accel-launch reads the nodes, this node's rank and "
+                 "the first node from Slurm; start it with\n"
+                 "        srun --ntasks-per-node=1 accel-launch ... (configs/slurm/train.sbatch, "
+                 "or accel-launch --slurm-submit)\n";
+    make_token = false;
+    return;
+  }
   ask_key(ask, cfg, "nodes", "How many machines? (N, or MIN:MAX for an elastic job)",
           [](const config::ClusterConfig& c) {
             return c.nodes.max < 2 ? std::string("a multi-machine job has at least 2 machines")

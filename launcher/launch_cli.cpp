@@ -22,6 +22,9 @@ Examples:
   accel-launch -n 4 -m my_pkg.train                        # a Python module
   accel-launch --config cluster.yaml --max-restarts 3 ./train
   accel-launch -n 2 --print-config                         # show the resolved config and exit
+  # Slurm: one accel-launch per node inside an allocation (nodes, rank, first node: from Slurm)
+  srun --ntasks-per-node=1 accel-launch -n 2 ./train
+  accel-launch --slurm-submit --nodes 2 -n 2 --sbatch-arg=--time=1:00:00 ./train
   accel-launch -n 2 -- sh -c 'echo "rank $RANK of $WORLD_SIZE"'
   # two machines, the same command on each (machine rank 0 hosts the coordinator)
   ACCEL_TOKEN=$(cat ~/.accel-token) accel-launch --nodes 2 --machine-rank 0 --main-process-ip 10.0.0.1 -n 8 ./train
@@ -29,8 +32,10 @@ Examples:
   ACCEL_TOKEN=$(cat ~/.accel-token) accel-launch --coordinator 10.0.0.1:29400 --nodes 2:4 -n 8 ./train
 
 Every long flag also takes underscores (--num_processes). A flag you type beats an ACCEL_*
-environment variable, which beats the config file, which beats the default.
-Docs: docs/launch.md, docs/operations.md, docs/configuration.md, docs/worker-environment.md.
+environment variable, which beats Slurm's variables, which beat the config file, which beats the
+default.
+Docs: docs/launch.md, docs/clusters.md, docs/operations.md, docs/configuration.md,
+docs/worker-environment.md.
 )";
 
 // Splits args into [launcher options] and [PROGRAM args...], normalizing --long_names.
@@ -137,6 +142,28 @@ ParseOutcome parse_launch_command(const std::vector<std::string>& args) {
                  "Set KEY=VALUE (or KEY as it is here) for every worker on every node; repeatable")
       ->type_name("KEY[=VALUE]");
 
+  bool slurm_on = false;
+  bool slurm_off = false;
+  auto* slurm_opt = app.add_flag("--slurm", slurm_on,
+                                 "Read Slurm's variables (nodes, machine rank, first node, job id) "
+                                 "and fail outside an allocation; by default they are read when "
+                                 "SLURM_JOB_ID is set");
+  app.add_flag("--no-slurm", slurm_off, "Ignore Slurm's variables")->excludes(slurm_opt);
+  bool slurm_submit = false;
+  app.add_flag("--slurm-submit", slurm_submit,
+               "Write a batch script that runs this command on --nodes nodes (srun, one "
+               "accel-launch per node) and submit it with sbatch");
+  std::string slurm_script;
+  app.add_option("--slurm-script", slurm_script,
+                 "Like --slurm-submit, but only write the batch script to FILE")
+      ->type_name("FILE");
+  std::vector<std::string> sbatch_args;
+  app.add_option("--sbatch-arg", sbatch_args,
+                 "With --slurm-submit: one more #SBATCH option (--sbatch-arg=--time=2:00:00); "
+                 "repeatable")
+      ->type_name("OPTION")
+      ->allow_extra_args(false);
+
   ForeignFlags foreign(app);
 
   Split split = split_args(app, args);
@@ -171,6 +198,31 @@ ParseOutcome parse_launch_command(const std::vector<std::string>& args) {
   cmd.flags = keys.typed();
   if (config_opt->count() > 0) cmd.config_file = config_file;
   cmd.print_config = print_config;
+  if (slurm_on) cmd.slurm = config::SlurmUse::kOn;
+  if (slurm_off) cmd.slurm = config::SlurmUse::kOff;
+  cmd.slurm_submit = slurm_submit;
+  cmd.slurm_script = slurm_script;
+  cmd.sbatch_args = sbatch_args;
+  if (cmd.writes_slurm_script()) {
+    // The options the batch script's accel-launch gets: everything typed but the submit ones
+    // (nodes come from the allocation).
+    static const std::vector<std::string> kDropped = {
+        "--slurm-submit", "--slurm-script", "--sbatch-arg", "--nodes",
+        "--nnodes",       "--num-machines", "--slurm",      "--no-slurm"};
+    for (size_t i = 0; i < split.options.size(); ++i) {
+      const std::string& o = split.options[i];
+      std::string name = o.substr(0, o.find('='));
+      bool dropped = std::find(kDropped.begin(), kDropped.end(), name) != kDropped.end();
+      bool separate_value = o.find('=') == std::string::npos && i + 1 < split.options.size() &&
+                            app.get_option_no_throw(name) != nullptr &&
+                            app.get_option_no_throw(name)->get_expected_min() > 0;
+      if (!dropped) {
+        cmd.resubmit.push_back(o);
+        if (separate_value) cmd.resubmit.push_back(split.options[i + 1]);
+      }
+      if (separate_value) ++i;
+    }
+  }
   cmd.program = std::move(split.program);
   cmd.program.no_python = no_python;
   if (std::string problem = foreign.apply(split.options, cmd.flags, cmd.worker_env, cmd.warnings);

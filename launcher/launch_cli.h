@@ -20,6 +20,15 @@ struct LaunchCommand {
   std::vector<config::FlagValue> flags;
   std::optional<std::string> config_file;
   bool print_config = false;
+  // --slurm / --no-slurm; by default Slurm's variables are read when SLURM_JOB_ID is set.
+  config::SlurmUse slurm = config::SlurmUse::kAuto;
+  // --slurm-submit (write a batch script and sbatch it) / --slurm-script PATH (write it only),
+  // with --sbatch-arg options for sbatch. The script runs `srun accel-launch` with `resubmit`.
+  bool slurm_submit = false;
+  std::string slurm_script;
+  std::vector<std::string> sbatch_args;
+  std::vector<std::string> resubmit;  // this command's own options, minus the submit ones
+  [[nodiscard]] bool writes_slurm_script() const { return slurm_submit || !slurm_script.empty(); }
   // --env KEY=VALUE / --env KEY (its value here): set for every worker on every node, after
   // the contract's variables. Standing agents (mode 3) give workers their own environment, so
   // this is how a submitter passes variables along.

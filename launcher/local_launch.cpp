@@ -181,7 +181,8 @@ int run_local(const LocalLaunch& launch) {
         if (ended) exit_code = 128 + cancel_signal;
         agent->shutdown(SIGKILL, nullptr);
         finish(128 + cancel_signal, SIGKILL);
-      });
+      },
+      /*usr1_stops=*/true);
   logger()->info("job {}: {} x {}", launch.job_id, cfg.num_processes, launch.spec.argv.front());
   coord.start();
   agent->start();

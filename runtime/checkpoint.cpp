@@ -4,6 +4,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <exception>
 #include <functional>
@@ -14,9 +17,11 @@
 #include "contract/worker_contract.h"
 #include "runtime/checkpoint_io.h"
 #include "runtime/checkpoint_manifest.h"
+#include "runtime/comm.h"
 #include "runtime/env.h"
 #include "runtime/log.h"
 #include "runtime/safetensors.h"
+#include "runtime/stop_request.h"
 
 namespace accel {
 
@@ -284,6 +289,7 @@ void Accelerator::setup_project() {
         "project_dir "
         "with automatic checkpoint naming (ACCEL_CHECKPOINT_DIR or --checkpoint-dir)");
   }
+  if (has_dir && *project_.automatic_checkpoint_naming) stop_on_signal_ = stop_request::arm();
   if (project_.total_limit && *project_.total_limit < 1) {
     throw ConfigError("accel: ProjectConfiguration::total_limit must be at least 1, got " +
                       std::to_string(*project_.total_limit));
@@ -838,11 +844,36 @@ void Accelerator::after_prepare() {
 }
 
 void Accelerator::on_step_boundary() {
+  if (stop_on_signal_ && completed_steps() != last_signal_check_) {
+    last_signal_check_ = completed_steps();
+    // Why every rank agrees first: the signal reaches ranks at different moments; a save is a
+    // collective, so all must decide at the same step.
+    int signal = stop_request::pending();
+    if (use_distributed()) {
+      auto flag = torch::full({1}, signal, torch::dtype(torch::kInt).device(device()));
+      state_->comm().allreduce(flag, c10d::ReduceOp::MAX);
+      signal = flag.cpu().item<int>();
+    }
+    if (signal != 0) stop_after_checkpoint(signal);
+  }
   auto interval = project_.save_interval.value_or(0);
   if (interval <= 0) return;
   auto done = completed_steps();
   if (done == last_auto_save_ || done % interval != 0) return;
   save_state();
+}
+
+void Accelerator::stop_after_checkpoint(int signal) {
+  auto done = completed_steps();
+  fs::path where = done == last_auto_save_ && done > 0 ? latest_checkpoint() : save_state();
+  print("accel: received",
+        signal == SIGUSR1 ? std::string("SIGUSR1") : "signal " + std::to_string(signal),
+        "(save and stop): saved", where.string(), "at step", done,
+        "- stopping; the next run with this checkpoint folder resumes there");
+  std::fflush(nullptr);
+  // Why _exit: the training loop is still on the stack (its threads, its tensors); the
+  // checkpoint is on disk, and unwinding through user code here could only lose it.
+  std::_Exit(128 + signal);
 }
 
 }  // namespace accel

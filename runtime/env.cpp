@@ -6,9 +6,11 @@
 #include <cerrno>
 #include <cstdlib>
 #include <initializer_list>
+#include <map>
 
 #include "accel/error.h"
 #include "contract/duration.h"
+#include "contract/slurm.h"
 #include "contract/worker_contract.h"
 
 namespace accel::env {
@@ -71,6 +73,57 @@ class Reader {
   const Lookup& lookup_;
 };
 
+// A rank started by `srun` without a launcher (`srun -N2 -n4 ./train`): Slurm's step variables
+// stand in for torchrun's, as in Lightning and HF Accelerate. Only inside a job step
+// (SLURM_STEP_ID): a batch script's own SLURM_NTASKS describes the whole allocation, not this
+// process. Returns the torchrun variables to use; empty when this is not such a rank.
+std::map<std::string, std::string> slurm_rank_variables(const Lookup& lookup) {
+  std::map<std::string, std::string> out;
+  auto get = [&](const char* name) { return lookup(name); };
+  if (get(c::kRank) || get(c::kWorldSize) || !get("SLURM_STEP_ID") || !get("SLURM_PROCID")) {
+    return out;
+  }
+  const char* tasks_var = get("SLURM_STEP_NUM_TASKS") ? "SLURM_STEP_NUM_TASKS" : "SLURM_NTASKS";
+  auto tasks = get(tasks_var);
+  if (!tasks) return out;
+  auto require = [&](const char* name) {
+    auto v = get(name);
+    if (!v) {
+      throw ConfigError(std::string("accel: started by srun (SLURM_STEP_ID is set) but ") + name +
+                        " is not set; start the program with accel-launch, or set RANK, "
+                        "WORLD_SIZE, MASTER_ADDR and MASTER_PORT yourself");
+    }
+    return *v;
+  };
+  out[c::kWorldSize] = *tasks;
+  out[c::kRank] = require("SLURM_PROCID");
+  out[c::kLocalRank] = require("SLURM_LOCALID");
+  out[c::kGroupRank] = require("SLURM_NODEID");
+  const char* per_node_var =
+      get("SLURM_STEP_TASKS_PER_NODE") ? "SLURM_STEP_TASKS_PER_NODE" : "SLURM_TASKS_PER_NODE";
+  if (auto per_node = get(per_node_var)) {
+    auto counts = contract::expand_per_node_counts(*per_node);
+    if (!counts.ok()) bad(per_node_var, *per_node, "N or N(xM), comma-separated: " + counts.error);
+    long node = std::strtol(out[c::kGroupRank].c_str(), nullptr, 10);
+    if (node >= 0 && static_cast<size_t>(node) < counts.items.size()) {
+      out[c::kLocalWorldSize] = counts.items[static_cast<size_t>(node)];
+    }
+  }
+  if (!get(c::kMasterAddr)) {
+    const char* list_var =
+        get("SLURM_STEP_NODELIST") ? "SLURM_STEP_NODELIST" : "SLURM_JOB_NODELIST";
+    auto list = require(list_var);
+    auto hosts = contract::expand_hostlist(list);
+    if (!hosts.ok()) bad(list_var, list, "a Slurm host list such as n[01-04]: " + hosts.error);
+    out[c::kMasterAddr] = hosts.items.front();
+  }
+  if (!get(c::kMasterPort)) {
+    out[c::kMasterPort] = std::to_string(
+        contract::slurm_port_for_job(require("SLURM_JOB_ID"), contract::kSlurmMasterPortBase));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::chrono::milliseconds parse_duration(const std::string& text, const std::string& what) {
@@ -83,9 +136,18 @@ std::chrono::milliseconds parse_duration(const std::string& text, const std::str
   return *ms;
 }
 
-WorkerEnv read_worker_env(const Lookup& lookup) {
+WorkerEnv read_worker_env(const Lookup& outer) {
+  auto slurm = slurm_rank_variables(outer);
+  Lookup lookup = outer;
+  if (!slurm.empty()) {
+    lookup = [&outer, &slurm](const char* name) -> std::optional<std::string> {
+      if (auto it = slurm.find(name); it != slurm.end()) return it->second;
+      return outer(name);
+    };
+  }
   Reader r(lookup);
   WorkerEnv e;
+  e.from_slurm = !slurm.empty();
   e.world_size = static_cast<int>(r.integer({c::kWorldSize}, 1, 1 << 20).value_or(1));
   e.rank = static_cast<int>(r.integer({c::kRank}, 0, e.world_size - 1).value_or(0));
   e.local_world_size =

@@ -22,6 +22,8 @@ struct WorkerEnv {
   int group_rank = 0;
   std::optional<std::string> master_addr;
   std::optional<int> master_port;
+  // Started by srun without a launcher: the values above came from SLURM_PROCID, SLURM_STEP_*.
+  bool from_slurm = false;
   bool agent_store = false;         // TORCHELASTIC_USE_AGENT_STORE=True
   std::string restart_count = "0";  // TORCHELASTIC_RESTART_COUNT, as text (a store prefix)
   // The launch configuration's (accel's name, else HF Accelerate's); unset: the API's default.

@@ -15,9 +15,11 @@ class StopSignals {
  public:
   // `on_stop(signal, nth)`: nth is 1 for the first SIGINT/SIGTERM, 2 for the next, ...
   // `on_hup(text)`: told "received SIGHUP: ignored, " + `hup_note`.
+  // `usr1_stops`: SIGUSR1 stops too (launchers: Slurm's --signal=USR1@T before a time limit or
+  // preemption; the workers get SIGUSR1 and libaccel saves a checkpoint before it stops).
   StopSignals(boost::asio::io_context& io, std::string hup_note,
               std::function<void(const std::string&)> on_hup,
-              std::function<void(int signal, int nth)> on_stop);
+              std::function<void(int signal, int nth)> on_stop, bool usr1_stops = false);
   ~StopSignals();
   // Stops listening (the signals' default actions stay blocked by asio until destruction).
   void cancel();

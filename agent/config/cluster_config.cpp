@@ -284,6 +284,8 @@ std::string_view source_name(Source s) {
       return "default";
     case Source::kFile:
       return "file";
+    case Source::kSlurm:
+      return "slurm";
     case Source::kEnv:
       return "env";
     case Source::kFlag:

@@ -1,7 +1,7 @@
 // ClusterConfig: the one configuration model shared by accel-launch and accel-agent, and the
-// table of its keys (name, type, default, doc). Values come from four sources; the highest
-// present one wins, key by key: a typed flag > an ACCEL_* environment variable > the config
-// file > the default (docs/configuration.md).
+// table of its keys (name, type, default, doc). Values come from five sources; the highest
+// present one wins, key by key: a typed flag > an ACCEL_* environment variable > a Slurm job
+// step's variables > the config file > the default (docs/configuration.md).
 #pragma once
 
 #include <chrono>
@@ -18,7 +18,7 @@
 
 namespace accel::config {
 
-enum class Source { kDefault, kFile, kEnv, kFlag };
+enum class Source { kDefault, kFile, kSlurm, kEnv, kFlag };
 std::string_view source_name(Source s);
 
 // Where a value came from: "cluster.yaml:3:16", "ACCEL_NUM_PROCESSES", "--num-processes".

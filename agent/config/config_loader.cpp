@@ -164,6 +164,13 @@ Result<ResolvedConfig> resolve_config(const ConfigSources& sources) {
     if (Status s = load_yaml_file(out.config, out.file, &out.warnings); !s) return s;
   }
 
+  auto slurm = read_slurm(sources.env, sources.slurm, sources.resolve_host);
+  if (!slurm) return slurm.status();
+  out.slurm = slurm->active;
+  for (const auto& v : slurm->values) {
+    if (Status s = set_value(out.config, v.key, v.value, {Source::kSlurm, v.where}); !s) return s;
+  }
+
   for (const auto& key : all_keys()) {
     std::string var = env_var_for(key.name);
     auto it = sources.env.find(var);
@@ -181,6 +188,19 @@ Result<ResolvedConfig> resolve_config(const ConfigSources& sources) {
     }
   }
 
+  // Why: a Slurm step's CPUs are the launcher's to share; without this every worker would start
+  // a thread per CPU of the whole machine, or (several processes) one thread each.
+  if (slurm->cpus && out.config.origin("num_cpu_threads_per_process").source == Source::kDefault) {
+    int threads = std::max(1, *slurm->cpus / std::max(1, out.config.num_processes));
+    std::string where = "Slurm " + slurm->cpus_where + " / " +
+                        std::to_string(out.config.num_processes) + " process(es)";
+    if (Status s = set_value(out.config, "num_cpu_threads_per_process", std::to_string(threads),
+                             {Source::kSlurm, where});
+        !s) {
+      return s;
+    }
+  }
+
   if (Status s = validate(out.config); !s) return s;
   return out;
 }
@@ -188,7 +208,7 @@ Result<ResolvedConfig> resolve_config(const ConfigSources& sources) {
 std::string render_config(const ResolvedConfig& resolved) {
   std::ostringstream out;
   out << "# accel resolved configuration; precedence, highest first: flag > ACCEL_* environment"
-         " > config file > default\n";
+      << (resolved.slurm ? " > Slurm" : "") << " > config file > default\n";
   if (!resolved.file.empty()) {
     out << "# config file: " << resolved.file << " (" << resolved.file_reason << ")\n";
   } else {

@@ -1,5 +1,5 @@
-// Resolves a ClusterConfig from its four sources (defaults, a YAML file, ACCEL_* environment
-// variables, typed flags) and renders the result with where each value came from.
+// Resolves a ClusterConfig from its sources (defaults, a YAML file, a Slurm job step, ACCEL_*
+// environment variables, typed flags) and renders the result with where each value came from.
 #pragma once
 
 #include <cstddef>
@@ -10,10 +10,9 @@
 
 #include "agent/common/status.h"
 #include "agent/config/cluster_config.h"
+#include "agent/config/slurm_source.h"
 
 namespace accel::config {
-
-using EnvMap = std::map<std::string, std::string, std::less<>>;
 
 // The largest config file read (a config is a few dozen lines; yaml-cpp needs ~60x a file's size).
 inline constexpr std::size_t kMaxConfigFileBytes = 1u << 20;
@@ -29,6 +28,10 @@ struct ConfigSources {
   std::optional<std::string> config_file;  // --config, if typed
   EnvMap env;                              // the process environment
   std::vector<FlagValue> flags;            // in the order typed; a later one wins
+  // accel-launch and `accel config show` read Slurm's variables (--slurm/--no-slurm); the agent
+  // does not.
+  SlurmUse slurm = SlurmUse::kOff;
+  HostResolver resolve_host = resolve_host_address;
 };
 
 struct ResolvedConfig {
@@ -39,6 +42,7 @@ struct ResolvedConfig {
   // What the file had that accel ignores (keys of an HF Accelerate config), one line each: the
   // CLIs print them as warnings.
   std::vector<std::string> warnings;
+  bool slurm = false;  // Slurm's variables were read
 };
 
 // The default file: $ACCEL_HOME/config.yaml, else $XDG_CONFIG_HOME/accel/config.yaml, else
@@ -53,8 +57,8 @@ Status load_yaml_file(ClusterConfig& cfg, const std::string& path,
 Status load_yaml_text(ClusterConfig& cfg, const std::string& text, const std::string& name,
                       std::vector<std::string>* warnings = nullptr);
 
-// Applies defaults < file < environment < flags, then cross-key validation. The file: --config,
-// else $ACCEL_CONFIG_FILE, else accel's default location, else HF Accelerate's.
+// Applies defaults < file < Slurm < environment < flags, then cross-key validation. The file:
+// --config, else $ACCEL_CONFIG_FILE, else accel's default location, else HF Accelerate's.
 Result<ResolvedConfig> resolve_config(const ConfigSources& sources);
 
 // YAML that can be saved and reused as a config file, each line commented with its origin.

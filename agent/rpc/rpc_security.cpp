@@ -44,7 +44,9 @@ Result<std::string> load_token(const std::string& token_file, const char* env_va
   } else {
     return Status::error(
         "no token: the control plane needs a shared secret on every node; set ACCEL_TOKEN or "
-        "token_file (for example: head -c 24 /dev/urandom | base64 > ~/.accel-token)");
+        "token_file (for example: head -c 24 /dev/urandom | base64 > ~/.accel-token); under "
+        "Slurm, export ACCEL_TOKEN in the batch script before srun, which passes it to every "
+        "node");
   }
   while (!token.empty() && (token.back() == '\r' || token.back() == ' ')) token.pop_back();
   if (token.empty()) return Status::error(where + " is empty");

@@ -209,3 +209,56 @@ TEST(Checkpoint, ACheckpointFromTwoProcessesLoadsOnOneAndThreeWithAWarning) {
 
 }  // namespace
 }  // namespace accel::testing
+
+namespace accel::testing {
+namespace {
+
+// SIGUSR1 to accel-launch (what Slurm's --signal=USR1@T sends before a time limit): the workers
+// agree on a step, save a checkpoint there and stop with 138; the next run resumes at exactly
+// that step and ends with the weights of a run that was never stopped.
+TEST(Checkpoint, Usr1SavesAtAStepStopsWith138AndTheNextRunResumesThere) {
+  TempDir dir;
+  std::map<std::string, std::string> env{{"OMP_NUM_THREADS", "1"}};
+  std::vector<std::string> base_args = {"-n", "2", "--"};
+  auto args = classifier_args(dir / "base");
+  base_args.insert(base_args.end(), args.begin(), args.end());
+  auto base = run_launcher(dir, base_args, 120s, env);
+  ASSERT_EQ(base.exit_code, 0) << base.out << base.err;
+  auto expected = file_bytes(dir.path() / "base" / "model.safetensors");
+
+  TempDir run;
+  std::vector<std::string> launch = {
+      "--checkpoint-dir", run / "ck", "--checkpoint-interval", "10", "-n", "2", "--"};
+  auto a = classifier_args(run / "model");
+  launch.insert(launch.end(), a.begin(), a.end());
+  Launched job(run, launch, env);
+  auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (!has_checkpoint(run.path() / "ck") && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(2ms);
+  }
+  ASSERT_TRUE(has_checkpoint(run.path() / "ck")) << "no first checkpoint";
+  ::kill(job.pid(), SIGUSR1);
+  auto stopped = job.wait(120s);
+  std::string all = stopped.out + stopped.err;
+  std::smatch saved;
+  std::regex saved_re("\\(save and stop\\): saved (\\S+) at step (\\d+)");
+  if (stopped.exit_code == 0) GTEST_SKIP() << "the job ended before SIGUSR1 reached it";
+  ASSERT_EQ(stopped.exit_code, 138) << all;
+  ASSERT_TRUE(std::regex_search(all, saved, saved_re)) << all;
+  EXPECT_NE(all.find("received SIGUSR1"), std::string::npos) << all;
+  EXPECT_FALSE(fs::exists(run.path() / "model" / "model.safetensors"));
+
+  auto resumed = run_launcher(run, launch, 120s, env);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.out << resumed.err;
+  std::string at_step = "at step " + saved[2].str() + " ";
+  EXPECT_NE(resumed.out.find("accel: resumed from " + saved[1].str() + " " + at_step),
+            std::string::npos)
+      << "saved " << saved[0] << "\n"
+      << resumed.out;
+  EXPECT_EQ(file_bytes(run.path() / "model" / "model.safetensors"), expected)
+      << "the final weights differ from the uninterrupted run\n"
+      << resumed.out;
+}
+
+}  // namespace
+}  // namespace accel::testing

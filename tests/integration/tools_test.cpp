@@ -269,6 +269,19 @@ TEST(AccelConfigWizard, WithoutATerminalItReadsLinesOrStops) {
   auto good = piped("1\n2\nno\n\n\n\n\ny\n", "good");
   EXPECT_EQ(good.exit_code, 0) << good.err << good.out;
   EXPECT_NE(read_file(file).find("num_processes: 2\n"), std::string::npos) << read_file(file);
+
+  // Several machines meeting in a Slurm allocation: nothing about nodes, ranks or addresses is
+  // asked or written (Slurm says them), and the answer says how to start it.
+  fs::remove(file);
+  auto slurm = piped("2\n3\n2\nno\n\n\n\n\ny\n", "slurm");
+  EXPECT_EQ(slurm.exit_code, 0) << slurm.err << slurm.out;
+  EXPECT_NE(slurm.out.find("srun --ntasks-per-node=1 accel-launch"), std::string::npos)
+      << slurm.out;
+  std::string written = read_file(file);
+  EXPECT_NE(written.find("num_processes: 2\n"), std::string::npos) << written;
+  for (const char* absent : {"nodes:", "machine_rank:", "main_process_ip:", "coordinator:"}) {
+    EXPECT_EQ(written.find(absent), std::string::npos) << absent << "\n" << written;
+  }
 }
 
 TEST(AccelTest, PassesOnTwoProcessesWithTheRestartCheck) {

@@ -442,6 +442,49 @@ TEST(Env, TheWorkerEnvironmentIsParsedIntoOneStruct) {
   EXPECT_EQ(e.log_level, env::LogLevel::kWarning);
 }
 
+TEST(Env, ARankStartedBySrunReadsSlurmsVariables) {
+  std::map<std::string, std::string> step{{"SLURM_JOB_ID", "4242"},
+                                          {"SLURM_STEP_ID", "0"},
+                                          {"SLURM_PROCID", "3"},
+                                          {"SLURM_LOCALID", "1"},
+                                          {"SLURM_NODEID", "1"},
+                                          {"SLURM_STEP_NUM_TASKS", "4"},
+                                          {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"},
+                                          {"SLURM_STEP_NODELIST", "n[1-2]"}};
+  env::WorkerEnv e = parse_env(step);
+  EXPECT_TRUE(e.from_slurm);
+  EXPECT_EQ(e.world_size, 4);
+  EXPECT_EQ(e.rank, 3);
+  EXPECT_EQ(e.local_rank, 1);
+  EXPECT_EQ(e.local_world_size, 2);
+  EXPECT_EQ(e.group_rank, 1);
+  EXPECT_EQ(e.master_addr, "n1");
+  EXPECT_EQ(e.master_port, 12000 + 4242);
+
+  // torchrun's variables (accel-launch's workers inside srun) win; so do MASTER_ADDR/PORT.
+  auto launched = step;
+  launched["RANK"] = "0";
+  launched["WORLD_SIZE"] = "2";
+  EXPECT_FALSE(parse_env(launched).from_slurm);
+  EXPECT_EQ(parse_env(launched).world_size, 2);
+  auto own = step;
+  own["MASTER_ADDR"] = "10.0.0.1";
+  own["MASTER_PORT"] = "29500";
+  EXPECT_EQ(parse_env(own).master_addr, "10.0.0.1");
+  EXPECT_EQ(parse_env(own).master_port, 29500);
+
+  // A batch script (no SLURM_STEP_ID) is not a rank of the allocation's tasks.
+  auto batch = step;
+  batch.erase("SLURM_STEP_ID");
+  EXPECT_EQ(parse_env(batch).world_size, 1);
+
+  auto broken = step;
+  broken["SLURM_STEP_NODELIST"] = "n[1-2";
+  EXPECT_EQ(env_error(broken),
+            "accel: environment variable SLURM_STEP_NODELIST=\"n[1-2\": expected a Slurm host list "
+            "such as n[01-04]: '[' without ']' in 'n[1-2'");
+}
+
 TEST(Env, ABadVariableIsNamedWithItsValue) {
   EXPECT_EQ(env_error({{"WORLD_SIZE", "12x"}}),
             "accel: environment variable WORLD_SIZE=\"12x\": expected an integer in [1, 1048576]");

@@ -444,8 +444,10 @@ class Accelerator {
   std::filesystem::path load_from(const std::filesystem::path& source, bool verify_checksums);
   // Automatic resume, once, after the first prepare() that included a DataLoader.
   void after_prepare();
-  // Runs before a prepared loader hands out a batch: the periodic automatic save.
+  // Runs before a prepared loader hands out a batch: the periodic automatic save, and the stop
+  // on SIGUSR1.
   void on_step_boundary();
+  [[noreturn]] void stop_after_checkpoint(int signal);
   void setup_mixed_precision(const std::string& which);
   void setup_project();
   std::shared_ptr<GradSync> sync_of(const torch::nn::Module* model) const;
@@ -473,6 +475,9 @@ class Accelerator {
   std::vector<detail::CustomState> custom_;
   bool resume_checked_ = false;
   int64_t last_auto_save_ = 0;  // completed_steps() at the last automatic save
+  // SIGUSR1 means "save a checkpoint, then stop" (with a checkpoint folder): checked once a step.
+  bool stop_on_signal_ = false;
+  int64_t last_signal_check_ = -1;
   // Loaders' boundary hooks hold this weakly: a loader may outlive its Accelerator.
   std::shared_ptr<Accelerator*> self_ = std::make_shared<Accelerator*>(this);
 };
