@@ -53,8 +53,8 @@ std::string sbatch_script(const LaunchCommand& cmd, const config::ClusterConfig&
   }
   int threads = std::max(1, cfg.num_cpu_threads_per_process);
   s << "#SBATCH --ntasks-per-node=1\n"
-    << "#SBATCH --cpus-per-task=" << cfg.num_processes * threads
-    << "   # the launcher's workers share its CPUs\n"
+    << "# The launcher's workers share its CPUs.\n"
+    << "#SBATCH --cpus-per-task=" << cfg.num_processes * threads << "\n"
     << "# 60 s before the time limit (or on scancel --signal=USR1): save a checkpoint and stop\n"
     << "#SBATCH --signal=USR1@60\n"
     << "#SBATCH --requeue\n"

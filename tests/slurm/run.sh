@@ -156,9 +156,23 @@ wait_state "$job" 300 COMPLETED FAILED CANCELLED TIMEOUT
 grep -q "epoch 29 " job5.out || fail "the requeued job did not finish its epochs"
 no_process_left
 
+step "6. accel-launch --slurm-submit from the login node"
+mkdir -p "$W/submit"
+(cd "$W/submit" && "$bin/accel-launch" --slurm-submit --nodes 2 -n 2 \
+  --sbatch-arg=--output="$W/job6.out" "$bin/train_classifier" "${ARGS[@]}") >submit.out 2>&1 ||
+  fail "--slurm-submit failed: $(cat submit.out)"
+job=$(grep -oE 'Submitted batch job [0-9]+' submit.out | grep -oE '[0-9]+$') ||
+  fail "no job id in: $(cat submit.out)"
+wait_state "$job" 300 COMPLETED FAILED CANCELLED TIMEOUT NODE_FAIL
+[[ $(job_state "$job") == COMPLETED ]] || fail "the submitted job $job ended $(job_state "$job")"
+acc6=$(final_accuracy job6.out)
+echo "--slurm-submit, 2 nodes x 2: eval_accuracy $acc6"
+[[ "$acc6" == "$ref" ]] || fail "the submitted job reached $acc6, one node $ref"
+no_process_left
+
 for f in job1.out job5.out; do
   echo "----- $f"
   grep -vE '^\[[^]]*\] epoch [0-9]+ ' "$f" | head -n 40
 done
 failed=0
-echo "PASS: Slurm (2 nodes: accel-launch per node, srun per rank, restart, scancel, USR1 requeue)"
+echo "PASS: Slurm (2 nodes: accel-launch per node, srun per rank, restart, scancel, USR1 requeue, --slurm-submit)"
