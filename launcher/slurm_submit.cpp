@@ -72,7 +72,15 @@ std::string sbatch_script(const LaunchCommand& cmd, const config::ClusterConfig&
   for (const auto& o : cmd.resubmit) s << " " << shell_quote(o);
   s << " --";
   for (const auto& a : program_argv) s << " " << shell_quote(a);
-  s << "\nrc=$?\n"
+  s << " &\n"
+    << "srun_pid=$!\n"
+    << "# With --signal=B:USR1@... only this script gets the signal: srun passes it on.\n"
+    << "trap 'kill -USR1 \"$srun_pid\" 2>/dev/null' USR1\n"
+    << "while :; do\n"
+    << "  wait \"$srun_pid\"\n"
+    << "  rc=$?\n"
+    << "  kill -0 \"$srun_pid\" 2>/dev/null || break\n"
+    << "done\n"
     << "if [ \"$rc\" -eq " << kStoppedByUsr1 << " ]; then\n"
     << "  # Stopped on SIGUSR1 after saving a checkpoint: run again from there.\n"
     << "  scontrol requeue \"$SLURM_JOB_ID\" && exit 0\n"

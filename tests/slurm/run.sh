@@ -156,7 +156,24 @@ wait_state "$job" 300 COMPLETED FAILED CANCELLED TIMEOUT
 grep -q "epoch 29 " job5.out || fail "the requeued job did not finish its epochs"
 no_process_left
 
-step "6. accel-launch --slurm-submit from the login node"
+step "6. SIGUSR1 to the batch script alone (--signal=B:USR1): passed on, checkpoint, requeue"
+job=$(sbatch --parsable -N 2 --output="$W/job6b.out" \
+  --export=ALL,CHECKPOINT_DIR="$W/ck6",CHECKPOINT_INTERVAL=0 \
+  "$root/configs/slurm/train.sbatch" "${LONG[@]}")
+wait_line job6b.out 120 "^.*epoch 1 "
+scancel --batch --signal=USR1 "$job"
+end=$((SECONDS + 60))
+until [[ "$(restarts)" == 1 ]]; do
+  ((SECONDS < end)) || fail "job $job was not requeued within 60 s of SIGUSR1 to its batch script"
+  sleep 0.5
+done
+[[ -f "$W/ck6/checkpoints/checkpoint_0/manifest.json" ]] || fail "no checkpoint saved"
+echo "requeued after SIGUSR1 to the batch script, with a checkpoint"
+scancel "$job"
+wait_state "$job" 60 CANCELLED COMPLETED FAILED
+no_process_left
+
+step "7. accel-launch --slurm-submit from the login node"
 mkdir -p "$W/submit"
 (cd "$W/submit" && "$bin/accel-launch" --slurm-submit --nodes 2 -n 2 \
   --sbatch-arg=--output="$W/job6.out" "$bin/train_classifier" "${ARGS[@]}") >submit.out 2>&1 ||
