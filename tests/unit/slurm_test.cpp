@@ -263,8 +263,7 @@ TEST(SlurmSubmit, TheScriptRunsThisLaunchOnEveryNode) {
         "#SBATCH --requeue\n", "#SBATCH --time=1:00:00\n", "cd '/home/me/run 1' || exit 1\n",
         "srun --ntasks-per-node=1 --ntasks=\"$SLURM_NNODES\" --kill-on-bad-exit=1 "
         "/opt/accel/bin/accel-launch -n 2 --max-restarts 3 -- /home/me/train --lr '3e-4 x' &\n",
-        "trap 'kill -USR1 \"$srun_pid\" 2>/dev/null' USR1\n",
-        "if [ \"$rc\" -eq 138 ]; then\n"}) {
+        "trap 'kill -USR1 \"$srun_pid\" 2>/dev/null' USR1\n", "if [ \"$rc\" -eq 138 ]; then\n"}) {
     EXPECT_NE(script.find(line), std::string::npos) << line << "\n---\n" << script;
   }
   EXPECT_EQ(launcher::shell_quote("it's"), "'it'\\''s'");
