@@ -1,4 +1,4 @@
-// The multi-node launch modes of accel-launch (DESIGN §1):
+// The multi-node launch modes of accel-launch (docs/operations.md):
 //   mode 2: every node runs `accel-launch --nodes N --machine-rank K ...`; machine rank 0 also
 //           hosts the coordinator at main_process_ip:coordinator_port;
 //   mode 3: `accel-launch --coordinator HOST:PORT ...` submits to standing agents, streams the

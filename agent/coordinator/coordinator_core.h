@@ -1,7 +1,7 @@
 // CoordinatorCore: the rendezvous coordinator's state and rules, apart from gRPC (STYLE.md:
 // Ray's handler/adapter split), so tests drive it with a FakeClock and plain messages.
 //
-// It owns node membership (leases renewed by Sync), jobs (the state machine of DESIGN §3:
+// It owns node membership (leases renewed by Sync), jobs (the state machine of docs/operations.md:
 // PENDING -> RENDEZVOUS(r) -> RUNNING -> (RESTARTING -> RENDEZVOUS(r+1))* -> SUCCEEDED | FAILED
 // | CANCELLED), rounds (min/max nodes, join_timeout, last_call), node ranks, MASTER_ADDR/PORT,
 // the job-wide restart budget, failure records (root cause = the globally earliest) and each

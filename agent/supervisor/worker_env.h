@@ -1,4 +1,4 @@
-// The worker environment contract (DESIGN §4, docs/worker-environment.md): torchrun's variables,
+// The worker environment contract (docs/worker-environment.md): torchrun's variables,
 // so `init_process_group("env://")` works unchanged, HF Accelerate's, and accel's own.
 #pragma once
 

@@ -1,4 +1,4 @@
-// The worker environment contract (DESIGN §4).
+// The worker environment contract (docs/worker-environment.md).
 #include "agent/supervisor/worker_env.h"
 
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// accel::State: who this process is in the job (from the worker environment, DESIGN §4) and the
+// accel::State: who this process is in the job (from the worker environment, docs/worker-environment.md) and the
 // c10d process group it talks through. One per process, shared by every Accelerator.
 #pragma once
 
