@@ -1,5 +1,6 @@
-// accel::State: who this process is in the job (from the worker environment, docs/worker-environment.md) and the
-// c10d process group it talks through. One per process, shared by every Accelerator.
+// accel::State: who this process is in the job (from the worker environment,
+// docs/worker-environment.md) and the c10d process group it talks through. One per process, shared
+// by every Accelerator.
 #pragma once
 
 #include <torch/types.h>
