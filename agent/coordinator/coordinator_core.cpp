@@ -16,6 +16,7 @@
 
 #include "agent/common/exit_hints.h"
 #include "agent/coordinator/request_limits.h"
+#include "contract/duration.h"
 
 namespace accel::coordinator {
 
@@ -697,7 +698,16 @@ RpcStatus CoordinatorCore::join_round(const pb::JoinRoundRequest& req) {
   changes_.nodes.insert(req.node_id());
   int n = static_cast<int>(job.joined.size());
   if (n == job.spec.min_nodes()) job.min_reached = clock_.now();
-  if (n == job.spec.max_nodes()) close_round(job);  // wakes every node
+  if (n == job.spec.max_nodes()) {
+    close_round(job);  // wakes every node
+  } else if (n == job.spec.min_nodes() && job.spec.last_call_ms() > 0) {
+    // Why say it: an elastic job then waits last_call with nothing else to show for it.
+    message(job, round_name(job.round) + ": " + std::to_string(n) + " of up to " +
+                     std::to_string(job.spec.max_nodes()) +
+                     " nodes joined, enough to start; waiting up to " +
+                     contract::format_duration(milliseconds(job.spec.last_call_ms())) +
+                     " (last_call) for more");
+  }
   return RpcStatus::ok();
 }
 

@@ -617,6 +617,11 @@ TEST(CoordinatorCore, ElasticRoundClosesOnlyAfterLastCall) {
   h.join_all("j", {"b"});  // min reached now
   h.core.tick();
   EXPECT_EQ(h.core.job_state("j"), pb::JOB_STATE_RENDEZVOUS);
+  auto w = h.watch("j", 0);
+  ASSERT_GT(w.events_size(), 0);
+  EXPECT_EQ(w.events(w.events_size() - 1).message(),
+            "round 0: 2 of up to 4 nodes joined, enough to start; waiting up to 5s (last_call) "
+            "for more");
   h.clock.advance(milliseconds(4'999));
   h.sync_resp("a");
   h.sync_resp("b");
