@@ -24,6 +24,22 @@ struct SlurmList {
 
 namespace slurm_detail {
 
+// Calls part(text between commas) for each comma-separated part, empty ones included; stops and
+// returns false as soon as part() does.
+template <class F>
+bool each_comma_part(std::string_view text, F&& part) {
+  std::size_t start = 0;
+  for (;;) {
+    std::size_t comma = text.find(',', start);
+    if (!part(text.substr(
+            start, comma == std::string_view::npos ? std::string_view::npos : comma - start))) {
+      return false;
+    }
+    if (comma == std::string_view::npos) return true;
+    start = comma + 1;
+  }
+}
+
 inline bool parse_uint(std::string_view s, uint64_t& out) {
   if (s.empty() || s.size() > 18) return false;
   out = 0;
@@ -41,11 +57,7 @@ inline bool expand_ranges(std::string_view body, std::vector<std::string>& out, 
     error = "empty brackets []";
     return false;
   }
-  std::size_t start = 0;
-  while (start <= body.size()) {
-    std::size_t comma = body.find(',', start);
-    std::string_view part = body.substr(
-        start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
+  return each_comma_part(body, [&](std::string_view part) {
     std::size_t dash = part.find('-');
     std::string_view lo_text = part.substr(0, dash);
     std::string_view hi_text = dash == std::string_view::npos ? lo_text : part.substr(dash + 1);
@@ -68,10 +80,8 @@ inline bool expand_ranges(std::string_view body, std::vector<std::string>& out, 
       if (digits.size() < lo_text.size()) digits.insert(0, lo_text.size() - digits.size(), '0');
       out.push_back(std::move(digits));
     }
-    if (comma == std::string_view::npos) break;
-    start = comma + 1;
-  }
-  return true;
+    return true;
+  });
 }
 
 // One host expression: literal text and bracket groups, each group multiplying the names.
@@ -168,11 +178,7 @@ inline SlurmList expand_hostlist(std::string_view text) {
 // "2(x3),1" -> 2 2 2 1 (SLURM_TASKS_PER_NODE, SLURM_STEP_TASKS_PER_NODE, SLURM_JOB_CPUS_PER_NODE).
 inline SlurmList expand_per_node_counts(std::string_view text) {
   SlurmList result;
-  std::size_t start = 0;
-  while (start <= text.size()) {
-    std::size_t comma = text.find(',', start);
-    std::string_view part = text.substr(
-        start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
+  bool ok = slurm_detail::each_comma_part(text, [&](std::string_view part) {
     std::string_view count_text = part;
     uint64_t repeat = 1;
     if (std::size_t paren = part.find('('); paren != std::string_view::npos) {
@@ -181,25 +187,22 @@ inline SlurmList expand_per_node_counts(std::string_view text) {
       if (rest.size() < 4 || rest.substr(0, 2) != "(x" || rest.back() != ')' ||
           !slurm_detail::parse_uint(rest.substr(2, rest.size() - 3), repeat) || repeat == 0) {
         result.error = "'" + std::string(part) + "' is not N or N(xM)";
-        result.items.clear();
-        return result;
+        return false;
       }
     }
     uint64_t count = 0;
     if (!slurm_detail::parse_uint(count_text, count) || count > (1u << 20)) {
       result.error = "'" + std::string(part) + "' is not N or N(xM)";
-      result.items.clear();
-      return result;
+      return false;
     }
     if (repeat > kMaxSlurmHosts - result.items.size()) {
       result.error = "more than " + std::to_string(kMaxSlurmHosts) + " nodes";
-      result.items.clear();
-      return result;
+      return false;
     }
     result.items.insert(result.items.end(), repeat, std::to_string(count));
-    if (comma == std::string_view::npos) break;
-    start = comma + 1;
-  }
+    return true;
+  });
+  if (!ok) result.items.clear();
   return result;
 }
 

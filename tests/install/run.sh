@@ -64,4 +64,8 @@ out=$(cd "$W" && timeout 120 "$P/bin/accel-launch" -q -n 2 ./standalone/build/tr
 echo "$out"
 grep -qE "weight (2\.99|3\.00)[0-9]* bias -(0\.99|1\.00)[0-9]* processes 2" <<<"$out" ||
   fail "the standalone program did not learn y = 3x - 1 on 2 processes"
-echo "PASS: installed package, pkg-config, out-of-tree build, installed accel-launch -n 2"
+echo "== the installed accel test -n 2 (accel, accel-launch and accel-check find each other)"
+(cd "$W" && timeout 300 "$P/bin/accel" test -n 2 >"$W/accel-test.log" 2>&1) ||
+  fail "installed accel test -n 2 failed: $(tail -n 20 "$W/accel-test.log")"
+tail -n 3 "$W/accel-test.log"
+echo "PASS: installed package, pkg-config, out-of-tree build, installed accel-launch -n 2, accel test"

@@ -35,6 +35,21 @@ std::vector<std::string> classifier_args(const std::string& model_dir) {
           "--save-model",       model_dir};
 }
 
+// The model an uninterrupted 2-process run of classifier_args() saves, and how long it took.
+struct Baseline {
+  std::string model;
+  std::chrono::milliseconds duration{};
+};
+Baseline uninterrupted_run(const TempDir& dir, const std::map<std::string, std::string>& env) {
+  std::vector<std::string> base_args = {"-n", "2", "--"};
+  auto args = classifier_args(dir / "base");
+  base_args.insert(base_args.end(), args.begin(), args.end());
+  auto base = run_launcher(dir, base_args, 120s, env);
+  EXPECT_EQ(base.exit_code, 0) << base.out << base.err;
+  return {file_bytes(dir.path() / "base" / "model.safetensors"),
+          std::chrono::duration_cast<std::chrono::milliseconds>(base.elapsed)};
+}
+
 // A restart that finds no intact checkpoint stops with the runtime's clear error and exit 1 on
 // every rank (it used to end in std::terminate: SIGABRT, the message in a crash report).
 TEST(Checkpoint, NoIntactCheckpointIsAClearErrorAndExit1) {
@@ -69,14 +84,8 @@ TEST(Checkpoint, NoIntactCheckpointIsAClearErrorAndExit1) {
 TEST(Checkpoint, KilledWorkersResumeToTheWeightsOfAnUninterruptedRun) {
   TempDir dir;
   std::map<std::string, std::string> env{{"OMP_NUM_THREADS", "1"}};
-  std::vector<std::string> base_args = {"-n", "2", "--"};
-  auto args = classifier_args(dir / "base");
-  base_args.insert(base_args.end(), args.begin(), args.end());
-  auto base = run_launcher(dir, base_args, 120s, env);
-  ASSERT_EQ(base.exit_code, 0) << base.out << base.err;
-  auto expected = file_bytes(dir.path() / "base" / "model.safetensors");
+  auto [expected, duration] = uninterrupted_run(dir, env);
   ASSERT_GT(expected.size(), 1000u);
-  auto duration = base.elapsed;
 
   for (unsigned seed : {1u, 2u, 3u}) {
     std::mt19937 rng(seed);
@@ -219,12 +228,8 @@ namespace {
 TEST(Checkpoint, Usr1SavesAtAStepStopsWith138AndTheNextRunResumesThere) {
   TempDir dir;
   std::map<std::string, std::string> env{{"OMP_NUM_THREADS", "1"}};
-  std::vector<std::string> base_args = {"-n", "2", "--"};
-  auto args = classifier_args(dir / "base");
-  base_args.insert(base_args.end(), args.begin(), args.end());
-  auto base = run_launcher(dir, base_args, 120s, env);
-  ASSERT_EQ(base.exit_code, 0) << base.out << base.err;
-  auto expected = file_bytes(dir.path() / "base" / "model.safetensors");
+  auto expected = uninterrupted_run(dir, env).model;
+  ASSERT_GT(expected.size(), 1000u);
 
   TempDir run;
   std::vector<std::string> launch = {

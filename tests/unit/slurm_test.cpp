@@ -194,45 +194,34 @@ TEST(SlurmSource, SaysHowToStartItRight) {
             "pass --no-slurm to run on this node alone");
   EXPECT_TRUE(resolve(batch, cfgns::SlurmUse::kOff));
 
-  auto many = step_env();
-  many["SLURM_STEP_NUM_TASKS"] = "4";
-  r = resolve(many);
-  ASSERT_FALSE(r);
-  EXPECT_EQ(r.message(),
-            "Slurm: srun started 4 tasks on 2 node(s) (SLURM_STEP_NUM_TASKS=4, "
-            "SLURM_STEP_NUM_NODES=2); accel-launch starts the workers itself and wants one task "
-            "per node: srun --ntasks=2 --ntasks-per-node=1 accel-launch ... (or let srun start "
-            "every rank without accel-launch: srun -n N ./train)");
-
-  auto far = step_env();
-  far["SLURM_STEP_NODELIST"] = "gpu[08-09]";
-  r = resolve(far);
-  ASSERT_FALSE(r);
-  EXPECT_EQ(r.message(),
-            "Slurm: the job's first node gpu08 (from SLURM_STEP_NODELIST) hosts the rendezvous, "
-            "but cannot resolve gpu08: Name or service not known");
-
-  auto broken = step_env();
-  broken["SLURM_STEP_NODELIST"] = "gpu[07-08";
-  r = resolve(broken);
-  ASSERT_FALSE(r);
-  EXPECT_EQ(r.message(),
-            "Slurm: SLURM_STEP_NODELIST=\"gpu[07-08\": not a host list: '[' without ']' in "
-            "'gpu[07-08'");
-
-  auto short_list = step_env();
-  short_list["SLURM_STEP_NODELIST"] = "gpu07";
-  r = resolve(short_list);
-  ASSERT_FALSE(r);
-  EXPECT_EQ(r.message(),
-            "Slurm: SLURM_STEP_NODELIST=\"gpu07\" names 1 node(s) but "
-            "SLURM_STEP_NUM_NODES=2");
-
-  auto bad_id = step_env();
-  bad_id["SLURM_NODEID"] = "two";
-  r = resolve(bad_id);
-  ASSERT_FALSE(r);
-  EXPECT_EQ(r.message(), "Slurm: SLURM_NODEID=\"two\": expected an integer >= 0");
+  struct Case {
+    const char* variable;
+    const char* value;
+    const char* error;
+  };
+  for (const Case& c : {
+           Case{"SLURM_STEP_NUM_TASKS", "4",
+                "Slurm: srun started 4 tasks on 2 node(s) (SLURM_STEP_NUM_TASKS=4, "
+                "SLURM_STEP_NUM_NODES=2); accel-launch starts the workers itself and wants one "
+                "task per node: srun --ntasks=2 --ntasks-per-node=1 accel-launch ... (or let srun "
+                "start every rank without accel-launch: srun -n N ./train)"},
+           Case{"SLURM_STEP_NODELIST", "gpu[08-09]",
+                "Slurm: the job's first node gpu08 (from SLURM_STEP_NODELIST) hosts the "
+                "rendezvous, but cannot resolve gpu08: Name or service not known"},
+           Case{"SLURM_STEP_NODELIST", "gpu[07-08",
+                "Slurm: SLURM_STEP_NODELIST=\"gpu[07-08\": not a host list: '[' without ']' in "
+                "'gpu[07-08'"},
+           Case{"SLURM_STEP_NODELIST", "gpu07",
+                "Slurm: SLURM_STEP_NODELIST=\"gpu07\" names 1 node(s) but SLURM_STEP_NUM_NODES=2"},
+           Case{"SLURM_NODEID", "two", "Slurm: SLURM_NODEID=\"two\": expected an integer >= 0"},
+           Case{"SLURM_NODEID", "2", "Slurm: SLURM_NODEID=2 but SLURM_STEP_NUM_NODES=2"},
+       }) {
+    auto env = step_env();
+    env[c.variable] = c.value;
+    auto bad = resolve(env);
+    ASSERT_FALSE(bad) << c.variable << "=" << c.value;
+    EXPECT_EQ(bad.message(), c.error);
+  }
 }
 
 TEST(SlurmSource, ALoneNodeBatchScriptIsFine) {
