@@ -77,7 +77,7 @@ int run_training(int argc, char** argv) {
   // Why train_dl.epoch(): after an automatic resume the loader is already at the saved epoch.
   for (int64_t epoch = train_dl.epoch(); epoch < epochs; ++epoch) {
     m->train();
-    auto total = torch::zeros({}, torch::kDouble);
+    auto total = torch::zeros({}, torch::dtype(torch::kDouble).device(acc.device()));
     int64_t steps = 0;
     for (auto& batch : train_dl) {
       auto cast = acc.autocast();  // mixed precision when ACCEL_MIXED_PRECISION=bf16

@@ -147,7 +147,7 @@ int run_training(int argc, char** argv) {
   // From dl.epoch(): after an automatic resume (accel-launch --checkpoint-dir) the loader is
   // already at the saved epoch and batch.
   for (int64_t epoch = dl.epoch(); epoch < epochs; ++epoch) {
-    auto total = torch::zeros({}, torch::kDouble);
+    auto total = torch::zeros({}, torch::dtype(torch::kDouble).device(acc.device()));
     int64_t steps = 0;
     for (auto& batch : dl) {
       auto cast = acc.autocast();

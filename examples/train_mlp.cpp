@@ -60,7 +60,7 @@ int run_training(int argc, char** argv) {
   // already at the saved epoch and batch.
   for (int64_t epoch = dl.epoch(); epoch < epochs; ++epoch) {
     auto start = std::chrono::steady_clock::now();
-    auto total = torch::zeros({}, torch::kDouble);
+    auto total = torch::zeros({}, torch::dtype(torch::kDouble).device(acc.device()));
     int64_t steps = 0;
     for (auto& batch : dl) {
       // bf16 when ACCEL_MIXED_PRECISION=bf16 (accel-launch --mixed-precision)

@@ -229,7 +229,12 @@ void apply_model_state(torch::nn::Module& model, const safetensors::NamedTensors
 // An optimizer's state and options, sharing the state's tensors. Enough to undo a failed load:
 // libtorch's load puts new state objects with new tensors in place and never writes into the old.
 struct OptimizerSnapshot {
-  std::vector<std::pair<std::string, std::unique_ptr<torch::optim::OptimizerParamState>>> state;
+  // Why the map's own key type: libtorch 2.0 (Debian's) keys the state by a string, later
+  // versions by the parameter's TensorImpl pointer.
+  using StateMap =
+      std::remove_reference_t<decltype(std::declval<torch::optim::Optimizer&>().state())>;
+  std::vector<std::pair<StateMap::key_type, std::unique_ptr<torch::optim::OptimizerParamState>>>
+      state;
   std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> options;
 
   explicit OptimizerSnapshot(torch::optim::Optimizer& optimizer) {

@@ -2,6 +2,7 @@
 #include "runtime/checkpoint_io.h"
 
 #include <fcntl.h>
+#include <ftw.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -138,10 +139,19 @@ bool CheckpointFs::exchange(const fs::path& a, const fs::path& b) {
   fail(a, "cannot exchange with " + b.string(), err);
 }
 
+namespace {
+int remove_entry(const char* path, const struct stat*, int, struct FTW*) {
+  return ::remove(path) == 0 || errno == ENOENT ? 0 : errno;
+}
+}  // namespace
+
+// Why nftw and not std::filesystem::remove_all: PyTorch's own libtorch builds (pip wheels) export
+// a copy of std::filesystem from an older libstdc++; the system libstdc++'s remove_all then
+// reached a null function through it and crashed (seen with libtorch 2.11 + CUDA 13 on an H200).
 void CheckpointFs::remove_all(const fs::path& path) {
-  std::error_code ec;
-  fs::remove_all(path, ec);
-  if (ec) fail(path, "cannot remove", ec.value());
+  int rc = ::nftw(path.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+  if (rc == -1 && errno == ENOENT) return;
+  if (rc != 0) fail(path, "cannot remove", rc == -1 ? errno : rc);
 }
 
 void CheckpointFs::create_directories(const fs::path& path) {

@@ -35,7 +35,7 @@ std::string format_duration(std::chrono::milliseconds d) {
 }
 
 Comm::Comm(int rank, int world_size, std::chrono::milliseconds timeout,
-           c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::ProcessGroup> group,
+           c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<CollectiveGroup> group,
            std::unique_ptr<ShmGroup> shm)
     : rank_(rank),
       world_size_(world_size),

@@ -34,7 +34,7 @@ class Comm {
   // `store` holds the desync keys; `group` runs the collectives.
   // `shm` (may be null) carries the collectives it can between local ranks; gloo the rest.
   Comm(int rank, int world_size, std::chrono::milliseconds timeout,
-       c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::ProcessGroup> group,
+       c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<CollectiveGroup> group,
        std::unique_ptr<ShmGroup> shm = nullptr);
   ~Comm();
   bool uses_shared_memory() const { return shm_ != nullptr; }
@@ -76,7 +76,7 @@ class Comm {
   int world_size_ = 1;
   std::chrono::milliseconds timeout_{contract::kDefaultCollectiveTimeout};
   c10::intrusive_ptr<c10d::Store> store_;
-  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  c10::intrusive_ptr<CollectiveGroup> group_;
   std::unique_ptr<ShmGroup> shm_;
   std::atomic<std::uint64_t> seq_{0};
   bool trace_ = false;  // ACCEL_TRACE_COLLECTIVES=1: one stderr line per collective

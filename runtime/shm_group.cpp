@@ -132,7 +132,7 @@ bool ShmGroup::can_reduce(const at::Tensor& t) {
   return can_move(t) && (s == at::kFloat || s == at::kDouble || s == at::kInt || s == at::kLong);
 }
 
-std::unique_ptr<ShmGroup> ShmGroup::create(c10d::Store& store, c10d::ProcessGroup& group, int rank,
+std::unique_ptr<ShmGroup> ShmGroup::create(c10d::Store& store, CollectiveGroup& group, int rank,
                                            int world, std::chrono::milliseconds timeout,
                                            std::string* why) {
   const std::size_t slot =

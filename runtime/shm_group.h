@@ -19,17 +19,26 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <type_traits>
 
 namespace accel {
+
+// What libaccel runs its collectives through: Debian's libtorch (2.0) makes ProcessGroupGloo and
+// ProcessGroupNCCL subclasses of c10d::ProcessGroup, later libtorch releases of c10d::Backend;
+// both have the allreduce/broadcast/allgather/barrier used here.
+using CollectiveGroup = std::conditional_t<std::is_base_of_v<c10d::Backend, c10d::ProcessGroupGloo>,
+                                           c10d::Backend, c10d::ProcessGroup>;
 
 class ShmGroup {
  public:
   // Maps one segment shared by `world` local ranks (rank 0 creates it, publishes its name in
   // `store`, and unlinks it once everyone has it mapped, so a crash leaks nothing). Returns null,
   // with `why` set, when shared memory is unavailable (the caller falls back to gloo).
-  static std::unique_ptr<ShmGroup> create(c10d::Store& store, c10d::ProcessGroup& group, int rank,
+  static std::unique_ptr<ShmGroup> create(c10d::Store& store, CollectiveGroup& group, int rank,
                                           int world, std::chrono::milliseconds timeout,
                                           std::string* why);
   ~ShmGroup();

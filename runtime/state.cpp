@@ -131,7 +131,7 @@ State::State(const StateOptions& options) {
     store = c10::make_intrusive<c10d::PrefixStore>(contract::kRuntimeStorePrefix + we.restart_count,
                                                    store);
   }
-  c10::intrusive_ptr<c10d::ProcessGroup> group;
+  c10::intrusive_ptr<CollectiveGroup> group;
   try {
     auto pg_store = c10::make_intrusive<c10d::PrefixStore>("accel/pg", store);
 #ifdef ACCEL_WITH_NCCL
