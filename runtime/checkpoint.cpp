@@ -229,7 +229,7 @@ void apply_model_state(torch::nn::Module& model, const safetensors::NamedTensors
 // An optimizer's state and options, sharing the state's tensors. Enough to undo a failed load:
 // libtorch's load puts new state objects with new tensors in place and never writes into the old.
 struct OptimizerSnapshot {
-  // Why the map's own key type: libtorch 2.0 (Debian's) keys the state by a string, later
+  // Why the map's own key type: libtorch 1.13 (Debian's) keys the state by a string, later
   // versions by the parameter's TensorImpl pointer.
   using StateMap =
       std::remove_reference_t<decltype(std::declval<torch::optim::Optimizer&>().state())>;

@@ -27,7 +27,7 @@
 
 namespace accel {
 
-// What libaccel runs its collectives through: Debian's libtorch (2.0) makes ProcessGroupGloo and
+// What libaccel runs its collectives through: Debian's libtorch (1.13) makes ProcessGroupGloo and
 // ProcessGroupNCCL subclasses of c10d::ProcessGroup, later libtorch releases of c10d::Backend;
 // both have the allreduce/broadcast/allgather/barrier used here.
 using CollectiveGroup = std::conditional_t<std::is_base_of_v<c10d::Backend, c10d::ProcessGroupGloo>,
