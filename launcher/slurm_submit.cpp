@@ -96,13 +96,20 @@ int slurm_submit(const LaunchCommand& cmd, const config::ClusterConfig& cfg,
   where.accel_launch = fs::read_symlink("/proc/self/exe", ec).string();
   if (ec || where.accel_launch.empty()) where.accel_launch = "accel-launch";
   where.workdir = fs::current_path(ec).string();
-  std::string base = fs::path(program_argv.empty() ? "job" : program_argv.back()).filename();
-  // The program, not its interpreter: python3 -u train.py -> train.
-  for (const auto& a : program_argv) {
-    if (a.size() > 3 && a.substr(a.size() - 3) == ".py") base = fs::path(a).stem();
-  }
-  if (!program_argv.empty() && program_argv.front().find("python") == std::string::npos) {
-    base = fs::path(program_argv.front()).filename();
+  // The job's name: the script of `python3 -u train.py`, the module of `-m pkg.train`, else the
+  // program.
+  std::string base = program_argv.empty() ? "job" : fs::path(program_argv.front()).filename();
+  const bool python = base.rfind("python", 0) == 0;
+  for (std::size_t i = 1; python && i < program_argv.size(); ++i) {
+    const std::string& a = program_argv[i];
+    if (a.size() > 3 && a.compare(a.size() - 3, 3, ".py") == 0) {
+      base = fs::path(a).stem();
+      break;
+    }
+    if (a == "-m" && i + 1 < program_argv.size()) {
+      base = program_argv[i + 1];
+      break;
+    }
   }
   std::string name;
   for (char c : base)

@@ -23,6 +23,15 @@ bool has_checkpoint(const fs::path& dir) {
   return false;
 }
 
+// Waits (bounded) until the running job has written its first complete checkpoint.
+bool wait_for_first_checkpoint(const fs::path& dir) {
+  auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (!has_checkpoint(dir) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(2ms);
+  }
+  return has_checkpoint(dir);
+}
+
 std::string file_bytes(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
@@ -109,11 +118,8 @@ TEST(Checkpoint, KilledWorkersResumeToTheWeightsOfAnUninterruptedRun) {
       auto a = classifier_args(run / "model");
       launch.insert(launch.end(), a.begin(), a.end());
       Launched job(run, launch, env);
-      auto deadline = std::chrono::steady_clock::now() + 60s;
-      while (!has_checkpoint(run.path() / "ck") && std::chrono::steady_clock::now() < deadline) {
-        std::this_thread::sleep_for(2ms);
-      }
-      ASSERT_TRUE(has_checkpoint(run.path() / "ck")) << "seed " << seed << ": no first checkpoint";
+      ASSERT_TRUE(wait_for_first_checkpoint(run.path() / "ck"))
+          << "seed " << seed << ": no first checkpoint";
       std::this_thread::sleep_for(delay);
       auto workers = children_of(job.pid());
       if (workers.size() == 2) ::kill(workers[static_cast<std::size_t>(victim)], SIGKILL);
@@ -237,11 +243,7 @@ TEST(Checkpoint, Usr1SavesAtAStepStopsWith138AndTheNextRunResumesThere) {
   auto a = classifier_args(run / "model");
   launch.insert(launch.end(), a.begin(), a.end());
   Launched job(run, launch, env);
-  auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (!has_checkpoint(run.path() / "ck") && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(2ms);
-  }
-  ASSERT_TRUE(has_checkpoint(run.path() / "ck")) << "no first checkpoint";
+  ASSERT_TRUE(wait_for_first_checkpoint(run.path() / "ck")) << "no first checkpoint";
   ::kill(job.pid(), SIGUSR1);
   auto stopped = job.wait(120s);
   std::string all = stopped.out + stopped.err;
