@@ -53,6 +53,7 @@ inline constexpr char kCollectiveTimeout[] = "ACCEL_COLLECTIVE_TIMEOUT";
 inline constexpr char kCheckpointDir[] = "ACCEL_CHECKPOINT_DIR";
 inline constexpr char kCheckpointInterval[] = "ACCEL_CHECKPOINT_INTERVAL";
 inline constexpr char kCheckpointTotalLimit[] = "ACCEL_CHECKPOINT_TOTAL_LIMIT";
+inline constexpr char kResume[] = "ACCEL_RESUME";  // auto | force (resume another run's)
 inline constexpr char kErrorFile[] = "ACCEL_ERROR_FILE";
 inline constexpr char kProgressFile[] = "ACCEL_PROGRESS_FILE";
 inline constexpr char kShmCollectives[] = "ACCEL_SHM_COLLECTIVES";

@@ -25,6 +25,7 @@
 #include "agent/rpc/rpc_security.h"
 #include "launcher/cluster_launch.h"
 #endif
+#include "launcher/exit_codes.h"
 #include "launcher/launch_cli.h"
 #include "launcher/local_launch.h"
 #include "launcher/slurm_submit.h"
@@ -45,7 +46,7 @@ std::string generate_job_id() {
   return std::string(stamp) + "-" + suffix;
 }
 
-int fail(const std::string& message, int code = 2) {
+int fail(const std::string& message, int code = accel::launcher::kExitUsage) {
   std::string text = "accel-launch: error: " + message + "\n";
   accel::supervisor::write_all(STDERR_FILENO, text);
   return code;
@@ -93,8 +94,14 @@ int main(int argc, char** argv) {
   if (cmd.program.program.empty() && !cmd.program.module) {
     return fail("no PROGRAM given: accel-launch [OPTIONS] PROGRAM [ARGS...] (see --help)");
   }
+  if (cmd.program.module && cmd.program.no_python) {
+    return fail("--module and --no-python cannot be used together: -m runs a Python module");
+  }
+  if (cmd.program.module && cmd.program.module->empty()) {
+    return fail("-m/--module needs a module name");
+  }
   auto argv_resolved = accel::launcher::resolve_command(cmd.program, sources.env);
-  if (!argv_resolved) return fail(argv_resolved.message(), 127);
+  if (!argv_resolved) return fail(argv_resolved.message(), accel::launcher::kExitNotFound);
   if (cmd.writes_slurm_script()) {
     if (!cfg.coordinator.empty()) {
       return fail("--slurm-submit does not go with coordinator (" +

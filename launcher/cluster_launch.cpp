@@ -25,6 +25,7 @@
 #include "agent/node/control_plane_config.h"
 #include "agent/rpc/job_spec_proto.h"
 #include "agent/supervisor/line_sink.h"
+#include "launcher/exit_codes.h"
 
 namespace accel::launcher {
 
@@ -63,7 +64,7 @@ supervisor::JobLogger job_logger(const std::string& who) {
   };
 }
 
-int fail(const std::string& message, int code = 1) {
+int fail(const std::string& message, int code = kExitStartFailed) {
   supervisor::write_all(STDERR_FILENO, "accel-launch: error: " + message + "\n");
   return code;
 }
@@ -92,7 +93,8 @@ class JobWatcher {
       grpc::Status st = client_->watch_job(req, &resp, 6s);
       if (!st.ok()) {
         if (st.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
-          return fail("coordinator at " + client_->target() + " refused us: " + rpc::describe(st));
+          return fail("coordinator at " + client_->target() + " refused us: " + rpc::describe(st),
+                      kExitControlPlane);
         }
         auto now = std::chrono::steady_clock::now();
         if (!in_trouble) {
@@ -115,7 +117,8 @@ class JobWatcher {
         }
         if (now - trouble_since > patience_) {
           return fail("gave up following job " + job_id_ + ": the coordinator at " +
-                      client_->target() + " says " + rpc::describe(st));
+                          client_->target() + " says " + rpc::describe(st),
+                      kExitControlPlane);
         }
         std::this_thread::sleep_for(200ms);
         continue;
@@ -205,7 +208,7 @@ int run_submit(const ClusterLaunch& launch) {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 
   auto client = connect(launch.cfg, launch.env, launch.cfg.coordinator);
-  if (!client) return fail(client.message());
+  if (!client) return fail(client.message(), kExitUsage);
   pb::SubmitJobRequest req;
   req.set_job_id(launch.job_id);
   *req.mutable_spec() = job_spec_proto(launch, /*forward_logs=*/true);
@@ -226,7 +229,8 @@ int run_submit(const ClusterLaunch& launch) {
   }
   if (!st.ok()) {
     return fail("cannot submit the job to the coordinator at " + launch.cfg.coordinator + ": " +
-                rpc::describe(st));
+                    rpc::describe(st),
+                kExitControlPlane);
   }
   const std::string job_id = resp.job_id();
   logger()->info(
@@ -285,7 +289,7 @@ int run_multi_node(const ClusterLaunch& launch) {
   const auto& cfg = launch.cfg;
   const std::string target = cfg.main_process_ip + ":" + std::to_string(cfg.coordinator_port);
   auto auth = control_plane_auth(cfg, launch.env);
-  if (!auth) return fail(auth.message());
+  if (!auth) return fail(auth.message(), kExitUsage);
   rpc::forget_token_in_environment();
   SystemClock clock;
   std::unique_ptr<coordinator::CoordinatorServer> server;
@@ -303,7 +307,7 @@ int run_multi_node(const ClusterLaunch& launch) {
     logger()->info("coordinator listening on {}", target);
   }
   auto client = rpc::CoordinatorClient::create(target, auth->token, auth->tls);
-  if (!client) return fail(client.message());
+  if (!client) return fail(client.message(), kExitUsage);
 
   std::string job_id = launch.job_id;
   if (server) {
@@ -312,7 +316,10 @@ int run_multi_node(const ClusterLaunch& launch) {
     *req.mutable_spec() = job_spec_proto(launch, /*forward_logs=*/false);
     pb::SubmitJobResponse resp;
     grpc::Status st = (*client)->submit_job(req, &resp, 10s);
-    if (!st.ok()) return fail("cannot submit the job to our own coordinator: " + rpc::describe(st));
+    if (!st.ok()) {
+      return fail("cannot submit the job to our own coordinator: " + rpc::describe(st),
+                  kExitControlPlane);
+    }
     job_id = resp.job_id();
   }
 
@@ -345,9 +352,8 @@ int run_multi_node(const ClusterLaunch& launch) {
     bool cancelled = outcome.state() == pb::JOB_STATE_CANCELLED && outcome.exit_code() > 128;
     finish(outcome.exit_code(), cancelled ? outcome.exit_code() - 128 : SIGTERM);
   };
-  hooks.on_fatal = [&](const std::string& why) {
-    logger()->error("{}", why);
-    finish(1);
+  hooks.on_fatal = [&](const std::string&) {  // the agent has logged why
+    finish(kExitControlPlane);
   };
   agent = std::make_unique<node::NodeAgent>(io, *client, opts, job_logger(""), hooks);
 

@@ -4,10 +4,13 @@
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
+#include <exception>
+
 #include "contract/worker_contract.h"
 #include "runtime/comm.h"
 #include "runtime/env.h"
 #include "runtime/grad_sync.h"
+#include "runtime/log.h"
 
 namespace accel {
 
@@ -113,7 +116,17 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
   gradient_state_->set_sync_with_dataloader(options_.sync_with_dataloader);
 }
 
-Accelerator::~Accelerator() = default;
+Accelerator::~Accelerator() {
+  // Why: a resumed run whose loop starts past its end (the checkpoint's run had finished, or ran
+  // with more epochs) exits 0 having trained nothing; say so rather than let it look like work.
+  if (!resumed_from_.empty() && completed_steps() == resumed_at_step_ &&
+      std::uncaught_exceptions() == 0 && is_main_process()) {
+    log::warning("resumed from " + resumed_from_ + " at step " + std::to_string(resumed_at_step_) +
+                 " but took no optimizer step after it: that run had already got this far (it "
+                 "had finished, or had a larger dataset or more epochs). To train from scratch, "
+                 "use another checkpoint folder (accel-launch --checkpoint-dir DIR)");
+  }
+}
 
 void Accelerator::setup_mixed_precision(const std::string& which) {
   if (mixed_precision_ != "no" && mixed_precision_ != "fp16" && mixed_precision_ != "bf16") {

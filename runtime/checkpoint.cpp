@@ -1,5 +1,6 @@
 // Accelerator checkpoints: save_state / load_state (one folder with a manifest, published
 // atomically by rank 0), automatic naming, rotation and resume, and save_model.
+#include <c10/util/Type.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -51,6 +52,48 @@ safetensors::NamedTensors state_of(const torch::nn::Module& m) {
   for (const auto& p : m.named_parameters(true)) out.emplace_back(p.key(), p.value().detach());
   for (const auto& b : m.named_buffers(true)) out.emplace_back(b.key(), b.value().detach());
   return out;
+}
+
+// What makes a run the same run, recorded in the manifest's "run" and compared on automatic
+// resume: each model's tensor names and shapes, each optimizer's type, each loader's dataset
+// size. (World size and accumulation may change between attempts of one elastic job.)
+json model_identity(const torch::nn::Module& m) {
+  json tensors = json::object();
+  for (const auto& [name, t] : state_of(m)) tensors[name] = t.sizes().vec();
+  return tensors;
+}
+
+std::string shape_text(const json& shape) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + shape[i].dump();
+  return out + "]";
+}
+
+// The differences between a model here and the one a checkpoint was saved from, at most a few.
+void model_differences(std::size_t index, const json& here, const json& saved,
+                       std::vector<std::string>& out) {
+  const std::string model = "model " + std::to_string(index);
+  std::vector<std::string> changed, missing, extra;
+  for (const auto& [name, shape] : here.items()) {
+    if (!saved.contains(name)) {
+      extra.push_back(name);
+    } else if (saved[name] != shape) {
+      changed.push_back(name + " is " + shape_text(shape) + " here, " + shape_text(saved[name]) +
+                        " in the checkpoint");
+    }
+  }
+  for (const auto& [name, shape] : saved.items()) {
+    if (!here.contains(name)) missing.push_back(name);
+  }
+  auto some = [](const std::vector<std::string>& names) {
+    std::string text;
+    for (std::size_t i = 0; i < names.size() && i < 3; ++i) text += (i ? ", " : "") + names[i];
+    if (names.size() > 3) text += " and " + std::to_string(names.size() - 3) + " more";
+    return text;
+  };
+  if (!changed.empty()) out.push_back(model + ": " + some(changed));
+  if (!extra.empty()) out.push_back(model + " has " + some(extra) + ", the checkpoint does not");
+  if (!missing.empty()) out.push_back(model + " lacks " + some(missing) + " of the checkpoint");
 }
 
 // One file of a checkpoint: its name and what writes its bytes (owning what it writes from).
@@ -509,6 +552,13 @@ fs::path Accelerator::save_state(const fs::path& dir) {
                            {"shuffle", l.options().shuffle},
                            {"dataset_size", size}});
       }
+      json run = {{"models", json::array()},
+                  {"optimizers", json::array()},
+                  {"dataset_sizes", json::array()}};
+      for (const auto& m : models_) run["models"].push_back(model_identity(*m));
+      for (const auto& o : optimizers_)
+        run["optimizers"].push_back(c10::demangle(typeid(*o->optimizer).name()));
+      for (const auto& l : loaders) run["dataset_sizes"].push_back(l["dataset_size"]);
       json manifest = {
           {"format", kFormat},
           {"format_version", kFormatVersion},
@@ -524,6 +574,7 @@ fs::path Accelerator::save_state(const fs::path& dir) {
           {"optimizer_steps", optimizer_steps},
           {"optimizer_lrs", optimizer_lrs},
           {"loaders", loaders},
+          {"run", run},
           {"contents",
            {{"models", models_.size()},
             {"optimizers", optimizers_.size()},
@@ -795,6 +846,42 @@ fs::path Accelerator::load_from(const fs::path& source, bool verify_checksums) {
 // --- automatic resume and periodic saves
 // ------------------------------------------------------------
 
+namespace {
+
+// How this job's prepared objects differ from the run that saved `manifest` (empty: the same
+// run, or a checkpoint too old to say).
+std::vector<std::string> run_differences(
+    const json& manifest, const std::vector<torch::nn::Module*>& models_,
+    const std::vector<std::shared_ptr<detail::OptimizerSlot>>& optimizers_,
+    const std::vector<DataLoader>& loaders_) {
+  std::vector<std::string> out;
+  if (!manifest.contains("run") || !manifest["run"].is_object()) return out;  // older format
+  const json& run = manifest["run"];
+  const json& sizes = run.value("dataset_sizes", json::array());
+  for (std::size_t i = 0; i < loaders_.size() && i < sizes.size(); ++i) {
+    auto here = loaders_[i].dataset_size();
+    if (here && sizes[i].is_number_unsigned() && sizes[i].get<std::size_t>() != *here) {
+      out.push_back("data loader " + std::to_string(i) + "'s dataset has " + std::to_string(*here) +
+                    " samples here, " + sizes[i].dump() + " in the checkpoint");
+    }
+  }
+  const json& models = run.value("models", json::array());
+  for (std::size_t i = 0; i < models_.size() && i < models.size(); ++i) {
+    if (models[i].is_object()) model_differences(i, model_identity(*models_[i]), models[i], out);
+  }
+  const json& optimizers = run.value("optimizers", json::array());
+  for (std::size_t i = 0; i < optimizers_.size() && i < optimizers.size(); ++i) {
+    std::string here = c10::demangle(typeid(*optimizers_[i]->optimizer).name());
+    if (optimizers[i].is_string() && optimizers[i].get<std::string>() != here) {
+      out.push_back("optimizer " + std::to_string(i) + " is " + here + " here, " +
+                    optimizers[i].get<std::string>() + " in the checkpoint");
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 void Accelerator::after_prepare() {
   if (resume_checked_ || loaders_.empty()) return;
   resume_checked_ = true;
@@ -829,10 +916,30 @@ void Accelerator::after_prepare() {
     auto bad = std::find_if(problems.begin(), problems.end(),
                             [](const std::string& p) { return !p.empty(); });
     if (bad == problems.end()) {
+      // Why refuse: a folder left by an unrelated run (another dataset, another model) would be
+      // resumed silently, at an epoch that may train nothing, or fail deep inside a load.
+      auto differences =
+          run_differences(CheckpointReader(candidate).manifest(), models_, optimizers_, loaders_);
+      if (!differences.empty()) {
+        std::string listed_differences;
+        for (const auto& d : differences) listed_differences += "\n  " + d;
+        if (!project_.resume_other_run.value_or(env::worker_env().resume_force)) {
+          throw CheckpointError(
+              "accel: automatic resume: " + candidate +
+              " was saved by another run:" + listed_differences +
+              "\nTo start this run from scratch, give it its own folder (accel-launch "
+              "--checkpoint-dir DIR) or move the old checkpoints away; to resume from this one "
+              "anyway, accel-launch --resume force (ACCEL_RESUME=force)");
+        }
+        print("accel: warning: resuming (resume=force) from", candidate,
+              "although another run saved it:" + listed_differences);
+      }
       load_from(candidate, /*verify_checksums=*/false);  // every rank has just verified them
       auto position = loaders_.front().state();
       print("accel: resumed from", candidate, "at step", completed_steps(), "(epoch",
             position.epoch, "batch", std::to_string(position.batches) + ")");
+      resumed_from_ = candidate;
+      resumed_at_step_ = completed_steps();
       return;
     }
     if (first_problem.empty()) first_problem = *bad;

@@ -178,6 +178,11 @@ WorkerEnv read_worker_env(const Lookup& outer) {
   e.checkpoint_dir = r.text({c::kCheckpointDir});
   e.checkpoint_total_limit = r.integer({c::kCheckpointTotalLimit}, 1, 1L << 40);
   e.checkpoint_interval = r.integer({c::kCheckpointInterval}, 0, 1L << 40).value_or(0);
+  if (auto resume = r.text({c::kResume})) {
+    std::string v = lower(*resume);
+    if (v != "auto" && v != "force") bad(c::kResume, *resume, "auto or force");
+    e.resume_force = v == "force";
+  }
   if (auto level = r.text({c::kLogLevel})) {
     std::string v = lower(*level);
     if (v == "debug") {

@@ -36,6 +36,7 @@ struct WorkerEnv {
   std::optional<std::string> checkpoint_dir;
   std::optional<long> checkpoint_total_limit;
   long checkpoint_interval = 0;
+  bool resume_force = false;  // ACCEL_RESUME=force: resume from another run's checkpoint too
   LogLevel log_level = LogLevel::kInfo;
   // Supervision and debugging.
   std::string progress_file;  // empty: no progress page

@@ -36,7 +36,9 @@ std::string demangle(const char* name) {
 [[noreturn]] void on_terminate() {
   std::string message = "std::terminate called without an active exception";
   std::string type = "std::terminate";
-  if (auto eptr = std::current_exception()) {
+  const std::exception_ptr eptr = std::current_exception();
+  const bool had_exception = eptr != nullptr;
+  if (had_exception) {
     if (auto* t = abi::__cxa_current_exception_type()) type = demangle(t->name());
     try {
       std::rethrow_exception(eptr);
@@ -51,6 +53,14 @@ std::string demangle(const char* name) {
   std::fprintf(stderr, "accel: uncaught %s: %s\n", type.c_str(), message.c_str());
   std::fflush(stderr);
   if (g_path[0] != '\0') write_error_file(g_path, message, type, c10::get_backtrace(1));
+  // Why exit 1 for an exception: as Python does for an uncaught one; the message above says what
+  // went wrong, and SIGABRT's core dump and "134" only made a clear error look like a crash.
+  // std::terminate without an exception (a noexcept violation, a joinable thread destroyed) is a
+  // real bug and still aborts.
+  if (had_exception) {
+    std::fflush(nullptr);
+    std::_Exit(1);
+  }
   std::signal(SIGABRT, SIG_DFL);
   std::abort();
 }
@@ -102,11 +112,11 @@ void write_error_file(const std::string& path, const std::string& message, const
 
 void install_error_handlers() {
   std::call_once(g_installed, [] {
+    std::set_terminate(on_terminate);
     const char* path = std::getenv(contract::kErrorFile);
     if (path == nullptr || *path == '\0') path = std::getenv(contract::kTorchelasticErrorFile);
     if (path == nullptr || std::strlen(path) >= sizeof g_path) return;
     std::strcpy(g_path, path);
-    std::set_terminate(on_terminate);
     for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL}) std::signal(sig, on_fatal_signal);
   });
 }

@@ -7,7 +7,9 @@
 
 namespace accel {
 
-// Installs std::terminate and fatal-signal handlers once per process; later calls do nothing.
+// Installs, once per process, a std::terminate handler (an uncaught exception prints its message,
+// writes the error file if there is one and exits 1) and, with an error file, fatal-signal
+// handlers that record the signal; later calls do nothing.
 void install_error_handlers();
 
 // Writes the error file now (used by the terminate handler; exposed for tests).

@@ -210,6 +210,17 @@ std::string get_mixed_precision(const ClusterConfig& cfg) {
   return std::string(to_string(cfg.mixed_precision));
 }
 
+Status set_resume(ClusterConfig& cfg, std::string_view text) {
+  std::string t = lower(trim(text));
+  if (t != "auto" && t != "force") {
+    return Status::error("expected auto or force, got " + quoted(trim(text)));
+  }
+  cfg.resume_force = t == "force";
+  return Status::ok();
+}
+
+std::string get_resume(const ClusterConfig& cfg) { return cfg.resume_force ? "force" : "auto"; }
+
 Status set_host(ClusterConfig& cfg, std::string_view text) {
   std::string_view t = trim(text);
   if (t.empty() || t.size() > 255 ||
@@ -467,6 +478,17 @@ const std::vector<KeySpec>& all_keys() {
        .get = get_int<&C::checkpoint_interval>,
        .flags = "--checkpoint-interval",
        .metavar = "N",
+       .tools = kLaunch,
+       .to_workers = true},
+      {.name = "resume",
+       .accepts = "auto or force",
+       .help = "With checkpoint_dir: auto resumes from the newest checkpoint only if the same run "
+               "saved it (dataset sizes, model parameters, optimizers) and refuses another run's, "
+               "naming what differs; force resumes from it anyway.",
+       .set = set_resume,
+       .get = get_resume,
+       .flags = "--resume",
+       .metavar = "auto|force",
        .tools = kLaunch,
        .to_workers = true},
       {.name = "num_cpu_threads_per_process",

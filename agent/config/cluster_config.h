@@ -56,6 +56,7 @@ struct ClusterConfig {
   std::chrono::milliseconds collective_timeout{contract::kDefaultCollectiveTimeout};
   std::string checkpoint_dir;   // empty: no checkpoints (ACCEL_CHECKPOINT_DIR, made absolute)
   int checkpoint_interval = 0;  // optimizer steps per checkpoint; 0 = only save_state()
+  bool resume_force = false;    // resume: force (even from another run's checkpoint) / auto
   int num_cpu_threads_per_process = 0;  // OMP_NUM_THREADS; 0 = 1 when >1 process, else inherit
   std::string job_id;                   // empty: generated at launch
   bool quiet = false;

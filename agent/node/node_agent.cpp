@@ -15,6 +15,7 @@
 #include "agent/coordinator/request_limits.h"
 #include "agent/rpc/job_spec_proto.h"
 #include "agent/supervisor/hang_monitor.h"
+#include "contract/duration.h"
 
 namespace accel::node {
 
@@ -286,16 +287,23 @@ void NodeAgent::coordinator_unreachable(const rpc::CallStatus& status) {
   ++failures_in_a_row_;
   auto now = std::chrono::steady_clock::now();
   if (!unreachable_since_) unreachable_since_ = now;
+  bool running = active_ && active_->running();
   if (now - last_unreachable_log_ > 10s) {
     last_unreachable_log_ = now;
+    // Why say how long: a node waiting for its coordinator looks hung unless it says until when.
+    std::string until = !running && options_.give_up_after.count() > 0
+                            ? "; retrying for up to " +
+                                  contract::format_duration(options_.give_up_after) +
+                                  " (join_timeout), then giving up"
+                            : "; retrying";
     log(LogLevel::kWarn, "coordinator at " + client_->target() + " unreachable (" +
-                             rpc::describe(status) + "); retrying");
+                             rpc::describe(status) + ")" + until);
   }
-  bool running = active_ && active_->running();
   if (!running && options_.give_up_after.count() > 0 &&
       now - *unreachable_since_ > options_.give_up_after) {
     fatal("cannot reach the coordinator at " + client_->target() + " for " +
-          std::to_string(options_.give_up_after.count()) + " ms (" + rpc::describe(status) + ")");
+          contract::format_duration(options_.give_up_after) + " (join_timeout; " +
+          rpc::describe(status) + ")");
     return;
   }
   if (running && !stopping_ && now - *unreachable_since_ > lease_) {

@@ -90,6 +90,78 @@ TEST(Checkpoint, NoIntactCheckpointIsAClearErrorAndExit1) {
   EXPECT_EQ(all.find("SIGABRT"), std::string::npos) << all;
 }
 
+// A checkpoint folder left by another run (another dataset, another model) is refused by
+// automatic resume with what differs; --resume force resumes anyway; a resume that trains nothing
+// says so.
+TEST(Checkpoint, AnotherRunsCheckpointIsRefusedWithTheDifferenceNamed) {
+  TempDir dir;
+  const std::string ck = dir / "ck";
+  auto run = [&](const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {"-n",
+                                     "2",
+                                     "--checkpoint-dir",
+                                     ck,
+                                     "--checkpoint-interval",
+                                     "10",
+                                     "--",
+                                     TRAIN_CLASSIFIER_BIN,
+                                     "--epochs",
+                                     "1",
+                                     "--train-samples",
+                                     "640"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run_launcher(dir, args, 60s);
+  };
+  auto first = run({});
+  ASSERT_EQ(first.exit_code, 0) << first.err;  // 10 steps: the last save is at its end
+
+  auto other_data = run({"--train-samples", "1280"});
+  EXPECT_EQ(other_data.exit_code, 1) << other_data.err;
+  EXPECT_NE(other_data.err.find("was saved by another run:"), std::string::npos) << other_data.err;
+  EXPECT_NE(other_data.err.find("data loader 0's dataset has 1280 samples here, 640 in the "
+                                "checkpoint"),
+            std::string::npos)
+      << other_data.err;
+  EXPECT_NE(other_data.err.find("--checkpoint-dir DIR"), std::string::npos) << other_data.err;
+  EXPECT_NE(other_data.err.find("--resume force"), std::string::npos) << other_data.err;
+
+  auto other_model = run({"--features", "8"});
+  EXPECT_EQ(other_model.exit_code, 1) << other_model.err;
+  EXPECT_NE(other_model.err.find("model 0: fc1.weight is [64, 8] here, [64, 16] in the checkpoint"),
+            std::string::npos)
+      << other_model.err;
+
+  auto forced = run({"--train-samples", "1280", "--epochs", "2"});
+  EXPECT_EQ(forced.exit_code, 1);  // still refused without the flag
+  std::vector<std::string> args = {
+      "-n",       "2", "--checkpoint-dir", ck,    "--resume", "force", "--", TRAIN_CLASSIFIER_BIN,
+      "--epochs", "2", "--train-samples",  "1280"};
+  auto anyway = run_launcher(dir, args, 60s);
+  EXPECT_EQ(anyway.exit_code, 0) << anyway.err;
+  EXPECT_NE(anyway.out.find("resuming (resume=force)"), std::string::npos) << anyway.out;
+
+  // The same run again: it resumes at its end and trains nothing, and says so.
+  TempDir second;
+  const std::string ck2 = second / "ck";
+  std::vector<std::string> same = {"-n",
+                                   "2",
+                                   "--checkpoint-dir",
+                                   ck2,
+                                   "--checkpoint-interval",
+                                   "10",
+                                   "--",
+                                   TRAIN_CLASSIFIER_BIN,
+                                   "--epochs",
+                                   "1",
+                                   "--train-samples",
+                                   "640"};
+  ASSERT_EQ(run_launcher(second, same, 60s).exit_code, 0);
+  auto again = run_launcher(second, same, 60s);
+  EXPECT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_NE(again.err.find("took no optimizer step after it"), std::string::npos)
+      << again.out << again.err;
+}
+
 TEST(Checkpoint, KilledWorkersResumeToTheWeightsOfAnUninterruptedRun) {
   TempDir dir;
   std::map<std::string, std::string> env{{"OMP_NUM_THREADS", "1"}};

@@ -230,7 +230,9 @@ void expect_signal_stops_job(int sig, int expected_exit) {
   auto r = l.wait(15s);
   EXPECT_FALSE(r.timed_out);
   EXPECT_EQ(r.exit_code, expected_exit) << r.err;
-  EXPECT_NE(r.err.find("stopped by " + std::string(sig == SIGINT ? "SIGINT" : "SIGTERM")),
+  EXPECT_NE(r.err.find("stopped by " + std::string(sig == SIGINT    ? "SIGINT"
+                                                   : sig == SIGTERM ? "SIGTERM"
+                                                                    : "SIGUSR1")),
             std::string::npos)
       << r.err;
   for (pid_t p : workers) EXPECT_TRUE(wait_pid_gone(p, 1s)) << "worker pid " << p << " survived";
@@ -238,6 +240,71 @@ void expect_signal_stops_job(int sig, int expected_exit) {
 
 TEST(Launcher, CtrlCStopsEveryWorker) { expect_signal_stops_job(SIGINT, 130); }
 TEST(Launcher, SigtermStopsEveryWorker) { expect_signal_stops_job(SIGTERM, 143); }
+
+TEST(Launcher, SigusrOneStopsTheJobWith138) { expect_signal_stops_job(SIGUSR1, 138); }
+
+// The codes in the first column of docs/launch.md's "Exit codes" table.
+std::set<std::string> documented_exit_codes() {
+  std::set<std::string> codes;
+  bool in_section = false;
+  for (const auto& line : lines_of(read_file(std::string(ACCEL_SOURCE_DIR) + "/docs/launch.md"))) {
+    if (line.rfind("## ", 0) == 0) in_section = line == "## Exit codes";
+    if (!in_section || line.rfind("| ", 0) != 0 || line.rfind("| code", 0) == 0) continue;
+    codes.insert(line.substr(2, line.find(" |", 2) - 2));
+  }
+  return codes;
+}
+
+// Every row of docs/launch.md's exit-code table, each in the way a user meets it (SIGINT and
+// SIGTERM: CtrlCStopsEveryWorker, SigtermStopsEveryWorker; SIGUSR1 just above).
+TEST(Launcher, EveryRowOfTheExitCodeTable) {
+  EXPECT_EQ(documented_exit_codes(),
+            (std::set<std::string>{"`0`", "worker's code", "`130` / `143`", "`138`", "`2`", "`127`",
+                                   "`1`", "`125`"}));
+  TempDir dir;
+  auto code = [&](const std::vector<std::string>& args,
+                  const std::map<std::string, std::string>& env = {}) {
+    auto r = run_launcher(dir, args, 40s, env);
+    EXPECT_FALSE(r.timed_out);
+    return std::make_pair(r.exit_code, r.err);
+  };
+  auto expect = [&](int want, const std::vector<std::string>& args, const std::string& says,
+                    const std::map<std::string, std::string>& env = {}) {
+    auto [got, err] = code(args, env);
+    EXPECT_EQ(got, want) << ::testing::PrintToString(args) << "\n" << err;
+    EXPECT_NE(err.find(says), std::string::npos) << ::testing::PrintToString(args) << "\n" << err;
+  };
+  // 0
+  EXPECT_EQ(code(with({"-n", "2"}, sh("exit 0"))).first, 0);
+  for (const char* info : {"--help", "--version", "--print-config"})
+    EXPECT_EQ(code({info}).first, 0) << info;
+  // The worker's code, or 128 + its signal.
+  expect(3, with({"-n", "2"}, sh("exit $((RANK + 3))")), "failed: exit code 3");
+  expect(139, with({"-n", "1"}, sh("kill -SEGV $$")), "SIGSEGV");
+  // 2: usage and configuration.
+  expect(2, {"--no-such-flag", "/bin/true"}, "--no-such-flag");
+  expect(2, {"--max-restarts", "many", "/bin/true"}, "max_restarts");
+  expect(2, {"-n", "2"}, "no PROGRAM given");
+  expect(2, {"--no-python", "-m", "json.tool"}, "--module and --no-python cannot be used together");
+  expect(2, {"--nodes", "2", "/bin/true"}, "no token");
+  // 127: not found.
+  expect(127, {"no-such-program-xyz"}, "not found on PATH");
+  expect(127, {"no_such_script.py"}, "Python script not found");
+  std::ofstream(dir / "ok.py") << "print(1)\n";
+  expect(127, {dir / "ok.py"}, "Python interpreter", {{"PYTHON_EXEC", "no-such-python-xyz"}});
+  // 1: the workers could not be started; or a libaccel program's uncaught error.
+  std::ofstream(dir / "noshebang") << "echo hi\n";
+  fs::permissions(dir / "noshebang", fs::perms::owner_all);
+  expect(1, {dir / "noshebang"}, "Exec format error");
+  expect(1, {"-n", "2", RUNTIME_WORKER_BIN, "uncaught"},
+         "accel: uncaught std::runtime_error: deliberately uncaught on rank");
+  expect(1, {RUNTIME_WORKER_BIN, "config_error"}, "fp16 needs a CUDA device");
+  // 125: the control plane failed (machine rank 1 never finds its coordinator).
+  expect(125,
+         {"--nodes", "2", "--machine-rank", "1", "--coordinator-port", std::to_string(free_port()),
+          "--join-timeout", "2s", "/bin/true"},
+         "coordinator", {{"ACCEL_TOKEN", "exit-code-test"}});
+}
 
 TEST(Launcher, SighupDoesNotKillTheJob) {
   TempDir dir;

@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 
 #include "agent/config/config_loader.h"
@@ -61,24 +62,71 @@ TEST(KeyTable, EveryKeyIsComplete) {
   }
 }
 
-// docs/configuration.md's table lists every key (a key added to the table without its row
-// fails here).
-TEST(KeyTable, EveryKeyHasARowInTheConfigurationPage) {
+// The backticked words of a Markdown table cell: "`a`, `b`" -> {a, b}.
+std::vector<std::string> backticked(const std::string& cell) {
+  std::vector<std::string> out;
+  for (size_t at = 0; (at = cell.find('`', at)) != std::string::npos;) {
+    size_t end = cell.find('`', at + 1);
+    if (end == std::string::npos) break;
+    out.push_back(cell.substr(at + 1, end - at - 1));
+    at = end + 1;
+  }
+  return out;
+}
+
+// docs/configuration.md's key table is checked against the key table it documents: a row per
+// key, and in each row the default, the environment variable and the flags the code has (the
+// prose columns are the page's own). A key added, renamed or given another default or flag
+// without its row fails here, with the row's expected cells.
+TEST(KeyTable, TheConfigurationPageRowsMatchTheKeyTable) {
   std::ifstream in(std::string(ACCEL_SOURCE_DIR) + "/docs/configuration.md");
   ASSERT_TRUE(in) << "docs/configuration.md";
-  std::set<std::string> documented;
+  std::map<std::string, std::vector<std::string>> rows;  // key -> cells
+  bool in_keys = false;
   for (std::string line; std::getline(in, line);) {
-    if (line.rfind("| `", 0) != 0) continue;
-    std::string first = line.substr(2, line.find(" |", 2) - 2);  // "`a`, `b`"
-    for (size_t at = 0; (at = first.find('`', at)) != std::string::npos;) {
-      size_t end = first.find('`', at + 1);
-      documented.insert(first.substr(at + 1, end - at - 1));
-      at = end + 1;
+    if (line.rfind("## ", 0) == 0) in_keys = line == "## Keys";
+    if (!in_keys || line.rfind("| `", 0) != 0) continue;
+    std::vector<std::string> cells;
+    for (size_t at = 1, bar; (bar = line.find(" |", at)) != std::string::npos; at = bar + 2) {
+      cells.push_back(line.substr(at + 1, bar - at - 1));
     }
+    for (const auto& key : backticked(cells.at(0))) rows[key] = cells;
   }
+  const ClusterConfig defaults;
+  std::set<std::string> documented;
   for (const KeySpec& key : all_keys()) {
-    EXPECT_TRUE(documented.contains(std::string(key.name)))
-        << key.name << " has no row in docs/configuration.md";
+    const std::string name(key.name);
+    auto row = rows.find(name);
+    if (row == rows.end()) {
+      ADD_FAILURE() << name << " has no row in docs/configuration.md's Keys table";
+      continue;
+    }
+    documented.insert(name);
+    const auto& cells = row->second;
+    ASSERT_EQ(cells.size(), 6u) << name << ": key | accepts | default | meaning | env | flag";
+    if (backticked(cells[0]).size() > 1) continue;  // tls_cert, tls_key, tls_ca share a row
+    std::string value = key.get(defaults);
+    if (!value.empty()) {
+      EXPECT_EQ(cells[2], "`" + value + "`") << name << "'s default";
+    }
+    EXPECT_EQ(backticked(cells[4]), std::vector<std::string>{env_var_for(name)}) << name;
+    std::vector<std::string> flags;
+    std::string spelled(key.flags);
+    for (size_t at = 0; at <= spelled.size() && !spelled.empty();) {
+      size_t comma = spelled.find(',', at);
+      if (comma == std::string::npos) comma = spelled.size();
+      flags.push_back(spelled.substr(at, comma - at));
+      at = comma + 1;
+    }
+    auto shown = backticked(cells[5]);
+    for (auto& f : shown) {
+      if (f.rfind("accel-agent ", 0) == 0) f = f.substr(12);  // "accel-agent --retention"
+    }
+    EXPECT_EQ(shown, flags) << name << "'s flags";
+  }
+  for (const auto& [key, cells] : rows) {
+    EXPECT_TRUE(documented.contains(key) || find_key(key) != nullptr)
+        << key << " is in docs/configuration.md but is not a key";
   }
 }
 
@@ -121,7 +169,8 @@ TEST(KeyTable, WorkerSettingsComeFromTheKeysMarkedForWorkers) {
       {"ACCEL_MIXED_PRECISION", "bf16"}, {"ACCEL_GRADIENT_ACCUMULATION_STEPS", "1"},
       {"ACCEL_USE_CPU", "false"},        {"ACCEL_DEBUG", "false"},
       {"ACCEL_LOG_LEVEL", "warning"},    {"ACCEL_COLLECTIVE_TIMEOUT", "90s"},
-      {"ACCEL_CHECKPOINT_DIR", ""},      {"ACCEL_CHECKPOINT_INTERVAL", "0"}};
+      {"ACCEL_CHECKPOINT_DIR", ""},      {"ACCEL_CHECKPOINT_INTERVAL", "0"},
+      {"ACCEL_RESUME", "auto"}};
   EXPECT_EQ(worker_settings(cfg), expected);
 }
 

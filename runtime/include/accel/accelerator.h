@@ -57,6 +57,10 @@ struct ProjectConfiguration {
   // With automatic naming, the first prepare() that includes a DataLoader loads the newest
   // complete checkpoint, so a restarted job continues where it was.
   bool automatic_resume = true;
+  // Automatic resume refuses a checkpoint saved by another run (other dataset sizes, model
+  // parameters or optimizers) and names the difference; true resumes from it anyway.
+  // Unset: ACCEL_RESUME=force (accel-launch --resume force), else false.
+  std::optional<bool> resume_other_run{};
 };
 
 // What save_model writes (HF's save_pretrained with safe_serialization).
@@ -474,7 +478,9 @@ class Accelerator {
   std::vector<DataLoader> loaders_;
   std::vector<detail::CustomState> custom_;
   bool resume_checked_ = false;
-  int64_t last_auto_save_ = 0;  // completed_steps() at the last automatic save
+  std::string resumed_from_;     // the checkpoint automatic resume loaded, if any
+  int64_t resumed_at_step_ = 0;  // completed_steps() just after it
+  int64_t last_auto_save_ = 0;   // completed_steps() at the last automatic save
   // SIGUSR1 means "save a checkpoint, then stop" (with a checkpoint folder): checked once a step.
   bool stop_on_signal_ = false;
   int64_t last_signal_check_ = -1;

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <stdexcept>
 #include <thread>
 
 #include "accel/accel.h"
@@ -628,6 +629,15 @@ int main(int argc, char** argv) {
   if (mode == "mismatch" && argc > 2) {
     accel::Accelerator acc;
     return mismatch(acc, argv[2]);
+  }
+  // Errors nobody catches: libaccel's terminate handler prints them and exits 1.
+  if (mode == "uncaught") {
+    accel::Accelerator acc;
+    throw std::runtime_error("deliberately uncaught on rank " + std::to_string(g_rank));
+  }
+  if (mode == "config_error") {
+    accel::Accelerator acc({.mixed_precision = "fp16", .cpu = true});  // fp16 needs CUDA
+    return 0;
   }
   std::fprintf(stderr, "runtime_worker: unknown mode %s\n", mode.c_str());
   return 2;
