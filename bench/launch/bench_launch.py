@@ -8,7 +8,7 @@ after scripts/build.sh:
 
 torchrun is Debian's python3-torch 1.13 (/usr/bin/python3 -m torch.distributed.run), run with
 --redirects 9:0 --tee 9:0 (works around its Python 3.11 start-up crash, see
-shared/reference/anchors-measured.md) and with both its default --monitor_interval (5 s) and
+docs/benchmarks.md) and with both its default --monitor_interval (5 s) and
 0.1 s (HF Accelerate's default, the stronger anchor).
 """
 import argparse

@@ -12,7 +12,7 @@ Usage, from the repo root after scripts/build.sh:
 
 Both sides run 1 thread per process (OMP_NUM_THREADS=1) on whatever BLAS libblas.so.3 points
 to (printed). DDP is Debian's python3-torch 1.13 under torchrun (--redirects 9:0 --tee 9:0, see
-shared/reference/anchors-measured.md); its 1-process figure is the same loop without DDP.
+docs/benchmarks.md); its 1-process figure is the same loop without DDP.
 """
 import argparse
 import json
