@@ -5,6 +5,8 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <tuple>
+#include <utility>
 
 #include "accel/accel.h"
 #include "examples/common/args.h"
@@ -52,28 +54,60 @@ int run_training(int argc, char** argv) {
       .flag("lr", "0.003", "AdamW learning rate")
       .flag("seed", "0", "seed for the data, weights and shuffle order")
       .flag("require-accuracy", "0", "exit 1 unless the final accuracy reaches this (0..1)")
-      .flag("save-model", "", "write the trained model to this folder (safetensors)");
+      .flag("save-model", "", "write the trained model to this folder (safetensors)")
+      .flag("load-model", "",
+            "start from the weights in this save-model folder (--epochs 0: only evaluate them)");
   args.parse(argc, argv);
   const int64_t epochs = args.integer("epochs");
 
   accel::Accelerator acc;
   const auto seed = static_cast<uint64_t>(args.integer("seed"));
-  torch::manual_seed(seed);
+  accel::set_seed(seed);  // the weights, the data and (below) the training loader's shuffle
   auto planes = torch::randn({3, args.integer("features")});
   auto [train_x, train_y] = make_data(planes, args.integer("train-samples"));
   auto [eval_x, eval_y] = make_data(planes, args.integer("eval-samples"));
 
   auto model = std::make_shared<ClassifierImpl>(args.integer("features"), 64, kClasses);
+  if (!args.str("load-model").empty()) {
+    accel::load_model(model, args.str("load-model"));  // strict: every name must match
+    acc.print("loaded the weights of", args.str("load-model"));
+  }
   auto opt = std::make_shared<torch::optim::AdamW>(model->parameters(),
                                                    torch::optim::AdamWOptions(args.real("lr")));
   const auto bs = static_cast<std::size_t>(args.integer("batch-size"));
   accel::DataLoader train(std::make_shared<accel::TensorDataset>(train_x, train_y),
-                          {.batch_size = bs, .shuffle = true, .seed = seed});
+                          {.batch_size = bs, .shuffle = true});
   accel::DataLoader eval(std::make_shared<accel::TensorDataset>(eval_x, eval_y),
                          {.batch_size = bs});
   auto [m, o, train_dl, eval_dl] = acc.prepare(model, opt, train, eval);
 
+  // Accuracy over exactly the evaluation set, and its size, whatever the number of processes.
+  auto evaluate = [&, &m = m, &eval_dl = eval_dl] {
+    m->eval();
+    torch::NoGradGuard no_grad;
+    int64_t correct = 0, seen = 0;
+    for (auto& batch : eval_dl) {
+      auto cast = acc.autocast();
+      auto predictions = m->forward(batch.input).argmax(1);
+      auto all_predictions = acc.gather_for_metrics(predictions);
+      auto all_labels = acc.gather_for_metrics(batch.target);
+      correct += all_predictions.eq(all_labels).sum().item<int64_t>();
+      seen += all_labels.size(0);
+    }
+    double accuracy =
+        static_cast<double>(correct) / static_cast<double>(std::max<int64_t>(seen, 1));
+    return std::make_pair(accuracy, seen);
+  };
   double accuracy = 0;
+  if (epochs == 0) {
+    int64_t seen = 0;
+    std::tie(accuracy, seen) = evaluate();
+    char line[120];
+    std::snprintf(line, sizeof line,
+                  "no training (--epochs 0): eval_accuracy %.4f eval_samples %lld", accuracy,
+                  static_cast<long long>(seen));
+    acc.print(line);
+  }
   // Why train_dl.epoch(): after an automatic resume the loader is already at the saved epoch.
   for (int64_t epoch = train_dl.epoch(); epoch < epochs; ++epoch) {
     m->train();
@@ -88,18 +122,8 @@ int run_training(int argc, char** argv) {
       total += loss.detach().to(torch::kDouble);
       ++steps;
     }
-    m->eval();
-    torch::NoGradGuard no_grad;
-    int64_t correct = 0, seen = 0;
-    for (auto& batch : eval_dl) {
-      auto cast = acc.autocast();
-      auto predictions = m->forward(batch.input).argmax(1);
-      auto all_predictions = acc.gather_for_metrics(predictions);
-      auto all_labels = acc.gather_for_metrics(batch.target);
-      correct += all_predictions.eq(all_labels).sum().item<int64_t>();
-      seen += all_labels.size(0);
-    }
-    accuracy = static_cast<double>(correct) / static_cast<double>(std::max<int64_t>(seen, 1));
+    int64_t seen = 0;
+    std::tie(accuracy, seen) = evaluate();
     auto loss =
         acc.reduce(total / std::max<int64_t>(steps, 1), accel::ReduceOp::kMean).item<double>();
     char line[160];
@@ -109,7 +133,10 @@ int run_training(int argc, char** argv) {
     acc.print(line);
   }
   acc.wait_for_everyone();
-  if (!args.str("save-model").empty()) acc.save_model(m, args.str("save-model"));
+  // HF's idiom; save_model is not a collective, so the other ranks need not call it.
+  if (!args.str("save-model").empty() && acc.is_main_process()) {
+    acc.save_model(m, args.str("save-model"));
+  }
   if (accuracy < args.real("require-accuracy")) {
     acc.print("accuracy", accuracy, "is below --require-accuracy", args.real("require-accuracy"));
     return 1;

@@ -509,6 +509,8 @@ fs::path Accelerator::save_state(const fs::path& dir) {
     target = fs::path(*project_.project_dir) / "checkpoints" /
              (kCheckpointPrefix + std::to_string(project_.iteration));
   }
+  // Copied first: a hook may remove itself (or another) while it runs.
+  for (const auto& [id, hook] : std::map<int64_t, StateHook>(*save_hooks_)) hook(models_, target);
   auto mine = rank_state(process_index(), loaders_);
   auto blobs = use_distributed() ? gather_object(mine) : std::vector<std::string>{mine};
   std::string error;
@@ -548,7 +550,7 @@ fs::path Accelerator::save_state(const fs::path& dir) {
         loaders.push_back({{"epoch", s.epoch},
                            {"batches", s.batches},
                            {"total_batch_size", l.total_batch_size()},
-                           {"seed", l.options().seed},
+                           {"seed", l.options().seed.value_or(0)},
                            {"shuffle", l.options().shuffle},
                            {"dataset_size", size}});
       }
@@ -605,16 +607,16 @@ fs::path Accelerator::save_state(const fs::path& dir) {
 void Accelerator::save_model(const torch::nn::Module& model, const fs::path& dir,
                              const SaveModelOptions& options) {
   auto limit = safetensors::parse_size(options.max_shard_size, "SaveModelOptions::max_shard_size");
-  std::string error;
-  if (is_main_process()) {
-    try {
-      safetensors::save_sharded(state_of(model), dir, limit);
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
+  // Why no collective: HF's idiom `if (is_main_process()) save_model(...)` must not hang the
+  // main process waiting for ranks that never call it.
+  if (!is_main_process()) return;
+  try {
+    safetensors::save_sharded(state_of(model), dir, limit);
+  } catch (const CheckpointError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw CheckpointError(std::string("accel: save_model ") + dir.string() + ": " + e.what());
   }
-  if (use_distributed()) error = broadcast_object(error);
-  if (!error.empty()) throw CheckpointError(error);
 }
 
 // --- load
@@ -679,6 +681,7 @@ fs::path Accelerator::load_state(const fs::path& dir) {
 }
 
 fs::path Accelerator::load_from(const fs::path& source, bool verify_checksums) {
+  for (const auto& [id, hook] : std::map<int64_t, StateHook>(*load_hooks_)) hook(models_, source);
   CheckpointReader ckpt(source, verify_checksums);
   const auto& m = ckpt.manifest();
   check_contents(ckpt,
@@ -841,6 +844,33 @@ fs::path Accelerator::load_from(const fs::path& source, bool verify_checksums) {
                  mixed_precision_);
   }
   return source;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> Accelerator::get_state_dict(
+    const torch::nn::Module& model) const {
+  return state_of(model);
+}
+
+namespace {
+
+Accelerator::HookHandle add_hook(std::shared_ptr<std::map<int64_t, Accelerator::StateHook>> hooks,
+                                 int64_t id, Accelerator::StateHook hook) {
+  if (!hook) throw UsageError("accel: a state pre-hook must not be empty");
+  (*hooks)[id] = std::move(hook);
+  std::weak_ptr<std::map<int64_t, Accelerator::StateHook>> weak = hooks;
+  return {[weak, id] {
+    if (auto h = weak.lock()) h->erase(id);
+  }};
+}
+
+}  // namespace
+
+Accelerator::HookHandle Accelerator::register_save_state_pre_hook(StateHook hook) {
+  return add_hook(save_hooks_, next_hook_id_++, std::move(hook));
+}
+
+Accelerator::HookHandle Accelerator::register_load_state_pre_hook(StateHook hook) {
+  return add_hook(load_hooks_, next_hook_id_++, std::move(hook));
 }
 
 // --- automatic resume and periodic saves

@@ -12,6 +12,7 @@
 
 #include "accel/data.h"
 #include "accel/error.h"
+#include "accel/seed.h"
 #include "runtime/batch_shard.h"
 #include "runtime/progress.h"
 
@@ -119,7 +120,7 @@ class DataLoader::Pass {
       std::size_t n = impl_->map_dataset->size();
       std::vector<int64_t> order(n);
       if (impl_->options.shuffle) {
-        auto gen = at::make_generator<at::CPUGeneratorImpl>(impl_->options.seed +
+        auto gen = at::make_generator<at::CPUGeneratorImpl>(*impl_->options.seed +
                                                             static_cast<uint64_t>(impl_->epoch));
         auto perm = torch::randperm(static_cast<int64_t>(n), gen, torch::kLong);
         auto acc = perm.accessor<int64_t, 1>();
@@ -368,6 +369,7 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions
   if (!dataset) throw DataError("accel: DataLoader got a null dataset");
   if (options.batch_size == 0) throw DataError("accel: DataLoader batch_size must be at least 1");
   impl_->map_dataset = std::move(dataset);
+  if (!options.seed) options.seed = last_seed().value_or(0);
   impl_->options = std::move(options);
 }
 
@@ -381,6 +383,7 @@ DataLoader::DataLoader(std::shared_ptr<const IterableDataset> dataset, DataLoade
         "epoch");
   }
   impl_->stream_dataset = std::move(dataset);
+  if (!options.seed) options.seed = last_seed().value_or(0);
   impl_->options = std::move(options);
 }
 

@@ -162,6 +162,45 @@ TEST(Checkpoint, AnotherRunsCheckpointIsRefusedWithTheDifferenceNamed) {
       << again.out << again.err;
 }
 
+// train_classifier saves with HF's `if (is_main_process()) save_model(...)` on 2 processes (no
+// hang: save_model is not a collective); --load-model with --epochs 0 evaluates the loaded
+// weights to the trained run's last accuracy, on another number of processes too.
+TEST(Checkpoint, SaveModelFromTheMainProcessAloneAndLoadModelEvaluatesTheSameWeights) {
+  TempDir dir;
+  const std::string model = dir / "model";
+  auto trained = run_launcher(dir,
+                              {"-n", "2", "--", TRAIN_CLASSIFIER_BIN, "--epochs", "2",
+                               "--train-samples", "1000", "--save-model", model},
+                              60s);
+  ASSERT_EQ(trained.exit_code, 0) << trained.err;
+  std::string out = trained.out;
+  std::string accuracy;
+  const std::regex accuracy_re(R"(eval_accuracy (\S+))");
+  for (std::sregex_iterator it(out.begin(), out.end(), accuracy_re), end; it != end; ++it) {
+    accuracy = (*it)[1];
+  }
+  ASSERT_FALSE(accuracy.empty()) << out;
+  for (const char* n : {"1", "2"}) {
+    auto loaded = run_launcher(
+        dir,
+        {"-n", n, "--", TRAIN_CLASSIFIER_BIN, "--load-model", model, "--epochs", "0",
+         "--train-samples", "1000"},  // the same data: the evaluation set is drawn after it
+        60s);
+    EXPECT_EQ(loaded.exit_code, 0) << loaded.err;
+    EXPECT_NE(loaded.out.find("no training (--epochs 0): eval_accuracy " + accuracy +
+                              " eval_samples 1001"),
+              std::string::npos)
+        << n << " processes:\n"
+        << loaded.out;
+  }
+  auto other = run_launcher(
+      dir, {"-n", "1", "--", TRAIN_CLASSIFIER_BIN, "--load-model", model, "--features", "8"}, 60s);
+  EXPECT_EQ(other.exit_code, 1);
+  EXPECT_NE(other.err.find("fc1.weight is [64, 16] in the files, [64, 8] in the model"),
+            std::string::npos)
+      << other.err;
+}
+
 TEST(Checkpoint, KilledWorkersResumeToTheWeightsOfAnUninterruptedRun) {
   TempDir dir;
   std::map<std::string, std::string> env{{"OMP_NUM_THREADS", "1"}};

@@ -1452,5 +1452,172 @@ TEST(CheckpointSaveModel, OneFileUnderTheLimitShardsWithAnIndexOverIt) {
   }
 }
 
+// --- load_model, get_state_dict, set_seed, state pre-hooks ---------------------------------
+
+torch::nn::Sequential small_model(int seed, int64_t hidden = 16) {
+  torch::manual_seed(seed);
+  return torch::nn::Sequential(torch::nn::Linear(16, hidden), torch::nn::ReLU(),
+                               torch::nn::Linear(hidden, 16), torch::nn::BatchNorm1d(16),
+                               torch::nn::Linear(16, 4));
+}
+
+std::vector<torch::Tensor> state_tensors(const Accelerator& acc, const torch::nn::Module& m) {
+  std::vector<torch::Tensor> out;
+  for (const auto& [name, t] : acc.get_state_dict(m)) out.push_back(t.detach().clone());
+  return out;
+}
+
+// A model saved by save_model (one file, and sharded under an index) loads back bitwise into a
+// fresh model, buffers included.
+TEST(LoadModel, ASaveModelFolderLoadsBackBitwiseOneFileOrSharded) {
+  TempDir tmp;
+  Accelerator acc;
+  auto trained = small_model(1);
+  trained->forward(torch::randn({8, 16}));  // BatchNorm's running stats move: buffers differ
+  auto want = state_tensors(acc, *trained);
+  ASSERT_EQ(acc.get_state_dict(*trained).size(),
+            trained->named_parameters().size() + trained->named_buffers().size());
+  acc.save_model(trained.ptr(), tmp.path() / "one");
+  acc.save_model(trained.ptr(), tmp.path() / "sharded", {.max_shard_size = "1KB"});
+  ASSERT_TRUE(fs::exists(tmp.path() / "sharded" / "model.safetensors.index.json"));
+  for (const auto& path :
+       {tmp.path() / "one", tmp.path() / "sharded", tmp.path() / "one" / "model.safetensors"}) {
+    SCOPED_TRACE(path.string());
+    auto fresh = small_model(2);
+    ASSERT_FALSE(torch::equal(state_tensors(acc, *fresh)[0], want[0]));
+    auto keys = load_model(fresh.ptr(), path);
+    EXPECT_TRUE(keys.missing.empty());
+    EXPECT_TRUE(keys.unexpected.empty());
+    expect_bitwise(want, state_tensors(acc, *fresh), "loaded");
+  }
+}
+
+// strict names every missing and unexpected key and loads nothing; not strict loads the names
+// that match and returns the others (HF's load_checkpoint_in_model).
+TEST(LoadModel, StrictNamesMissingAndUnexpectedKeysNotStrictLoadsTheRest) {
+  TempDir tmp;
+  Accelerator acc;
+  torch::manual_seed(3);
+  auto saved = torch::nn::Sequential(torch::nn::Linear(4, 4), torch::nn::Linear(4, 2));
+  acc.save_model(saved.ptr(), tmp.path() / "m");
+  torch::manual_seed(4);
+  auto other = torch::nn::Sequential(torch::nn::Linear(4, 4), torch::nn::Linear(4, 2),
+                                     torch::nn::Linear(2, 2));
+  auto before = state_tensors(acc, *other);
+  try {
+    load_model(other.ptr(), tmp.path() / "m");
+    ADD_FAILURE() << "a missing key loaded in strict mode";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("missing keys (in the model only): 2.weight, 2.bias"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("Nothing was loaded"), std::string::npos) << e.what();
+  }
+  expect_bitwise(before, state_tensors(acc, *other), "after a refused strict load");
+  auto keys = load_checkpoint_in_model(other.ptr(), tmp.path() / "m");
+  EXPECT_EQ(keys.missing, (std::vector<std::string>{"2.weight", "2.bias"}));
+  EXPECT_TRUE(keys.unexpected.empty());
+  EXPECT_TRUE(torch::equal(other[0]->as<torch::nn::Linear>()->weight,
+                           saved[0]->as<torch::nn::Linear>()->weight));
+  EXPECT_TRUE(torch::equal(other[2]->as<torch::nn::Linear>()->weight, before[4]));
+
+  auto smaller = torch::nn::Sequential(torch::nn::Linear(4, 4));
+  try {
+    load_model(smaller.ptr(), tmp.path() / "m");
+    ADD_FAILURE() << "an unexpected key loaded in strict mode";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("unexpected keys (in the files only): 1.bias, 1.weight"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// Shapes that differ, a folder without model files, a damaged file: errors that say where, and
+// the model is unchanged.
+TEST(LoadModel, ShapeMismatchAndDamagedFilesAreErrorsThatChangeNothing) {
+  TempDir tmp;
+  Accelerator acc;
+  acc.save_model(small_model(1, 16).ptr(), tmp.path() / "m");
+  auto wider = small_model(2, 32);
+  auto before = state_tensors(acc, *wider);
+  try {
+    load_model(wider.ptr(), tmp.path() / "m", /*strict=*/false);
+    ADD_FAILURE() << "a shape mismatch loaded";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("0.weight is [16, 16] in the files, [32, 16] in the model"),
+        std::string::npos)
+        << e.what();
+  }
+  expect_bitwise(before, state_tensors(acc, *wider), "after a refused load");
+
+  fs::create_directories(tmp.path() / "empty");
+  try {
+    load_model(wider.ptr(), tmp.path() / "empty");
+    ADD_FAILURE();
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("has neither model.safetensors nor "
+                                         "model.safetensors.index.json"),
+              std::string::npos)
+        << e.what();
+  }
+  auto bytes = read_file(tmp.path() / "m" / "model.safetensors");
+  write_file(tmp.path() / "m" / "model.safetensors", bytes.substr(0, bytes.size() - 5));
+  EXPECT_THROW(load_model(small_model(2).ptr(), tmp.path() / "m"), CheckpointError);
+}
+
+// set_seed seeds libtorch's generator as manual_seed does, and is the shuffle seed of loaders
+// made afterwards without one of their own.
+TEST(SetSeed, SeedsLibtorchAndTheDefaultShuffleOfLaterLoaders) {
+  set_seed(7);
+  auto a = torch::randn({4});
+  torch::manual_seed(7);
+  EXPECT_TRUE(torch::equal(a, torch::randn({4})));
+  ASSERT_EQ(last_seed(), std::optional<uint64_t>(7));
+
+  auto ds = std::make_shared<TensorDataset>(torch::arange(32).unsqueeze(1), torch::arange(32));
+  auto order = [](DataLoader& dl) {
+    std::vector<int64_t> out;
+    for (auto& b : dl)
+      for (int64_t i = 0; i < b.target.size(0); ++i) out.push_back(b.target[i].item<int64_t>());
+    return out;
+  };
+  DataLoader implicit(ds, {.batch_size = 4, .shuffle = true});
+  DataLoader explicit_seven(ds, {.batch_size = 4, .shuffle = true, .seed = 7});
+  DataLoader explicit_zero(ds, {.batch_size = 4, .shuffle = true, .seed = 0});
+  EXPECT_EQ(order(implicit), order(explicit_seven));
+  EXPECT_NE(order(implicit), order(explicit_zero));
+  set_seed(0);
+}
+
+// Pre-hooks see the prepared models and the folder, on save_state and load_state; a removed one
+// is not called; one that throws stops the save before anything is written.
+TEST(StateHooks, SaveAndLoadPreHooksRunFirstAndCanBeRemoved) {
+  TempDir tmp;
+  Accelerator acc;
+  auto model = torch::nn::Linear(3, 1);
+  auto opt = std::make_shared<torch::optim::SGD>(model->parameters(), 0.1);
+  acc.prepare(model, opt);
+  std::vector<std::string> calls;
+  auto save = acc.register_save_state_pre_hook(
+      [&](const std::vector<torch::nn::Module*>& models, const fs::path& dir) {
+        calls.push_back("save " + std::to_string(models.size()) + " " + dir.filename().string());
+      });
+  acc.register_load_state_pre_hook(
+      [&](const std::vector<torch::nn::Module*>& models, const fs::path& dir) {
+        EXPECT_EQ(models.at(0), model.ptr().get());
+        calls.push_back("load " + dir.filename().string());
+      });
+  acc.save_state(tmp.path() / "a");
+  acc.load_state(tmp.path() / "a");
+  save.remove();
+  acc.save_state(tmp.path() / "b");
+  EXPECT_EQ(calls, (std::vector<std::string>{"save 1 a", "load a"}));
+  acc.register_save_state_pre_hook(
+      [](const std::vector<torch::nn::Module*>&, const fs::path&) { throw UsageError("not now"); });
+  EXPECT_THROW(acc.save_state(tmp.path() / "c"), UsageError);
+  EXPECT_FALSE(fs::exists(tmp.path() / "c"));
+}
+
 }  // namespace
 }  // namespace accel

@@ -6,4 +6,6 @@
 #include "accel/error.h"
 #include "accel/gradient_state.h"
 #include "accel/mixed_precision.h"
+#include "accel/model_io.h"
+#include "accel/seed.h"
 #include "accel/state.h"

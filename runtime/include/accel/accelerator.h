@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -310,7 +311,10 @@ class Accelerator {
   template <class T>
   void register_for_checkpointing(std::shared_ptr<T> object);
   // HF's save_model: the model's parameters and buffers as safetensors in `dir`, sharded by
-  // max_shard_size with model.safetensors.index.json. Main process only writes; call it on all.
+  // max_shard_size with model.safetensors.index.json. Only the main process writes; call it on
+  // every process or on the main one alone (`if (acc.is_main_process())`): it is not a
+  // collective. Read it back with accel::load_model (accel/model_io.h) after
+  // wait_for_everyone(). CheckpointError, on the main process, when it cannot be written.
   void save_model(const torch::nn::Module& model, const std::filesystem::path& dir,
                   const SaveModelOptions& options = {});
   template <class M>
@@ -318,6 +322,27 @@ class Accelerator {
                   const SaveModelOptions& options = {}) {
     save_model(*model, dir, options);
   }
+  // HF's get_state_dict: the model's parameters then buffers, by qualified name (detached; they
+  // share storage with the model), as save_model writes them.
+  std::vector<std::pair<std::string, torch::Tensor>> get_state_dict(
+      const torch::nn::Module& model) const;
+  template <class M>
+  std::vector<std::pair<std::string, torch::Tensor>> get_state_dict(
+      const std::shared_ptr<M>& model) const {
+    return get_state_dict(*model);
+  }
+  // HF's register_save_state_pre_hook / register_load_state_pre_hook: `hook(models, dir)` runs
+  // on every process at the start of each save_state / load_state (automatic resume included),
+  // before anything is written or read, with the prepared models in prepare order. Hooks run in
+  // registration order; one that throws stops the save or load. remove() on the returned handle
+  // unregisters it.
+  using StateHook = std::function<void(const std::vector<torch::nn::Module*>& models,
+                                       const std::filesystem::path& dir)>;
+  struct HookHandle {
+    std::function<void()> remove;
+  };
+  HookHandle register_save_state_pre_hook(StateHook hook);
+  HookHandle register_load_state_pre_hook(StateHook hook);
   // A loader that skips the first `n` batches of its first pass (resuming by hand).
   DataLoader skip_first_batches(const DataLoader& loader, std::size_t n) const {
     return loader.skip_first_batches(n);
@@ -478,6 +503,12 @@ class Accelerator {
   std::vector<DataLoader> loaders_;
   std::vector<detail::CustomState> custom_;
   bool resume_checked_ = false;
+  // Pre-hooks by id (ids only grow, so removing one keeps the others' order).
+  std::shared_ptr<std::map<int64_t, StateHook>> save_hooks_ =
+      std::make_shared<std::map<int64_t, StateHook>>();
+  std::shared_ptr<std::map<int64_t, StateHook>> load_hooks_ =
+      std::make_shared<std::map<int64_t, StateHook>>();
+  int64_t next_hook_id_ = 0;
   std::string resumed_from_;     // the checkpoint automatic resume loaded, if any
   int64_t resumed_at_step_ = 0;  // completed_steps() just after it
   int64_t last_auto_save_ = 0;   // completed_steps() at the last automatic save

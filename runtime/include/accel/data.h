@@ -75,7 +75,9 @@ Batch default_collate(std::vector<Example>&& examples);
 struct DataLoaderOptions {
   std::size_t batch_size = 1;  // per process (global when the Accelerator splits batches)
   bool shuffle = false;
-  uint64_t seed = 0;  // epoch e shuffles with seed + e: every rank draws one order
+  // Epoch e shuffles with seed + e: every rank draws one order. Unset: the last set_seed()'s
+  // seed when the loader is constructed, else 0.
+  std::optional<uint64_t> seed{};
   bool drop_last = false;
   std::size_t num_workers = 0;  // background threads that build batches; 0: the iterating thread
   std::size_t prefetch_factor = 2;  // batches in flight per worker
