@@ -7,6 +7,7 @@
 #include <exception>
 
 #include "contract/worker_contract.h"
+#include "runtime/autocast_compat.h"
 #include "runtime/comm.h"
 #include "runtime/env.h"
 #include "runtime/grad_sync.h"
@@ -82,15 +83,15 @@ namespace {
 
 // RAII: autocast off on every device for the scope, restored after.
 struct AutocastPause {
-  bool cpu = at::autocast::is_cpu_enabled();
-  bool cuda = at::autocast::is_enabled();
+  bool cpu = autocast_compat::is_enabled(c10::DeviceType::CPU);
+  bool cuda = autocast_compat::is_enabled(c10::DeviceType::CUDA);
   AutocastPause() {
-    at::autocast::set_cpu_enabled(false);
-    at::autocast::set_enabled(false);
+    autocast_compat::set_enabled(c10::DeviceType::CPU, false);
+    autocast_compat::set_enabled(c10::DeviceType::CUDA, false);
   }
   ~AutocastPause() {
-    at::autocast::set_cpu_enabled(cpu);
-    at::autocast::set_enabled(cuda);
+    autocast_compat::set_enabled(c10::DeviceType::CPU, cpu);
+    autocast_compat::set_enabled(c10::DeviceType::CUDA, cuda);
   }
   AutocastPause(const AutocastPause&) = delete;
   AutocastPause& operator=(const AutocastPause&) = delete;

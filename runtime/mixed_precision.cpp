@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "accel/error.h"
+#include "runtime/autocast_compat.h"
 
 namespace accel {
 
@@ -22,16 +23,11 @@ AutocastGuard::AutocastGuard(torch::DeviceType device_type, torch::ScalarType dt
     throw UsageError(std::string("accel: autocast on CPU runs in BFloat16 only, not ") +
                      c10::toString(dtype) + "; float16 needs a CUDA device");
   }
-  if (device_type_ == torch::kCUDA) {
-    previous_enabled_ = at::autocast::is_enabled();
-    previous_dtype_ = at::autocast::get_autocast_gpu_dtype();
-    at::autocast::set_autocast_gpu_dtype(dtype);
-    at::autocast::set_enabled(true);
-  } else if (device_type_ == torch::kCPU) {
-    previous_enabled_ = at::autocast::is_cpu_enabled();
-    previous_dtype_ = at::autocast::get_autocast_cpu_dtype();
-    at::autocast::set_autocast_cpu_dtype(dtype);
-    at::autocast::set_cpu_enabled(true);
+  if (device_type_ == torch::kCUDA || device_type_ == torch::kCPU) {
+    previous_enabled_ = autocast_compat::is_enabled(device_type_);
+    previous_dtype_ = autocast_compat::dtype(device_type_);
+    autocast_compat::set_dtype(device_type_, dtype);
+    autocast_compat::set_enabled(device_type_, true);
   } else {
     throw UsageError("accel: autocast supports CPU and CUDA devices, not " +
                      c10::DeviceTypeName(device_type_));
@@ -52,13 +48,8 @@ AutocastGuard::~AutocastGuard() {
   // Why: autocast caches the low-precision copies of weights; they must not outlive the
   // outermost scope, or an optimizer step would leave stale copies behind.
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-  if (device_type_ == torch::kCUDA) {
-    at::autocast::set_enabled(previous_enabled_);
-    at::autocast::set_autocast_gpu_dtype(previous_dtype_);
-  } else {
-    at::autocast::set_cpu_enabled(previous_enabled_);
-    at::autocast::set_autocast_cpu_dtype(previous_dtype_);
-  }
+  autocast_compat::set_enabled(device_type_, previous_enabled_);
+  autocast_compat::set_dtype(device_type_, previous_dtype_);
 }
 
 // --- GradScaler -----------------------------------------------------------------------------
