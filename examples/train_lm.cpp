@@ -85,7 +85,10 @@ int run_training(int argc, char** argv) {
       .flag("heads", "4", "attention heads")
       .flag("lr", "0.003", "AdamW learning rate")
       .flag("sample-chars", "200", "characters to sample at the end")
-      .flag("seed", "0", "seed for the corpus, weights, shuffle and sampling");
+      .flag("seed", "0", "seed for the corpus, weights, shuffle and sampling")
+      .flag("save-model", "", "write the trained model to this folder (safetensors)")
+      .flag("load-model", "",
+            "start from the weights in this save-model folder (--epochs 0: only sample from them)");
   args.parse(argc, argv);
   const int64_t epochs = args.integer("epochs");
   const int64_t sample_chars = args.integer("sample-chars");
@@ -134,6 +137,10 @@ int run_training(int argc, char** argv) {
   const auto vocab = static_cast<int64_t>(chars.size());
   auto model = std::make_shared<TinyLmImpl>(vocab, block, args.integer("dim"),
                                             args.integer("heads"), args.integer("layers"));
+  if (!args.str("load-model").empty()) {
+    accel::load_model(model, args.str("load-model"));  // the same text, so the same vocabulary
+    acc.print("loaded the weights of", args.str("load-model"));
+  }
   auto opt = std::make_shared<torch::optim::AdamW>(model->parameters(),
                                                    torch::optim::AdamWOptions(args.real("lr")));
   accel::DataLoader loader(std::make_shared<accel::TensorDataset>(inputs, targets),
@@ -188,6 +195,9 @@ int run_training(int argc, char** argv) {
     std::cout << "sample:\n" << sample << "\n" << std::flush;
   });
   acc.wait_for_everyone();
+  if (!args.str("save-model").empty() && acc.is_main_process()) {
+    acc.save_model(m, args.str("save-model"));
+  }
   return 0;
 }
 

@@ -73,7 +73,7 @@ int run_training(int argc, char** argv) {
       ++steps;
       if (log_every > 0 && steps % log_every == 0) {
         acc.print("  epoch", epoch, "step", std::to_string(steps) + "/" + std::to_string(dl.size()),
-                  "loss", (total / steps).item<double>(), "(main process)");
+                  "loss", (total / steps).item<double>(), "(running mean, local rank 0)");
       }
     }
     auto mean = acc.reduce(total / std::max<int64_t>(steps, 1), accel::ReduceOp::kMean);

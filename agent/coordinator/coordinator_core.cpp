@@ -567,7 +567,8 @@ void CoordinatorCore::desync_report(const Job& job, int64_t round, pb::Failure& 
   for (const auto& [op, ranks] : waiting) {
     std::string list;
     for (int r : ranks) list += (list.empty() ? "" : ",") + std::to_string(r);
-    why += "; rank" + std::string(ranks.size() > 1 ? "s " : " ") + list + " wait in " + op;
+    why += "; rank" + std::string(ranks.size() > 1 ? "s " : " ") + list +
+           (ranks.size() > 1 ? " wait in " : " waits in ") + op;
   }
   std::string report = hang.report() + "job-wide, from every agent's last sync:\n";
   for (const auto& s : all) {

@@ -123,7 +123,8 @@ std::optional<Hang> detect_hang(const std::vector<PageView>& pages, std::uint64_
   for (const auto& [op, ranks] : waiting) {
     std::string list;
     for (int r : ranks) list += (list.empty() ? "" : ",") + std::to_string(r);
-    h.reason += "; rank" + std::string(ranks.size() > 1 ? "s " : " ") + list + " wait in " + op;
+    h.reason += "; rank" + std::string(ranks.size() > 1 ? "s " : " ") + list +
+                (ranks.size() > 1 ? " wait in " : " waits in ") + op;
   }
   h.report = "accel: hang detected on " + host + ": " + why + "\n";
   for (const auto& p : pages) {

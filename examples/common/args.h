@@ -28,6 +28,8 @@ class Args {
 
   // Parses argv; prints help and exits 0 for --help, prints an error and exits 2 otherwise.
   void parse(int argc, char** argv) {
+    // Why: the help's launch line should be one a reader can paste ("./build/bin/train_mlp").
+    if (argc > 0 && std::string(argv[0]).find('/') != std::string::npos) invoked_ = argv[0];
     for (int i = 1; i < argc; ++i) {
       std::string arg = argv[i];
       if (arg == "--help" || arg == "-h") {
@@ -85,10 +87,11 @@ class Args {
       out << "  --" << name << " (default " << values_.at(name) << ")\n      " << help_.at(name)
           << "\n";
     }
-    out << "\nRun it on N processes with: accel-launch -n N " << program_ << " [flags]\n";
+    out << "\nRun it on N processes with: accel-launch -n N "
+        << (invoked_.empty() ? program_ : invoked_) << " [flags]\n";
   }
 
-  std::string program_, about_;
+  std::string program_, about_, invoked_;
   std::vector<std::string> order_;
   static bool is_integer(const std::string& v) {
     char* end = nullptr;

@@ -12,10 +12,18 @@ build=$(cd "${1:?usage: run.sh BUILD_DIR}" && pwd)
 root=$(cd "$(dirname "$0")/../.." && pwd)
 W=$(mktemp -d /tmp/accel-install.XXXXXX)
 deb_installed=0
+had_user=0
+getent passwd accel >/dev/null && had_user=1
 cleanup() {
   if [[ $deb_installed -eq 1 ]]; then
     DEBIAN_FRONTEND=noninteractive timeout 120 apt-get purge -y -q accel >/dev/null 2>&1 ||
       dpkg --purge accel >/dev/null 2>&1 || true
+  fi
+  # Why: the package leaves its system user behind (Debian's way); this machine gets back the
+  # state it had, so a later test (systemd's) sees no accel user it did not make.
+  if [[ $had_user -eq 0 ]] && getent passwd accel >/dev/null; then
+    userdel accel >/dev/null 2>&1 || true
+    groupdel accel >/dev/null 2>&1 || true
   fi
   rm -rf "$W"
 }

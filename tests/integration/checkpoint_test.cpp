@@ -90,27 +90,27 @@ TEST(Checkpoint, NoIntactCheckpointIsAClearErrorAndExit1) {
   EXPECT_EQ(all.find("SIGABRT"), std::string::npos) << all;
 }
 
+// accel-launch -n 2 of a 10-step train_classifier that checkpoints into `ck` every 10 steps, with
+// `extra` launcher flags before the program and `args` after its own.
+std::vector<std::string> small_checkpointed_run(const std::string& ck,
+                                                const std::vector<std::string>& extra,
+                                                const std::vector<std::string>& args) {
+  std::vector<std::string> out = {"-n", "2", "--checkpoint-dir", ck, "--checkpoint-interval", "10"};
+  out.insert(out.end(), extra.begin(), extra.end());
+  for (const char* a : {"--", TRAIN_CLASSIFIER_BIN, "--epochs", "1", "--train-samples", "640"})
+    out.emplace_back(a);
+  out.insert(out.end(), args.begin(), args.end());
+  return out;
+}
+
 // A checkpoint folder left by another run (another dataset, another model) is refused by
 // automatic resume with what differs; --resume force resumes anyway; a resume that trains nothing
 // says so.
 TEST(Checkpoint, AnotherRunsCheckpointIsRefusedWithTheDifferenceNamed) {
   TempDir dir;
   const std::string ck = dir / "ck";
-  auto run = [&](const std::vector<std::string>& extra) {
-    std::vector<std::string> args = {"-n",
-                                     "2",
-                                     "--checkpoint-dir",
-                                     ck,
-                                     "--checkpoint-interval",
-                                     "10",
-                                     "--",
-                                     TRAIN_CLASSIFIER_BIN,
-                                     "--epochs",
-                                     "1",
-                                     "--train-samples",
-                                     "640"};
-    args.insert(args.end(), extra.begin(), extra.end());
-    return run_launcher(dir, args, 60s);
+  auto run = [&](const std::vector<std::string>& args, const std::vector<std::string>& extra = {}) {
+    return run_launcher(dir, small_checkpointed_run(ck, extra, args), 60s);
   };
   auto first = run({});
   ASSERT_EQ(first.exit_code, 0) << first.err;  // 10 steps: the last save is at its end
@@ -131,30 +131,14 @@ TEST(Checkpoint, AnotherRunsCheckpointIsRefusedWithTheDifferenceNamed) {
             std::string::npos)
       << other_model.err;
 
-  auto forced = run({"--train-samples", "1280", "--epochs", "2"});
-  EXPECT_EQ(forced.exit_code, 1);  // still refused without the flag
-  std::vector<std::string> args = {
-      "-n",       "2", "--checkpoint-dir", ck,    "--resume", "force", "--", TRAIN_CLASSIFIER_BIN,
-      "--epochs", "2", "--train-samples",  "1280"};
-  auto anyway = run_launcher(dir, args, 60s);
+  EXPECT_EQ(run({"--train-samples", "1280", "--epochs", "2"}).exit_code, 1);  // without the flag
+  auto anyway = run({"--train-samples", "1280", "--epochs", "2"}, {"--resume", "force"});
   EXPECT_EQ(anyway.exit_code, 0) << anyway.err;
   EXPECT_NE(anyway.out.find("resuming (resume=force)"), std::string::npos) << anyway.out;
 
   // The same run again: it resumes at its end and trains nothing, and says so.
   TempDir second;
-  const std::string ck2 = second / "ck";
-  std::vector<std::string> same = {"-n",
-                                   "2",
-                                   "--checkpoint-dir",
-                                   ck2,
-                                   "--checkpoint-interval",
-                                   "10",
-                                   "--",
-                                   TRAIN_CLASSIFIER_BIN,
-                                   "--epochs",
-                                   "1",
-                                   "--train-samples",
-                                   "640"};
+  auto same = small_checkpointed_run(second / "ck", {}, {});
   ASSERT_EQ(run_launcher(second, same, 60s).exit_code, 0);
   auto again = run_launcher(second, same, 60s);
   EXPECT_EQ(again.exit_code, 0) << again.err;

@@ -327,7 +327,7 @@ TEST(ControlPlane, HungRankGetsADesyncReportAndTheGroupRestarts) {
   // node-a sees only rank 0 waiting; the coordinator's job-wide report names rank 1 on node-b.
   EXPECT_NE(r.err.find("hung: rank 1 on "), std::string::npos) << r.err;
   EXPECT_NE(
-      r.err.find("is outside any collective; its last was barrier #2; rank 0 wait in barrier #3"),
+      r.err.find("is outside any collective; its last was barrier #2; rank 0 waits in barrier #3"),
       std::string::npos)
       << r.err;
   EXPECT_NE(r.err.find("job-wide, from every agent's last sync:"), std::string::npos) << r.err;

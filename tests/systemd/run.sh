@@ -57,10 +57,14 @@ wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...
 
 # A private /etc: the host's, plus the unit's user and its configuration.
 cp -a /etc "$W/etc"
-id=990
-while getent passwd "$id" >/dev/null || getent group "$id" >/dev/null; do id=$((id - 1)); done
-echo "accel:x:$id:$id:accel agent:/var/lib/accel-agent:/usr/sbin/nologin" >>"$W/etc/passwd"
-echo "accel:x:$id:" >>"$W/etc/group"
+if getent passwd accel >/dev/null && getent group accel >/dev/null; then
+  id=$(getent group accel | cut -d: -f3) # the host has one (accel's .deb creates it): use it
+else
+  id=990
+  while getent passwd "$id" >/dev/null || getent group "$id" >/dev/null; do id=$((id - 1)); done
+  echo "accel:x:$id:$id:accel agent:/var/lib/accel-agent:/usr/sbin/nologin" >>"$W/etc/passwd"
+  echo "accel:x:$id:" >>"$W/etc/group"
+fi
 port=$((29500 + RANDOM % 400))
 token=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
 mkdir -p "$W/etc/accel"
