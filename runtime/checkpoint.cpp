@@ -46,20 +46,14 @@ std::string rank_file(std::size_t rank) {
   return "random_states_" + std::to_string(rank) + ".safetensors";
 }
 
-// A module's parameters then buffers, by qualified name.
-safetensors::NamedTensors state_of(const torch::nn::Module& m) {
-  safetensors::NamedTensors out;
-  for (const auto& p : m.named_parameters(true)) out.emplace_back(p.key(), p.value().detach());
-  for (const auto& b : m.named_buffers(true)) out.emplace_back(b.key(), b.value().detach());
-  return out;
-}
+using safetensors::module_tensors;
 
 // What makes a run the same run, recorded in the manifest's "run" and compared on automatic
 // resume: each model's tensor names and shapes, each optimizer's type, each loader's dataset
 // size. (World size and accumulation may change between attempts of one elastic job.)
 json model_identity(const torch::nn::Module& m) {
   json tensors = json::object();
-  for (const auto& [name, t] : state_of(m)) tensors[name] = t.sizes().vec();
+  for (const auto& [name, t] : module_tensors(m)) tensors[name] = t.sizes().vec();
   return tensors;
 }
 
@@ -239,7 +233,7 @@ class CheckpointReader {
 void apply_model_state(torch::nn::Module& model, const safetensors::NamedTensors& tensors,
                        const fs::path& where, bool copy) {
   std::map<std::string, torch::Tensor> saved(tensors.begin(), tensors.end());
-  auto live = state_of(model);
+  auto live = module_tensors(model);
   std::vector<std::string> problems;
   for (auto& [name, tensor] : live) {
     auto it = saved.find(name);
@@ -519,9 +513,9 @@ fs::path Accelerator::save_state(const fs::path& dir) {
       std::vector<OutFile> files;
       for (std::size_t i = 0; i < models_.size(); ++i) {
         auto name = indexed("model", i, ".safetensors");
-        files.push_back(
-            safetensors_file(name, safetensors::encode(state_of(*models_[i]), {{"format", "pt"}},
-                                                       (target / name).string())));
+        files.push_back(safetensors_file(
+            name, safetensors::encode(module_tensors(*models_[i]), {{"format", "pt"}},
+                                      (target / name).string())));
       }
       json optimizer_steps = json::array(), optimizer_lrs = json::array();
       for (std::size_t i = 0; i < optimizers_.size(); ++i) {
@@ -611,7 +605,7 @@ void Accelerator::save_model(const torch::nn::Module& model, const fs::path& dir
   // main process waiting for ranks that never call it.
   if (!is_main_process()) return;
   try {
-    safetensors::save_sharded(state_of(model), dir, limit);
+    safetensors::save_sharded(module_tensors(model), dir, limit);
   } catch (const CheckpointError&) {
     throw;
   } catch (const std::exception& e) {
@@ -848,7 +842,7 @@ fs::path Accelerator::load_from(const fs::path& source, bool verify_checksums) {
 
 std::vector<std::pair<std::string, torch::Tensor>> Accelerator::get_state_dict(
     const torch::nn::Module& model) const {
-  return state_of(model);
+  return module_tensors(model);
 }
 
 namespace {

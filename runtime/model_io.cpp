@@ -89,9 +89,7 @@ LoadedKeys load_model(torch::nn::Module& model, const fs::path& path, bool stric
     }
   }
 
-  std::vector<std::pair<std::string, torch::Tensor>> live;
-  for (const auto& p : model.named_parameters(true)) live.emplace_back(p.key(), p.value());
-  for (const auto& b : model.named_buffers(true)) live.emplace_back(b.key(), b.value());
+  auto live = safetensors::module_tensors(model);
   LoadedKeys keys;
   std::vector<std::string> mismatched;
   std::set<std::string> known;

@@ -496,4 +496,11 @@ std::vector<std::string> save_sharded(const NamedTensors& tensors, const fs::pat
   return written;
 }
 
+NamedTensors module_tensors(const torch::nn::Module& module) {
+  NamedTensors out;
+  for (const auto& p : module.named_parameters(true)) out.emplace_back(p.key(), p.value().detach());
+  for (const auto& b : module.named_buffers(true)) out.emplace_back(b.key(), b.value().detach());
+  return out;
+}
+
 }  // namespace accel::safetensors

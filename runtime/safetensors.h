@@ -5,6 +5,7 @@
 // Thread: any; no shared state.
 #pragma once
 
+#include <torch/nn/module.h>
 #include <torch/types.h>
 
 #include <cstdint>
@@ -18,6 +19,10 @@
 namespace accel::safetensors {
 
 using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+
+// A module's parameters then buffers, by qualified name, detached (sharing the module's storage):
+// what save_model writes, save_state's model file holds and load_model fills.
+NamedTensors module_tensors(const torch::nn::Module& module);
 
 // A file ready to be written: `header` (length prefix + JSON, padded with spaces to a multiple of
 // 8 bytes) followed by the bytes of each tensor in `data`, in order.
