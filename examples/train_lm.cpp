@@ -49,8 +49,9 @@ struct TinyLmImpl : torch::nn::Module {
         norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})))),
         head(register_module("head", torch::nn::Linear(dim, vocab))) {}
 
-  // idx [B, T] of character ids -> logits [B, T, vocab]; position t sees positions <= t only.
-  torch::Tensor forward(const torch::Tensor& idx) {
+  // idx [B, T] of character ids -> logits [B, T, vocab]; position t sees positions <= t only,
+  // and none where attention_mask [B, T] (if given) is 0 (padding).
+  torch::Tensor forward(const torch::Tensor& idx, const torch::Tensor& attention_mask = {}) {
     const int64_t t = idx.size(1);
     auto positions =
         torch::arange(t, torch::TensorOptions().dtype(torch::kLong).device(idx.device()));
@@ -58,7 +59,9 @@ struct TinyLmImpl : torch::nn::Module {
     auto mask = torch::triu(torch::full({t, t}, -std::numeric_limits<float>::infinity(),
                                         torch::TensorOptions().device(idx.device())),
                             1);
-    x = blocks->forward(x.transpose(0, 1), mask).transpose(0, 1);
+    torch::Tensor padding;
+    if (attention_mask.defined()) padding = attention_mask == 0;
+    x = blocks->forward(x.transpose(0, 1), mask, padding).transpose(0, 1);
     return head->forward(norm->forward(x));
   }
 
@@ -127,12 +130,28 @@ int run_training(int argc, char** argv) {
   auto ids = torch::empty({static_cast<int64_t>(text.size())}, torch::kLong);
   for (std::size_t i = 0; i < text.size(); ++i)
     ids[static_cast<int64_t>(i)] = id_of[static_cast<unsigned char>(text[i])];
-  // Windows at half-block stride: input text[i, i+block), target text[i+1, i+block+1).
+  // Windows at half-block stride, as a tokenized Hugging Face dataset has them: input_ids
+  // text[i, i+block), labels text[i+1, i+block+1), and attention_mask 1; the text's tail that
+  // fills no whole window is one more window, padded (attention_mask 0, labels -100: ignored).
   auto starts = torch::arange(0, ids.size(0) - block - 1, block / 2, torch::kLong);
   auto offsets = torch::arange(block, torch::kLong);
   auto index = starts.unsqueeze(1) + offsets.unsqueeze(0);
-  auto inputs = ids.index({index});
-  auto targets = ids.index({index + 1});
+  auto input_ids = ids.index({index});
+  auto labels = ids.index({index + 1});
+  auto attention_mask = torch::ones_like(input_ids);
+  const int64_t tail_start = starts[-1].item<int64_t>() + block / 2;
+  const int64_t tail = ids.size(0) - 1 - tail_start;  // characters with a next character
+  if (tail > 0 && tail < block) {
+    auto pad_ids = torch::zeros({1, block}, torch::kLong);
+    auto pad_labels = torch::full({1, block}, -100, torch::kLong);
+    auto pad_mask = torch::zeros({1, block}, torch::kLong);
+    pad_ids[0].narrow(0, 0, tail).copy_(ids.narrow(0, tail_start, tail));
+    pad_labels[0].narrow(0, 0, tail).copy_(ids.narrow(0, tail_start + 1, tail));
+    pad_mask[0].narrow(0, 0, tail).fill_(1);
+    input_ids = torch::cat({input_ids, pad_ids});
+    labels = torch::cat({labels, pad_labels});
+    attention_mask = torch::cat({attention_mask, pad_mask});
+  }
 
   const auto vocab = static_cast<int64_t>(chars.size());
   auto model = std::make_shared<TinyLmImpl>(vocab, block, args.integer("dim"),
@@ -143,13 +162,23 @@ int run_training(int argc, char** argv) {
   }
   auto opt = std::make_shared<torch::optim::AdamW>(model->parameters(),
                                                    torch::optim::AdamWOptions(args.real("lr")));
-  accel::DataLoader loader(std::make_shared<accel::TensorDataset>(inputs, targets),
-                           {.batch_size = static_cast<std::size_t>(args.integer("batch-size")),
-                            .shuffle = true,
-                            .seed = seed});
+  accel::DataLoader loader(
+      std::make_shared<accel::TensorDataset>(accel::TensorMap{
+          {"input_ids", input_ids}, {"attention_mask", attention_mask}, {"labels", labels}}),
+      {.batch_size = static_cast<std::size_t>(args.integer("batch-size")),
+       .shuffle = true,
+       .seed = seed});
   auto [m, o, dl] = acc.prepare(model, opt, loader);
-  acc.print("train_lm:", text.size(), "characters,", vocab, "symbols,", inputs.size(0), "windows,",
-            acc.num_processes(), "process(es)");
+  acc.print("train_lm:", text.size(), "characters,", vocab, "symbols,", input_ids.size(0),
+            "windows,", acc.num_processes(), "process(es)");
+  // accel-launch --log-with tensorboard,jsonl --project-dir DIR: the loss of every step and
+  // each epoch's mean go to DIR/train_lm/ (without --log-with this does nothing).
+  acc.init_trackers("train_lm", {{"lr", args.real("lr")},
+                                 {"batch_size", args.integer("batch-size")},
+                                 {"block", block},
+                                 {"dim", args.integer("dim")},
+                                 {"layers", args.integer("layers")},
+                                 {"processes", static_cast<int64_t>(acc.num_processes())}});
 
   // From dl.epoch(): after an automatic resume (accel-launch --checkpoint-dir) the loader is
   // already at the saved epoch and batch.
@@ -158,18 +187,21 @@ int run_training(int argc, char** argv) {
     int64_t steps = 0;
     for (auto& batch : dl) {
       auto cast = acc.autocast();
-      auto logits = m->forward(batch.input);
-      auto loss =
-          torch::cross_entropy_loss(logits.reshape({-1, vocab}), batch.target.reshape({-1}));
+      auto logits = m->forward(batch["input_ids"], batch["attention_mask"]);
+      auto loss = torch::nn::functional::cross_entropy(
+          logits.reshape({-1, vocab}), batch["labels"].reshape({-1}),
+          torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100));
       acc.backward(loss);
       acc.clip_grad_norm_(m, 1.0);
       o.step();
       o.zero_grad();
       total += loss.detach().to(torch::kDouble);
       ++steps;
+      acc.log({{"loss", loss.item<double>()}});  // main process: its own batch's loss
     }
     auto mean =
         acc.reduce(total / std::max<int64_t>(steps, 1), accel::ReduceOp::kMean).item<double>();
+    acc.log({{"epoch_loss", mean}, {"epoch", static_cast<double>(epoch)}});
     char line[96];
     std::snprintf(line, sizeof line, "epoch %lld loss %.4f (%.3f bits/char)",
                   static_cast<long long>(epoch), mean, mean / std::log(2.0));

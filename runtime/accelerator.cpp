@@ -3,33 +3,80 @@
 
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <exception>
 
 #include "contract/worker_contract.h"
+#include "runtime/accelerator_impl.h"
 #include "runtime/autocast_compat.h"
 #include "runtime/comm.h"
 #include "runtime/env.h"
 #include "runtime/grad_sync.h"
 #include "runtime/log.h"
+#include "runtime/optimizer_steps.h"
+#include "runtime/tracking.h"
 
 namespace accel {
 
 // --- PreparedOptimizer / PreparedScheduler ---------------------------------------------------
 
+int64_t detail::own_step_count(torch::optim::Optimizer& optimizer) {
+  namespace o = torch::optim;
+  if (!dynamic_cast<o::Adam*>(&optimizer) && !dynamic_cast<o::AdamW*>(&optimizer) &&
+      !dynamic_cast<o::Adagrad*>(&optimizer) && !dynamic_cast<o::RMSprop*>(&optimizer)) {
+    return -1;
+  }
+  for (auto& group : optimizer.param_groups()) {
+    for (auto& p : group.params()) {
+      auto it = optimizer.state().find(c10::guts::to_string(p.unsafeGetTensorImpl()));
+      if (it == optimizer.state().end()) continue;
+      auto* state = it->second.get();
+      if (auto* s = dynamic_cast<o::AdamParamState*>(state)) return s->step();
+      if (auto* s = dynamic_cast<o::AdamWParamState*>(state)) return s->step();
+      if (auto* s = dynamic_cast<o::AdagradParamState*>(state)) return s->step();
+      if (auto* s = dynamic_cast<o::RMSpropParamState*>(state)) return s->step();
+    }
+  }
+  return 0;
+}
+
+namespace {
+
+// Why: the original handle steps on accumulation micro-steps and past the loss scaler's
+// inf/NaN check; nothing else would say so, and the run would just train differently.
+void check_own_steps(const detail::OptimizerSlot& slot, const std::string& which) {
+  if (slot.own_steps < 0) return;
+  int64_t now = detail::own_step_count(*slot.optimizer);
+  if (now <= slot.own_steps) return;
+  throw UsageError(
+      "accel: " + which + " (" + c10::demangle(typeid(*slot.optimizer).name()) +
+      ") was stepped through its original handle: it has taken " + std::to_string(now) +
+      " steps, " + std::to_string(now - slot.own_steps) +
+      " more than went through the prepared optimizer. Call step() and zero_grad() on the object "
+      "prepare() returned (auto [m, o, dl] = acc.prepare(model, opt, loader); o.step()): the "
+      "original also steps on accumulation micro-steps and past the loss scaler's inf/NaN check");
+}
+
+}  // namespace
+
 void PreparedOptimizer::step() {
   auto& slot = *slot_;
+  check_own_steps(slot, "the optimizer");
   slot.overflow = false;
   slot.skipped = !state_->sync_gradients();
   if (slot.skipped) return;
   ++slot.steps;
-  if (scaler_ && scaler_->is_enabled()) {
-    slot.overflow = !scaler_->step(*slot.optimizer);
-    scaler_->update();
+  if (loss_scaler_ && loss_scaler_->is_enabled()) {
+    slot.overflow = !loss_scaler_->step(*slot.optimizer);
+    loss_scaler_->update();
     slot.skipped = slot.overflow;
   } else {
     slot.optimizer->step();
   }
+  if (slot.own_steps >= 0 && !slot.overflow)
+    slot.own_steps = detail::own_step_count(*slot.optimizer);
   state_->set_optimizer_step_overflowed(slot.overflow);
 }
 
@@ -49,6 +96,13 @@ void PreparedScheduler::step() {
     ++slot_->steps;
   }
 }
+
+torch::optim::Optimizer& PreparedOptimizer::inner() const { return *slot_->optimizer; }
+const std::shared_ptr<torch::optim::Optimizer>& PreparedOptimizer::shared() const {
+  return slot_->optimizer;
+}
+bool PreparedOptimizer::step_was_skipped() const { return slot_->skipped; }
+torch::optim::LRScheduler& PreparedScheduler::inner() const { return *slot_->scheduler; }
 
 // --- scopes ------------------------------------------------------------------------------------
 
@@ -99,18 +153,38 @@ struct AutocastPause {
 
 }  // namespace
 
-Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(options)) {
+Accelerator::Accelerator(AcceleratorOptions options)
+    : options_(std::move(options)), impl_(std::make_unique<Impl>()) {
+  impl_->self_ = std::make_shared<Accelerator*>(this);
   state_ = State::shared({options_.cpu, options_.collective_timeout});
   const env::WorkerEnv& e = env::worker_env();
   std::string which = "option mixed_precision";
   if (options_.mixed_precision) {
-    mixed_precision_ = *options_.mixed_precision;
+    impl_->mixed_precision_ = *options_.mixed_precision;
   } else if (e.mixed_precision) {
-    mixed_precision_ = *e.mixed_precision;
+    impl_->mixed_precision_ = *e.mixed_precision;
     which = e.mixed_precision_variable;
   }
   setup_mixed_precision(which);
+  impl_->autocast_forward_ = options_.autocast_forward && impl_->mixed_precision_ != "no";
   setup_project();
+  impl_->tracking_ = std::make_unique<detail::Tracking>();
+  if (options_.log_with) {
+    impl_->tracking_->kinds = tracking::parse_log_with(*options_.log_with, "option log_with");
+  } else if (e.log_with) {
+    impl_->tracking_->kinds = tracking::parse_log_with({*e.log_with}, contract::kLogWith);
+  }
+  if (options_.progress_bar.value_or(e.progress.value_or(true)) && is_main_process()) {
+    impl_->tracking_->bar = std::make_unique<ProgressBar>(
+        STDERR_FILENO, ::isatty(STDERR_FILENO) == 1, std::chrono::seconds(30));
+  }
+  if (!tracking::tensorboard_available() &&
+      std::find(impl_->tracking_->kinds.begin(), impl_->tracking_->kinds.end(), "tensorboard") !=
+          impl_->tracking_->kinds.end()) {
+    throw ConfigError(
+        "accel: log_with=tensorboard: this libaccel was built without protobuf, so it cannot "
+        "write TensorBoard files; use jsonl or csv, or rebuild with protobuf installed");
+  }
   int steps =
       options_.gradient_accumulation_steps.value_or(e.gradient_accumulation_steps.value_or(1));
   set_gradient_accumulation_steps(steps);
@@ -118,11 +192,17 @@ Accelerator::Accelerator(AcceleratorOptions options) : options_(std::move(option
 }
 
 Accelerator::~Accelerator() {
+  try {
+    end_training();
+  } catch (const std::exception& e) {
+    log::warning(std::string("closing the trackers: ") + e.what());
+  }
   // Why: a resumed run whose loop starts past its end (the checkpoint's run had finished, or ran
   // with more epochs) exits 0 having trained nothing; say so rather than let it look like work.
-  if (!resumed_from_.empty() && completed_steps() == resumed_at_step_ &&
+  if (!impl_->resumed_from_.empty() && completed_steps() == impl_->resumed_at_step_ &&
       std::uncaught_exceptions() == 0 && is_main_process()) {
-    log::warning("resumed from " + resumed_from_ + " at step " + std::to_string(resumed_at_step_) +
+    log::warning("resumed from " + impl_->resumed_from_ + " at step " +
+                 std::to_string(impl_->resumed_at_step_) +
                  " but took no optimizer step after it: that run had already got this far (it "
                  "had finished, or had a larger dataset or more epochs). To train from scratch, "
                  "use another checkpoint folder (accel-launch --checkpoint-dir DIR)");
@@ -130,43 +210,56 @@ Accelerator::~Accelerator() {
 }
 
 void Accelerator::setup_mixed_precision(const std::string& which) {
-  if (mixed_precision_ != "no" && mixed_precision_ != "fp16" && mixed_precision_ != "bf16") {
-    throw ConfigError("accel: " + which + "=\"" + mixed_precision_ +
+  if (impl_->mixed_precision_ != "no" && impl_->mixed_precision_ != "fp16" &&
+      impl_->mixed_precision_ != "bf16") {
+    throw ConfigError("accel: " + which + "=\"" + impl_->mixed_precision_ +
                       "\": expected no, fp16 or bf16");
   }
-  if (mixed_precision_ == "fp16" && !device().is_cuda()) {
+  if (impl_->mixed_precision_ == "fp16" && !device().is_cuda()) {
     throw ConfigError("accel: " + which + "=fp16 needs a CUDA device (this process runs on " +
                       device().str() + "); on CPU use bf16");
   }
-  if (mixed_precision_ == "fp16") {
-    scaler_ = std::make_shared<GradScaler>(options_.grad_scaler.value_or(GradScalerOptions{}));
+  if (impl_->mixed_precision_ == "fp16") {
+    impl_->scaler_ =
+        std::make_shared<GradScaler>(options_.grad_scaler.value_or(GradScalerOptions{}));
   } else if (options_.grad_scaler && options_.grad_scaler->enabled) {
-    scaler_ = std::make_shared<GradScaler>(*options_.grad_scaler);
+    impl_->scaler_ = std::make_shared<GradScaler>(*options_.grad_scaler);
   }
 }
 
+const std::string& Accelerator::mixed_precision() const { return impl_->mixed_precision_; }
+GradScaler* Accelerator::scaler() const { return impl_->scaler_.get(); }
+const ProjectConfiguration& Accelerator::project_configuration() const { return impl_->project_; }
+void Accelerator::set_trigger() { impl_->trigger_ = true; }
+
+void Accelerator::add_custom_state(std::function<std::string()> save,
+                                   std::function<void(const std::string&)> load) {
+  check_not_started("register_for_checkpointing()");
+  impl_->custom_.push_back({std::move(save), std::move(load)});
+}
+
 AutocastGuard Accelerator::autocast() const {
-  auto dtype = mixed_precision_ == "fp16" ? torch::kHalf : torch::kBFloat16;
-  return AutocastGuard(device().type(), dtype, mixed_precision_ != "no");
+  auto dtype = impl_->mixed_precision_ == "fp16" ? torch::kHalf : torch::kBFloat16;
+  return AutocastGuard(device().type(), dtype, impl_->mixed_precision_ != "no");
 }
 
 void Accelerator::unscale_gradients() {
-  if (!scaler_ || !sync_gradients()) return;
+  if (!impl_->scaler_ || !sync_gradients()) return;
   // Once per step: HF calls this from every clip.
-  for (auto& slot : optimizers_) {
-    if (!scaler_->was_unscaled(*slot->optimizer)) scaler_->unscale_(*slot->optimizer);
+  for (auto& slot : impl_->optimizers_) {
+    if (!impl_->scaler_->was_unscaled(*slot->optimizer)) impl_->scaler_->unscale_(*slot->optimizer);
   }
 }
 
 bool Accelerator::optimizer_step_was_skipped() const {
-  for (auto& slot : optimizers_) {
+  for (auto& slot : impl_->optimizers_) {
     if (slot->overflow) return true;
   }
   return false;
 }
 
 int64_t Accelerator::completed_steps() const {
-  return optimizers_.empty() ? 0 : optimizers_.front()->steps;
+  return impl_->optimizers_.empty() ? 0 : impl_->optimizers_.front()->steps;
 }
 
 void Accelerator::set_gradient_accumulation_steps(int steps) {
@@ -178,9 +271,10 @@ void Accelerator::set_gradient_accumulation_steps(int steps) {
 }
 
 void Accelerator::register_model(torch::nn::Module& model) {
+  check_not_started("prepare() of a model");
   if (options_.device_placement) model.to(device());
-  if (!prepared_.count(&model)) models_.push_back(&model);
-  prepared_[&model] = true;
+  if (!impl_->prepared_.count(&model)) impl_->models_.push_back(&model);
+  impl_->prepared_[&model] = true;
   if (!use_distributed()) return;
   std::vector<torch::Tensor> trainable;
   for (auto& p : model.parameters()) {
@@ -196,48 +290,60 @@ void Accelerator::register_model(torch::nn::Module& model) {
     auto buffer = b;
     state_->comm().broadcast(buffer, 0);
   }
-  syncs_[&model] = std::move(sync);
+  impl_->syncs_[&model] = std::move(sync);
 }
 
 std::shared_ptr<GradSync> Accelerator::sync_of(const torch::nn::Module* model) const {
-  if (!prepared_.count(model)) {
+  if (!impl_->prepared_.count(model)) {
     throw UsageError("accel: no_sync/accumulate got a model that was not passed to prepare()");
   }
-  auto it = syncs_.find(model);
-  return it == syncs_.end() ? nullptr : it->second;
+  auto it = impl_->syncs_.find(model);
+  return it == impl_->syncs_.end() ? nullptr : it->second;
 }
 
 PreparedOptimizer Accelerator::prepare_optimizer(
     std::shared_ptr<torch::optim::Optimizer> optimizer) {
   if (!optimizer) throw UsageError("accel: prepare() got a null optimizer");
+  check_not_started("prepare() of an optimizer");
   auto slot = std::make_shared<detail::OptimizerSlot>();
   slot->optimizer = std::move(optimizer);
-  optimizers_.push_back(slot);
-  return PreparedOptimizer(std::move(slot), gradient_state_, scaler_);
+  slot->own_steps = detail::own_step_count(*slot->optimizer);
+  impl_->optimizers_.push_back(slot);
+  return PreparedOptimizer(std::move(slot), gradient_state_, impl_->scaler_);
 }
 
 DataLoader Accelerator::prepare_data_loader(const DataLoader& loader) {
+  check_not_started("prepare() of a DataLoader");
   ShardOptions shard;
   shard.num_processes = static_cast<std::size_t>(num_processes());
   shard.process_index = static_cast<std::size_t>(process_index());
   shard.split_batches = options_.split_batches;
   shard.even_batches = options_.even_batches;
   shard.device = options_.device_placement ? device() : torch::Device(torch::kCPU);
-  std::weak_ptr<Accelerator*> self = self_;
-  auto prepared = loader.shard(shard, gradient_state_, [self] {
+  std::weak_ptr<Accelerator*> self = impl_->self_;
+  LoaderHooks hooks;
+  hooks.on_first_use = [self] {
+    if (auto acc = self.lock()) (*acc)->maybe_resume();
+  };
+  hooks.on_step_boundary = [self] {
     if (auto acc = self.lock()) (*acc)->on_step_boundary();
-  });
-  loaders_.push_back(prepared);
+  };
+  hooks.on_progress = [self, index = impl_->loaders_.size()](const PassProgress& p) {
+    if (auto acc = self.lock()) (*acc)->on_loader_progress(index, p);
+  };
+  auto prepared = loader.shard(shard, gradient_state_, std::move(hooks));
+  impl_->loaders_.push_back(prepared);
   return prepared;
 }
 
 PreparedScheduler Accelerator::prepare_scheduler(
     std::shared_ptr<torch::optim::LRScheduler> scheduler) {
   if (!scheduler) throw UsageError("accel: prepare() got a null scheduler");
+  check_not_started("prepare() of a scheduler");
   int steps = options_.split_batches ? 1 : num_processes();
   auto slot = std::make_shared<detail::SchedulerSlot>();
   slot->scheduler = std::move(scheduler);
-  schedulers_.push_back(slot);
+  impl_->schedulers_.push_back(slot);
   return PreparedScheduler(std::move(slot), gradient_state_, steps,
                            options_.step_scheduler_with_optimizer);
 }
@@ -256,16 +362,41 @@ bool Accelerator::begin_accumulation_step() {
 
 void Accelerator::backward(const torch::Tensor& loss) {
   if (!loss.defined()) throw UsageError("accel: backward() got an undefined loss tensor");
-  // Why: backward inside an autocast scope would recast the backward matmuls; PyTorch runs
-  // backward outside autocast, with the dtypes the forward chose.
-  AutocastPause pause;
-  try {
-    auto scaled = gradient_state_->num_steps() > 1 ? loss / gradient_state_->num_steps() : loss;
-    if (scaler_) scaled = scaler_->scale(scaled);
-    scaled.backward();
-  } catch (...) {
-    for (auto& [model, sync] : syncs_) sync->abort_round();
-    throw;
+  maybe_resume();
+  check_optimizers_not_stepped_elsewhere();
+  {
+    // Why: backward inside an autocast scope would recast the backward matmuls; PyTorch runs
+    // backward outside autocast, with the dtypes the forward chose.
+    AutocastPause pause;
+    try {
+      auto scaled = gradient_state_->num_steps() > 1 ? loss / gradient_state_->num_steps() : loss;
+      if (impl_->scaler_) scaled = impl_->scaler_->scale(scaled);
+      scaled.backward();
+    } catch (...) {
+      for (auto& [model, sync] : impl_->syncs_) sync->abort_round();
+      throw;
+    }
+  }
+  set_forward_autocast(false);  // the forward pass is over: the step runs in full precision
+}
+
+void Accelerator::check_optimizers_not_stepped_elsewhere() const {
+  for (std::size_t i = 0; i < impl_->optimizers_.size(); ++i)
+    check_own_steps(*impl_->optimizers_[i], "prepared optimizer " + std::to_string(i));
+}
+
+void Accelerator::set_forward_autocast(bool on) {
+  if (!impl_->autocast_forward_) return;
+  auto type = device().type();
+  if (on) {
+    autocast_compat::set_dtype(type,
+                               impl_->mixed_precision_ == "fp16" ? torch::kHalf : torch::kBFloat16);
+    autocast_compat::set_enabled(type, true);
+  } else if (autocast_compat::is_enabled(type)) {
+    autocast_compat::set_enabled(type, false);
+    // Why: the cast copies of the weights must not outlive the forward pass (the step changes
+    // the weights).
+    at::autocast::clear_cache();
   }
 }
 
@@ -282,13 +413,14 @@ void Accelerator::clip_grad_value_(const std::vector<torch::Tensor>& parameters,
 }
 
 void Accelerator::free_memory() {
-  syncs_.clear();
-  prepared_.clear();
-  models_.clear();
-  optimizers_.clear();
-  schedulers_.clear();
-  loaders_.clear();
-  custom_.clear();
+  impl_->syncs_.clear();
+  impl_->prepared_.clear();
+  impl_->models_.clear();
+  impl_->optimizers_.clear();
+  impl_->schedulers_.clear();
+  impl_->loaders_.clear();
+  impl_->custom_.clear();
+  impl_->training_started_ = false;
   gradient_state_->set_step(0);
   gradient_state_->set_sync_gradients(true);
 }

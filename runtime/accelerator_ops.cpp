@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "accel/accelerator.h"
+#include "runtime/accelerator_impl.h"
 #include "runtime/comm.h"
 
 namespace accel {
@@ -185,10 +186,11 @@ std::string Accelerator::broadcast_object(const std::string& object, int from) {
 void Accelerator::wait_for_everyone() { state_->comm().barrier(); }
 
 bool Accelerator::check_trigger() {
-  auto flag = torch::full({1}, trigger_ ? 1 : 0, torch::dtype(torch::kLong).device(device()));
+  auto flag =
+      torch::full({1}, impl_->trigger_ ? 1 : 0, torch::dtype(torch::kLong).device(device()));
   if (use_distributed()) state_->comm().allreduce(flag, c10d::ReduceOp::SUM);
   bool fired = flag.item<int64_t>() > 0;
-  if (fired) trigger_ = false;
+  if (fired) impl_->trigger_ = false;
   return fired;
 }
 

@@ -16,13 +16,16 @@
 
 #include "accel/accelerator.h"
 #include "contract/worker_contract.h"
+#include "runtime/accelerator_impl.h"
 #include "runtime/checkpoint_io.h"
 #include "runtime/checkpoint_manifest.h"
 #include "runtime/comm.h"
 #include "runtime/env.h"
 #include "runtime/log.h"
+#include "runtime/optimizer_steps.h"
 #include "runtime/safetensors.h"
 #include "runtime/stop_request.h"
+#include "runtime/tracking.h"
 
 namespace accel {
 
@@ -294,53 +297,98 @@ void load_archive(torch::optim::Optimizer& optimizer, std::string_view bytes,
   optimizer.load(archive);
 }
 
+// The manifest's "trackers": null, or the run and its tracker files' sizes at the save.
+json tracker_position(const detail::Tracking* tracking) {
+  if (tracking == nullptr || !tracking->trackers || !tracking->trackers->is_open()) return json();
+  auto p = tracking->trackers->position();
+  return {{"run", p.run}, {"files", p.files}};
+}
+
+// Why checked: a resumed run cuts these files back, so a damaged or hostile manifest must not
+// name anything but a tracker file inside the run's folder.
+std::optional<tracking::Position> saved_tracker_position(const json& m, const fs::path& source) {
+  if (!m.contains("trackers") || m["trackers"].is_null()) return std::nullopt;
+  const json& t = m["trackers"];
+  auto where = source / kManifest;
+  if (!t.is_object() || !t.contains("run") || !t["run"].is_string() || !t.contains("files") ||
+      !t["files"].is_object()) {
+    CheckpointReader::fail(where, "has \"trackers\" that is not {\"run\", \"files\"}");
+  }
+  tracking::Position p;
+  p.run = t["run"].get<std::string>();
+  for (const auto& [name, size] : t["files"].items()) {
+    if (!ckpt::is_plain_file_name(name) || !tracking::is_tracker_file(name) ||
+        !size.is_number_unsigned()) {
+      CheckpointReader::fail(where, "has a \"trackers\" entry " + json(name).dump().substr(0, 100) +
+                                        ": expected a tracker file name and its size in bytes");
+    }
+    p.files[name] = size.get<uint64_t>();
+  }
+  return p;
+}
+
 }  // namespace
 
 // --- configuration ------------------------------------------------------------------------------
 
 void Accelerator::setup_project() {
-  project_ = options_.project;
+  impl_->project_ = options_.project;
   bool from_launcher = false;
-  if (!project_.project_dir) {
+  if (!impl_->project_.project_dir) {
+    // Why checkpoint_dir first: it names where checkpoints go; project_dir is the folder for
+    // everything of the run (trackers too).
     if (const auto& dir = env::worker_env().checkpoint_dir) {
-      project_.project_dir = *dir;
+      impl_->project_.project_dir = *dir;
+      from_launcher = true;
+    } else if (const auto& project = env::worker_env().project_dir) {
+      impl_->project_.project_dir = *project;
       from_launcher = true;
     }
   }
-  if (!project_.total_limit) {
-    if (const auto& limit = env::worker_env().checkpoint_total_limit) {
-      project_.total_limit = *limit;
-    } else if (from_launcher) {
-      // Why: periodic saves under accel-launch would otherwise fill the disk on a long job.
-      project_.total_limit = kDefaultLauncherTotalLimit;
+  if (!impl_->project_.logging_dir) {
+    if (const auto& project = env::worker_env().project_dir) {
+      impl_->project_.logging_dir = *project;
+    } else if (impl_->project_.project_dir && !impl_->project_.project_dir->empty()) {
+      impl_->project_.logging_dir = *impl_->project_.project_dir;
     }
   }
-  bool has_dir = project_.project_dir && !project_.project_dir->empty();
-  if (!project_.automatic_checkpoint_naming) project_.automatic_checkpoint_naming = has_dir;
-  if (!project_.save_interval) {
-    project_.save_interval = env::worker_env().checkpoint_interval;
+  if (!impl_->project_.total_limit) {
+    if (const auto& limit = env::worker_env().checkpoint_total_limit) {
+      impl_->project_.total_limit = *limit;
+    } else if (from_launcher) {
+      // Why: periodic saves under accel-launch would otherwise fill the disk on a long job.
+      impl_->project_.total_limit = kDefaultLauncherTotalLimit;
+    }
   }
-  if (*project_.save_interval < 0) {
+  bool has_dir = impl_->project_.project_dir && !impl_->project_.project_dir->empty();
+  if (!impl_->project_.automatic_checkpoint_naming)
+    impl_->project_.automatic_checkpoint_naming = has_dir;
+  if (!impl_->project_.save_interval) {
+    impl_->project_.save_interval = env::worker_env().checkpoint_interval;
+  }
+  if (*impl_->project_.save_interval < 0) {
     throw ConfigError("accel: ProjectConfiguration::save_interval must be >= 0, got " +
-                      std::to_string(*project_.save_interval));
+                      std::to_string(*impl_->project_.save_interval));
   }
-  if (*project_.save_interval > 0 && !(has_dir && *project_.automatic_checkpoint_naming)) {
+  if (*impl_->project_.save_interval > 0 &&
+      !(has_dir && *impl_->project_.automatic_checkpoint_naming)) {
     throw ConfigError(
-        "accel: a save interval of " + std::to_string(*project_.save_interval) +
+        "accel: a save interval of " + std::to_string(*impl_->project_.save_interval) +
         " steps (ACCEL_CHECKPOINT_INTERVAL or ProjectConfiguration::save_interval) needs a "
         "project_dir "
         "with automatic checkpoint naming (ACCEL_CHECKPOINT_DIR or --checkpoint-dir)");
   }
-  if (has_dir && *project_.automatic_checkpoint_naming) stop_on_signal_ = stop_request::arm();
-  if (project_.total_limit && *project_.total_limit < 1) {
+  if (has_dir && *impl_->project_.automatic_checkpoint_naming)
+    impl_->stop_on_signal_ = stop_request::arm();
+  if (impl_->project_.total_limit && *impl_->project_.total_limit < 1) {
     throw ConfigError("accel: ProjectConfiguration::total_limit must be at least 1, got " +
-                      std::to_string(*project_.total_limit));
+                      std::to_string(*impl_->project_.total_limit));
   }
 }
 
 fs::path Accelerator::latest_checkpoint() const {
-  if (!project_.project_dir || project_.project_dir->empty()) return {};
-  auto all = complete_checkpoints(fs::path(*project_.project_dir) / "checkpoints");
+  if (!impl_->project_.project_dir || impl_->project_.project_dir->empty()) return {};
+  auto all = complete_checkpoints(fs::path(*impl_->project_.project_dir) / "checkpoints");
   return all.empty() ? fs::path() : all.back();
 }
 
@@ -491,54 +539,56 @@ void rotate(const fs::path& just_written, int64_t limit) {
 }  // namespace
 
 fs::path Accelerator::save_state(const fs::path& dir) {
+  maybe_resume();
   fs::path target = dir;
   bool automatic = dir.empty();
   if (automatic) {
-    if (!project_.project_dir || project_.project_dir->empty() ||
-        !*project_.automatic_checkpoint_naming) {
+    if (!impl_->project_.project_dir || impl_->project_.project_dir->empty() ||
+        !*impl_->project_.automatic_checkpoint_naming) {
       throw UsageError(
           "accel: save_state() with no folder needs ProjectConfiguration::project_dir with "
           "automatic_checkpoint_naming (or ACCEL_CHECKPOINT_DIR / accel-launch --checkpoint-dir)");
     }
-    target = fs::path(*project_.project_dir) / "checkpoints" /
-             (kCheckpointPrefix + std::to_string(project_.iteration));
+    target = fs::path(*impl_->project_.project_dir) / "checkpoints" /
+             (kCheckpointPrefix + std::to_string(impl_->project_.iteration));
   }
   // Copied first: a hook may remove itself (or another) while it runs.
-  for (const auto& [id, hook] : std::map<int64_t, StateHook>(*save_hooks_)) hook(models_, target);
-  auto mine = rank_state(process_index(), loaders_);
+  for (const auto& [id, hook] : std::map<int64_t, StateHook>(*impl_->save_hooks_))
+    hook(impl_->models_, target);
+  auto mine = rank_state(process_index(), impl_->loaders_);
   auto blobs = use_distributed() ? gather_object(mine) : std::vector<std::string>{mine};
   std::string error;
   if (is_main_process()) {
     try {
       std::vector<OutFile> files;
-      for (std::size_t i = 0; i < models_.size(); ++i) {
+      for (std::size_t i = 0; i < impl_->models_.size(); ++i) {
         auto name = indexed("model", i, ".safetensors");
         files.push_back(safetensors_file(
-            name, safetensors::encode(module_tensors(*models_[i]), {{"format", "pt"}},
+            name, safetensors::encode(module_tensors(*impl_->models_[i]), {{"format", "pt"}},
                                       (target / name).string())));
       }
       json optimizer_steps = json::array(), optimizer_lrs = json::array();
-      for (std::size_t i = 0; i < optimizers_.size(); ++i) {
+      for (std::size_t i = 0; i < impl_->optimizers_.size(); ++i) {
         // Why: libtorch 1.13 saves param-group options but does not apply them on load.
         json lrs = json::array();
-        for (auto& group : optimizers_[i]->optimizer->param_groups())
+        for (auto& group : impl_->optimizers_[i]->optimizer->param_groups())
           lrs.push_back(group.options().get_lr());
         optimizer_lrs.push_back(lrs);
         files.push_back(
-            optimizer_file(indexed("optimizer", i, ".bin"), *optimizers_[i]->optimizer));
-        optimizer_steps.push_back(optimizers_[i]->steps);
+            optimizer_file(indexed("optimizer", i, ".bin"), *impl_->optimizers_[i]->optimizer));
+        optimizer_steps.push_back(impl_->optimizers_[i]->steps);
       }
-      for (std::size_t i = 0; i < schedulers_.size(); ++i) {
+      for (std::size_t i = 0; i < impl_->schedulers_.size(); ++i) {
         files.push_back(bytes_file(indexed("scheduler", i, ".json"),
-                                   json({{"steps", schedulers_[i]->steps}}).dump()));
+                                   json({{"steps", impl_->schedulers_[i]->steps}}).dump()));
       }
-      if (scaler_) files.push_back(bytes_file("scaler.json", scaler_->state_dict()));
-      for (std::size_t i = 0; i < custom_.size(); ++i) {
-        files.push_back(
-            bytes_file("custom_checkpoint_" + std::to_string(i) + ".bin", custom_[i].save()));
+      if (impl_->scaler_) files.push_back(bytes_file("scaler.json", impl_->scaler_->state_dict()));
+      for (std::size_t i = 0; i < impl_->custom_.size(); ++i) {
+        files.push_back(bytes_file("custom_checkpoint_" + std::to_string(i) + ".bin",
+                                   impl_->custom_[i].save()));
       }
       json loaders = json::array();
-      for (const auto& l : loaders_) {
+      for (const auto& l : impl_->loaders_) {
         auto s = l.state();
         json size = l.dataset_size() ? json(*l.dataset_size()) : json();
         loaders.push_back({{"epoch", s.epoch},
@@ -551,8 +601,8 @@ fs::path Accelerator::save_state(const fs::path& dir) {
       json run = {{"models", json::array()},
                   {"optimizers", json::array()},
                   {"dataset_sizes", json::array()}};
-      for (const auto& m : models_) run["models"].push_back(model_identity(*m));
-      for (const auto& o : optimizers_)
+      for (const auto& m : impl_->models_) run["models"].push_back(model_identity(*m));
+      for (const auto& o : impl_->optimizers_)
         run["optimizers"].push_back(c10::demangle(typeid(*o->optimizer).name()));
       for (const auto& l : loaders) run["dataset_sizes"].push_back(l["dataset_size"]);
       json manifest = {
@@ -560,26 +610,27 @@ fs::path Accelerator::save_state(const fs::path& dir) {
           {"format_version", kFormatVersion},
           {"created_unix", static_cast<int64_t>(std::time(nullptr))},
           {"step", completed_steps()},
-          {"iteration", project_.iteration},
-          {"epoch", loaders_.empty() ? json() : loaders[0]["epoch"]},
-          {"batches_in_epoch", loaders_.empty() ? json() : loaders[0]["batches"]},
+          {"iteration", impl_->project_.iteration},
+          {"epoch", impl_->loaders_.empty() ? json() : loaders[0]["epoch"]},
+          {"batches_in_epoch", impl_->loaders_.empty() ? json() : loaders[0]["batches"]},
           {"world_size", num_processes()},
-          {"mixed_precision", mixed_precision_},
+          {"mixed_precision", impl_->mixed_precision_},
           {"gradient_accumulation_steps", gradient_accumulation_steps()},
           {"accumulation_step", gradient_state_->step()},
           {"optimizer_steps", optimizer_steps},
           {"optimizer_lrs", optimizer_lrs},
           {"loaders", loaders},
           {"run", run},
+          {"trackers", tracker_position(impl_->tracking_.get())},
           {"contents",
-           {{"models", models_.size()},
-            {"optimizers", optimizers_.size()},
-            {"schedulers", schedulers_.size()},
-            {"scaler", scaler_ != nullptr},
-            {"custom", custom_.size()}}},
+           {{"models", impl_->models_.size()},
+            {"optimizers", impl_->optimizers_.size()},
+            {"schedulers", impl_->schedulers_.size()},
+            {"scaler", impl_->scaler_ != nullptr},
+            {"custom", impl_->custom_.size()}}},
       };
       write_checkpoint(target, blobs, files, std::move(manifest));
-      if (automatic && project_.total_limit) rotate(target, *project_.total_limit);
+      if (automatic && impl_->project_.total_limit) rotate(target, *impl_->project_.total_limit);
     } catch (const std::exception& e) {
       error = e.what();
       if (error.empty()) error = "accel: save_state failed";
@@ -589,8 +640,8 @@ fs::path Accelerator::save_state(const fs::path& dir) {
   // the checkpoint existed.
   if (use_distributed()) error = broadcast_object(error);
   if (!error.empty()) throw CheckpointError(error);
-  ++project_.iteration;
-  last_auto_save_ = completed_steps();
+  ++impl_->project_.iteration;
+  impl_->last_auto_save_ = completed_steps();
   if (is_main_process()) {
     log::debug("saved checkpoint " + target.string() + " at step " +
                std::to_string(completed_steps()));
@@ -656,6 +707,8 @@ std::vector<LoaderState> saved_positions(const safetensors::Decoded& d, const fs
 }  // namespace
 
 fs::path Accelerator::load_state(const fs::path& dir) {
+  // Why: an explicit load chooses the checkpoint; an automatic resume later would load another.
+  impl_->resume_checked_ = true;
   fs::path source = dir;
   if (source.empty()) {
     std::string chosen = is_main_process() ? latest_checkpoint().string() : std::string();
@@ -663,8 +716,8 @@ fs::path Accelerator::load_state(const fs::path& dir) {
     if (use_distributed()) chosen = broadcast_object(chosen);
     if (chosen.empty()) {
       throw CheckpointError("accel: load_state(): no complete checkpoint under " +
-                            (project_.project_dir
-                                 ? (fs::path(*project_.project_dir) / "checkpoints").string()
+                            (impl_->project_.project_dir
+                                 ? (fs::path(*impl_->project_.project_dir) / "checkpoints").string()
                                  : std::string("(no project_dir set)")));
     }
     source = chosen;
@@ -675,32 +728,33 @@ fs::path Accelerator::load_state(const fs::path& dir) {
 }
 
 fs::path Accelerator::load_from(const fs::path& source, bool verify_checksums) {
-  for (const auto& [id, hook] : std::map<int64_t, StateHook>(*load_hooks_)) hook(models_, source);
+  for (const auto& [id, hook] : std::map<int64_t, StateHook>(*impl_->load_hooks_))
+    hook(impl_->models_, source);
   CheckpointReader ckpt(source, verify_checksums);
   const auto& m = ckpt.manifest();
   check_contents(ckpt,
-                 {{"models", models_.size()},
-                  {"optimizers", optimizers_.size()},
-                  {"schedulers", schedulers_.size()},
-                  {"custom", custom_.size()}},
-                 scaler_ != nullptr);
+                 {{"models", impl_->models_.size()},
+                  {"optimizers", impl_->optimizers_.size()},
+                  {"schedulers", impl_->schedulers_.size()},
+                  {"custom", impl_->custom_.size()}},
+                 impl_->scaler_ != nullptr);
   int saved_world = m["world_size"].get<int>();
   bool same_world = saved_world == num_processes();
 
   // Read and check everything first, so a bad file changes nothing.
   std::vector<ckpt::MappedFile> model_files;  // Why kept: the decoded tensors are views of them
   std::vector<safetensors::Decoded> models;
-  for (std::size_t i = 0; i < models_.size(); ++i) {
+  for (std::size_t i = 0; i < impl_->models_.size(); ++i) {
     auto name = indexed("model", i, ".safetensors");
     model_files.push_back(ckpt.read(name));
     models.push_back(safetensors::decode(model_files.back().view(), (source / name).string(),
                                          safetensors::Memory::kBorrow));
   }
   std::vector<ckpt::MappedFile> optimizers;
-  for (std::size_t i = 0; i < optimizers_.size(); ++i)
+  for (std::size_t i = 0; i < impl_->optimizers_.size(); ++i)
     optimizers.push_back(ckpt.read(indexed("optimizer", i, ".bin")));
   std::vector<int64_t> scheduler_steps;
-  for (std::size_t i = 0; i < schedulers_.size(); ++i) {
+  for (std::size_t i = 0; i < impl_->schedulers_.size(); ++i) {
     auto name = indexed("scheduler", i, ".json");
     try {
       scheduler_steps.push_back(
@@ -708,80 +762,84 @@ fs::path Accelerator::load_from(const fs::path& source, bool verify_checksums) {
     } catch (const json::exception& e) {
       CheckpointReader::fail(source / name, std::string("is not {\"steps\": n}: ") + e.what());
     }
-    if (scheduler_steps.back() < schedulers_[i]->steps) {
+    if (scheduler_steps.back() < impl_->schedulers_[i]->steps) {
       CheckpointReader::fail(source / name,
                              "was saved after " + std::to_string(scheduler_steps.back()) +
                                  " scheduler steps, but this scheduler has already taken " +
-                                 std::to_string(schedulers_[i]->steps) +
+                                 std::to_string(impl_->schedulers_[i]->steps) +
                                  "; load_state() before training, with a fresh scheduler");
     }
   }
   std::vector<std::string> custom;
-  for (std::size_t i = 0; i < custom_.size(); ++i) {
+  for (std::size_t i = 0; i < impl_->custom_.size(); ++i) {
     custom.emplace_back(ckpt.read("custom_checkpoint_" + std::to_string(i) + ".bin").view());
   }
   std::optional<std::string> scaler_state;
-  if (scaler_ && ckpt.has("scaler.json")) {
+  if (impl_->scaler_ && ckpt.has("scaler.json")) {
     scaler_state = std::string(ckpt.read("scaler.json").view());
     // a check only
-    GradScaler(scaler_->options())
+    GradScaler(impl_->scaler_->options())
         .load_state_dict(*scaler_state, (source / "scaler.json").string());
   }
   auto rank_name = rank_file(static_cast<std::size_t>(same_world ? process_index() : 0));
   auto rank = safetensors::decode(ckpt.read(rank_name).view(), (source / rank_name).string());
   auto positions = saved_positions(rank, source / rank_name);
-  if (positions.size() != loaders_.size()) {
+  if (positions.size() != impl_->loaders_.size()) {
     CheckpointReader::fail(source / rank_name, "holds " + std::to_string(positions.size()) +
                                                    " data loader positions but " +
-                                                   std::to_string(loaders_.size()) +
+                                                   std::to_string(impl_->loaders_.size()) +
                                                    " loaders are prepared here");
   }
-  for (std::size_t i = 0; i < models_.size(); ++i) {
-    apply_model_state(*models_[i], models[i].tensors, source / indexed("model", i, ".safetensors"),
-                      false);
+  for (std::size_t i = 0; i < impl_->models_.size(); ++i) {
+    apply_model_state(*impl_->models_[i], models[i].tensors,
+                      source / indexed("model", i, ".safetensors"), false);
   }
   // Optimizers first: loading is the only check libtorch offers, so on a failure every optimizer
   // gets its previous state back and nothing else has changed yet.
   std::vector<OptimizerSnapshot> before;
-  for (auto& slot : optimizers_) before.emplace_back(*slot->optimizer);
-  for (std::size_t i = 0; i < optimizers_.size(); ++i) {
+  for (auto& slot : impl_->optimizers_) before.emplace_back(*slot->optimizer);
+  for (std::size_t i = 0; i < impl_->optimizers_.size(); ++i) {
     try {
-      load_archive(*optimizers_[i]->optimizer, optimizers[i].view(), device());
+      load_archive(*impl_->optimizers_[i]->optimizer, optimizers[i].view(), device());
     } catch (const c10::Error& e) {
-      for (std::size_t j = 0; j <= i; ++j) before[j].restore(*optimizers_[j]->optimizer);
+      for (std::size_t j = 0; j <= i; ++j) before[j].restore(*impl_->optimizers_[j]->optimizer);
       CheckpointReader::fail(source / indexed("optimizer", i, ".bin"),
                              std::string("cannot be loaded into prepared optimizer ") +
                                  std::to_string(i) + ": " + e.what_without_backtrace());
     }
   }
-  for (std::size_t i = 0; i < optimizers_.size(); ++i) {
+  for (std::size_t i = 0; i < impl_->optimizers_.size(); ++i) {
     const auto& steps = m["optimizer_steps"];
-    optimizers_[i]->steps =
+    impl_->optimizers_[i]->steps =
         i < steps.size() && steps[i].is_number_integer() ? steps[i].get<int64_t>() : 0;
+    // The loaded state carries its own step count: the new baseline.
+    if (impl_->optimizers_[i]->own_steps >= 0)
+      impl_->optimizers_[i]->own_steps = detail::own_step_count(*impl_->optimizers_[i]->optimizer);
   }
   // Schedulers replay their steps (libtorch's have no state to save), which moves the learning
   // rates; the saved rates are then set exactly (libtorch's optimizer load does not).
-  for (std::size_t i = 0; i < schedulers_.size(); ++i) {
-    while (schedulers_[i]->steps < scheduler_steps[i]) {
-      schedulers_[i]->scheduler->step();
-      ++schedulers_[i]->steps;
+  for (std::size_t i = 0; i < impl_->schedulers_.size(); ++i) {
+    while (impl_->schedulers_[i]->steps < scheduler_steps[i]) {
+      impl_->schedulers_[i]->scheduler->step();
+      ++impl_->schedulers_[i]->steps;
     }
   }
   const auto& lrs = m.contains("optimizer_lrs") && m["optimizer_lrs"].is_array()
                         ? m["optimizer_lrs"]
                         : json::array();
-  for (std::size_t i = 0; i < optimizers_.size() && i < lrs.size(); ++i) {
-    auto& groups = optimizers_[i]->optimizer->param_groups();
+  for (std::size_t i = 0; i < impl_->optimizers_.size() && i < lrs.size(); ++i) {
+    auto& groups = impl_->optimizers_[i]->optimizer->param_groups();
     for (std::size_t g = 0; g < groups.size() && g < lrs[i].size(); ++g) {
       if (lrs[i][g].is_number()) groups[g].options().set_lr(lrs[i][g].get<double>());
     }
   }
-  for (std::size_t i = 0; i < models_.size(); ++i) {
-    apply_model_state(*models_[i], models[i].tensors, source / indexed("model", i, ".safetensors"),
-                      true);
+  for (std::size_t i = 0; i < impl_->models_.size(); ++i) {
+    apply_model_state(*impl_->models_[i], models[i].tensors,
+                      source / indexed("model", i, ".safetensors"), true);
   }
-  if (scaler_state) scaler_->load_state_dict(*scaler_state, (source / "scaler.json").string());
-  for (std::size_t i = 0; i < custom_.size(); ++i) custom_[i].load(custom[i]);
+  if (scaler_state)
+    impl_->scaler_->load_state_dict(*scaler_state, (source / "scaler.json").string());
+  for (std::size_t i = 0; i < impl_->custom_.size(); ++i) impl_->custom_[i].load(custom[i]);
 
   // Per-rank state: exact only with the same world size.
   if (same_world) {
@@ -800,7 +858,8 @@ fs::path Accelerator::load_from(const fs::path& source, bool verify_checksums) {
         }
       }
     }
-    for (std::size_t i = 0; i < loaders_.size(); ++i) loaders_[i].load_state(positions[i]);
+    for (std::size_t i = 0; i < impl_->loaders_.size(); ++i)
+      impl_->loaders_[i].load_state(positions[i]);
   } else {
     // Map the position to the same number of samples under the new global batch.
     if (is_main_process()) {
@@ -811,11 +870,11 @@ fs::path Accelerator::load_from(const fs::path& source, bool verify_checksums) {
                    "states are not (each was saved for one of the old ranks)");
     }
     const auto& saved = m["loaders"];
-    for (std::size_t i = 0; i < loaders_.size(); ++i) {
+    for (std::size_t i = 0; i < impl_->loaders_.size(); ++i) {
       auto old_total = saved[i].value("total_batch_size", static_cast<uint64_t>(1));
       auto samples = positions[i].batches * old_total;
-      auto now = static_cast<uint64_t>(loaders_[i].total_batch_size());
-      loaders_[i].load_state({positions[i].epoch, samples / now});
+      auto now = static_cast<uint64_t>(impl_->loaders_[i].total_batch_size());
+      impl_->loaders_[i].load_state({positions[i].epoch, samples / now});
       if (is_main_process() && positions[i].batches > 0) {
         std::string text = "loader " + std::to_string(i) + " resumes epoch " +
                            std::to_string(positions[i].epoch) + " at sample " +
@@ -830,12 +889,19 @@ fs::path Accelerator::load_from(const fs::path& source, bool verify_checksums) {
     }
   }
   gradient_state_->set_step(m.value("accumulation_step", static_cast<int64_t>(0)));
-  project_.iteration = m["iteration"].get<int64_t>() + 1;
-  last_auto_save_ = completed_steps();
-  if (m.value("mixed_precision", std::string("no")) != mixed_precision_ && is_main_process()) {
+  impl_->tracking_->resume = saved_tracker_position(m, source);
+  if (impl_->tracking_->trackers && impl_->tracking_->trackers->is_open()) {
+    // Loaded mid-run: the files go back to this checkpoint too.
+    impl_->tracking_->trackers->close();
+    open_trackers();
+  }
+  impl_->project_.iteration = m["iteration"].get<int64_t>() + 1;
+  impl_->last_auto_save_ = completed_steps();
+  if (m.value("mixed_precision", std::string("no")) != impl_->mixed_precision_ &&
+      is_main_process()) {
     log::warning("checkpoint " + source.string() + " was saved with mixed_precision=" +
                  m.value("mixed_precision", std::string("no")) + ", this run uses " +
-                 mixed_precision_);
+                 impl_->mixed_precision_);
   }
   return source;
 }
@@ -860,11 +926,11 @@ Accelerator::HookHandle add_hook(std::shared_ptr<std::map<int64_t, Accelerator::
 }  // namespace
 
 Accelerator::HookHandle Accelerator::register_save_state_pre_hook(StateHook hook) {
-  return add_hook(save_hooks_, next_hook_id_++, std::move(hook));
+  return add_hook(impl_->save_hooks_, impl_->next_hook_id_++, std::move(hook));
 }
 
 Accelerator::HookHandle Accelerator::register_load_state_pre_hook(StateHook hook) {
-  return add_hook(load_hooks_, next_hook_id_++, std::move(hook));
+  return add_hook(impl_->load_hooks_, impl_->next_hook_id_++, std::move(hook));
 }
 
 // --- automatic resume and periodic saves
@@ -875,27 +941,28 @@ namespace {
 // How this job's prepared objects differ from the run that saved `manifest` (empty: the same
 // run, or a checkpoint too old to say).
 std::vector<std::string> run_differences(
-    const json& manifest, const std::vector<torch::nn::Module*>& models_,
-    const std::vector<std::shared_ptr<detail::OptimizerSlot>>& optimizers_,
-    const std::vector<DataLoader>& loaders_) {
+    const json& manifest, const std::vector<torch::nn::Module*>& here_models,
+    const std::vector<std::shared_ptr<detail::OptimizerSlot>>& here_optimizers,
+    const std::vector<DataLoader>& here_loaders) {
   std::vector<std::string> out;
   if (!manifest.contains("run") || !manifest["run"].is_object()) return out;  // older format
   const json& run = manifest["run"];
   const json& sizes = run.value("dataset_sizes", json::array());
-  for (std::size_t i = 0; i < loaders_.size() && i < sizes.size(); ++i) {
-    auto here = loaders_[i].dataset_size();
+  for (std::size_t i = 0; i < here_loaders.size() && i < sizes.size(); ++i) {
+    auto here = here_loaders[i].dataset_size();
     if (here && sizes[i].is_number_unsigned() && sizes[i].get<std::size_t>() != *here) {
       out.push_back("data loader " + std::to_string(i) + "'s dataset has " + std::to_string(*here) +
                     " samples here, " + sizes[i].dump() + " in the checkpoint");
     }
   }
   const json& models = run.value("models", json::array());
-  for (std::size_t i = 0; i < models_.size() && i < models.size(); ++i) {
-    if (models[i].is_object()) model_differences(i, model_identity(*models_[i]), models[i], out);
+  for (std::size_t i = 0; i < here_models.size() && i < models.size(); ++i) {
+    if (models[i].is_object())
+      model_differences(i, model_identity(*here_models[i]), models[i], out);
   }
   const json& optimizers = run.value("optimizers", json::array());
-  for (std::size_t i = 0; i < optimizers_.size() && i < optimizers.size(); ++i) {
-    std::string here = c10::demangle(typeid(*optimizers_[i]->optimizer).name());
+  for (std::size_t i = 0; i < here_optimizers.size() && i < optimizers.size(); ++i) {
+    std::string here = c10::demangle(typeid(*here_optimizers[i]->optimizer).name());
     if (optimizers[i].is_string() && optimizers[i].get<std::string>() != here) {
       out.push_back("optimizer " + std::to_string(i) + " is " + here + " here, " +
                     optimizers[i].get<std::string>() + " in the checkpoint");
@@ -906,14 +973,34 @@ std::vector<std::string> run_differences(
 
 }  // namespace
 
-void Accelerator::after_prepare() {
-  if (resume_checked_ || loaders_.empty()) return;
-  resume_checked_ = true;
-  if (!project_.automatic_resume || !*project_.automatic_checkpoint_naming) return;
+bool Accelerator::automatic_resume_on() const {
+  return impl_->project_.automatic_resume && *impl_->project_.automatic_checkpoint_naming;
+}
+
+void Accelerator::check_not_started(const char* what) const {
+  if (!impl_->training_started_ || !automatic_resume_on()) return;
+  throw UsageError(
+      std::string("accel: ") + what +
+      " after training started (the first pass over a prepared loader, its epoch() or state(), "
+      "backward() or save_state()): automatic resume happens there and restores only the "
+      "objects prepared and registered by then, so after a restart this one would start fresh "
+      "or the checkpoint would not match. prepare() and register_for_checkpointing() every "
+      "object before the training loop");
+}
+
+void Accelerator::maybe_resume() {
+  if (impl_->resume_checked_) return;
+  impl_->resume_checked_ = true;
+  impl_->training_started_ = true;
+  if (automatic_resume_on()) resume_from_newest();
+  open_trackers();
+}
+
+void Accelerator::resume_from_newest() {
   // Newest first, as rank 0 sees them: every rank tries the same ones in the same order.
   std::string listed;
-  if (is_main_process() && project_.project_dir && !project_.project_dir->empty()) {
-    auto all = complete_checkpoints(fs::path(*project_.project_dir) / "checkpoints");
+  if (is_main_process() && impl_->project_.project_dir && !impl_->project_.project_dir->empty()) {
+    auto all = complete_checkpoints(fs::path(*impl_->project_.project_dir) / "checkpoints");
     for (auto it = all.rbegin(); it != all.rend(); ++it) listed += it->string() + "\n";
   }
   if (use_distributed()) listed = broadcast_object(listed);
@@ -942,12 +1029,12 @@ void Accelerator::after_prepare() {
     if (bad == problems.end()) {
       // Why refuse: a folder left by an unrelated run (another dataset, another model) would be
       // resumed silently, at an epoch that may train nothing, or fail deep inside a load.
-      auto differences =
-          run_differences(CheckpointReader(candidate).manifest(), models_, optimizers_, loaders_);
+      auto differences = run_differences(CheckpointReader(candidate).manifest(), impl_->models_,
+                                         impl_->optimizers_, impl_->loaders_);
       if (!differences.empty()) {
         std::string listed_differences;
         for (const auto& d : differences) listed_differences += "\n  " + d;
-        if (!project_.resume_other_run.value_or(env::worker_env().resume_force)) {
+        if (!impl_->project_.resume_other_run.value_or(env::worker_env().resume_force)) {
           throw CheckpointError(
               "accel: automatic resume: " + candidate +
               " was saved by another run:" + listed_differences +
@@ -959,11 +1046,15 @@ void Accelerator::after_prepare() {
               "although another run saved it:" + listed_differences);
       }
       load_from(candidate, /*verify_checksums=*/false);  // every rank has just verified them
-      auto position = loaders_.front().state();
-      print("accel: resumed from", candidate, "at step", completed_steps(), "(epoch",
-            position.epoch, "batch", std::to_string(position.batches) + ")");
-      resumed_from_ = candidate;
-      resumed_at_step_ = completed_steps();
+      if (impl_->loaders_.empty()) {
+        print("accel: resumed from", candidate, "at step", completed_steps());
+      } else {
+        auto position = impl_->loaders_.front().state();
+        print("accel: resumed from", candidate, "at step", completed_steps(), "(epoch",
+              position.epoch, "batch", std::to_string(position.batches) + ")");
+      }
+      impl_->resumed_from_ = candidate;
+      impl_->resumed_at_step_ = completed_steps();
       return;
     }
     if (first_problem.empty()) first_problem = *bad;
@@ -973,15 +1064,15 @@ void Accelerator::after_prepare() {
   if (!candidates.empty()) {
     throw CheckpointError("accel: automatic resume: none of the " +
                           std::to_string(candidates.size()) + " checkpoints under " +
-                          (fs::path(*project_.project_dir) / "checkpoints").string() +
+                          (fs::path(*impl_->project_.project_dir) / "checkpoints").string() +
                           " is intact (the newest: " + first_problem +
                           "); move them away to start from scratch, or repair them");
   }
 }
 
 void Accelerator::on_step_boundary() {
-  if (stop_on_signal_ && completed_steps() != last_signal_check_) {
-    last_signal_check_ = completed_steps();
+  if (impl_->stop_on_signal_ && completed_steps() != impl_->last_signal_check_) {
+    impl_->last_signal_check_ = completed_steps();
     // Why every rank agrees first: the signal reaches ranks at different moments; a save is a
     // collective, so all must decide at the same step.
     int signal = stop_request::pending();
@@ -992,16 +1083,16 @@ void Accelerator::on_step_boundary() {
     }
     if (signal != 0) stop_after_checkpoint(signal);
   }
-  auto interval = project_.save_interval.value_or(0);
+  auto interval = impl_->project_.save_interval.value_or(0);
   if (interval <= 0) return;
   auto done = completed_steps();
-  if (done == last_auto_save_ || done % interval != 0) return;
+  if (done == impl_->last_auto_save_ || done % interval != 0) return;
   save_state();
 }
 
 void Accelerator::stop_after_checkpoint(int signal) {
   auto done = completed_steps();
-  fs::path where = done == last_auto_save_ && done > 0 ? latest_checkpoint() : save_state();
+  fs::path where = done == impl_->last_auto_save_ && done > 0 ? latest_checkpoint() : save_state();
   print("accel: received",
         signal == SIGUSR1 ? std::string("SIGUSR1") : "signal " + std::to_string(signal),
         "(save and stop): saved", where.string(), "at step", done,

@@ -18,10 +18,58 @@
 
 namespace accel {
 
+namespace {
+
+// "input, target, attention_mask" for messages.
+std::string field_names(const Batch& b) {
+  std::string out;
+  for (const auto& [name, t] : b.items()) out += (out.empty() ? "" : ", ") + name;
+  return out.empty() ? "none" : out;
+}
+
+}  // namespace
+
+const torch::Tensor& Batch::operator[](const std::string& name) const {
+  if (name == "input" && input.defined()) return input;
+  if (name == "target" && target.defined()) return target;
+  auto it = fields.find(name);
+  if (it == fields.end() || !it->second.defined()) {
+    throw DataError("accel: the batch has no field \"" + name + "\" (it has " + field_names(*this) +
+                    ")");
+  }
+  return it->second;
+}
+
+bool Batch::contains(const std::string& name) const {
+  if (name == "input") return input.defined();
+  if (name == "target") return target.defined();
+  auto it = fields.find(name);
+  return it != fields.end() && it->second.defined();
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> Batch::items() const {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  if (input.defined()) out.emplace_back("input", input);
+  if (target.defined()) out.emplace_back("target", target);
+  for (const auto& [name, t] : fields) {
+    if (t.defined()) out.emplace_back(name, t);
+  }
+  return out;
+}
+
+int64_t Batch::size() const {
+  for (const auto& [name, t] : items()) {
+    if (t.dim() > 0) return t.size(0);
+  }
+  return 0;
+}
+
 Batch Batch::to(torch::Device device, bool non_blocking) const {
   Batch out;
   if (input.defined()) out.input = input.to(device, non_blocking);
   if (target.defined()) out.target = target.to(device, non_blocking);
+  for (const auto& [name, t] : fields)
+    out.fields[name] = t.defined() ? t.to(device, non_blocking) : t;
   return out;
 }
 
@@ -34,37 +82,92 @@ TensorDataset::TensorDataset(torch::Tensor inputs, torch::Tensor targets)
                     " rows but targets have " +
                     (targets_.dim() == 0 ? std::string("none") : std::to_string(targets_.size(0))));
   }
+  rows_ = inputs_.size(0);
 }
 
-std::size_t TensorDataset::size() const { return static_cast<std::size_t>(inputs_.size(0)); }
+TensorDataset::TensorDataset(TensorMap columns) : columns_(std::move(columns)) {
+  if (columns_.empty()) throw DataError("accel: TensorDataset needs at least one column");
+  std::string first;
+  for (const auto& [name, t] : columns_) {
+    if (!t.defined() || t.dim() == 0) {
+      throw DataError("accel: TensorDataset column \"" + name + "\" needs a dim 0");
+    }
+    if (first.empty()) {
+      first = name;
+      rows_ = t.size(0);
+    } else if (t.size(0) != rows_) {
+      throw DataError("accel: TensorDataset column \"" + name + "\" has " +
+                      std::to_string(t.size(0)) + " rows but \"" + first + "\" has " +
+                      std::to_string(rows_));
+    }
+  }
+}
+
+std::size_t TensorDataset::size() const { return static_cast<std::size_t>(rows_); }
 
 Example TensorDataset::get(std::size_t index) const {
   auto i = static_cast<int64_t>(index);
-  return {inputs_[i], targets_.defined() ? targets_[i] : torch::Tensor()};
+  Example e;
+  if (inputs_.defined()) e.input = inputs_[i];
+  if (targets_.defined()) e.target = targets_[i];
+  for (const auto& [name, t] : columns_) e.fields[name] = t[i];
+  return e;
 }
 
 std::optional<Batch> TensorDataset::get_batch(const std::vector<int64_t>& indices) const {
   auto index = torch::tensor(indices, torch::kLong);
   Batch b;
-  b.input = inputs_.index_select(0, index);
+  if (inputs_.defined()) b.input = inputs_.index_select(0, index);
   if (targets_.defined()) b.target = targets_.index_select(0, index);
+  for (const auto& [name, t] : columns_) b.fields[name] = t.index_select(0, index);
   return b;
 }
 
 Batch default_collate(std::vector<Example>&& examples) {
   if (examples.empty()) throw DataError("accel: default_collate got an empty batch");
   std::vector<torch::Tensor> inputs, targets;
+  std::map<std::string, std::vector<torch::Tensor>> fields;
   inputs.reserve(examples.size());
-  for (auto& e : examples) {
-    inputs.push_back(std::move(e.input));
+  // Example 0's shape of fields, read before its tensors move out.
+  const bool has_input = examples.front().input.defined();
+  const bool has_target = examples.front().target.defined();
+  const std::size_t field_count = examples.front().fields.size();
+  auto describe = [](bool input, bool target, std::size_t n) {
+    return std::string("input ") + (input ? "set" : "unset") + ", target " +
+           (target ? "set" : "unset") + ", " + std::to_string(n) + " named fields";
+  };
+  for (std::size_t i = 0; i < examples.size(); ++i) {
+    auto& e = examples[i];
+    if (e.input.defined() != has_input || e.target.defined() != has_target ||
+        e.fields.size() != field_count) {
+      throw DataError("accel: default_collate: example " + std::to_string(i) +
+                      " of the batch has other fields than example 0 (" +
+                      describe(e.input.defined(), e.target.defined(), e.fields.size()) +
+                      "; example 0: " + describe(has_input, has_target, field_count) + ")");
+    }
+    if (e.input.defined()) inputs.push_back(std::move(e.input));
     if (e.target.defined()) targets.push_back(std::move(e.target));
+    for (auto& [name, t] : e.fields) {
+      if (i > 0 && !fields.count(name)) {
+        throw DataError("accel: default_collate: example " + std::to_string(i) +
+                        " has the field \"" + name + "\", which example 0 does not");
+      }
+      fields[name].push_back(std::move(t));
+    }
   }
-  if (!targets.empty() && targets.size() != inputs.size()) {
-    throw DataError("accel: default_collate: some examples have a target and some do not");
+  if (inputs.empty() && fields.empty()) {
+    throw DataError("accel: default_collate: the examples have neither an input nor fields");
   }
   Batch b;
-  b.input = torch::stack(inputs);
-  if (!targets.empty()) b.target = torch::stack(targets);
+  try {
+    if (!inputs.empty()) b.input = torch::stack(inputs);
+    if (!targets.empty()) b.target = torch::stack(targets);
+    for (auto& [name, ts] : fields) b.fields[name] = torch::stack(ts);
+  } catch (const c10::Error& e) {
+    throw DataError(std::string("accel: default_collate cannot stack the batch's samples (give "
+                                "them one shape, or pass a collate that pads): ") +
+                    e.what_without_backtrace());
+  }
   return b;
 }
 
@@ -76,7 +179,7 @@ struct DataLoader::Impl {
   std::shared_ptr<GradientState> gradient_state;
   int64_t epoch = 0;
   std::shared_ptr<LoaderPosition> position = std::make_shared<LoaderPosition>();
-  std::function<void()> on_step_boundary;
+  LoaderHooks hooks;
   std::size_t skip = 0;        // batches the next pass skips (resume, skip_first_batches)
   bool in_pass = false;        // a pass is between its first and its last batch
   std::size_t handed_out = 0;  // batches of the current pass handed out, skipped ones included
@@ -91,7 +194,7 @@ struct DataLoader::Impl {
     copy->options = options;
     copy->shard = shard;
     copy->gradient_state = gradient_state;
-    copy->on_step_boundary = on_step_boundary;
+    copy->hooks = hooks;
     copy->epoch = epoch;
     copy->skip = skip;
     return copy;
@@ -169,7 +272,7 @@ class DataLoader::Pass {
 
   void advance() {
     progress::heartbeat();
-    if (impl_->on_step_boundary) impl_->on_step_boundary();
+    if (impl_->hooks.on_step_boundary) impl_->hooks.on_step_boundary();
     current_ = std::move(ahead_);
     ahead_.reset();
     if (!current_) {
@@ -177,6 +280,8 @@ class DataLoader::Pass {
       return;
     }
     ++impl_->handed_out;
+    if (impl_->hooks.on_progress)
+      impl_->hooks.on_progress({impl_->epoch, impl_->handed_out, impl_->pass_total, false});
     ahead_ = produce_next();
     impl_->position->end_of_dataloader = !ahead_;
     // Why: a stream learns how many real samples its last buffer had only when it gets there.
@@ -188,6 +293,12 @@ class DataLoader::Pass {
     if (finished_) return;
     finished_ = true;
     impl_->in_pass = false;
+    if (impl_->hooks.on_progress) {
+      try {
+        impl_->hooks.on_progress({impl_->epoch, impl_->handed_out, impl_->pass_total, true});
+      } catch (...) {  // Why: a display must not turn a pass's end (or its unwinding) into an error
+      }
+    }
     if (impl_->gradient_state) impl_->gradient_state->pop_loader(impl_->position.get());
     if (consumed_all_ && !ahead_) {
       // Every batch was handed out (a break on the last one counts): the epoch is done.
@@ -389,11 +500,11 @@ DataLoader::DataLoader(std::shared_ptr<const IterableDataset> dataset, DataLoade
 
 DataLoader DataLoader::shard(const ShardOptions& shard,
                              std::shared_ptr<GradientState> gradient_state,
-                             std::function<void()> on_step_boundary) const {
+                             LoaderHooks hooks) const {
   auto impl = impl_->fresh_copy();
   impl->shard = shard;
   impl->gradient_state = std::move(gradient_state);
-  impl->on_step_boundary = std::move(on_step_boundary);
+  impl->hooks = std::move(hooks);
   stream_slice(impl->spec());  // validates split_batches divisibility now, not at the first batch
   return DataLoader(std::move(impl));
 }
@@ -405,6 +516,7 @@ DataLoader DataLoader::skip_first_batches(std::size_t n) const {
 }
 
 LoaderState DataLoader::state() const {
+  if (impl_->hooks.on_first_use) impl_->hooks.on_first_use();
   if (!impl_->in_pass) return {impl_->epoch, impl_->skip};
   if (impl_->handed_out >= impl_->pass_total) return {impl_->epoch + 1, 0};
   return {impl_->epoch, impl_->handed_out};
@@ -424,7 +536,10 @@ std::optional<std::size_t> DataLoader::dataset_size() const {
   return impl_->map_dataset->size();
 }
 
-DataLoader::Iterator DataLoader::begin() { return Iterator(std::make_shared<Pass>(impl_)); }
+DataLoader::Iterator DataLoader::begin() {
+  if (impl_->hooks.on_first_use) impl_->hooks.on_first_use();
+  return Iterator(std::make_shared<Pass>(impl_));
+}
 
 Batch& DataLoader::Iterator::operator*() const { return pass_->current(); }
 
@@ -449,7 +564,10 @@ void DataLoader::set_epoch(int64_t epoch) {
   if (epoch != impl_->epoch) impl_->skip = 0;
   impl_->epoch = epoch;
 }
-int64_t DataLoader::epoch() const { return impl_->epoch; }
+int64_t DataLoader::epoch() const {
+  if (impl_->hooks.on_first_use) impl_->hooks.on_first_use();
+  return impl_->epoch;
+}
 bool DataLoader::end_of_dataloader() const { return impl_->position->end_of_dataloader; }
 int64_t DataLoader::remainder() const { return impl_->position->remainder; }
 std::size_t DataLoader::batch_size() const {

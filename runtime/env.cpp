@@ -176,8 +176,20 @@ WorkerEnv read_worker_env(const Lookup& outer) {
     e.collective_timeout = parse_duration(*t, what);
   }
   e.checkpoint_dir = r.text({c::kCheckpointDir});
+  e.project_dir = r.text({c::kProjectDir});
+  e.log_with = r.text({c::kLogWith});
   e.checkpoint_total_limit = r.integer({c::kCheckpointTotalLimit}, 1, 1L << 40);
   e.checkpoint_interval = r.integer({c::kCheckpointInterval}, 0, 1L << 40).value_or(0);
+  if (auto progress = r.text({c::kProgress})) {
+    std::string v = lower(*progress);
+    if (v == "on" || v == "1" || v == "true") {
+      e.progress = true;
+    } else if (v == "off" || v == "0" || v == "false") {
+      e.progress = false;
+    } else {
+      bad(c::kProgress, *progress, "on or off");
+    }
+  }
   if (auto resume = r.text({c::kResume})) {
     std::string v = lower(*resume);
     if (v != "auto" && v != "force") bad(c::kResume, *resume, "auto or force");

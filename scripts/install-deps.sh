@@ -16,6 +16,8 @@ packages=(
   libtorch-dev libgloo-dev libopenblas0-pthread libxxhash-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev python3 python3-torch python3-numpy procps psmisc openssl
+  # the independent reader of TensorBoard files in the tracking test
+  python3-protobuf
   # fuzzing (fuzz/): clang with libFuzzer and the sanitizers
   clang-14 libfuzzer-14-dev
   # formatting check (scripts/check-format.sh, run by the tests)

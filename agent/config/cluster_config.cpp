@@ -242,6 +242,35 @@ Status set_checkpoint_dir(ClusterConfig& cfg, std::string_view text) {
   return Status::ok();
 }
 
+Status set_project_dir(ClusterConfig& cfg, std::string_view text) {
+  cfg.project_dir = std::string(trim(text));
+  return Status::ok();
+}
+
+// Why checked here too: a misspelt tracker should fail at launch, not in every worker.
+Status set_log_with(ClusterConfig& cfg, std::string_view text) {
+  std::string all = lower(trim(text));
+  std::string out;
+  std::size_t start = 0;
+  while (start <= all.size()) {
+    std::size_t end = all.find(',', start);
+    if (end == std::string::npos) end = all.size();
+    std::string name(trim(std::string_view(all).substr(start, end - start)));
+    if (!name.empty() && name != "none") {
+      if (name != "tensorboard" && name != "jsonl" && name != "csv" && name != "all") {
+        return Status::error("unknown tracker " + quoted(name) +
+                             "; expected tensorboard, jsonl, csv or all (several separated by "
+                             "commas), got " +
+                             quoted(trim(text)));
+      }
+      out += (out.empty() ? "" : ",") + name;
+    }
+    start = end + 1;
+  }
+  cfg.log_with = out;
+  return Status::ok();
+}
+
 Status set_job_id(ClusterConfig& cfg, std::string_view text) {
   std::string_view t = trim(text);
   bool ok = t.empty() || (t.size() <= 64 && t.front() != '.' &&
@@ -491,6 +520,26 @@ const std::vector<KeySpec>& all_keys() {
        .metavar = "auto|force",
        .tools = kLaunch,
        .to_workers = true},
+      {.name = "project_dir",
+       .accepts = "a directory",
+       .help = "The run's folder: experiment trackers write to DIR/<run name>, and checkpoints "
+               "go to DIR/checkpoints unless checkpoint_dir is set; empty: none.",
+       .set = set_project_dir,
+       .get = get_string<&C::project_dir>,
+       .flags = "--project-dir",
+       .metavar = "DIR",
+       .tools = kLaunch,
+       .to_workers = true},
+      {.name = "log_with",
+       .accepts = "tensorboard, jsonl, csv or all, several separated by commas",
+       .help = "Experiment trackers the program's init_trackers()/log() write to (main process "
+               "only), under project_dir (or checkpoint_dir); empty: none.",
+       .set = set_log_with,
+       .get = get_string<&C::log_with>,
+       .flags = "--log-with",
+       .metavar = "TRACKERS",
+       .tools = kLaunch,
+       .to_workers = true},
       {.name = "num_cpu_threads_per_process",
        .accepts = "an integer from 0 to 4096",
        .help = "OMP_NUM_THREADS of each worker; 0: 1 when a node runs several workers.",
@@ -721,11 +770,12 @@ Status validate(const ClusterConfig& cfg) {
                          " is not below the number of nodes (" + std::to_string(cfg.nodes.max) +
                          "); machine ranks run from 0 to nodes - 1");
   }
-  if (cfg.checkpoint_interval > 0 && cfg.checkpoint_dir.empty()) {
+  if (cfg.checkpoint_interval > 0 && cfg.checkpoint_dir.empty() && cfg.project_dir.empty()) {
     return Status::error(where_key(cfg, "checkpoint_interval") + ": " +
                          std::to_string(cfg.checkpoint_interval) +
-                         " needs checkpoint_dir (where to save)");
+                         " needs checkpoint_dir or project_dir (where to save)");
   }
+
   return Status::ok();
 }
 

@@ -57,6 +57,10 @@ struct ClusterConfig {
   std::string checkpoint_dir;   // empty: no checkpoints (ACCEL_CHECKPOINT_DIR, made absolute)
   int checkpoint_interval = 0;  // optimizer steps per checkpoint; 0 = only save_state()
   bool resume_force = false;    // resume: force (even from another run's checkpoint) / auto
+  // The run's folder: trackers' files, and checkpoints when checkpoint_dir is empty
+  // (ACCEL_PROJECT_DIR, made absolute).
+  std::string project_dir;
+  std::string log_with;  // trackers: tensorboard,jsonl,csv or all; empty: none (ACCEL_LOG_WITH)
   int num_cpu_threads_per_process = 0;  // OMP_NUM_THREADS; 0 = 1 when >1 process, else inherit
   std::string job_id;                   // empty: generated at launch
   bool quiet = false;

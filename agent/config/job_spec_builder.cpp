@@ -60,6 +60,9 @@ Result<JobSpec> make_job_spec(const ClusterConfig& cfg, std::vector<std::string>
   auto checkpoint_dir = absolute(cfg, "checkpoint_dir", cfg.checkpoint_dir);
   if (!checkpoint_dir) return checkpoint_dir.status();
   absolute_cfg.checkpoint_dir = *checkpoint_dir;
+  auto project_dir = absolute(cfg, "project_dir", cfg.project_dir);
+  if (!project_dir) return project_dir.status();
+  absolute_cfg.project_dir = *project_dir;
   spec.worker_settings = worker_settings(absolute_cfg);
   for (const auto& [k, v] : extra_env) spec.extra_env[k] = v;
   spec.omp_num_threads = cfg.num_cpu_threads_per_process;

@@ -146,6 +146,35 @@ TEST(Checkpoint, AnotherRunsCheckpointIsRefusedWithTheDifferenceNamed) {
       << again.out << again.err;
 }
 
+// The loader prepared before the model and optimizer, an object registered after prepare():
+// rank 1 is killed after step 6 (a checkpoint every 4 steps), the group restarts and resumes at
+// step 4, and the end is bitwise the run that was never killed, the registered counter included.
+// The main process alone saves the model at the end.
+TEST(Checkpoint, PrepareOrderAndLateRegistrationDoNotChangeWhatResumes) {
+  auto launch = [](const TempDir& dir, const std::string& kill_rank) {
+    return run_launcher(
+        dir,
+        {"-n", "2", "--max-restarts", "1", "--checkpoint-dir", dir / "ck", "--checkpoint-interval",
+         "4", "--", RUNTIME_WORKER_BIN, "late_order", "10", kill_rank, "6", dir / "model"},
+        60s, {{"OMP_NUM_THREADS", "1"}});
+  };
+  TempDir plain, killed;
+  auto uninterrupted = launch(plain, "-1");
+  ASSERT_EQ(uninterrupted.exit_code, 0) << uninterrupted.out << uninterrupted.err;
+  auto resumed = launch(killed, "1");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.out << resumed.err;
+  EXPECT_NE(resumed.out.find("accel: resumed from"), std::string::npos) << resumed.out;
+  EXPECT_NE(resumed.out.find("checkpoint_0 at step 4"), std::string::npos) << resumed.out;
+  std::smatch want, got;
+  const std::regex final_line("FINAL ([0-9a-f]+) counter ([0-9]+)");
+  ASSERT_TRUE(std::regex_search(uninterrupted.out, want, final_line)) << uninterrupted.out;
+  ASSERT_TRUE(std::regex_search(resumed.out, got, final_line)) << resumed.out;
+  EXPECT_EQ(want[2].str(), "10");
+  EXPECT_EQ(got[2].str(), "10") << "the object registered after prepare() was not restored";
+  EXPECT_EQ(got[1].str(), want[1].str()) << "the resumed weights differ from the uninterrupted run";
+  EXPECT_TRUE(fs::exists(killed.path() / "model" / "model.safetensors"));
+}
+
 // train_classifier saves with HF's `if (is_main_process()) save_model(...)` on 2 processes (no
 // hang: save_model is not a collective); --load-model with --epochs 0 evaluates the loaded
 // weights to the trained run's last accuracy, on another number of processes too.

@@ -550,6 +550,8 @@ struct Snapshot {
 
 Snapshot snapshot(Rig& rig) {
   Snapshot s;
+  // First: asking a prepared loader its state is where an automatic resume happens.
+  s.loader = rig.loader().state();
   s.params = copies(rig.model->parameters());
   s.buffers = copies(rig.model->buffers());
   for (const auto& p : rig.adamw->param_groups()[0].params()) {
@@ -563,7 +565,6 @@ Snapshot snapshot(Rig& rig) {
   s.ema = copies(rig.ema->parameters());
   s.lr = lr_of(*rig.adamw);
   s.completed_steps = rig.acc.completed_steps();
-  s.loader = rig.loader().state();
   s.counter = rig.counter->calls;
   return s;
 }
@@ -784,6 +785,7 @@ TEST(CheckpointNaming, AutomaticResumeSkipsADamagedNewestCheckpoint) {
   std::optional<Rig> resumed;
   resumed.emplace(
       project_rig(tmp.path(), std::nullopt, /*automatic_resume=*/true, /*init_seed=*/7));
+  (void)resumed->loader().epoch();  // training starts: the automatic resume happens here
   auto said = ::testing::internal::GetCapturedStdout() + ::testing::internal::GetCapturedStderr();
   expect_same(at_1, snapshot(*resumed));
   EXPECT_NE(
@@ -803,9 +805,13 @@ TEST(CheckpointNaming, AutomaticResumeSkipsADamagedNewestCheckpoint) {
   for (const char* name : {"checkpoint_0", "checkpoint_1", "checkpoint_2"})
     flip(root / name / "model.safetensors");
   ::testing::internal::CaptureStdout();
-  expect_checkpoint_error([&] { Rig none(project_rig(tmp.path(), std::nullopt, true, 8)); },
-                          {"none of the 3 checkpoints under " + root.string() + " is intact",
-                           (root / "checkpoint_2" / "model.safetensors").string() + " is corrupt"});
+  expect_checkpoint_error(
+      [&] {
+        Rig none(project_rig(tmp.path(), std::nullopt, true, 8));
+        (void)none.loader().epoch();  // training starts: the automatic resume
+      },
+      {"none of the 3 checkpoints under " + root.string() + " is intact",
+       (root / "checkpoint_2" / "model.safetensors").string() + " is corrupt"});
   ::testing::internal::GetCapturedStdout();
 }
 

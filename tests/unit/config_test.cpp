@@ -165,8 +165,9 @@ TEST(ConfigYaml, CrossKeyValidation) {
 TEST(ConfigYaml, CheckpointIntervalNeedsCheckpointDir) {
   ClusterConfig cfg;
   ASSERT_TRUE(load_yaml_text(cfg, "checkpoint_interval: 50\n", "c.yaml").is_ok());
-  EXPECT_EQ(validate(cfg).message(),
-            "c.yaml:1:22: checkpoint_interval: 50 needs checkpoint_dir (where to save)");
+  EXPECT_EQ(
+      validate(cfg).message(),
+      "c.yaml:1:22: checkpoint_interval: 50 needs checkpoint_dir or project_dir (where to save)");
   ASSERT_TRUE(load_yaml_text(cfg, "checkpoint_dir: ck\n", "c.yaml").is_ok());
   EXPECT_TRUE(validate(cfg).is_ok());
   // A directory alone is fine: libaccel then saves only when the program calls save_state().
@@ -260,7 +261,7 @@ TEST_F(ConfigSourcesTest, CheckpointErrorsNameTheirSource) {
   src.env = {{"ACCEL_CHECKPOINT_INTERVAL", "3"}};
   EXPECT_EQ(resolve_error(src),
             "environment variable ACCEL_CHECKPOINT_INTERVAL: checkpoint_interval: 3 needs "
-            "checkpoint_dir (where to save)");
+            "checkpoint_dir or project_dir (where to save)");
   src.env = {{"ACCEL_CHECKPOINT_INTERVAL", "-1"}};
   EXPECT_EQ(resolve_error(src),
             "environment variable ACCEL_CHECKPOINT_INTERVAL: checkpoint_interval: expected an "
@@ -274,7 +275,8 @@ TEST_F(ConfigSourcesTest, CheckpointErrorsNameTheirSource) {
   src.flags = {{"checkpoint_dir", "", "--checkpoint-dir"}};
   EXPECT_EQ(
       resolve_error(src),
-      *src.config_file + ":2:22: checkpoint_interval: 7 needs checkpoint_dir (where to save)");
+      *src.config_file +
+          ":2:22: checkpoint_interval: 7 needs checkpoint_dir or project_dir (where to save)");
 }
 
 TEST_F(ConfigSourcesTest, AFlagEqualToTheDefaultStillWins) {

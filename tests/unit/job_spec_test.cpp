@@ -165,13 +165,25 @@ TEST(KeyTable, WorkerSettingsComeFromTheKeysMarkedForWorkers) {
   ASSERT_TRUE(set_value(cfg, "mixed_precision", "bf16", {}));
   ASSERT_TRUE(set_value(cfg, "collective_timeout", "90s", {}));
   ASSERT_TRUE(set_value(cfg, "log_level", "warn", {}));
-  std::map<std::string, std::string> expected = {
-      {"ACCEL_MIXED_PRECISION", "bf16"}, {"ACCEL_GRADIENT_ACCUMULATION_STEPS", "1"},
-      {"ACCEL_USE_CPU", "false"},        {"ACCEL_DEBUG", "false"},
-      {"ACCEL_LOG_LEVEL", "warning"},    {"ACCEL_COLLECTIVE_TIMEOUT", "90s"},
-      {"ACCEL_CHECKPOINT_DIR", ""},      {"ACCEL_CHECKPOINT_INTERVAL", "0"},
-      {"ACCEL_RESUME", "auto"}};
+  std::map<std::string, std::string> expected = {{"ACCEL_MIXED_PRECISION", "bf16"},
+                                                 {"ACCEL_GRADIENT_ACCUMULATION_STEPS", "1"},
+                                                 {"ACCEL_USE_CPU", "false"},
+                                                 {"ACCEL_DEBUG", "false"},
+                                                 {"ACCEL_LOG_LEVEL", "warning"},
+                                                 {"ACCEL_COLLECTIVE_TIMEOUT", "90s"},
+                                                 {"ACCEL_CHECKPOINT_DIR", ""},
+                                                 {"ACCEL_CHECKPOINT_INTERVAL", "0"},
+                                                 {"ACCEL_RESUME", "auto"},
+                                                 {"ACCEL_PROJECT_DIR", ""},
+                                                 {"ACCEL_LOG_WITH", ""}};
   EXPECT_EQ(worker_settings(cfg), expected);
+  ASSERT_TRUE(set_value(cfg, "log_with", " JSONL, tensorboard ", {}));
+  EXPECT_EQ(worker_settings(cfg)["ACCEL_LOG_WITH"], "jsonl,tensorboard");
+  auto bad = set_value(cfg, "log_with", "jsonl,wandb", {});
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.message().find("unknown tracker 'wandb'; expected tensorboard, jsonl, csv or all"),
+            std::string::npos)
+      << bad.message();
 }
 
 TEST(KeyTable, EnvCannotSetWhatAKeySets) {

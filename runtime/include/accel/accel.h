@@ -5,6 +5,7 @@
 #include "accel/data.h"
 #include "accel/error.h"
 #include "accel/gradient_state.h"
+#include "accel/logging.h"
 #include "accel/mixed_precision.h"
 #include "accel/model_io.h"
 #include "accel/seed.h"

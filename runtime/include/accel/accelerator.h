@@ -25,6 +25,7 @@
 #include <tuple>
 #include <type_traits>
 #include <unordered_map>
+#include <variant>
 #include <vector>
 
 #include "accel/data.h"
@@ -55,13 +56,20 @@ struct ProjectConfiguration {
   // Save automatically every N optimizer steps (at the next batch, once the step is done).
   // Unset: ACCEL_CHECKPOINT_INTERVAL, else 0 (only explicit save_state()).
   std::optional<int64_t> save_interval{};
-  // With automatic naming, the first prepare() that includes a DataLoader loads the newest
-  // complete checkpoint, so a restarted job continues where it was.
+  // With automatic naming, the newest complete checkpoint is loaded when training starts, so a
+  // restarted job continues where it was: the first time a prepared loader is iterated or asked
+  // its epoch() or state(), or at the first backward() or save_state(), whichever comes first
+  // (every rank gets there). Objects are matched by prepare order; prepare() or
+  // register_for_checkpointing() after that point throws UsageError on the first run already,
+  // since a restarted run could not restore them.
   bool automatic_resume = true;
   // Automatic resume refuses a checkpoint saved by another run (other dataset sizes, model
   // parameters or optimizers) and names the difference; true resumes from it anyway.
   // Unset: ACCEL_RESUME=force (accel-launch --resume force), else false.
   std::optional<bool> resume_other_run{};
+  // Where experiment trackers write: each run in logging_dir/<init_trackers' project_name>.
+  // Unset: ACCEL_PROJECT_DIR (accel-launch --project-dir), else project_dir.
+  std::optional<std::string> logging_dir{};
 };
 
 // What save_model writes (HF's save_pretrained with safe_serialization).
@@ -89,46 +97,46 @@ struct AcceleratorOptions {
   // defaults; in other modes a scaler is used only when this is set with enabled = true.
   std::optional<GradScalerOptions> grad_scaler{};
   ProjectConfiguration project{};
+  // Experiment trackers (docs/tracking.md): "tensorboard", "jsonl", "csv" or "all"; several as
+  // items or separated by commas. Unset: ACCEL_LOG_WITH (accel-launch --log-with), else none.
+  std::optional<std::vector<std::string>> log_with{};
+  // A progress display of each prepared loader's passes on the main process (a bar on a
+  // terminal, a line every 30 s otherwise) with the values last given to log(). Unset:
+  // ACCEL_PROGRESS (on or off), else on.
+  std::optional<bool> progress_bar{};
+  // With mixed precision, each batch a prepared loader hands out is processed under autocast
+  // until backward() (the forward pass and the loss), as HF autocasts a prepared model's forward;
+  // backward, the optimizer step and code after the loop run without it. false: only inside
+  // acc.autocast() scopes.
+  bool autocast_forward = true;
 };
 
 namespace detail {
-// A prepared optimizer's shared state: copies of its PreparedOptimizer and the Accelerator see it.
-struct OptimizerSlot {
-  std::shared_ptr<torch::optim::Optimizer> optimizer;
-  bool skipped = false;   // the last step() did nothing
-  bool overflow = false;  // ...because the loss scaler found inf/NaN gradients
-  int64_t steps = 0;      // step() calls on synchronizing steps (stepped or overflowed)
-};
-struct SchedulerSlot {
-  std::shared_ptr<torch::optim::LRScheduler> scheduler;
-  int64_t steps = 0;  // scheduler->step() calls made through the PreparedScheduler
-};
-// An object saved with the checkpoint (register_for_checkpointing), as bytes.
-struct CustomState {
-  std::function<std::string()> save;
-  std::function<void(const std::string&)> load;
-};
+// A prepared optimizer's and scheduler's shared state (runtime/accelerator_impl.h).
+struct OptimizerSlot;
+struct SchedulerSlot;
 }  // namespace detail
 
 // An optimizer whose step()/zero_grad() act only on gradient-synchronizing steps, through the
 // loss scaler when there is one (a step with inf/NaN gradients is skipped and the scale backs off).
 class PreparedOptimizer {
  public:
-  PreparedOptimizer(std::shared_ptr<detail::OptimizerSlot> slot,
-                    std::shared_ptr<GradientState> state, std::shared_ptr<GradScaler> scaler)
-      : slot_(std::move(slot)), state_(std::move(state)), scaler_(std::move(scaler)) {}
   void step();
   void zero_grad();
-  torch::optim::Optimizer& inner() const { return *slot_->optimizer; }
-  torch::optim::Optimizer* operator->() const { return slot_->optimizer.get(); }
-  const std::shared_ptr<torch::optim::Optimizer>& shared() const { return slot_->optimizer; }
+  torch::optim::Optimizer& inner() const;
+  torch::optim::Optimizer* operator->() const { return &inner(); }
+  const std::shared_ptr<torch::optim::Optimizer>& shared() const;
   // True when the last step() did nothing: an accumulation micro-step, or inf/NaN gradients.
-  bool step_was_skipped() const { return slot_->skipped; }
+  bool step_was_skipped() const;
 
  private:
+  friend class Accelerator;
+  PreparedOptimizer(std::shared_ptr<detail::OptimizerSlot> slot,
+                    std::shared_ptr<GradientState> state, std::shared_ptr<GradScaler> scaler)
+      : slot_(std::move(slot)), state_(std::move(state)), loss_scaler_(std::move(scaler)) {}
   std::shared_ptr<detail::OptimizerSlot> slot_;
   std::shared_ptr<GradientState> state_;
-  std::shared_ptr<GradScaler> scaler_;
+  std::shared_ptr<GradScaler> loss_scaler_;
 };
 
 // A learning-rate scheduler stepped as HF Accelerate steps it: only on synchronizing steps, and
@@ -136,6 +144,11 @@ class PreparedOptimizer {
 // It does not step when the optimizer step was skipped for inf/NaN gradients.
 class PreparedScheduler {
  public:
+  void step();
+  torch::optim::LRScheduler& inner() const;
+
+ private:
+  friend class Accelerator;
   PreparedScheduler(std::shared_ptr<detail::SchedulerSlot> slot,
                     std::shared_ptr<GradientState> state, int steps_per_call,
                     bool step_with_optimizer)
@@ -143,10 +156,6 @@ class PreparedScheduler {
         state_(std::move(state)),
         steps_per_call_(steps_per_call),
         step_with_optimizer_(step_with_optimizer) {}
-  void step();
-  torch::optim::LRScheduler& inner() const { return *slot_->scheduler; }
-
- private:
   std::shared_ptr<detail::SchedulerSlot> slot_;
   std::shared_ptr<GradientState> state_;
   int steps_per_call_;
@@ -206,6 +215,42 @@ concept ModuleHolderType = requires {
 &&std::is_base_of_v<torch::nn::ModuleHolder<typename T::ContainedType>, T>;
 template <class T>
 inline constexpr bool kAlwaysFalse = false;
+
+// The nested forms the collectives take (HF's recursively_apply): a tensor, a Batch, or a
+// std::map<std::string, T> / std::vector<T> of them, to any depth.
+template <class T>
+struct IsNested : std::bool_constant<std::is_same_v<T, torch::Tensor> || std::is_same_v<T, Batch>> {
+};
+template <class T>
+struct IsNested<std::map<std::string, T>> : IsNested<T> {};
+template <class T>
+struct IsNested<std::vector<T>> : IsNested<T> {};
+template <class T>
+concept NestedTensors = IsNested<T>::value && !std::is_same_v<T, torch::Tensor>;
+
+// `value` with f applied to each tensor, in a fixed order every rank shares (map keys sorted,
+// vectors by index, a Batch's input, target, then fields by name): collectives line up.
+template <class T, class F>
+T apply_nested(const T& value, F&& f) {
+  if constexpr (std::is_same_v<T, torch::Tensor>) {
+    return value.defined() ? f(value) : value;
+  } else if constexpr (std::is_same_v<T, Batch>) {
+    Batch out;
+    out.input = apply_nested(value.input, f);
+    out.target = apply_nested(value.target, f);
+    for (const auto& [name, t] : value.fields) out.fields[name] = apply_nested(t, f);
+    return out;
+  } else if constexpr (requires { typename T::key_type; }) {
+    T out;
+    for (const auto& [key, v] : value) out.emplace(key, apply_nested(v, f));
+    return out;
+  } else {
+    T out;
+    out.reserve(value.size());
+    for (const auto& v : value) out.push_back(apply_nested(v, f));
+    return out;
+  }
+}
 }  // namespace detail
 
 class Accelerator {
@@ -225,7 +270,7 @@ class Accelerator {
   bool is_last_process() const { return state_->is_last_process(); }
   bool use_distributed() const { return state_->use_distributed(); }
   DistributedType distributed_type() const { return state_->distributed_type(); }
-  const std::string& mixed_precision() const { return mixed_precision_; }
+  const std::string& mixed_precision() const;
   const AcceleratorOptions& options() const { return options_; }
   State& state() { return *state_; }
   GradientState& gradient_state() { return *gradient_state_; }
@@ -238,17 +283,14 @@ class Accelerator {
   template <class... Ts>
   auto prepare(Ts&&... objects) {
     static_assert(sizeof...(Ts) > 0, "accel::Accelerator::prepare needs at least one object");
-    auto out = [&] {
-      if constexpr (sizeof...(Ts) == 1)
-        return prepare_one(std::forward<Ts>(objects)...);
-      else
-        return std::tuple{prepare_one(std::forward<Ts>(objects))...};
-    }();
-    after_prepare();
-    return out;
+    if constexpr (sizeof...(Ts) == 1)
+      return prepare_one(std::forward<Ts>(objects)...);
+    else
+      return std::tuple{prepare_one(std::forward<Ts>(objects))...};
   }
   template <class M>
   std::shared_ptr<M> prepare_model(std::shared_ptr<M> model) {
+    if (!model) throw UsageError("accel: prepare() got a null model");
     register_model(*model);
     return model;
   }
@@ -289,7 +331,7 @@ class Accelerator {
   // True when the last step of a prepared optimizer was skipped for inf/NaN gradients.
   bool optimizer_step_was_skipped() const;
   // The loss scaler (fp16, or AcceleratorOptions::grad_scaler); null without one.
-  GradScaler* scaler() const { return scaler_.get(); }
+  GradScaler* scaler() const;
 
   // --- checkpoints (docs/checkpointing.md) ---------------------------------------------------
   // Every rank calls it. Writes the prepared models (safetensors), optimizers, schedulers, the
@@ -347,7 +389,7 @@ class Accelerator {
   DataLoader skip_first_batches(const DataLoader& loader, std::size_t n) const {
     return loader.skip_first_batches(n);
   }
-  const ProjectConfiguration& project_configuration() const { return project_; }
+  const ProjectConfiguration& project_configuration() const;
 
   // Global gradient norm of `parameters` clipped to max_norm; returns the norm before clipping.
   double clip_grad_norm_(const std::vector<torch::Tensor>& parameters, double max_norm,
@@ -362,6 +404,24 @@ class Accelerator {
     clip_grad_value_(module_of(model)->parameters(), clip_value);
   }
 
+  // --- experiment tracking (docs/tracking.md) ----------------------------------------------
+  using ConfigValue = std::variant<std::string, double, int64_t, bool>;
+  // HF's init_trackers: starts the run `project_name` of the log_with trackers, in
+  // logging_dir/project_name, with `config` (hyperparameters) written to its config.json.
+  // Call it on every process; only the main process writes. A no-op without trackers.
+  // ConfigError when there is no folder to write to.
+  void init_trackers(const std::string& project_name,
+                     const std::map<std::string, ConfigValue>& config = {});
+  // HF's log: one record of `values` at `step` (unset: completed_steps()) in every tracker, on
+  // disk when it returns (a killed run keeps it). The main process writes; elsewhere, and
+  // without trackers, a no-op. A run resumed from a checkpoint first cuts the files back to what
+  // they held at that checkpoint, so no step appears twice.
+  void log(const std::map<std::string, double>& values, std::optional<int64_t> step = {});
+  // HF's end_training: closes the trackers' files (the destructor does too).
+  void end_training();
+  // logging_dir/project_name after init_trackers with trackers on; empty otherwise.
+  std::filesystem::path tracker_dir() const;
+
   // --- collectives (every rank must call them, in the same order) --------------------------
   // Concatenates every rank's tensor along dim 0 (same shape on every rank; ACCEL_DEBUG checks).
   torch::Tensor gather(const torch::Tensor& tensor);
@@ -374,13 +434,41 @@ class Accelerator {
   // Pads `tensor` along `dim` to the largest size any rank has.
   torch::Tensor pad_across_processes(const torch::Tensor& tensor, int64_t dim = 0,
                                      double pad_index = 0, bool pad_first = false);
+  // The same on nested structures: each tensor of a Batch, or of a std::map<std::string, T> /
+  // std::vector<T> of tensors (to any depth), in a fixed order; the result has the same shape.
+  template <detail::NestedTensors T>
+  T gather(const T& value) {
+    return detail::apply_nested(value, [this](const torch::Tensor& t) { return gather(t); });
+  }
+  template <detail::NestedTensors T>
+  T gather_for_metrics(const T& value) {
+    return detail::apply_nested(value,
+                                [this](const torch::Tensor& t) { return gather_for_metrics(t); });
+  }
+  template <detail::NestedTensors T>
+  T reduce(const T& value, ReduceOp op = ReduceOp::kSum) {
+    return detail::apply_nested(value,
+                                [this, op](const torch::Tensor& t) { return reduce(t, op); });
+  }
+  template <detail::NestedTensors T>
+  T broadcast(const T& value, int from = 0) {
+    return detail::apply_nested(
+        value, [this, from](const torch::Tensor& t) { return broadcast(t, from); });
+  }
+  template <detail::NestedTensors T>
+  T pad_across_processes(const T& value, int64_t dim = 0, double pad_index = 0,
+                         bool pad_first = false) {
+    return detail::apply_nested(value, [&](const torch::Tensor& t) {
+      return pad_across_processes(t, dim, pad_index, pad_first);
+    });
+  }
   std::vector<std::string> gather_object(const std::string& object);
   std::string broadcast_object(const std::string& object, int from = 0);
   void wait_for_everyone();
   ProcessOrder main_process_first() { return ProcessOrder(*this, is_main_process()); }
   ProcessOrder local_main_process_first() { return ProcessOrder(*this, is_local_main_process()); }
   // Early stopping: any rank sets, every rank sees it at the next check (a collective).
-  void set_trigger() { trigger_ = true; }
+  void set_trigger();
   bool check_trigger();
 
   // --- process control ---------------------------------------------------------------------
@@ -471,8 +559,21 @@ class Accelerator {
   void register_model(torch::nn::Module& model);
   // load_state of `source`; without verify_checksums only file sizes are checked.
   std::filesystem::path load_from(const std::filesystem::path& source, bool verify_checksums);
-  // Automatic resume, once, after the first prepare() that included a DataLoader.
-  void after_prepare();
+  // Automatic resume, once, when training starts (ProjectConfiguration::automatic_resume);
+  // then the trackers open (they wait for it to know whether to continue their files).
+  void maybe_resume();
+  void resume_from_newest();
+  void open_trackers();
+  void on_loader_progress(std::size_t loader, const PassProgress& progress);
+  // Autocast on (a batch was handed out) or off (backward, the end of a pass), when
+  // autocast_forward applies.
+  void set_forward_autocast(bool on);
+  // UsageError when a prepared optimizer was stepped through its original handle.
+  void check_optimizers_not_stepped_elsewhere() const;
+  bool automatic_resume_on() const;
+  // UsageError when `what` is prepared or registered after maybe_resume() ran with automatic
+  // resume on: a restarted run would not restore it.
+  void check_not_started(const char* what) const;
   // Runs before a prepared loader hands out a batch: the periodic automatic save, and the stop
   // on SIGUSR1.
   void on_step_boundary();
@@ -487,55 +588,35 @@ class Accelerator {
   torch::Tensor gather_uneven(const torch::Tensor& tensor, std::vector<int64_t>* sizes = nullptr);
   void check_same_shape(const torch::Tensor& tensor, const char* op);
 
+  void add_custom_state(std::function<std::string()> save,
+                        std::function<void(const std::string&)> load);
+
   AcceleratorOptions options_;
   std::shared_ptr<State> state_;
   std::shared_ptr<GradientState> gradient_state_ = std::make_shared<GradientState>();
-  std::string mixed_precision_ = "no";
-  std::unordered_map<const torch::nn::Module*, std::shared_ptr<GradSync>> syncs_;
-  std::unordered_map<const torch::nn::Module*, bool> prepared_;
-  bool trigger_ = false;
-  std::shared_ptr<GradScaler> scaler_;
-  ProjectConfiguration project_;
-  // Prepared objects, in prepare order (checkpoints save and load them by position).
-  std::vector<torch::nn::Module*> models_;
-  std::vector<std::shared_ptr<detail::OptimizerSlot>> optimizers_;
-  std::vector<std::shared_ptr<detail::SchedulerSlot>> schedulers_;
-  std::vector<DataLoader> loaders_;
-  std::vector<detail::CustomState> custom_;
-  bool resume_checked_ = false;
-  // Pre-hooks by id (ids only grow, so removing one keeps the others' order).
-  std::shared_ptr<std::map<int64_t, StateHook>> save_hooks_ =
-      std::make_shared<std::map<int64_t, StateHook>>();
-  std::shared_ptr<std::map<int64_t, StateHook>> load_hooks_ =
-      std::make_shared<std::map<int64_t, StateHook>>();
-  int64_t next_hook_id_ = 0;
-  std::string resumed_from_;     // the checkpoint automatic resume loaded, if any
-  int64_t resumed_at_step_ = 0;  // completed_steps() just after it
-  int64_t last_auto_save_ = 0;   // completed_steps() at the last automatic save
-  // SIGUSR1 means "save a checkpoint, then stop" (with a checkpoint folder): checked once a step.
-  bool stop_on_signal_ = false;
-  int64_t last_signal_check_ = -1;
-  // Loaders' boundary hooks hold this weakly: a loader may outlive its Accelerator.
-  std::shared_ptr<Accelerator*> self_ = std::make_shared<Accelerator*>(this);
+  // Everything else: prepared objects, checkpoint and tracker state (runtime/accelerator_impl.h).
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
 template <class T>
 void Accelerator::register_for_checkpointing(std::shared_ptr<T> object) {
   if (!object) throw UsageError("accel: register_for_checkpointing got a null object");
-  detail::CustomState state;
+  std::function<std::string()> save;
+  std::function<void(const std::string&)> load;
   if constexpr (requires(const T& t, torch::serialize::OutputArchive& a, T& u,
                          torch::serialize::InputArchive& b) {
                   t.save(a);
                   u.load(b);
                 }) {
-    state.save = [object] {
+    save = [object] {
       torch::serialize::OutputArchive archive;
       object->save(archive);
       std::ostringstream out;
       archive.save_to(out);
       return out.str();
     };
-    state.load = [object](const std::string& bytes) {
+    load = [object](const std::string& bytes) {
       torch::serialize::InputArchive archive;
       archive.load_from(bytes.data(), bytes.size());
       object->load(archive);
@@ -544,15 +625,15 @@ void Accelerator::register_for_checkpointing(std::shared_ptr<T> object) {
                          { t.state_dict() } -> std::convertible_to<std::string>;
                          u.load_state_dict(s);
                        }) {
-    state.save = [object] { return std::string(object->state_dict()); };
-    state.load = [object](const std::string& bytes) { object->load_state_dict(bytes); };
+    save = [object] { return std::string(object->state_dict()); };
+    load = [object](const std::string& bytes) { object->load_state_dict(bytes); };
   } else {
     static_assert(
         detail::kAlwaysFalse<T>,
         "register_for_checkpointing needs save(OutputArchive&) const + load(InputArchive&), or "
         "std::string state_dict() const + load_state_dict(const std::string&)");
   }
-  custom_.push_back(std::move(state));
+  add_custom_state(std::move(save), std::move(load));
 }
 
 }  // namespace accel

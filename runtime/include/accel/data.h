@@ -7,25 +7,40 @@
 #include <cstdint>
 #include <functional>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "accel/gradient_state.h"
 
 namespace accel {
 
-// One sample. `target` may be undefined (language-model inputs, unlabeled data).
+// Named tensors: a sample's or a batch's fields beyond input/target (input_ids,
+// attention_mask, labels, ...), and the nested form the collectives accept.
+using TensorMap = std::map<std::string, torch::Tensor>;
+
+// One sample: `input` and `target` (either may be undefined: language-model inputs, unlabeled
+// data) and any named fields. Every sample of a data set has the same fields.
 struct Example {
   torch::Tensor input;
   torch::Tensor target;
+  TensorMap fields{};
 };
 
-// A collated batch; `input`/`target` are stacked along a new dim 0.
+// A collated batch: each of input, target and the fields stacked along a new dim 0.
 struct Batch {
   torch::Tensor input;
   torch::Tensor target;
-  int64_t size() const { return input.defined() ? input.size(0) : 0; }
+  TensorMap fields{};
+  // "input", "target" or a field's name; DataError naming the fields there are when absent.
+  const torch::Tensor& operator[](const std::string& name) const;
+  bool contains(const std::string& name) const;
+  // Every defined tensor by name ("input", "target", then the fields in name order).
+  std::vector<std::pair<std::string, torch::Tensor>> items() const;
+  // Samples: dim 0 of the first defined tensor.
+  int64_t size() const;
   Batch to(torch::Device device, bool non_blocking = false) const;
 };
 
@@ -44,16 +59,21 @@ class Dataset {
   }
 };
 
-// Rows of `inputs` (and `targets`) along dim 0.
+// Rows of `inputs` (and `targets`) along dim 0, or of named columns (HF's
+// Dataset.with_format("torch")): TensorDataset({{"input_ids", ids}, {"labels", labels}}) yields
+// examples (and batches) whose fields are those names. Every column has the same rows.
 class TensorDataset : public Dataset {
  public:
   explicit TensorDataset(torch::Tensor inputs, torch::Tensor targets = {});
+  explicit TensorDataset(TensorMap columns);
   std::size_t size() const override;
   Example get(std::size_t index) const override;
   std::optional<Batch> get_batch(const std::vector<int64_t>& indices) const override;
 
  private:
   torch::Tensor inputs_, targets_;
+  TensorMap columns_;
+  int64_t rows_ = 0;
 };
 
 // Yields examples one at a time until it returns nullopt.
@@ -69,7 +89,7 @@ class IterableDataset {
 };
 
 using Collate = std::function<Batch(std::vector<Example>&&)>;
-// Stacks inputs and (if defined) targets.
+// Stacks inputs, targets and each field (every example must have the same ones).
 Batch default_collate(std::vector<Example>&& examples);
 
 struct DataLoaderOptions {
@@ -82,6 +102,26 @@ struct DataLoaderOptions {
   std::size_t num_workers = 0;  // background threads that build batches; 0: the iterating thread
   std::size_t prefetch_factor = 2;  // batches in flight per worker
   Collate collate{};                // empty: default_collate
+};
+
+// Where a pass stands, for progress displays.
+struct PassProgress {
+  int64_t epoch = 0;
+  std::size_t handed_out = 0;  // batches of this pass handed out so far (skipped ones included)
+  std::size_t total = 0;       // batches in the pass; SIZE_MAX for a stream
+  bool finished = false;       // the pass has ended (every batch handed out, or left early)
+};
+
+// Callbacks of a prepared loader (Accelerator::prepare sets them).
+struct LoaderHooks {
+  // Runs in the calling thread before begin(), epoch() and state() answer (the Accelerator's
+  // automatic resume happens there, the first time).
+  std::function<void()> on_first_use{};
+  // Runs in the iterating thread before each batch is handed out and once at the end of each
+  // pass: the previous batch's step is done by then (periodic checkpoints are saved there).
+  std::function<void()> on_step_boundary{};
+  // Runs in the iterating thread after each batch is handed out and when the pass ends.
+  std::function<void(const PassProgress&)> on_progress{};
 };
 
 // How a prepared loader is cut between processes (Accelerator::prepare fills this in).
@@ -111,14 +151,11 @@ class DataLoader {
   DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options);
   DataLoader(std::shared_ptr<const IterableDataset> dataset, DataLoaderOptions options);
 
-  // A new loader over the same data set that yields this rank's share and reports its position
-  // to `gradient_state` (may be null).
-  // `on_step_boundary`, if set, runs in the iterating thread before each batch is handed out and
-  // once at the end of each pass: the previous batch's step is done by then (the Accelerator
-  // saves periodic checkpoints there).
+  // A new loader over the same data set that yields this rank's share, reports its position
+  // to `gradient_state` (may be null) and calls `hooks`.
   DataLoader shard(const ShardOptions& shard,
                    std::shared_ptr<GradientState> gradient_state = nullptr,
-                   std::function<void()> on_step_boundary = {}) const;
+                   LoaderHooks hooks = {}) const;
 
   class Iterator {
    public:

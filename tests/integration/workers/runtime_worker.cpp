@@ -377,8 +377,8 @@ int train(int argc, char** argv) {
       acc.backward(torch::mse_loss(m->forward(batch.input), batch.target) / 2);
     } else if (mode == "no_sync") {
       acc.backward(torch::mse_loss(m->forward(batch.input), batch.target) / 2);
-      opt->step();
-      opt->zero_grad();
+      o.step();
+      o.zero_grad();
     } else if (throws) {
       // After the first step (gradients live in the all-reduce buckets by then) a backward throws
       // halfway and is caught; the run must go on exactly as if it had never happened.
@@ -587,6 +587,54 @@ int load_newest(const std::string& dir) {
   return 0;
 }
 
+// Steps done, saved with each checkpoint (registered after prepare()).
+struct StepCounter {
+  int64_t steps = 0;
+  std::string state_dict() const { return std::to_string(steps); }
+  void load_state_dict(const std::string& s) { steps = std::stoll(s); }
+};
+
+// The order docs/checkpointing.md shows, which automatic resume must not depend on: the loader
+// prepared first, then the model and optimizer, an object registered after prepare(). Trains to
+// `steps` optimizer steps under accel-launch --checkpoint-dir; on the first attempt rank
+// `kill_rank` (-1: none) SIGKILLs itself after step `kill_at`. Rank 0 prints the final weights'
+// hash and the registered counter, and saves the model from the main process alone.
+int late_order(int steps, int kill_rank, int kill_at, const std::string& model_dir) {
+  const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  accel::Accelerator acc;
+  torch::manual_seed(7);
+  accel::DataLoader loader(
+      std::make_shared<accel::TensorDataset>(torch::randn({64, 6}), torch::randn({64, 2})),
+      {.batch_size = 4, .shuffle = true, .seed = 3});
+  auto dl = acc.prepare(loader);
+  auto model = std::make_shared<NetImpl>();
+  auto opt =
+      std::make_shared<torch::optim::AdamW>(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  auto [m, o] = acc.prepare(model, opt);
+  auto counter = std::make_shared<StepCounter>();
+  acc.register_for_checkpointing(counter);
+  while (acc.completed_steps() < steps) {
+    for (auto& batch : dl) {
+      acc.backward(torch::mse_loss(m->forward(batch.input), batch.target));
+      o.step();
+      o.zero_grad();
+      ++counter->steps;
+      if (g_rank == kill_rank && (restart == nullptr || std::atoi(restart) == 0) &&
+          acc.completed_steps() == kill_at) {
+        ::raise(SIGKILL);
+      }
+      if (acc.completed_steps() == steps) break;
+    }
+  }
+  if (acc.is_main_process()) {
+    std::printf("FINAL %s counter %lld\n", weights_hash(*m).c_str(),
+                static_cast<long long>(counter->steps));
+    acc.save_model(m, model_dir);
+  }
+  acc.wait_for_everyone();
+  return 0;
+}
+
 // Three barriers, then `hang_rank` spins in pure CPU code (outside any collective) on the first
 // attempt while the others wait in a fourth barrier: what the agent's hang detection must catch.
 int hang(int hang_rank) {
@@ -626,6 +674,9 @@ int main(int argc, char** argv) {
   if (mode == "hang") return hang(argc > 2 ? std::atoi(argv[2]) : 1);
   if (mode == "save_killed" && argc > 3) return save_killed(argv[2], std::atoi(argv[3]));
   if (mode == "load_newest" && argc > 2) return load_newest(argv[2]);
+  if (mode == "late_order" && argc > 5) {
+    return late_order(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]), argv[5]);
+  }
   if (mode == "mismatch" && argc > 2) {
     accel::Accelerator acc;
     return mismatch(acc, argv[2]);

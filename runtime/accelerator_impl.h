@@ -1,0 +1,81 @@
+// What an Accelerator holds besides its options and states: the prepared objects, checkpoint
+// and tracker state (the public header keeps them behind Accelerator::Impl).
+#pragma once
+
+#include <torch/optim/optimizer.h>
+#include <torch/optim/schedulers/lr_scheduler.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "accel/accelerator.h"
+#include "runtime/grad_sync.h"
+#include "runtime/tracking.h"
+
+namespace accel {
+
+namespace detail {
+
+// A prepared optimizer's shared state: copies of its PreparedOptimizer and the Accelerator see it.
+struct OptimizerSlot {
+  std::shared_ptr<torch::optim::Optimizer> optimizer;
+  bool skipped = false;   // the last step() did nothing
+  bool overflow = false;  // ...because the loss scaler found inf/NaN gradients
+  int64_t steps = 0;      // step() calls on synchronizing steps (stepped or overflowed)
+  // The optimizer's own step count (Adam, AdamW, Adagrad, RMSprop keep one per parameter) after
+  // the last step through the prepared optimizer, or -1 when it keeps none: a larger count means
+  // someone stepped the original optimizer.
+  int64_t own_steps = -1;
+};
+
+struct SchedulerSlot {
+  std::shared_ptr<torch::optim::LRScheduler> scheduler;
+  int64_t steps = 0;  // scheduler->step() calls made through the PreparedScheduler
+};
+
+// An object saved with the checkpoint (register_for_checkpointing), as bytes.
+struct CustomState {
+  std::function<std::string()> save;
+  std::function<void(const std::string&)> load;
+};
+
+}  // namespace detail
+
+struct Accelerator::Impl {
+  std::string mixed_precision_ = "no";
+  bool autocast_forward_ = false;  // options_.autocast_forward with mixed precision on
+  std::unordered_map<const torch::nn::Module*, std::shared_ptr<GradSync>> syncs_;
+  std::unordered_map<const torch::nn::Module*, bool> prepared_;
+  bool trigger_ = false;
+  std::shared_ptr<GradScaler> scaler_;
+  ProjectConfiguration project_;
+  // Prepared objects, in prepare order (checkpoints save and load them by position).
+  std::vector<torch::nn::Module*> models_;
+  std::vector<std::shared_ptr<detail::OptimizerSlot>> optimizers_;
+  std::vector<std::shared_ptr<detail::SchedulerSlot>> schedulers_;
+  std::vector<DataLoader> loaders_;
+  std::vector<detail::CustomState> custom_;
+  bool resume_checked_ = false;
+  bool training_started_ = false;  // maybe_resume() ran (free_memory() clears it)
+  // Pre-hooks by id (ids only grow, so removing one keeps the others' order).
+  std::shared_ptr<std::map<int64_t, StateHook>> save_hooks_ =
+      std::make_shared<std::map<int64_t, StateHook>>();
+  std::shared_ptr<std::map<int64_t, StateHook>> load_hooks_ =
+      std::make_shared<std::map<int64_t, StateHook>>();
+  int64_t next_hook_id_ = 0;
+  std::string resumed_from_;     // the checkpoint automatic resume loaded, if any
+  int64_t resumed_at_step_ = 0;  // completed_steps() just after it
+  int64_t last_auto_save_ = 0;   // completed_steps() at the last automatic save
+  // SIGUSR1 means "save a checkpoint, then stop" (with a checkpoint folder): checked once a step.
+  bool stop_on_signal_ = false;
+  int64_t last_signal_check_ = -1;
+  std::unique_ptr<detail::Tracking> tracking_;
+  // Loaders' boundary hooks hold this weakly: a loader may outlive its Accelerator.
+  std::shared_ptr<Accelerator*> self_;
+};
+
+}  // namespace accel

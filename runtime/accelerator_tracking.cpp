@@ -1,0 +1,89 @@
+// Accelerator's experiment tracking: init_trackers, log, end_training (docs/tracking.md).
+#include <chrono>
+#include <nlohmann/json.hpp>
+
+#include "accel/accelerator.h"
+#include "runtime/accelerator_impl.h"
+#include "runtime/checkpoint_manifest.h"
+#include "runtime/env.h"
+#include "runtime/log.h"
+#include "runtime/tracking.h"
+
+namespace accel {
+
+namespace fs = std::filesystem;
+
+void Accelerator::init_trackers(const std::string& project_name,
+                                const std::map<std::string, ConfigValue>& config) {
+  if (impl_->tracking_->kinds.empty()) return;
+  if (impl_->tracking_->initialized) {
+    throw UsageError("accel: init_trackers() was already called (run " +
+                     impl_->tracking_->dir.filename().string() + "); call it once, before logging");
+  }
+  if (!ckpt::is_plain_file_name(project_name)) {
+    throw UsageError("accel: init_trackers(\"" + project_name +
+                     "\"): the project name is a folder name (not empty, no '/', not . or ..)");
+  }
+  if (!impl_->project_.logging_dir || impl_->project_.logging_dir->empty()) {
+    throw ConfigError(
+        "accel: the trackers (log_with) need a folder to write to: accel-launch --project-dir "
+        "DIR (or --checkpoint-dir), or ProjectConfiguration::logging_dir / project_dir");
+  }
+  impl_->tracking_->initialized = true;
+  impl_->tracking_->dir = fs::absolute(fs::path(*impl_->project_.logging_dir) / project_name);
+  if (!is_main_process()) return;
+  nlohmann::ordered_json c = nlohmann::ordered_json::object();
+  for (const auto& [key, value] : config) {
+    std::visit([&](const auto& v) { c[key] = v; }, value);
+  }
+  impl_->tracking_->trackers = std::make_unique<tracking::Trackers>(
+      impl_->tracking_->kinds, impl_->tracking_->dir, project_name, c.dump(2));
+  // Why not open now: whether the files continue or start anew depends on the automatic
+  // resume, which happens when training starts (it may not have yet).
+  if (impl_->resume_checked_ || !automatic_resume_on()) open_trackers();
+}
+
+void Accelerator::open_trackers() {
+  auto& t = *impl_->tracking_;
+  if (!t.trackers || t.trackers->is_open()) return;
+  std::string note = t.trackers->open(t.resume);
+  if (!note.empty()) log::info(note);
+  for (const auto& r : t.pending) t.trackers->log(r.values, r.step, r.wall_time);
+  t.pending.clear();
+}
+
+void Accelerator::log(const std::map<std::string, double>& values, std::optional<int64_t> step) {
+  auto& t = *impl_->tracking_;
+  if (t.bar) t.last_values = values;
+  if (!t.trackers) return;
+  detail::Tracking::Record r{
+      {values.begin(), values.end()},
+      step.value_or(completed_steps()),
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()};
+  if (!t.trackers->is_open()) {
+    t.pending.push_back(std::move(r));
+    return;
+  }
+  t.trackers->log(r.values, r.step, r.wall_time);
+}
+
+void Accelerator::end_training() {
+  auto& t = *impl_->tracking_;
+  if (!t.trackers) return;
+  if (!t.pending.empty()) open_trackers();
+  t.trackers->close();
+  t.trackers.reset();
+}
+
+fs::path Accelerator::tracker_dir() const { return impl_->tracking_->dir; }
+
+void Accelerator::on_loader_progress(std::size_t loader, const PassProgress& progress) {
+  set_forward_autocast(!progress.finished);
+  auto& t = *impl_->tracking_;
+  if (!t.bar) return;
+  std::string label = "epoch " + std::to_string(progress.epoch);
+  if (impl_->loaders_.size() > 1) label = "loader " + std::to_string(loader) + " " + label;
+  t.bar->update(label, progress, t.last_values);
+}
+
+}  // namespace accel
