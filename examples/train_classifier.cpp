@@ -80,6 +80,11 @@ int run_training(int argc, char** argv) {
   accel::DataLoader eval(std::make_shared<accel::TensorDataset>(eval_x, eval_y),
                          {.batch_size = bs});
   auto [m, o, train_dl, eval_dl] = acc.prepare(model, opt, train, eval);
+  // accel-launch --log-with jsonl --project-dir DIR: every step's loss and each epoch's metrics
+  // go to DIR/train_classifier/ (without --log-with this does nothing).
+  acc.init_trackers("train_classifier", {{"lr", args.real("lr")},
+                                         {"batch_size", static_cast<int64_t>(bs)},
+                                         {"processes", static_cast<int64_t>(acc.num_processes())}});
 
   // Accuracy over exactly the evaluation set, and its size, whatever the number of processes.
   auto evaluate = [&, &m = m, &eval_dl = eval_dl] {
@@ -87,7 +92,6 @@ int run_training(int argc, char** argv) {
     torch::NoGradGuard no_grad;
     int64_t correct = 0, seen = 0;
     for (auto& batch : eval_dl) {
-      auto cast = acc.autocast();
       auto predictions = m->forward(batch.input).argmax(1);
       auto all_predictions = acc.gather_for_metrics(predictions);
       auto all_labels = acc.gather_for_metrics(batch.target);
@@ -114,13 +118,14 @@ int run_training(int argc, char** argv) {
     auto total = torch::zeros({}, torch::dtype(torch::kDouble).device(acc.device()));
     int64_t steps = 0;
     for (auto& batch : train_dl) {
-      auto cast = acc.autocast();  // mixed precision when ACCEL_MIXED_PRECISION=bf16
+      // Under autocast until backward() when ACCEL_MIXED_PRECISION=bf16 (--mixed-precision).
       auto loss = torch::cross_entropy_loss(m->forward(batch.input), batch.target);
       acc.backward(loss);
       o.step();
       o.zero_grad();
       total += loss.detach().to(torch::kDouble);
       ++steps;
+      acc.log({{"loss", loss.item<double>()}});  // the main process's batch
     }
     int64_t seen = 0;
     std::tie(accuracy, seen) = evaluate();
@@ -131,6 +136,8 @@ int run_training(int argc, char** argv) {
                   "epoch %lld train_loss %.4f eval_accuracy %.4f eval_samples %lld",
                   static_cast<long long>(epoch), loss, accuracy, static_cast<long long>(seen));
     acc.print(line);
+    acc.log(
+        {{"train_loss", loss}, {"eval_accuracy", accuracy}, {"epoch", static_cast<double>(epoch)}});
   }
   acc.wait_for_everyone();
   // HF's idiom; save_model is not a collective, so the other ranks need not call it.

@@ -186,7 +186,7 @@ int run_training(int argc, char** argv) {
     auto total = torch::zeros({}, torch::dtype(torch::kDouble).device(acc.device()));
     int64_t steps = 0;
     for (auto& batch : dl) {
-      auto cast = acc.autocast();
+      // Under autocast until backward() with --mixed-precision bf16.
       auto logits = m->forward(batch["input_ids"], batch["attention_mask"]);
       auto loss = torch::nn::functional::cross_entropy(
           logits.reshape({-1, vocab}), batch["labels"].reshape({-1}),

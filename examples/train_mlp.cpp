@@ -56,6 +56,7 @@ int run_training(int argc, char** argv) {
 
   acc.print("train_mlp:", acc.num_processes(), "process(es),", dl.size(),
             "steps per epoch, global batch", dl.total_batch_size());
+  acc.init_trackers("train_mlp");  // accel-launch --log-with ... --project-dir DIR
   // From dl.epoch(): after an automatic resume (accel-launch --checkpoint-dir) the loader is
   // already at the saved epoch and batch.
   for (int64_t epoch = dl.epoch(); epoch < epochs; ++epoch) {
@@ -63,8 +64,7 @@ int run_training(int argc, char** argv) {
     auto total = torch::zeros({}, torch::dtype(torch::kDouble).device(acc.device()));
     int64_t steps = 0;
     for (auto& batch : dl) {
-      // bf16 when ACCEL_MIXED_PRECISION=bf16 (accel-launch --mixed-precision)
-      auto cast = acc.autocast();
+      // bf16 until backward() when ACCEL_MIXED_PRECISION=bf16 (accel-launch --mixed-precision)
       auto loss = torch::mse_loss(m->forward(batch.input), batch.target);
       acc.backward(loss);
       o.step();
@@ -81,6 +81,7 @@ int run_training(int argc, char** argv) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     acc.print("epoch", epoch, "loss", mean.item<double>(), "steps", steps, "time",
               std::to_string(seconds).substr(0, 5) + "s");
+    acc.log({{"loss", mean.item<double>()}, {"epoch", static_cast<double>(epoch)}});
   }
   acc.wait_for_everyone();
   return 0;
