@@ -362,7 +362,7 @@ bool Accelerator::begin_accumulation_step() {
 
 void Accelerator::backward(const torch::Tensor& loss) {
   if (!loss.defined()) throw UsageError("accel: backward() got an undefined loss tensor");
-  maybe_resume();
+  maybe_resume(/*forward_done=*/true);
   check_optimizers_not_stepped_elsewhere();
   {
     // Why: backward inside an autocast scope would recast the backward matmuls; PyTorch runs
@@ -386,7 +386,9 @@ void Accelerator::check_optimizers_not_stepped_elsewhere() const {
 }
 
 void Accelerator::set_forward_autocast(bool on) {
-  if (!impl_->autocast_forward_) return;
+  // Why the scope check: inside the program's own acc.autocast() scope (several forward passes
+  // and backwards in one scope, say), that scope decides.
+  if (!impl_->autocast_forward_ || autocast_compat::scope_depth() > 0) return;
   auto type = device().type();
   if (on) {
     autocast_compat::set_dtype(type,

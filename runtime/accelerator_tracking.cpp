@@ -38,9 +38,9 @@ void Accelerator::init_trackers(const std::string& project_name,
   }
   impl_->tracking_->trackers = std::make_unique<tracking::Trackers>(
       impl_->tracking_->kinds, impl_->tracking_->dir, project_name, c.dump(2));
-  // Why not open now: whether the files continue or start anew depends on the automatic
-  // resume, which happens when training starts (it may not have yet).
-  if (impl_->resume_checked_ || !automatic_resume_on()) open_trackers();
+  // Why not open now: whether the files continue or start anew depends on the checkpoint this
+  // run resumes from, known when training starts (automatic resume, or a load_state before it).
+  if (impl_->training_started_) open_trackers();
 }
 
 void Accelerator::open_trackers() {
@@ -56,10 +56,16 @@ void Accelerator::log(const std::map<std::string, double>& values, std::optional
   auto& t = *impl_->tracking_;
   if (t.bar) t.last_values = values;
   if (!t.trackers) return;
+  tracking::check_value_names(values);
   detail::Tracking::Record r{
       {values.begin(), values.end()},
       step.value_or(completed_steps()),
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()};
+  // Without automatic resume nothing later decides where the files stand (a load_state() by hand
+  // comes before logging, as in HF's order, and cuts them back if not).
+  if (!t.trackers->is_open() && (impl_->training_started_ || !automatic_resume_on())) {
+    open_trackers();
+  }
   if (!t.trackers->is_open()) {
     t.pending.push_back(std::move(r));
     return;
@@ -70,7 +76,9 @@ void Accelerator::log(const std::map<std::string, double>& values, std::optional
 void Accelerator::end_training() {
   auto& t = *impl_->tracking_;
   if (!t.trackers) return;
-  if (!t.pending.empty()) open_trackers();
+  // Why not when an automatic resume is still undecided (it failed, or training never started):
+  // opening would start the files anew and move the previous run's aside.
+  if (!t.pending.empty() && (impl_->resume_checked_ || !automatic_resume_on())) open_trackers();
   t.trackers->close();
   t.trackers.reset();
 }

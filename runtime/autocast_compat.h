@@ -11,6 +11,10 @@
 
 namespace accel::autocast_compat {
 
+// accel::AutocastGuard scopes (acc.autocast()) alive on this thread: inside one, that scope
+// decides, and the Accelerator's automatic autocast of a prepared loader's batch stays out.
+int scope_depth();
+
 inline bool is_enabled(c10::DeviceType type) {
 #if ACCEL_TORCH_DEVICE_AUTOCAST_API
   return at::autocast::is_autocast_enabled(type);

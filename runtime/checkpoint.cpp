@@ -539,7 +539,7 @@ void rotate(const fs::path& just_written, int64_t limit) {
 }  // namespace
 
 fs::path Accelerator::save_state(const fs::path& dir) {
-  maybe_resume();
+  maybe_resume(/*forward_done=*/false);
   fs::path target = dir;
   bool automatic = dir.empty();
   if (automatic) {
@@ -740,6 +740,7 @@ fs::path Accelerator::load_from(const fs::path& source, bool verify_checksums) {
                  impl_->scaler_ != nullptr);
   int saved_world = m["world_size"].get<int>();
   bool same_world = saved_world == num_processes();
+  auto tracker_resume = saved_tracker_position(m, source);
 
   // Read and check everything first, so a bad file changes nothing.
   std::vector<ckpt::MappedFile> model_files;  // Why kept: the decoded tensors are views of them
@@ -889,7 +890,7 @@ fs::path Accelerator::load_from(const fs::path& source, bool verify_checksums) {
     }
   }
   gradient_state_->set_step(m.value("accumulation_step", static_cast<int64_t>(0)));
-  impl_->tracking_->resume = saved_tracker_position(m, source);
+  impl_->tracking_->resume = std::move(tracker_resume);
   if (impl_->tracking_->trackers && impl_->tracking_->trackers->is_open()) {
     // Loaded mid-run: the files go back to this checkpoint too.
     impl_->tracking_->trackers->close();
@@ -988,15 +989,16 @@ void Accelerator::check_not_started(const char* what) const {
       "object before the training loop");
 }
 
-void Accelerator::maybe_resume() {
-  if (impl_->resume_checked_) return;
-  impl_->resume_checked_ = true;
+void Accelerator::maybe_resume(bool forward_done) {
+  if (!impl_->resume_checked_) {
+    impl_->resume_checked_ = true;
+    if (automatic_resume_on()) resume_from_newest(forward_done);
+  }
   impl_->training_started_ = true;
-  if (automatic_resume_on()) resume_from_newest();
-  open_trackers();
+  open_trackers();  // nothing when they are open already, or off
 }
 
-void Accelerator::resume_from_newest() {
+void Accelerator::resume_from_newest(bool forward_done) {
   // Newest first, as rank 0 sees them: every rank tries the same ones in the same order.
   std::string listed;
   if (is_main_process() && impl_->project_.project_dir && !impl_->project_.project_dir->empty()) {
@@ -1008,6 +1010,16 @@ void Accelerator::resume_from_newest() {
   for (std::size_t start = 0, end; (end = listed.find('\n', start)) != std::string::npos;
        start = end + 1) {
     candidates.push_back(listed.substr(start, end - start));
+  }
+  // Why refuse: loading now would overwrite the weights the forward pass just used, under the
+  // autograd graph of this step. Every rank sees the same list, so every rank throws.
+  if (forward_done && !candidates.empty()) {
+    throw UsageError(
+        "accel: automatic resume: there is a checkpoint to resume from (" + candidates.front() +
+        "), but this program's first backward() came before any prepared DataLoader was "
+        "iterated, so its first forward pass already used the weights a resume would replace. "
+        "Iterate a prepared DataLoader (its first pass is where a job resumes), or call "
+        "acc.load_state() before the first forward pass");
   }
   // Why: a damaged newest checkpoint (a disk error, a file changed by hand) would otherwise fail
   // every restart; the ranks agree on the newest intact one before anything is applied.

@@ -1,6 +1,7 @@
 // accel::get_logger (accel/logging.h): spdlog loggers with a main-process filter.
 #include "accel/logging.h"
 
+#include <atomic>
 #include <map>
 #include <mutex>
 
@@ -62,7 +63,7 @@ bool is_main_process() {
 
 struct Logger::Impl {
   std::string name;
-  LogLevel level;
+  std::atomic<LogLevel> level;
 #ifdef ACCEL_WITH_SPDLOG
   std::shared_ptr<spdlog::logger> logger;
 #endif

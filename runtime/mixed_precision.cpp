@@ -16,6 +16,12 @@ namespace accel {
 
 // --- AutocastGuard --------------------------------------------------------------------------
 
+namespace {
+thread_local int g_scope_depth = 0;
+}  // namespace
+
+int autocast_compat::scope_depth() { return g_scope_depth; }
+
 AutocastGuard::AutocastGuard(torch::DeviceType device_type, torch::ScalarType dtype, bool enabled)
     : device_type_(device_type), active_(enabled) {
   if (!active_) return;
@@ -33,6 +39,7 @@ AutocastGuard::AutocastGuard(torch::DeviceType device_type, torch::ScalarType dt
                      c10::DeviceTypeName(device_type_));
   }
   at::autocast::increment_nesting();
+  ++g_scope_depth;
 }
 
 AutocastGuard::AutocastGuard(AutocastGuard&& other) noexcept
@@ -45,6 +52,7 @@ AutocastGuard::AutocastGuard(AutocastGuard&& other) noexcept
 
 AutocastGuard::~AutocastGuard() {
   if (!active_) return;
+  --g_scope_depth;
   // Why: autocast caches the low-precision copies of weights; they must not outlive the
   // outermost scope, or an optimizer step would leave stale copies behind.
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();

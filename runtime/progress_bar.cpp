@@ -72,7 +72,8 @@ void ProgressBar::update(const std::string& label, const PassProgress& p,
     if (!terminal_) return;  // a line only once an interval has gone by
   }
   double seconds = std::chrono::duration<double>(now - pass_start_).count();
-  double rate = seconds > 0 ? static_cast<double>(p.handed_out - start_done_) / seconds : 0;
+  // Why 50 ms: a rate over the first microseconds of a pass would read millions per second.
+  double rate = seconds >= 0.05 ? static_cast<double>(p.handed_out - start_done_) / seconds : 0;
   if (terminal_) {
     if (!p.finished && now - last_draw_ < std::chrono::milliseconds(100) && drawn_) return;
     last_draw_ = now;

@@ -158,7 +158,14 @@ struct Trackers::File {
     while (done < bytes.size()) {
       ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
       if (n < 0 && errno == EINTR) continue;
-      if (n < 0) fail_io(path, "cannot write", errno);
+      if (n < 0) {
+        int err = errno;
+        // Why: half a record would sit inside the sizes later checkpoints record.
+        if (done > 0) {
+          [[maybe_unused]] int cut = ::ftruncate(fd, static_cast<off_t>(size));
+        }
+        fail_io(path, "cannot write", err);
+      }
       done += static_cast<std::size_t>(n);
     }
     size += bytes.size();
@@ -271,14 +278,17 @@ std::string Trackers::open(const std::optional<Position>& resume) {
   return note;
 }
 
-void Trackers::log(const std::vector<std::pair<std::string, double>>& values, int64_t step,
-                   double wall_time) {
+void check_value_names(const std::map<std::string, double>& values) {
   for (const auto& [name, v] : values) {
     if (name == "step" || name == "wall_time" || name.empty()) {
       throw UsageError("accel: log(): \"" + name +
                        "\" cannot be a value's name (step and wall_time are every record's own)");
     }
   }
+}
+
+void Trackers::log(const std::vector<std::pair<std::string, double>>& values, int64_t step,
+                   double wall_time) {
   for (auto& f : files_) {
     if (f->kind == "jsonl") {
       nlohmann::ordered_json line = {{"step", step}, {"wall_time", wall_time}};

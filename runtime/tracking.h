@@ -28,6 +28,9 @@ std::vector<std::string> parse_log_with(const std::vector<std::string>& items,
 // metrics.jsonl, metrics.csv, config.json, events.out.tfevents.*: the files a tracker writes.
 bool is_tracker_file(const std::string& name);
 
+// UsageError for a name a record cannot have: empty, "step" or "wall_time".
+void check_value_names(const std::map<std::string, double>& values);
+
 // True when this build can write TensorBoard files (libaccel was built with protobuf).
 bool tensorboard_available();
 

@@ -206,11 +206,13 @@ TEST(Trackers, EveryTrackerHoldsEachRecordWhenLogReturns) {
 
 // A small job that logs its loss every step, with automatic checkpoints in `project`.
 struct LoggedRun {
-  explicit LoggedRun(const fs::path& project, int64_t save_interval = 0)
+  explicit LoggedRun(const fs::path& project, int64_t save_interval = 0,
+                     bool automatic_resume = true)
       : acc([&] {
           AcceleratorOptions o{.log_with = std::vector<std::string>{"jsonl", "csv"}};
           o.project.project_dir = project.string();
           o.project.save_interval = save_interval;
+          o.project.automatic_resume = automatic_resume;
           return o;
         }()) {
     torch::manual_seed(3);
@@ -258,6 +260,18 @@ TEST(Trackers, AResumedRunContinuesTheFilesWithoutADuplicatedStep) {
   EXPECT_FALSE(fs::exists(tmp.path() / "job" / "previous-1"));
 }
 
+// HF's order without automatic resume: init_trackers, then load_state by hand, then training.
+TEST(Trackers, AnExplicitLoadStateBeforeTrainingContinuesTheFiles) {
+  TempDir tmp;
+  { LoggedRun(tmp.path(), /*save_interval=*/3).train_to(5); }
+  LoggedRun second(tmp.path(), 3, /*automatic_resume=*/false);  // init_trackers ran in there
+  second.acc.load_state();                                      // the newest: step 3
+  second.train_to(6);
+  EXPECT_EQ(steps_of(jsonl_records(tmp.path() / "job" / "metrics.jsonl"), "loss"),
+            (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
+  EXPECT_FALSE(fs::exists(tmp.path() / "job" / "previous-1"));
+}
+
 TEST(Trackers, AFreshRunMovesAnEarlierRunsFilesAside) {
   TempDir tmp;
   { LoggedRun(tmp.path()).train_to(2); }  // no checkpoint: the next run starts anew
@@ -297,6 +311,29 @@ TEST(Trackers, AManifestNamingAnotherFileIsRefused) {
 }
 
 // --- the automatic-resume point ----------------------------------------------------------------
+
+// Without a prepared loader the first backward() would be the resume point, after a forward
+// pass that used the weights a resume replaces: refused when there is a checkpoint to load.
+TEST(ResumePoint, ABackwardBeforeAnyLoaderIsRefusedWhenThereIsACheckpointToLoad) {
+  TempDir tmp;
+  auto backward_first = [&] {
+    AcceleratorOptions o;
+    o.project.project_dir = tmp.path().string();
+    Accelerator acc(o);
+    auto model = torch::nn::Linear(3, 1);
+    auto opt =
+        std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(0.1));
+    auto [m, prepared] = acc.prepare(model, opt);
+    acc.backward(m->forward(torch::ones({2, 3})).sum());
+    prepared.step();
+    acc.save_state();
+  };
+  backward_first();  // no checkpoint yet: nothing to resume, so fine
+  auto what = error_of(backward_first);
+  EXPECT_NE(what.find("first backward() came before any prepared DataLoader was iterated"),
+            std::string::npos)
+      << what;
+}
 
 TEST(ResumePoint, PrepareAfterTrainingStartedIsRefusedOnTheFirstRun) {
   TempDir tmp;
@@ -414,6 +451,22 @@ TEST(Autocast, APreparedLoadersBatchRunsUnderAutocastUntilBackward) {
     }
     EXPECT_FALSE(cpu_autocast());
   }
+}
+
+// A program's own acc.autocast() scope around two forward passes and backwards (a GAN step):
+// the scope decides, the first backward does not end it.
+TEST(Autocast, TheProgramsOwnScopeDecides) {
+  Accelerator acc({.mixed_precision = "bf16"});
+  auto model = torch::nn::Linear(3, 1);
+  auto [m, dl] = acc.prepare(
+      model, DataLoader(std::make_shared<TensorDataset>(torch::randn({4, 3}), torch::randn({4, 1})),
+                        {.batch_size = 4}));
+  for (auto& b : dl) {
+    auto cast = acc.autocast();
+    acc.backward(m->forward(b.input).to(torch::kFloat).sum());
+    EXPECT_EQ(m->forward(b.input).scalar_type(), torch::kBFloat16) << "the second forward";
+  }
+  EXPECT_FALSE(cpu_autocast());
 }
 
 TEST(OptimizerHandle, SteppingTheOriginalOptimizerIsAnErrorNamingTheFix) {

@@ -59,7 +59,9 @@ struct ProjectConfiguration {
   // With automatic naming, the newest complete checkpoint is loaded when training starts, so a
   // restarted job continues where it was: the first time a prepared loader is iterated or asked
   // its epoch() or state(), or at the first backward() or save_state(), whichever comes first
-  // (every rank gets there). Objects are matched by prepare order; prepare() or
+  // (every rank gets there: the first of those calls is a collective). A backward() that comes
+  // first while there is a checkpoint to load throws UsageError (the forward pass already used
+  // the weights). Objects are matched by prepare order; prepare() or
   // register_for_checkpointing() after that point throws UsageError on the first run already,
   // since a restarted run could not restore them.
   bool automatic_resume = true;
@@ -561,8 +563,9 @@ class Accelerator {
   std::filesystem::path load_from(const std::filesystem::path& source, bool verify_checksums);
   // Automatic resume, once, when training starts (ProjectConfiguration::automatic_resume);
   // then the trackers open (they wait for it to know whether to continue their files).
-  void maybe_resume();
-  void resume_from_newest();
+  // forward_done: called from backward(), after a forward pass used the current weights.
+  void maybe_resume(bool forward_done = false);
+  void resume_from_newest(bool forward_done);
   void open_trackers();
   void on_loader_progress(std::size_t loader, const PassProgress& progress);
   // Autocast on (a batch was handed out) or off (backward, the end of a pass), when
