@@ -45,13 +45,17 @@ check_installed() {
     share/doc/accel/README.md; do
     [[ -e "$P/$f" ]] || fail "$tag: not installed: $f"
   done
-  objdump -p "$P/lib/libaccel.so" | grep -q "SONAME *$soname\$" ||
-    fail "$tag: libaccel.so's SONAME is not $soname: $(objdump -p "$P/lib/libaccel.so" | grep SONAME)"
+  # Why a variable: with pipefail, grep -q quitting at its match can SIGPIPE objdump (the
+  # output is longer than a pipe's buffer) and fail the pipeline although the SONAME is right.
+  local headers
+  headers=$(objdump -p "$P/lib/libaccel.so")
+  grep -q "SONAME *$soname\$" <<<"$headers" ||
+    fail "$tag: libaccel.so's SONAME is not $soname: $(grep SONAME <<<"$headers")"
   grep -q "^ExecStart=$P/bin/accel-agent " "$P/lib/systemd/system/accel-agent.service" ||
     fail "$tag: the installed unit does not run the installed agent"
   "$P/bin/accel-agent" --help >/dev/null || fail "$tag: installed accel-agent --help"
   "$P/bin/accel-launch" --version
-  if ldd "$P/bin/accel-check" | grep -q "not found"; then
+  if grep -q "not found" <<<"$(ldd "$P/bin/accel-check")"; then
     fail "$tag: accel-check does not find a library: $(ldd "$P/bin/accel-check" | grep 'not found')"
   fi
   if command -v systemd-analyze >/dev/null; then
