@@ -21,18 +21,15 @@ namespace accel {
 
 namespace {
 
+// Why a cast: accel::LogLevel is the public face of the environment's levels, in the same order.
+static_assert(static_cast<int>(LogLevel::kDebug) == static_cast<int>(env::LogLevel::kDebug) &&
+              static_cast<int>(LogLevel::kInfo) == static_cast<int>(env::LogLevel::kInfo) &&
+              static_cast<int>(LogLevel::kWarning) == static_cast<int>(env::LogLevel::kWarning) &&
+              static_cast<int>(LogLevel::kError) == static_cast<int>(env::LogLevel::kError));
+
 LogLevel configured_level() {
   try {
-    switch (env::worker_env().log_level) {
-      case env::LogLevel::kDebug:
-        return LogLevel::kDebug;
-      case env::LogLevel::kWarning:
-        return LogLevel::kWarning;
-      case env::LogLevel::kError:
-        return LogLevel::kError;
-      default:
-        return LogLevel::kInfo;
-    }
+    return static_cast<LogLevel>(env::worker_env().log_level);
   } catch (...) {  // Why: a bad environment is reported by the Accelerator; a logger still logs
     return LogLevel::kInfo;
   }
