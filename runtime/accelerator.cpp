@@ -13,6 +13,7 @@
 #include "runtime/autocast_compat.h"
 #include "runtime/comm.h"
 #include "runtime/env.h"
+#include "runtime/fused_optimizer.h"
 #include "runtime/grad_sync.h"
 #include "runtime/log.h"
 #include "runtime/optimizer_steps.h"
@@ -68,12 +69,16 @@ void PreparedOptimizer::step() {
   slot.skipped = !state_->sync_gradients();
   if (slot.skipped) return;
   ++slot.steps;
+  // Why: one pass over each parameter's memory instead of libtorch's one per operation.
+  auto run_step = [&slot] {
+    if (!slot.fused || !detail::fused_step(*slot.optimizer)) slot.optimizer->step();
+  };
   if (loss_scaler_ && loss_scaler_->is_enabled()) {
-    slot.overflow = !loss_scaler_->step(*slot.optimizer);
+    slot.overflow = !loss_scaler_->step(*slot.optimizer, run_step);
     loss_scaler_->update();
     slot.skipped = slot.overflow;
   } else {
-    slot.optimizer->step();
+    run_step();
   }
   if (slot.own_steps >= 0 && !slot.overflow)
     slot.own_steps = detail::own_step_count(*slot.optimizer);
@@ -308,6 +313,7 @@ PreparedOptimizer Accelerator::prepare_optimizer(
   auto slot = std::make_shared<detail::OptimizerSlot>();
   slot->optimizer = std::move(optimizer);
   slot->own_steps = detail::own_step_count(*slot->optimizer);
+  slot->fused = options_.fused_optimizer;
   impl_->optimizers_.push_back(slot);
   return PreparedOptimizer(std::move(slot), gradient_state_, impl_->scaler_);
 }

@@ -30,6 +30,7 @@ struct OptimizerSlot {
   // the last step through the prepared optimizer, or -1 when it keeps none: a larger count means
   // someone stepped the original optimizer.
   int64_t own_steps = -1;
+  bool fused = true;  // AcceleratorOptions::fused_optimizer
 };
 
 struct SchedulerSlot {

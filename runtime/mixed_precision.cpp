@@ -163,13 +163,17 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
 }
 
 bool GradScaler::step(torch::optim::Optimizer& optimizer) {
+  return step(optimizer, [&optimizer] { optimizer.step(); });
+}
+
+bool GradScaler::step(torch::optim::Optimizer& optimizer, const std::function<void()>& run_step) {
   if (!options_.enabled) {
-    optimizer.step();
+    run_step();
     return true;
   }
   if (!found_inf_.count(&optimizer)) unscale_(optimizer);
   if (found_inf_.at(&optimizer).item<float>() > 0) return false;
-  optimizer.step();
+  run_step();
   return true;
 }
 

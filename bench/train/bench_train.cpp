@@ -15,7 +15,9 @@ int main(int argc, char** argv) {
   accel::examples::Args args("bench_train", "Times training steps of model T or M on libaccel.");
   args.flag("model", "T", "T (10->64->1, batch 8) or M (784->2048->2048->10, batch 64)")
       .flag("steps", "2000", "timed steps")
-      .flag("warmup", "100", "untimed steps first");
+      .flag("warmup", "100", "untimed steps first")
+      .flag("optimizer-step", "fused",
+            "fused (the prepared optimizer's one-pass step) or libtorch (AdamW::step)");
   args.parse(argc, argv);
   const bool big = args.str("model") == "M";
   if (!big && args.str("model") != "T") {
@@ -23,7 +25,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   torch::manual_seed(0);
-  accel::Accelerator acc;
+  accel::AcceleratorOptions options;
+  options.fused_optimizer = args.str("optimizer-step") == "fused";
+  accel::Accelerator acc(options);
   const int64_t in = big ? 784 : 10, hidden = big ? 2048 : 64, out = big ? 10 : 1,
                 batch = big ? 64 : 8;
   torch::nn::Sequential model =
@@ -67,9 +71,10 @@ int main(int argc, char** argv) {
     std::printf(
         "{\"steps_per_s\": %.2f, \"samples_per_s\": %.1f, \"processes\": %d, \"mixed_precision\": "
         "\"%s\", "
-        "\"forward_dtype\": \"%s\"}\n",
+        "\"forward_dtype\": \"%s\", \"optimizer_step\": \"%s\"}\n",
         sps, sps * static_cast<double>(batch) * acc.num_processes(), acc.num_processes(),
-        acc.mixed_precision().c_str(), c10::toString(forward_dtype));
+        acc.mixed_precision().c_str(), c10::toString(forward_dtype),
+        args.str("optimizer-step").c_str());
   }
   return 0;
 }

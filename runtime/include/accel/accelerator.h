@@ -111,6 +111,11 @@ struct AcceleratorOptions {
   // backward, the optimizer step and code after the loop run without it. false: only inside
   // acc.autocast() scopes.
   bool autocast_forward = true;
+  // The prepared optimizer steps torch::optim::Adam, AdamW and SGD on CPU float/double parameters
+  // in one pass over each parameter's memory instead of libtorch's one pass per operation: the
+  // same update rule, options and state (state_dict and checkpoints are unchanged), equal to
+  // libtorch's step to within a few float roundings per step. false: libtorch's own step().
+  bool fused_optimizer = true;
 };
 
 namespace detail {

@@ -7,6 +7,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -64,6 +65,9 @@ class GradScaler {
   // Unscales (if not done yet) and runs optimizer.step() unless a gradient was inf/NaN.
   // Returns true when the optimizer stepped.
   bool step(torch::optim::Optimizer& optimizer);
+  // The same, with `run_step` in place of optimizer.step() (a closure, or another step of the
+  // same optimizer's update, as the prepared optimizer's fused one).
+  bool step(torch::optim::Optimizer& optimizer, const std::function<void()>& run_step);
   // Backs the scale off if any optimizer saw inf/NaN since the last update, else counts a clean
   // step and grows the scale after growth_interval of them.
   void update();
