@@ -53,6 +53,8 @@ inline constexpr char kCollectiveTimeout[] = "ACCEL_COLLECTIVE_TIMEOUT";
 inline constexpr char kCheckpointDir[] = "ACCEL_CHECKPOINT_DIR";
 inline constexpr char kCheckpointInterval[] = "ACCEL_CHECKPOINT_INTERVAL";
 inline constexpr char kCheckpointTotalLimit[] = "ACCEL_CHECKPOINT_TOTAL_LIMIT";
+// true | false: the automatic saves write in the background
+inline constexpr char kAsyncCheckpoints[] = "ACCEL_ASYNC_CHECKPOINTS";
 inline constexpr char kResume[] = "ACCEL_RESUME";           // auto | force (resume another run's)
 inline constexpr char kProjectDir[] = "ACCEL_PROJECT_DIR";  // trackers' (and checkpoints') folder
 inline constexpr char kLogWith[] = "ACCEL_LOG_WITH";        // tensorboard,jsonl,csv | all

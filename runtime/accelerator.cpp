@@ -200,7 +200,7 @@ Accelerator::~Accelerator() {
   try {
     end_training();
   } catch (const std::exception& e) {
-    log::warning(std::string("closing the trackers: ") + e.what());
+    log::warning(std::string("at the end of training: ") + e.what());
   }
   // Why: a resumed run whose loop starts past its end (the checkpoint's run had finished, or ran
   // with more epochs) exits 0 having trained nothing; say so rather than let it look like work.

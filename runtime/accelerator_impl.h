@@ -5,7 +5,9 @@
 #include <torch/optim/optimizer.h>
 #include <torch/optim/schedulers/lr_scheduler.h>
 
+#include <filesystem>
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <string>
@@ -75,6 +77,14 @@ struct Accelerator::Impl {
   bool stop_on_signal_ = false;
   int64_t last_signal_check_ = -1;
   std::unique_ptr<detail::Tracking> tracking_;
+  // A background save (SaveStateOptions::async). Every rank: its outcome is not yet agreed on.
+  bool save_in_flight_ = false;
+  std::filesystem::path save_target_;
+  // Main process: the writer thread's result ("" = written), until joined into save_error_.
+  std::future<std::string> save_writer_;
+  std::string save_error_;
+  // Main process, not a collective: waits for the writer; its error ("" = none or not main).
+  const std::string& join_background_save();
   // Loaders' boundary hooks hold this weakly: a loader may outlive its Accelerator.
   std::shared_ptr<Accelerator*> self_;
 };

@@ -74,13 +74,22 @@ void Accelerator::log(const std::map<std::string, double>& values, std::optional
 }
 
 void Accelerator::end_training() {
+  // Why not wait_for_checkpoint(): HF programs often call end_training on the main process
+  // alone; only the main process writes, so it alone waits.
+  std::string failed = impl_->join_background_save();
+  impl_->save_error_.clear();  // Why: reported here, once
   auto& t = *impl_->tracking_;
-  if (!t.trackers) return;
-  // Why not when an automatic resume is still undecided (it failed, or training never started):
-  // opening would start the files anew and move the previous run's aside.
-  if (!t.pending.empty() && (impl_->resume_checked_ || !automatic_resume_on())) open_trackers();
-  t.trackers->close();
-  t.trackers.reset();
+  if (t.trackers) {
+    // Why not when an automatic resume is still undecided (it failed, or training never
+    // started): opening would start the files anew and move the previous run's aside.
+    if (!t.pending.empty() && (impl_->resume_checked_ || !automatic_resume_on())) open_trackers();
+    t.trackers->close();
+    t.trackers.reset();
+  }
+  if (!failed.empty()) {
+    throw CheckpointError("accel: the background save of " + impl_->save_target_.string() +
+                          " failed (the checkpoints before it are intact): " + failed);
+  }
 }
 
 fs::path Accelerator::tracker_dir() const { return impl_->tracking_->dir; }

@@ -136,6 +136,75 @@ OutFile optimizer_file(std::string name, const torch::optim::Optimizer& optimize
           }};
 }
 
+// For a background save: the optimizer's archive built from deep copies of its state, so the
+// writer thread reads memory that training no longer changes. libtorch's own optimizers' states
+// are copied tensor by tensor (the archive is then built from the copies: no serialization
+// here); any other optimizer is serialized into memory now.
+bool deep_copy_state(torch::optim::OptimizerParamState& state) {
+  namespace o = torch::optim;
+  auto copy = [](const torch::Tensor& t) {
+    return t.defined() ? t.detach().clone(torch::MemoryFormat::Preserve) : t;
+  };
+  if (auto* a = dynamic_cast<o::AdamWParamState*>(&state)) {
+    a->exp_avg(copy(a->exp_avg())).exp_avg_sq(copy(a->exp_avg_sq()));
+    a->max_exp_avg_sq(copy(a->max_exp_avg_sq()));
+  } else if (auto* b = dynamic_cast<o::AdamParamState*>(&state)) {
+    b->exp_avg(copy(b->exp_avg())).exp_avg_sq(copy(b->exp_avg_sq()));
+    b->max_exp_avg_sq(copy(b->max_exp_avg_sq()));
+  } else if (auto* c = dynamic_cast<o::SGDParamState*>(&state)) {
+    c->momentum_buffer(copy(c->momentum_buffer()));
+  } else if (auto* d = dynamic_cast<o::AdagradParamState*>(&state)) {
+    d->sum(copy(d->sum()));
+  } else if (auto* e = dynamic_cast<o::RMSpropParamState*>(&state)) {
+    e->square_avg(copy(e->square_avg()));
+    e->momentum_buffer(copy(e->momentum_buffer()));
+    e->grad_avg(copy(e->grad_avg()));
+  } else {
+    return false;
+  }
+  return true;
+}
+
+OutFile optimizer_snapshot(std::string name, torch::optim::Optimizer& optimizer) {
+  auto& live = optimizer.state();
+  std::remove_reference_t<decltype(live)> copies;
+  bool copied = true;
+  for (const auto& [key, state] : live) {
+    auto c = state->clone();  // shares the tensors: deep_copy_state replaces them
+    if (!deep_copy_state(*c)) {
+      copied = false;
+      break;
+    }
+    copies.emplace(key, std::move(c));
+  }
+  if (!copied) {
+    std::string bytes;
+    auto archive = torch::serialize::OutputArchive();
+    optimizer.save(archive);
+    archive.save_to([&bytes](const void* data, std::size_t n) -> std::size_t {
+      bytes.append(static_cast<const char*>(data), n);
+      return n;
+    });
+    return bytes_file(std::move(name), std::move(bytes));
+  }
+  // Why a swap: Optimizer::save archives state(); the copies stand in for the live state while it
+  // runs, and go back even if it throws.
+  std::swap(live, copies);
+  struct SwapBack {
+    decltype(live)& a;
+    decltype(copies)& b;
+    ~SwapBack() { std::swap(a, b); }
+  } swap_back{live, copies};
+  return optimizer_file(std::move(name), optimizer);
+}
+
+// A model's tensors copied to CPU memory of their own, for a background save.
+safetensors::NamedTensors snapshot(safetensors::NamedTensors tensors) {
+  for (auto& [name, t] : tensors)
+    t = t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
+  return tensors;
+}
+
 std::string join(const safetensors::Encoded& e) {
   std::string out;
   out.reserve(e.size());
@@ -366,6 +435,9 @@ void Accelerator::setup_project() {
   if (!impl_->project_.save_interval) {
     impl_->project_.save_interval = env::worker_env().checkpoint_interval;
   }
+  if (!impl_->project_.async_checkpoints) {
+    impl_->project_.async_checkpoints = env::worker_env().async_checkpoints;
+  }
   if (*impl_->project_.save_interval < 0) {
     throw ConfigError("accel: ProjectConfiguration::save_interval must be >= 0, got " +
                       std::to_string(*impl_->project_.save_interval));
@@ -538,8 +610,12 @@ void rotate(const fs::path& just_written, int64_t limit) {
 
 }  // namespace
 
-fs::path Accelerator::save_state(const fs::path& dir) {
+fs::path Accelerator::save_state(const fs::path& dir) { return save_state(dir, {}); }
+
+fs::path Accelerator::save_state(const fs::path& dir, const SaveStateOptions& options) {
   maybe_resume(/*forward_done=*/false);
+  wait_for_checkpoint();  // Why: one save at a time, and its outcome known before the next
+  const bool async = options.async;
   fs::path target = dir;
   bool automatic = dir.empty();
   if (automatic) {
@@ -558,14 +634,16 @@ fs::path Accelerator::save_state(const fs::path& dir) {
   auto mine = rank_state(process_index(), impl_->loaders_);
   auto blobs = use_distributed() ? gather_object(mine) : std::vector<std::string>{mine};
   std::string error;
+  std::function<void()> write;  // main process: writes and publishes the folder
   if (is_main_process()) {
     try {
       std::vector<OutFile> files;
       for (std::size_t i = 0; i < impl_->models_.size(); ++i) {
         auto name = indexed("model", i, ".safetensors");
+        auto tensors = module_tensors(*impl_->models_[i]);
+        if (async) tensors = snapshot(std::move(tensors));
         files.push_back(safetensors_file(
-            name, safetensors::encode(module_tensors(*impl_->models_[i]), {{"format", "pt"}},
-                                      (target / name).string())));
+            name, safetensors::encode(tensors, {{"format", "pt"}}, (target / name).string())));
       }
       json optimizer_steps = json::array(), optimizer_lrs = json::array();
       for (std::size_t i = 0; i < impl_->optimizers_.size(); ++i) {
@@ -574,8 +652,10 @@ fs::path Accelerator::save_state(const fs::path& dir) {
         for (auto& group : impl_->optimizers_[i]->optimizer->param_groups())
           lrs.push_back(group.options().get_lr());
         optimizer_lrs.push_back(lrs);
-        files.push_back(
-            optimizer_file(indexed("optimizer", i, ".bin"), *impl_->optimizers_[i]->optimizer));
+        auto name = indexed("optimizer", i, ".bin");
+        auto& optimizer = *impl_->optimizers_[i]->optimizer;
+        files.push_back(async ? optimizer_snapshot(name, optimizer)
+                              : optimizer_file(name, optimizer));
         optimizer_steps.push_back(impl_->optimizers_[i]->steps);
       }
       for (std::size_t i = 0; i < impl_->schedulers_.size(); ++i) {
@@ -629,24 +709,65 @@ fs::path Accelerator::save_state(const fs::path& dir) {
             {"scaler", impl_->scaler_ != nullptr},
             {"custom", impl_->custom_.size()}}},
       };
-      write_checkpoint(target, blobs, files, std::move(manifest));
-      if (automatic && impl_->project_.total_limit) rotate(target, *impl_->project_.total_limit);
+      std::optional<int64_t> limit;
+      if (automatic) limit = impl_->project_.total_limit;
+      write = [target, blobs = std::move(blobs), files = std::move(files),
+               manifest = std::move(manifest), limit]() mutable {
+        write_checkpoint(target, blobs, files, std::move(manifest));
+        if (limit) rotate(target, *limit);
+      };
+      if (!async) write();
     } catch (const std::exception& e) {
       error = e.what();
       if (error.empty()) error = "accel: save_state failed";
     }
   }
-  // Why: every rank must learn that rank 0's write failed, or the others would carry on as if
-  // the checkpoint existed.
+  // Why: every rank must learn that rank 0's write (or, async, its copy) failed, or the others
+  // would carry on as if the checkpoint existed.
   if (use_distributed()) error = broadcast_object(error);
   if (!error.empty()) throw CheckpointError(error);
+  if (async) {
+    if (is_main_process()) {
+      impl_->save_writer_ = std::async(std::launch::async, [write = std::move(write)] {
+        try {
+          write();
+        } catch (const std::exception& e) {
+          return std::string(*e.what() ? e.what() : "accel: save_state failed");
+        }
+        return std::string();
+      });
+    }
+    impl_->save_in_flight_ = true;
+    impl_->save_target_ = target;
+  }
   ++impl_->project_.iteration;
   impl_->last_auto_save_ = completed_steps();
   if (is_main_process()) {
-    log::debug("saved checkpoint " + target.string() + " at step " +
-               std::to_string(completed_steps()));
+    log::debug(std::string(async ? "saving checkpoint " : "saved checkpoint ") + target.string() +
+               " at step " + std::to_string(completed_steps()) +
+               (async ? " in the background" : ""));
   }
   return target;
+}
+
+const std::string& Accelerator::Impl::join_background_save() {
+  if (save_writer_.valid()) {
+    save_error_ = save_writer_.get();
+    if (save_error_.empty()) log::debug("saved checkpoint " + save_target_.string());
+  }
+  return save_error_;
+}
+
+void Accelerator::wait_for_checkpoint() {
+  if (!impl_->save_in_flight_) return;
+  std::string error = impl_->join_background_save();
+  impl_->save_in_flight_ = false;
+  impl_->save_error_.clear();
+  if (use_distributed()) error = broadcast_object(error);
+  if (!error.empty()) {
+    throw CheckpointError("accel: the background save of " + impl_->save_target_.string() +
+                          " failed (the checkpoints before it are intact): " + error);
+  }
 }
 
 void Accelerator::save_model(const torch::nn::Module& model, const fs::path& dir,
@@ -707,6 +828,7 @@ std::vector<LoaderState> saved_positions(const safetensors::Decoded& d, const fs
 }  // namespace
 
 fs::path Accelerator::load_state(const fs::path& dir) {
+  wait_for_checkpoint();  // Why: the newest checkpoint may be the one still being written
   // Why: an explicit load chooses the checkpoint; an automatic resume later would load another.
   impl_->resume_checked_ = true;
   fs::path source = dir;
@@ -1099,10 +1221,11 @@ void Accelerator::on_step_boundary() {
   if (interval <= 0) return;
   auto done = completed_steps();
   if (done == impl_->last_auto_save_ || done % interval != 0) return;
-  save_state();
+  save_state({}, {.async = impl_->project_.async_checkpoints.value_or(false)});
 }
 
 void Accelerator::stop_after_checkpoint(int signal) {
+  wait_for_checkpoint();  // Why: an automatic save may still be writing; _Exit would lose it
   auto done = completed_steps();
   fs::path where = done == impl_->last_auto_save_ && done > 0 ? latest_checkpoint() : save_state();
   print("accel: received",

@@ -180,6 +180,7 @@ WorkerEnv read_worker_env(const Lookup& outer) {
   e.log_with = r.text({c::kLogWith});
   e.checkpoint_total_limit = r.integer({c::kCheckpointTotalLimit}, 1, 1L << 40);
   e.checkpoint_interval = r.integer({c::kCheckpointInterval}, 0, 1L << 40).value_or(0);
+  e.async_checkpoints = r.boolean({c::kAsyncCheckpoints}, false);
   if (auto progress = r.text({c::kProgress})) {
     std::string v = lower(*progress);
     if (v == "on" || v == "1" || v == "true") {

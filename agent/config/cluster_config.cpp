@@ -509,6 +509,16 @@ const std::vector<KeySpec>& all_keys() {
        .metavar = "N",
        .tools = kLaunch,
        .to_workers = true},
+      {.name = "async_checkpoints",
+       .accepts = "true or false",
+       .help = "The automatic saves copy the state to memory and write it in the background "
+               "while training goes on (costs a copy of the model and optimizer state in "
+               "memory).",
+       .set = set_bool<&C::async_checkpoints>,
+       .get = get_bool<&C::async_checkpoints>,
+       .flags = "--async-checkpoints",
+       .tools = kLaunch,
+       .to_workers = true},
       {.name = "resume",
        .accepts = "auto or force",
        .help = "With checkpoint_dir: auto resumes from the newest checkpoint only if the same run "

@@ -54,9 +54,10 @@ struct ClusterConfig {
   std::chrono::milliseconds stop_timeout{defaults::kStopTimeout};  // SIGTERM -> SIGKILL grace
   // every collective (ACCEL_COLLECTIVE_TIMEOUT)
   std::chrono::milliseconds collective_timeout{contract::kDefaultCollectiveTimeout};
-  std::string checkpoint_dir;   // empty: no checkpoints (ACCEL_CHECKPOINT_DIR, made absolute)
-  int checkpoint_interval = 0;  // optimizer steps per checkpoint; 0 = only save_state()
-  bool resume_force = false;    // resume: force (even from another run's checkpoint) / auto
+  std::string checkpoint_dir;      // empty: no checkpoints (ACCEL_CHECKPOINT_DIR, made absolute)
+  int checkpoint_interval = 0;     // optimizer steps per checkpoint; 0 = only save_state()
+  bool async_checkpoints = false;  // the automatic saves write in the background
+  bool resume_force = false;       // resume: force (even from another run's checkpoint) / auto
   // The run's folder: trackers' files, and checkpoints when checkpoint_dir is empty
   // (ACCEL_PROJECT_DIR, made absolute).
   std::string project_dir;

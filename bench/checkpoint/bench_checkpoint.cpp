@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -188,11 +189,60 @@ int run_load(int argc, char** argv) {
   }
 }
 
+// Training with a checkpoint every --every steps, each saved in the foreground (sync), in the
+// background (async), or not at all (none): the difference in wall time between these runs is
+// what the saves cost training.
+int run_stall(int argc, char** argv) {
+  accel::examples::Args args("bench_checkpoint stall",
+                             "Times --steps training steps of a --mb MB model with AdamW, saving "
+                             "a checkpoint every --every steps.");
+  args.flag("dir", "", "the project folder (checkpoints in <dir>/checkpoints, 2 kept)")
+      .flag("mb", "100", "model size in MB (10^6 bytes) of float32 parameters")
+      .flag("steps", "24", "training steps")
+      .flag("every", "6", "steps between checkpoints")
+      .flag("save", "sync", "sync, async or none");
+  args.parse(argc, argv);
+  const std::string save = args.str("save");
+  if (args.str("dir").empty() || (save != "sync" && save != "async" && save != "none")) {
+    std::fprintf(stderr, "bench_checkpoint stall: needs --dir and --save sync|async|none\n");
+    return 2;
+  }
+  auto options = io_options(0);
+  options.project.project_dir = args.str("dir");
+  options.project.total_limit = 2;
+  options.project.automatic_resume = false;
+  accel::Accelerator acc(options);
+  auto io = prepare_io(acc, args.integer("mb"));
+  train_one_step(acc, io);  // the optimizer state exists before the clock starts
+  const long steps = args.integer("steps"), every = args.integer("every");
+  long saves = 0;
+  double longest_call = 0;  // the longest save_state call: how long training stood still
+  auto start = Clock::now();
+  for (long step = 1; step <= steps; ++step) {
+    train_one_step(acc, io);
+    if (save != "none" && step % every == 0) {
+      auto call = Clock::now();
+      acc.save_state({}, {.async = save == "async"});
+      longest_call = std::max(longest_call, seconds_since(call));
+      ++saves;
+    }
+  }
+  acc.wait_for_checkpoint();
+  double seconds = seconds_since(start);
+  std::printf(
+      "{\"save\": %s, \"steps\": %ld, \"saves\": %ld, \"seconds\": %.4f, "
+      "\"longest_save_call_s\": %.4f}\n",
+      quoted(save).c_str(), steps, saves, seconds, longest_call);
+  return 0;
+}
+
 void usage(std::FILE* out) {
   std::fprintf(
       out,
-      "usage: bench_checkpoint io|load [flags]   (bench_checkpoint MODE --help for the flags)\n"
+      "usage: bench_checkpoint io|stall|load [flags]   (bench_checkpoint MODE --help for the "
+      "flags)\n"
       "  io    time save_state/load_state of a --mb MB model with AdamW state\n"
+      "  stall time training with a checkpoint every few steps: sync, async or none\n"
       "  load  load a checkpoint written by io and print the error, if any\n");
 }
 
@@ -207,6 +257,7 @@ int main(int argc, char** argv) {
   // Args parses from index 1, so the mode takes the place of the program name.
   if (mode == "io") return run_io(argc - 1, argv + 1);
   if (mode == "load") return run_load(argc - 1, argv + 1);
+  if (mode == "stall") return run_stall(argc - 1, argv + 1);
   usage(mode == "--help" || mode == "-h" ? stdout : stderr);
   return mode == "--help" || mode == "-h" ? 0 : 2;
 }

@@ -4,6 +4,9 @@
 Prints a Markdown table of medians over --runs runs, everything measured in this run:
   save_state MB/s  vs  dd if=/dev/zero of=F bs=1M count=<checkpoint MiB> conv=fsync
   load_state MB/s  vs  dd if=F of=/dev/null bs=1M
+  training stall per checkpoint: saves in the background (async) vs in the foreground (sync),
+    from the wall time of --stall-steps training steps with a save every --stall-every steps
+    minus that of the same run without saves
   model M (784->2048->2048->10, AdamW, b=64) steps/s under acc.autocast(): bf16 vs no (fp32)
 The model M figures come from bench_train (bench/train/), whose forward pass runs under
 acc.autocast(), at ACCEL_MIXED_PRECISION=no and =bf16, on one process.
@@ -90,6 +93,14 @@ def accel_io(build, folder, mb, cold):
     return row
 
 
+def stall_run(build, folder, mb, save, steps, every):
+    shutil.rmtree(folder, ignore_errors=True)
+    os.sync()
+    cmd = [f"{build}/bin/bench_checkpoint", "stall", "--dir", folder, "--mb", str(mb), "--save", save,
+           "--steps", str(steps), "--every", str(every)]
+    return json_lines(run(cmd), cmd)[0]
+
+
 def model_m(build, mode, steps, warmup):
     cmd = [f"{build}/bin/bench_train", "--model", "M", "--steps", str(steps), "--warmup", str(warmup)]
     row = json_lines(run(cmd, {"ACCEL_MIXED_PRECISION": mode}), cmd)[0]
@@ -126,6 +137,8 @@ def main():
     p.add_argument("--mb", type=int, default=100, help="model size in MB of float32 parameters (default 100)")
     p.add_argument("--steps", type=int, default=100, help="timed model M steps per run (default 100)")
     p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--stall-steps", type=int, default=24, help="training steps of each stall run (default 24)")
+    p.add_argument("--stall-every", type=int, default=6, help="steps between its checkpoints (default 6)")
     p.add_argument("--tmp", default=None, help="parent of the temp folder (default: the system's temp folder)")
     a = p.parse_args()
 
@@ -150,6 +163,17 @@ def main():
             load.append(mbps(row["bytes"], row["load_s"]))
         os.remove(dd_file)
 
+        stall = {"none": [], "sync": [], "async": []}
+        calls = {"sync": [], "async": []}
+        saves = 0
+        for _ in range(a.runs):
+            for save_mode in ("none", "sync", "async"):
+                row = stall_run(a.build, os.path.join(tmp, "stall"), a.mb, save_mode, a.stall_steps, a.stall_every)
+                stall[save_mode].append(row["seconds"])
+                if save_mode != "none":
+                    calls[save_mode].append(row["longest_save_call_s"])
+                    saves = row["saves"]
+
         amp = {"no": [], "bf16": []}
         dtypes = {}
         for _ in range(a.runs):
@@ -168,11 +192,19 @@ def main():
     print(f"| save_state, MB/s | {med(save):.0f} | dd write `conv=fsync`: {med(write):.0f} | {med(save) / med(write):.2f}x |")
     print(f"| load_state ({'cold' if cold else 'warm'} cache), MB/s | {med(load):.0f} | "
           f"dd read: {med(read):.0f} | {med(load) / med(read):.2f}x |")
+    per_save = {m: (med(stall[m]) - med(stall["none"])) / saves * 1000 for m in ("sync", "async")}
+    print(f"| training stall per checkpoint, ms ({a.stall_steps} steps, a save every {a.stall_every}) | "
+          f"async: {per_save['async']:.0f} | sync: {per_save['sync']:.0f} | "
+          f"{per_save['async'] / per_save['sync']:.2f}x |")
+    print(f"| longest save_state call, ms | async: {med(calls['async']) * 1000:.0f} | "
+          f"sync: {med(calls['sync']) * 1000:.0f} | {med(calls['async']) / med(calls['sync']):.2f}x |")
     print(f"| model M steps/s, bf16 autocast vs fp32 | {med(amp['bf16']):.2f} | fp32 (`no`): {med(amp['no']):.2f} | "
           f"{med(amp['bf16']) / med(amp['no']):.2f}x |")
     print("\nper run: " + "; ".join(f"{name} {', '.join(f'{v:.1f}' for v in values)}" for name, values in
                                     (("save", save), ("dd write", write), ("load", load), ("dd read", read),
-                                     ("fp32", amp["no"]), ("bf16", amp["bf16"]))))
+                                     ("fp32", amp["no"]), ("bf16", amp["bf16"]),
+                                     ("train s, no saves", stall["none"]), ("sync saves", stall["sync"]),
+                                     ("async saves", stall["async"]))))
 
 
 if __name__ == "__main__":

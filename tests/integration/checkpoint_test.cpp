@@ -265,7 +265,10 @@ TEST(Checkpoint, KilledWorkersResumeToTheWeightsOfAnUninterruptedRun) {
   }
 }
 
-TEST(Checkpoint, KillAtEveryStepOfASaveLeavesALoadableCheckpoint) {
+// One process saves checkpoint_0, trains, and saves checkpoint_1 (in the background when `async`,
+// training 3 more steps meanwhile) with a SIGKILL at its I/O operation k, for every k: the newest
+// checkpoint must load, and be checkpoint_0 or checkpoint_1 with their weights.
+void kill_at_every_step_of_a_save(bool async) {
   std::regex saved_re(R"(SAVED checkpoint_0 ([0-9a-f]{16}))"),
       saving_re(R"(SAVING checkpoint_1 ([0-9a-f]{16}))"),
       loaded_re(R"(LOADED (checkpoint_\d+) ([0-9a-f]{16}))");
@@ -273,10 +276,10 @@ TEST(Checkpoint, KillAtEveryStepOfASaveLeavesALoadableCheckpoint) {
   bool completed = false;
   for (int k = 0; k < 60 && !completed; ++k) {
     TempDir dir;
-    auto r = run_launcher(
-        dir,
-        {"-n", "1", "--", RUNTIME_WORKER_BIN, "save_killed", dir / "project", std::to_string(k)},
-        60s, {{"OMP_NUM_THREADS", "1"}});
+    auto r = run_launcher(dir,
+                          {"-n", "1", "--", RUNTIME_WORKER_BIN, "save_killed", dir / "project",
+                           std::to_string(k), async ? "async" : "sync"},
+                          60s, {{"OMP_NUM_THREADS", "1"}});
     std::smatch m0, m1;
     ASSERT_TRUE(std::regex_search(r.out, m0, saved_re)) << r.out << r.err;
     ASSERT_TRUE(std::regex_search(r.out, m1, saving_re)) << r.out << r.err;
@@ -312,6 +315,14 @@ TEST(Checkpoint, KillAtEveryStepOfASaveLeavesALoadableCheckpoint) {
   }
   EXPECT_TRUE(completed) << "the save never completed within 60 I/O operations";
   EXPECT_GT(loaded_names["checkpoint_0"], 5) << "too few kill points fell inside the save";
+}
+
+TEST(Checkpoint, KillAtEveryStepOfASaveLeavesALoadableCheckpoint) {
+  kill_at_every_step_of_a_save(false);
+}
+
+TEST(Checkpoint, KillAtEveryStepOfABackgroundSaveLeavesALoadableCheckpoint) {
+  kill_at_every_step_of_a_save(true);
 }
 
 TEST(Checkpoint, ACheckpointFromTwoProcessesLoadsOnOneAndThreeWithAWarning) {

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -1229,6 +1230,104 @@ TEST(CheckpointAtomicity, AFailedSaveRemovesItsTempFolder) {
     }
     EXPECT_TRUE(left.empty()) << "left behind: " << ::testing::PrintToString(left);
   }
+}
+
+// --- background saves (SaveStateOptions::async) ----------------------------------------------
+
+// The real file system, except that writing a file waits until open() is called.
+class GatedFs : public ckpt::CheckpointFs {
+ public:
+  void open() { gate_.set_value(); }
+  ckpt::WrittenFile write_stream(const fs::path& path,
+                                 const std::function<void(const ckpt::Sink&)>& produce) override {
+    opened_.wait();
+    return CheckpointFs::write_stream(path, produce);
+  }
+
+ private:
+  std::promise<void> gate_;
+  std::shared_future<void> opened_ = gate_.get_future().share();
+};
+
+// Training goes on while the files are written (the fused optimizer step, the EMA update and the
+// counter change the live state in place): the checkpoint holds the state of the save_state call.
+TEST(CheckpointAsync, ABackgroundSaveHoldsTheStateOfItsCallWhileTrainingGoesOn) {
+  TempDir tmp;
+  Rig rig({.init_seed = 1});
+  for (int i = 0; i < 5; ++i) rig.step();
+  auto saved = snapshot(rig);
+  GatedFs gated;  // the writer writes no file before the training below has changed the state
+  UseFs use(&gated);
+  auto dir = rig.acc.save_state(tmp.path() / "ckpt", {.async = true});
+  EXPECT_EQ(dir, tmp.path() / "ckpt");
+  for (int i = 0; i < 3; ++i) rig.step();
+  gated.open();
+  rig.acc.wait_for_checkpoint();
+  rig.acc.wait_for_checkpoint();  // nothing in flight: returns at once
+  Rig resumed({.init_seed = 2});
+  resumed.acc.load_state(dir);
+  expect_same(saved, snapshot(resumed));
+}
+
+// A background save that fails at any of its file operations is reported by the next
+// wait_for_checkpoint (or save_state, or end_training), and the previous checkpoint still loads.
+TEST(CheckpointAsync, AFailedBackgroundSaveIsReportedAndLeavesThePreviousCheckpoint) {
+  TempDir tmp, probe_dir;
+  auto root = tmp.path() / "checkpoints";
+  fs::create_directories(probe_dir.path() / "checkpoints");
+  auto ops = save_operations(project_rig(probe_dir.path(), std::nullopt, false), fs::path(), false);
+  auto publish = last_index_of(ops, "rename ");
+  ASSERT_LT(publish, ops.size());
+  Rig rig(project_rig(tmp.path(), std::nullopt, false));
+  rig.step();
+  auto first = rig.acc.save_state();
+  auto first_state = snapshot(rig);
+  for (std::size_t k = 0; k <= publish; ++k) {
+    SCOPED_TRACE(describe(ops, k));
+    FaultyFs faulty(static_cast<int64_t>(k));
+    UseFs use(&faulty);
+    auto target = rig.acc.save_state({}, {.async = true});
+    rig.step();
+    if (k % 2 == 0) {
+      expect_checkpoint_error([&] { rig.acc.wait_for_checkpoint(); },
+                              {"background save of " + target.string(), "intact"});
+    } else {
+      expect_checkpoint_error([&] { rig.acc.end_training(); },
+                              {"background save of " + target.string()});
+      rig.acc.wait_for_checkpoint();  // reported once: the collective finds nothing more
+    }
+    EXPECT_FALSE(fs::exists(target));
+    EXPECT_EQ(rig.acc.latest_checkpoint(), first);
+  }
+  Rig check(project_rig(tmp.path(), std::nullopt, /*automatic_resume=*/false, /*init_seed=*/9));
+  EXPECT_EQ(check.acc.load_state(), first);
+  expect_same(first_state, snapshot(check));
+}
+
+// The automatic saves of ProjectConfiguration::async_checkpoints: each is complete once the next
+// one starts, and rotation keeps total_limit of them.
+TEST(CheckpointAsync, AutomaticSavesInTheBackgroundRotateAndLoad) {
+  TempDir tmp;
+  auto options = project_rig(tmp.path(), 2, false);
+  options.accelerator.project.save_interval = 2;
+  options.accelerator.project.async_checkpoints = true;
+  Snapshot at6;
+  {
+    Rig rig(options);
+    for (int i = 0; i < 7; ++i) {
+      if (i == 6) at6 = snapshot(rig);  // the automatic save at step 6 happens at the 7th batch
+      rig.step();
+    }
+    rig.acc.wait_for_checkpoint();
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(tmp.path() / "checkpoints"))
+      names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    EXPECT_EQ(names, (std::vector<std::string>{"checkpoint_1", "checkpoint_2"}));
+  }
+  Rig check(project_rig(tmp.path(), std::nullopt, false, 9));
+  EXPECT_EQ(check.acc.load_state(), tmp.path() / "checkpoints" / "checkpoint_2");
+  expect_same(at6, snapshot(check));
 }
 
 // save_state(dir) over an existing checkpoint: at every failure point, `dir` still loads, as the

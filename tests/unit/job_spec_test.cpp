@@ -173,6 +173,7 @@ TEST(KeyTable, WorkerSettingsComeFromTheKeysMarkedForWorkers) {
                                                  {"ACCEL_COLLECTIVE_TIMEOUT", "90s"},
                                                  {"ACCEL_CHECKPOINT_DIR", ""},
                                                  {"ACCEL_CHECKPOINT_INTERVAL", "0"},
+                                                 {"ACCEL_ASYNC_CHECKPOINTS", "false"},
                                                  {"ACCEL_RESUME", "auto"},
                                                  {"ACCEL_PROJECT_DIR", ""},
                                                  {"ACCEL_LOG_WITH", ""}};

@@ -56,6 +56,10 @@ struct ProjectConfiguration {
   // Save automatically every N optimizer steps (at the next batch, once the step is done).
   // Unset: ACCEL_CHECKPOINT_INTERVAL, else 0 (only explicit save_state()).
   std::optional<int64_t> save_interval{};
+  // The automatic saves (every save_interval steps) write in the background, as
+  // save_state(dir, {.async = true}) does. Unset: ACCEL_ASYNC_CHECKPOINTS (accel-launch
+  // --async-checkpoints), else false.
+  std::optional<bool> async_checkpoints{};
   // With automatic naming, the newest complete checkpoint is loaded when training starts, so a
   // restarted job continues where it was: the first time a prepared loader is iterated or asked
   // its epoch() or state(), or at the first backward() or save_state(), whichever comes first
@@ -77,6 +81,15 @@ struct ProjectConfiguration {
 // What save_model writes (HF's save_pretrained with safe_serialization).
 struct SaveModelOptions {
   std::string max_shard_size = "10GB";  // "500MB", "2GiB", or bytes
+};
+
+// How save_state writes (docs/checkpointing.md).
+struct SaveStateOptions {
+  // Copy the state to memory and return; the files are written, fsynced and published by a
+  // background thread of the main process while training goes on. The next save_state,
+  // load_state, wait_for_checkpoint or end_training waits for it first, and reports its failure.
+  // Costs a copy of the models and optimizer states in memory until it is written.
+  bool async = false;
 };
 
 struct AcceleratorOptions {
@@ -347,6 +360,12 @@ class Accelerator {
   // any point leaves the previous checkpoint intact and nothing load_state would accept.
   // Returns the folder.
   std::filesystem::path save_state(const std::filesystem::path& dir = {});
+  std::filesystem::path save_state(const std::filesystem::path& dir,
+                                   const SaveStateOptions& options);
+  // Every rank calls it. Waits until a background save (SaveStateOptions::async) is on disk;
+  // CheckpointError on every rank when it failed (the previous checkpoint is then intact).
+  // Returns at once when none is in flight.
+  void wait_for_checkpoint();
   // Every rank calls it, after prepare(). Restores what save_state wrote, from `dir` or (empty)
   // the newest complete checkpoint under project_dir/checkpoints. CheckpointError, naming the
   // file and the problem, for a missing, truncated, corrupt or foreign checkpoint, or one that
@@ -424,7 +443,8 @@ class Accelerator {
   // without trackers, a no-op. A run resumed from a checkpoint first cuts the files back to what
   // they held at that checkpoint, so no step appears twice.
   void log(const std::map<std::string, double>& values, std::optional<int64_t> step = {});
-  // HF's end_training: closes the trackers' files (the destructor does too).
+  // HF's end_training: waits for a background save (the main process throws CheckpointError if
+  // it failed; not a collective) and closes the trackers' files (the destructor does both).
   void end_training();
   // logging_dir/project_name after init_trackers with trackers on; empty otherwise.
   std::filesystem::path tracker_dir() const;

@@ -7,8 +7,8 @@
 //   runtime_worker train OUT_FILE GLOBAL_BATCH STEPS
 //   {plain|set_to_none|accumulate|no_sync|throw_acc|throw_plain} runtime_worker mismatch
 //   {sleep|other_collective|dtype} runtime_worker backward_throws {acc|plain} [STEP_MS]
-//   runtime_worker save_killed DIR K    (one process: checkpoint_0, then SIGKILL at I/O op K of
-//   checkpoint_1) runtime_worker load_newest DIR      (one process: load_state() of the newest
+//   runtime_worker save_killed DIR K [async] (one process: checkpoint_0, then SIGKILL at I/O op K
+//   of checkpoint_1) runtime_worker load_newest DIR      (one process: load_state() of the newest
 //   checkpoint, print its hash)
 #include <ATen/CPUGeneratorImpl.h>
 #include <signal.h>
@@ -562,20 +562,26 @@ void train_steps(CheckpointRig& rig, int steps, accel::Accelerator& acc) {
   }
 }
 
-int save_killed(const std::string& dir, int kill_at) {
+// async: the second save writes in the background while 3 more steps train, then waits for it.
+int save_killed(const std::string& dir, int kill_at, bool async) {
   accel::Accelerator acc({.project = {.project_dir = dir}});
   auto rig = checkpoint_rig(acc);
   train_steps(rig, 3, acc);
   acc.save_state();
   std::printf("SAVED checkpoint_0 %s\n", weights_hash(*rig.model).c_str());
   train_steps(rig, 3, acc);
-  std::printf("SAVING checkpoint_1 %s\n", weights_hash(*rig.model).c_str());
+  const std::string saving = weights_hash(*rig.model);
+  std::printf("SAVING checkpoint_1 %s\n", saving.c_str());
   std::fflush(stdout);
   KillingFs killing(kill_at);
   accel::ckpt::set_checkpoint_fs_for_testing(&killing);
-  acc.save_state();
+  acc.save_state({}, {.async = async});
+  if (async) {
+    train_steps(rig, 3, acc);
+    acc.wait_for_checkpoint();
+  }
   accel::ckpt::set_checkpoint_fs_for_testing(nullptr);
-  std::printf("SAVED checkpoint_1 %s\n", weights_hash(*rig.model).c_str());
+  std::printf("SAVED checkpoint_1 %s\n", saving.c_str());
   return 0;
 }
 
@@ -672,7 +678,8 @@ int main(int argc, char** argv) {
     return backward_throws(std::string(argv[2]) == "plain", argc > 3 ? std::atoi(argv[3]) : 0);
   }
   if (mode == "hang") return hang(argc > 2 ? std::atoi(argv[2]) : 1);
-  if (mode == "save_killed" && argc > 3) return save_killed(argv[2], std::atoi(argv[3]));
+  if (mode == "save_killed" && argc > 3)
+    return save_killed(argv[2], std::atoi(argv[3]), argc > 4 && std::string(argv[4]) == "async");
   if (mode == "load_newest" && argc > 2) return load_newest(argv[2]);
   if (mode == "late_order" && argc > 5) {
     return late_order(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]), argv[5]);
