@@ -55,6 +55,7 @@ inline constexpr char kCheckpointInterval[] = "ACCEL_CHECKPOINT_INTERVAL";
 inline constexpr char kCheckpointTotalLimit[] = "ACCEL_CHECKPOINT_TOTAL_LIMIT";
 // true | false: the automatic saves write in the background
 inline constexpr char kAsyncCheckpoints[] = "ACCEL_ASYNC_CHECKPOINTS";
+inline constexpr char kZeroStage[] = "ACCEL_ZERO_STAGE";    // 0 | 1: ZeRO stage of the optimizers
 inline constexpr char kResume[] = "ACCEL_RESUME";           // auto | force (resume another run's)
 inline constexpr char kProjectDir[] = "ACCEL_PROJECT_DIR";  // trackers' (and checkpoints') folder
 inline constexpr char kLogWith[] = "ACCEL_LOG_WITH";        // tensorboard,jsonl,csv | all

@@ -230,6 +230,8 @@ int run_training(int argc, char** argv) {
   if (!args.str("save-model").empty() && acc.is_main_process()) {
     acc.save_model(m, args.str("save-model"));
   }
+  // HF's end_training: the trackers' files closed, and a background save's failure raised here.
+  acc.end_training();
   return 0;
 }
 

@@ -84,6 +84,8 @@ int run_training(int argc, char** argv) {
     acc.log({{"loss", mean.item<double>()}, {"epoch", static_cast<double>(epoch)}});
   }
   acc.wait_for_everyone();
+  // HF's end_training: the trackers' files closed, and a background save's failure raised here.
+  acc.end_training();
   return 0;
 }
 

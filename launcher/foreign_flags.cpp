@@ -18,7 +18,6 @@ struct Refused {
 constexpr Refused kRefused[] = {
     {"--use-deepspeed", "DeepSpeed"},
     {"--deepspeed-", "DeepSpeed"},
-    {"--zero-stage", "DeepSpeed's ZeRO"},
     {"--zero3-", "DeepSpeed's ZeRO"},
     {"--offload-", "DeepSpeed's offloading"},
     {"--gradient-clipping", "DeepSpeed's gradient clipping (call acc.clip_grad_norm_ instead)"},

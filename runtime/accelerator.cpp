@@ -31,7 +31,7 @@ int64_t detail::own_step_count(torch::optim::Optimizer& optimizer) {
   }
   for (auto& group : optimizer.param_groups()) {
     for (auto& p : group.params()) {
-      auto it = optimizer.state().find(c10::guts::to_string(p.unsafeGetTensorImpl()));
+      auto it = optimizer.state().find(detail::state_key(p));
       if (it == optimizer.state().end()) continue;
       auto* state = it->second.get();
       if (auto* s = dynamic_cast<o::AdamParamState*>(state)) return s->step();
@@ -71,7 +71,10 @@ void PreparedOptimizer::step() {
   ++slot.steps;
   // Why: one pass over each parameter's memory instead of libtorch's one per operation.
   auto run_step = [&slot] {
-    if (!slot.fused || !detail::fused_step(*slot.optimizer)) slot.optimizer->step();
+    if (slot.zero)
+      slot.zero->step();
+    else if (!slot.fused || !detail::fused_step(*slot.optimizer))
+      slot.optimizer->step();
   };
   if (loss_scaler_ && loss_scaler_->is_enabled()) {
     slot.overflow = !loss_scaler_->step(*slot.optimizer, run_step);
@@ -172,6 +175,11 @@ Accelerator::Accelerator(AcceleratorOptions options)
   }
   setup_mixed_precision(which);
   impl_->autocast_forward_ = options_.autocast_forward && impl_->mixed_precision_ != "no";
+  impl_->zero_stage_ = options_.zero_stage.value_or(e.zero_stage);
+  if (impl_->zero_stage_ != 0 && impl_->zero_stage_ != 1) {
+    throw ConfigError("accel: option zero_stage must be 0 or 1, got " +
+                      std::to_string(impl_->zero_stage_));
+  }
   setup_project();
   impl_->tracking_ = std::make_unique<detail::Tracking>();
   if (options_.log_with) {
@@ -199,6 +207,10 @@ Accelerator::Accelerator(AcceleratorOptions options)
 Accelerator::~Accelerator() {
   try {
     end_training();
+  } catch (const CheckpointError& e) {
+    // Why not silent: a destructor cannot throw; a program that wants the failure as an error
+    // calls end_training() or wait_for_checkpoint() itself.
+    log::write(env::LogLevel::kError, e.what());
   } catch (const std::exception& e) {
     log::warning(std::string("at the end of training: ") + e.what());
   }
@@ -314,6 +326,13 @@ PreparedOptimizer Accelerator::prepare_optimizer(
   slot->optimizer = std::move(optimizer);
   slot->own_steps = detail::own_step_count(*slot->optimizer);
   slot->fused = options_.fused_optimizer;
+  if (impl_->zero_stage_ == 1 && num_processes() > 1) {
+    slot->zero = std::make_unique<detail::ZeroOptimizer>(*slot->optimizer, state_->comm());
+    slot->own_steps = -1;  // Why: its state lives in the shards; the original handle goes unseen
+    log::debug("ZeRO stage 1: optimizer " + std::to_string(impl_->optimizers_.size()) + " (" +
+               c10::demangle(typeid(*slot->optimizer).name()) + ") sharded; rank " +
+               std::to_string(process_index()) + " holds " + slot->zero->describe_shard());
+  }
   impl_->optimizers_.push_back(slot);
   return PreparedOptimizer(std::move(slot), gradient_state_, impl_->scaler_);
 }

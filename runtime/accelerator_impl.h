@@ -17,6 +17,7 @@
 #include "accel/accelerator.h"
 #include "runtime/grad_sync.h"
 #include "runtime/tracking.h"
+#include "runtime/zero.h"
 
 namespace accel {
 
@@ -32,7 +33,8 @@ struct OptimizerSlot {
   // the last step through the prepared optimizer, or -1 when it keeps none: a larger count means
   // someone stepped the original optimizer.
   int64_t own_steps = -1;
-  bool fused = true;  // AcceleratorOptions::fused_optimizer
+  bool fused = true;                    // AcceleratorOptions::fused_optimizer
+  std::unique_ptr<ZeroOptimizer> zero;  // ZeRO stage 1 (zero.h); null without it
 };
 
 struct SchedulerSlot {
@@ -51,6 +53,7 @@ struct CustomState {
 struct Accelerator::Impl {
   std::string mixed_precision_ = "no";
   bool autocast_forward_ = false;  // options_.autocast_forward with mixed precision on
+  int zero_stage_ = 0;             // options_.zero_stage, else ACCEL_ZERO_STAGE
   std::unordered_map<const torch::nn::Module*, std::shared_ptr<GradSync>> syncs_;
   std::unordered_map<const torch::nn::Module*, bool> prepared_;
   bool trigger_ = false;

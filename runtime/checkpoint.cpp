@@ -166,10 +166,16 @@ bool deep_copy_state(torch::optim::OptimizerParamState& state) {
 }
 
 OutFile optimizer_snapshot(std::string name, torch::optim::Optimizer& optimizer) {
+  namespace o = torch::optim;
   auto& live = optimizer.state();
   std::remove_reference_t<decltype(live)> copies;
-  bool copied = true;
+  // Why exact types: another optimizer (a subclass included) may save more than its state(), or
+  // keep states whose clone() libtorch does not provide; it is serialized into memory instead.
+  const auto& type = typeid(optimizer);
+  bool copied = type == typeid(o::Adam) || type == typeid(o::AdamW) || type == typeid(o::SGD) ||
+                type == typeid(o::Adagrad) || type == typeid(o::RMSprop);
   for (const auto& [key, state] : live) {
+    if (!copied) break;
     auto c = state->clone();  // shares the tensors: deep_copy_state replaces them
     if (!deep_copy_state(*c)) {
       copied = false;
@@ -177,6 +183,9 @@ OutFile optimizer_snapshot(std::string name, torch::optim::Optimizer& optimizer)
     }
     copies.emplace(key, std::move(c));
   }
+  // Why: the copies of CUDA state are queued on this thread's stream; the writer thread reads
+  // them from its own.
+  if (copied && !copies.empty() && torch::cuda::is_available()) torch::cuda::synchronize();
   if (!copied) {
     std::string bytes;
     auto archive = torch::serialize::OutputArchive();
@@ -633,8 +642,11 @@ fs::path Accelerator::save_state(const fs::path& dir, const SaveStateOptions& op
     hook(impl_->models_, target);
   auto mine = rank_state(process_index(), impl_->loaders_);
   auto blobs = use_distributed() ? gather_object(mine) : std::vector<std::string>{mine};
+  // ZeRO: the shards of each optimizer's state become libtorch's full state on the main process
+  // for the save (the checkpoint is the unsharded one), and go again after it.
+  for (auto& slot : impl_->optimizers_)
+    if (slot->zero) slot->zero->gather_state(is_main_process());
   std::string error;
-  std::function<void()> write;  // main process: writes and publishes the folder
   if (is_main_process()) {
     try {
       std::vector<OutFile> files;
@@ -711,32 +723,39 @@ fs::path Accelerator::save_state(const fs::path& dir, const SaveStateOptions& op
       };
       std::optional<int64_t> limit;
       if (automatic) limit = impl_->project_.total_limit;
-      write = [target, blobs = std::move(blobs), files = std::move(files),
-               manifest = std::move(manifest), limit]() mutable {
+      std::function<void()> write = [target, blobs = std::move(blobs), files = std::move(files),
+                                     manifest = std::move(manifest), limit]() mutable {
         write_checkpoint(target, blobs, files, std::move(manifest));
         if (limit) rotate(target, *limit);
       };
-      if (!async) write();
+      if (!async) {
+        write();
+      } else {
+        // Why here, before the broadcast: a thread that cannot start is this save's error, which
+        // every rank must learn now, not at a wait that only some ranks would reach.
+        impl_->save_writer_ = std::async(std::launch::async, [write = std::move(write)] {
+          try {
+            write();
+          } catch (const std::exception& e) {
+            return std::string(*e.what() ? e.what() : "accel: save_state failed");
+          } catch (...) {
+            return std::string("accel: save_state failed (an unknown exception)");
+          }
+          return std::string();
+        });
+      }
     } catch (const std::exception& e) {
       error = e.what();
       if (error.empty()) error = "accel: save_state failed";
     }
   }
+  for (auto& slot : impl_->optimizers_)
+    if (slot->zero) slot->zero->clear_installed();
   // Why: every rank must learn that rank 0's write (or, async, its copy) failed, or the others
   // would carry on as if the checkpoint existed.
   if (use_distributed()) error = broadcast_object(error);
   if (!error.empty()) throw CheckpointError(error);
   if (async) {
-    if (is_main_process()) {
-      impl_->save_writer_ = std::async(std::launch::async, [write = std::move(write)] {
-        try {
-          write();
-        } catch (const std::exception& e) {
-          return std::string(*e.what() ? e.what() : "accel: save_state failed");
-        }
-        return std::string();
-      });
-    }
     impl_->save_in_flight_ = true;
     impl_->save_target_ = target;
   }
@@ -930,6 +949,22 @@ fs::path Accelerator::load_from(const fs::path& source, bool verify_checksums) {
                              std::string("cannot be loaded into prepared optimizer ") +
                                  std::to_string(i) + ": " + e.what_without_backtrace());
     }
+  }
+  // ZeRO: each rank keeps its slices of the loaded (full) state, once every one fits.
+  for (std::size_t i = 0; i < impl_->optimizers_.size(); ++i) {
+    if (!impl_->optimizers_[i]->zero) continue;
+    try {
+      impl_->optimizers_[i]->zero->check_loaded(
+          (source / indexed("optimizer", i, ".bin")).string());
+    } catch (...) {
+      for (std::size_t j = 0; j < impl_->optimizers_.size(); ++j)
+        before[j].restore(*impl_->optimizers_[j]->optimizer);
+      throw;
+    }
+  }
+  for (std::size_t i = 0; i < impl_->optimizers_.size(); ++i) {
+    if (impl_->optimizers_[i]->zero)
+      impl_->optimizers_[i]->zero->adopt_state((source / indexed("optimizer", i, ".bin")).string());
   }
   for (std::size_t i = 0; i < impl_->optimizers_.size(); ++i) {
     const auto& steps = m["optimizer_steps"];
@@ -1225,7 +1260,12 @@ void Accelerator::on_step_boundary() {
 }
 
 void Accelerator::stop_after_checkpoint(int signal) {
-  wait_for_checkpoint();  // Why: an automatic save may still be writing; _Exit would lose it
+  try {
+    wait_for_checkpoint();  // Why: an automatic save may still be writing; _Exit would lose it
+  } catch (const CheckpointError& e) {
+    log::warning(std::string(e.what()) + "; saving again before stopping");
+    impl_->last_auto_save_ = -1;  // Why: that step has no checkpoint; save it below
+  }
   auto done = completed_steps();
   fs::path where = done == impl_->last_auto_save_ && done > 0 ? latest_checkpoint() : save_state();
   print("accel: received",

@@ -36,13 +36,14 @@ std::string format_duration(std::chrono::milliseconds d) {
 
 Comm::Comm(int rank, int world_size, std::chrono::milliseconds timeout,
            c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<CollectiveGroup> group,
-           std::unique_ptr<ShmGroup> shm)
+           std::unique_ptr<ShmGroup> shm, std::unique_ptr<Hierarchy> hierarchy)
     : rank_(rank),
       world_size_(world_size),
       timeout_(timeout),
       store_(std::move(store)),
       group_(std::move(group)),
-      shm_(std::move(shm)) {
+      shm_(std::move(shm)),
+      hier_(std::move(hierarchy)) {
   trace_ = env::worker_env().trace_collectives;
 }
 
@@ -148,6 +149,22 @@ Comm::Pending Comm::allreduce_async(at::Tensor& tensor, c10d::ReduceOp op, bool 
     });
     return p;
   }
+  if (hier_ && ShmGroup::can_reduce(tensor) && shm_reduces(op)) {
+    // The machine's sum in shared memory, the leaders' sum of those through gloo (in flight
+    // until wait()), then the leader's result to its machine's ranks in wait(): every rank ends
+    // with the leaders' bits.
+    p.detail = detail(tensor, 0, op);
+    guarded(p, [&] { hier_->shm->allreduce(tensor, op, {p.op, p.seq, p.bytes, p.detail}); });
+    if (hier_->leaders) {
+      std::vector<at::Tensor> tensors{tensor};
+      c10d::AllreduceOptions opts;
+      opts.reduceOp = op;
+      guarded(p, [&] { p.work = hier_->leaders->allreduce(tensors, opts); });
+    }
+    p.node_broadcast = tensor;
+    if (average) p.divide = tensor;
+    return p;
+  }
   std::vector<at::Tensor> tensors{tensor};
   if (average) p.divide = tensor;
   c10d::AllreduceOptions opts;
@@ -157,17 +174,27 @@ Comm::Pending Comm::allreduce_async(at::Tensor& tensor, c10d::ReduceOp op, bool 
 }
 
 void Comm::wait(Pending& pending) {
-  if (!pending.work) {
+  if (!pending.work && !pending.node_broadcast.defined()) {
     progress::collective_finished(pending.seq);
     return;
   }
-  try {
-    pending.work->wait();
-  } catch (const std::exception& e) {
+  if (pending.work) {
+    try {
+      pending.work->wait();
+    } catch (const std::exception& e) {
+      pending.work.reset();
+      pending.node_broadcast = at::Tensor();
+      fail(pending, e.what());
+    }
     pending.work.reset();
-    fail(pending, e.what());
   }
-  pending.work.reset();
+  if (pending.node_broadcast.defined()) {
+    at::Tensor t = std::move(pending.node_broadcast);
+    pending.node_broadcast = at::Tensor();
+    guarded(pending, [&] {
+      hier_->shm->broadcast(t, 0, {"broadcast", pending.seq, pending.bytes, pending.detail});
+    });
+  }
   progress::collective_finished(pending.seq);
   if (pending.divide.defined()) {
     pending.divide.div_(world_size_);
@@ -207,6 +234,10 @@ void Comm::broadcast(at::Tensor& tensor, int root) {
     });
     return wait(p);
   }
+  if (hier_ && ShmGroup::can_move(tensor)) {
+    hier_broadcast(tensor, root, p);
+    return wait(p);
+  }
   std::vector<at::Tensor> tensors{tensor};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
@@ -224,6 +255,10 @@ void Comm::allgather(at::Tensor& output, const at::Tensor& input) {
     guarded(p, [&] {
       shm_->allgather(output, input, {p.op, p.seq, p.bytes, detail(input, 0, c10d::ReduceOp::SUM)});
     });
+    return wait(p);
+  }
+  if (hier_ && ShmGroup::can_move(input) && ShmGroup::can_move(output)) {
+    hier_allgather(output, input, p);
     return wait(p);
   }
   std::vector<std::vector<at::Tensor>> outputs(1);
@@ -244,9 +279,62 @@ void Comm::barrier() {
     guarded(p, [&] { shm_->barrier({p.op, p.seq, p.bytes}); });
     return wait(p);
   }
+  if (hier_) {
+    hier_barrier(p);
+    return wait(p);
+  }
   c10d::BarrierOptions opts;
   guarded(p, [&] { p.work = group_->barrier(opts); });
   wait(p);
+}
+
+// --- hierarchical forms ------------------------------------------------------------------------
+// Each runs on every rank in the same order: the machines' shared-memory steps are independent of
+// each other, and only the leaders take part in the gloo step between them.
+
+void Comm::hier_broadcast(at::Tensor& tensor, int root, const Pending& p) {
+  const int root_node = root / hier_->local_world, root_local = root % hier_->local_world;
+  const uint64_t d = detail(tensor, root, c10d::ReduceOp::SUM);
+  guarded(p, [&] {
+    // The root's machine first (its leader then holds the data), the leaders, the other machines.
+    if (hier_->node == root_node)
+      hier_->shm->broadcast(tensor, root_local, {p.op, p.seq, p.bytes, d});
+    if (hier_->leaders) {
+      std::vector<at::Tensor> tensors{tensor};
+      c10d::BroadcastOptions opts;
+      opts.rootRank = root_node;
+      hier_->leaders->broadcast(tensors, opts)->wait();
+    }
+    if (hier_->node != root_node) hier_->shm->broadcast(tensor, 0, {p.op, p.seq, p.bytes, d});
+  });
+}
+
+void Comm::hier_allgather(at::Tensor& output, const at::Tensor& input, const Pending& p) {
+  const int64_t per_rank = input.numel();
+  const int local = hier_->local_world;
+  const uint64_t d = detail(input, 0, c10d::ReduceOp::SUM);
+  // Ranks are numbered machine by machine, so this machine's ranks fill one contiguous block.
+  auto flat = output.view({-1});
+  auto block = flat.narrow(0, int64_t{hier_->node} * local * per_rank, local * per_rank);
+  guarded(p, [&] {
+    hier_->shm->allgather(block, input, {p.op, p.seq, p.bytes, d});
+    if (hier_->leaders) {
+      std::vector<std::vector<at::Tensor>> outputs(1);
+      for (int n = 0; n < hier_->nodes; ++n)
+        outputs[0].push_back(flat.narrow(0, int64_t{n} * local * per_rank, local * per_rank));
+      std::vector<at::Tensor> inputs{block.clone()};
+      hier_->leaders->allgather(outputs, inputs, c10d::AllgatherOptions())->wait();
+    }
+    hier_->shm->broadcast(flat, 0, {p.op, p.seq, p.bytes, d});
+  });
+}
+
+void Comm::hier_barrier(const Pending& p) {
+  guarded(p, [&] {
+    hier_->shm->barrier({p.op, p.seq, p.bytes});
+    if (hier_->leaders) hier_->leaders->barrier(c10d::BarrierOptions())->wait();
+    hier_->shm->barrier({p.op, p.seq, p.bytes});
+  });
 }
 
 }  // namespace accel

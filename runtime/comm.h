@@ -17,6 +17,16 @@
 
 namespace accel {
 
+// A job over several machines with the same number of ranks on each, numbered node by node:
+// collectives go through shared memory between the ranks of a machine and through gloo between
+// one leader per machine (its local rank 0), instead of gloo between all ranks.
+struct Hierarchy {
+  int node = 0, nodes = 1;                      // this machine's index and the machine count
+  int local_rank = 0, local_world = 1;          // this rank on its machine, and ranks per machine
+  std::unique_ptr<ShmGroup> shm;                // this machine's ranks
+  c10::intrusive_ptr<CollectiveGroup> leaders;  // the leaders' group; null on other ranks
+};
+
 class Comm {
  public:
   // A collective in flight. Pass it to wait() exactly once.
@@ -27,6 +37,9 @@ class Comm {
     std::size_t bytes = 0;
     std::chrono::steady_clock::time_point started;
     at::Tensor divide;  // divided by world_size after the wait (gloo path of an average)
+    // Hierarchical all-reduce: the machine's leader broadcasts the result to its ranks in wait().
+    at::Tensor node_broadcast;
+    std::uint64_t detail = 0;
   };
 
   // A single process: every collective is the identity and nothing is created.
@@ -35,9 +48,10 @@ class Comm {
   // `shm` (may be null) carries the collectives it can between local ranks; gloo the rest.
   Comm(int rank, int world_size, std::chrono::milliseconds timeout,
        c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<CollectiveGroup> group,
-       std::unique_ptr<ShmGroup> shm = nullptr);
+       std::unique_ptr<ShmGroup> shm = nullptr, std::unique_ptr<Hierarchy> hierarchy = nullptr);
   ~Comm();
   bool uses_shared_memory() const { return shm_ != nullptr; }
+  bool hierarchical() const { return hier_ != nullptr; }
 
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
@@ -71,6 +85,10 @@ class Comm {
     }
   }
   std::string desync_report(const Pending& pending);
+  // The hierarchical forms (hier_ set; shared memory can carry the tensor).
+  void hier_broadcast(at::Tensor& tensor, int root, const Pending& p);
+  void hier_allgather(at::Tensor& output, const at::Tensor& input, const Pending& p);
+  void hier_barrier(const Pending& p);
 
   int rank_ = 0;
   int world_size_ = 1;
@@ -78,6 +96,7 @@ class Comm {
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<CollectiveGroup> group_;
   std::unique_ptr<ShmGroup> shm_;
+  std::unique_ptr<Hierarchy> hier_;
   std::atomic<std::uint64_t> seq_{0};
   bool trace_ = false;  // ACCEL_TRACE_COLLECTIVES=1: one stderr line per collective
 };

@@ -37,6 +37,7 @@ struct WorkerEnv {
   std::optional<long> checkpoint_total_limit;
   long checkpoint_interval = 0;
   bool async_checkpoints = false;          // ACCEL_ASYNC_CHECKPOINTS
+  int zero_stage = 0;                      // ACCEL_ZERO_STAGE
   std::optional<std::string> project_dir;  // ACCEL_PROJECT_DIR
   std::optional<std::string> log_with;     // ACCEL_LOG_WITH, as given
   std::optional<bool> progress;            // ACCEL_PROGRESS: on/off

@@ -3,6 +3,7 @@
 
 #include <ATen/Parallel.h>
 #include <c10/util/string_utils.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
@@ -11,8 +12,12 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <typeinfo>
 #include <vector>
+
+#include "runtime/optimizer_steps.h"
 
 namespace accel::detail {
 namespace {
@@ -22,18 +27,20 @@ namespace o = torch::optim;
 // Why: below this many elements a thread costs more than it saves (ATen's GRAIN_SIZE).
 constexpr int64_t kGrain = 32768;
 
-std::string key_of(const torch::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+auto key_of(const torch::Tensor& p) { return state_key(p); }
 
 bool same_layout(const torch::Tensor& t, const torch::Tensor& p) {
   return t.defined() && t.device().is_cpu() && t.layout() == torch::kStrided &&
-         t.scalar_type() == p.scalar_type() && t.is_contiguous() && t.numel() == p.numel();
+         t.scalar_type() == p.scalar_type() && t.is_contiguous() && t.sizes() == p.sizes() &&
+         !t.is_inference();
 }
 
 bool fusable_param(const torch::Tensor& p) {
   if (!p.grad().defined()) return true;  // skipped by the step, as libtorch skips it
   auto s = p.scalar_type();
   return p.device().is_cpu() && p.layout() == torch::kStrided && p.is_contiguous() &&
-         (s == torch::kFloat || s == torch::kDouble) && same_layout(p.grad(), p);
+         !p.is_inference() && (s == torch::kFloat || s == torch::kDouble) &&
+         same_layout(p.grad(), p);
 }
 
 // The libtorch coefficients of one Adam/AdamW step, in the parameter's dtype where libtorch's
@@ -48,52 +55,101 @@ struct AdamCoeffs {
   T neg_step_size;  // -lr / (1 - beta1^step)
 };
 
-// Per element, libtorch 1.13's C++ Adam/AdamW step:
-//   AdamW: p.mul_(1 - lr*wd)               Adam: grad = grad.add(p, wd)
-//   exp_avg.mul_(beta1).add_(grad, 1 - beta1)
-//   exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2)
+// a * b + c rounded as ATen's elementwise kernels round it: once (a fused multiply-add) where
+// ATen runs its AVX2 kernels (CPUs with AVX2 and FMA), twice otherwise.
+template <bool kFma>
+inline float madd(float a, float b, float c) {
+  if constexpr (kFma) return __builtin_fmaf(a, b, c);
+  return a * b + c;
+}
+template <bool kFma>
+inline double madd(double a, double b, double c) {
+  if constexpr (kFma) return __builtin_fma(a, b, c);
+  return a * b + c;
+}
+
+// True where ATen 1.13 dispatches its AVX2 kernels, whose add(alpha) and addcmul round with FMA.
+// ATEN_CPU_CAPABILITY=default makes ATen run its baseline kernels everywhere; so does this.
+bool cpu_has_fma() {
+  static const bool has = [] {
+    const char* forced = std::getenv("ATEN_CPU_CAPABILITY");
+    if (forced != nullptr && std::string(forced) == "default") return false;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  }();
+  return has;
+}
+
+// Per element, libtorch 1.13's C++ Adam/AdamW step, each operation rounded as ATen's kernel for
+// it rounds (checked against python3-torch 1.13 element by element):
+//   AdamW: p.mul_(1 - lr*wd)               Adam: grad = grad.add(p, wd)        fma(wd, p, g)
+//   exp_avg.mul_(beta1).add_(grad, 1 - beta1)                   fma(1 - beta1, g, m * beta1)
+//   exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2)      fma((1 - beta2) * g, g, v * beta2)
 //   denom = (exp_avg_sq.sqrt() / sqrt(bias_correction2)).add_(eps)
-//   p.addcdiv_(exp_avg, denom, -lr / bias_correction1)
-template <class T, bool kDecoupled, bool kL2>
-void adam_range(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ m, T* __restrict__ v,
-                int64_t begin, int64_t end, const AdamCoeffs<T>& c) {
+//   p.addcdiv_(exp_avg, denom, -lr / bias_correction1)          p + (value * m) / denom
+template <class T, bool kDecoupled, bool kL2, bool kFma>
+inline __attribute__((always_inline)) void adam_body(T* __restrict__ p, const T* __restrict__ g,
+                                                     T* __restrict__ m, T* __restrict__ v,
+                                                     int64_t begin, int64_t end,
+                                                     const AdamCoeffs<T>& c) {
   for (int64_t i = begin; i < end; ++i) {
     T pi = p[i];
     if constexpr (kDecoupled) pi = pi * c.decay;
     T gi = g[i];
-    if constexpr (kL2) gi = gi + c.l2 * pi;
-    T mi = m[i] * c.beta1;
-    mi = mi + c.one_minus_beta1 * gi;
-    T vi = v[i] * c.beta2;
-    vi = vi + c.one_minus_beta2 * gi * gi;
+    if constexpr (kL2) gi = madd<kFma>(c.l2, pi, gi);
+    T mi = madd<kFma>(c.one_minus_beta1, gi, m[i] * c.beta1);
+    T vi = madd<kFma>(c.one_minus_beta2 * gi, gi, v[i] * c.beta2);
     T denom = std::sqrt(vi) / c.bias2_sqrt + c.eps;
     m[i] = mi;
     v[i] = vi;
-    p[i] = pi + c.neg_step_size * (mi / denom);
+    p[i] = pi + c.neg_step_size * mi / denom;
   }
 }
 
-template <class T>
-void adam_param(const torch::Tensor& param, torch::Tensor& exp_avg, torch::Tensor& exp_avg_sq,
-                const AdamCoeffs<T>& c, bool decoupled, bool l2) {
-  T* p = param.data_ptr<T>();
-  const T* g = param.grad().data_ptr<T>();
-  T* m = exp_avg.data_ptr<T>();
-  T* v = exp_avg_sq.data_ptr<T>();
-  at::parallel_for(0, param.numel(), kGrain, [&](int64_t begin, int64_t end) {
-    if (decoupled)
-      adam_range<T, true, false>(p, g, m, v, begin, end, c);
-    else if (l2)
-      adam_range<T, false, true>(p, g, m, v, begin, end, c);
-    else
-      adam_range<T, false, false>(p, g, m, v, begin, end, c);
-  });
+template <class T, bool kFma>
+inline __attribute__((always_inline)) void adam_variants(T* p, const T* g, T* m, T* v,
+                                                         int64_t begin, int64_t end,
+                                                         const AdamCoeffs<T>& c, bool decoupled,
+                                                         bool l2) {
+  if (decoupled)
+    adam_body<T, true, false, kFma>(p, g, m, v, begin, end, c);
+  else if (l2)
+    adam_body<T, false, true, kFma>(p, g, m, v, begin, end, c);
+  else
+    adam_body<T, false, false, kFma>(p, g, m, v, begin, end, c);
 }
 
-struct AdamGroup {
-  double lr, beta1, beta2, eps, weight_decay;
-  bool amsgrad;
-};
+// Why two functions: the FMA one is compiled for AVX2 + FMA (vectorized, one instruction per
+// fused multiply-add), the other for the baseline; cpu_has_fma() picks, as ATen picks its kernels.
+template <class T>
+__attribute__((target("avx2,fma"))) void adam_range_fma(T* p, const T* g, T* m, T* v, int64_t begin,
+                                                        int64_t end, const AdamCoeffs<T>& c,
+                                                        bool decoupled, bool l2) {
+  adam_variants<T, true>(p, g, m, v, begin, end, c, decoupled, l2);
+}
+template <class T>
+void adam_range_plain(T* p, const T* g, T* m, T* v, int64_t begin, int64_t end,
+                      const AdamCoeffs<T>& c, bool decoupled, bool l2) {
+  adam_variants<T, false>(p, g, m, v, begin, end, c, decoupled, l2);
+}
+
+template <class T>
+void adam_param(const torch::Tensor& param, const torch::Tensor& grad, const torch::Tensor& exp_avg,
+                const torch::Tensor& exp_avg_sq, const AdamCoeffs<T>& c, bool decoupled, bool l2) {
+  T* p = param.data_ptr<T>();
+  const T* g = grad.data_ptr<T>();
+  T* m = exp_avg.data_ptr<T>();
+  T* v = exp_avg_sq.data_ptr<T>();
+  const bool fma = cpu_has_fma();
+  at::parallel_for(0, param.numel(), kGrain, [&](int64_t begin, int64_t end) {
+    if (fma)
+      adam_range_fma<T>(p, g, m, v, begin, end, c, decoupled, l2);
+    else
+      adam_range_plain<T>(p, g, m, v, begin, end, c, decoupled, l2);
+  });
+  // Why: written through raw pointers, as in-place ops would write them; autograd must see the
+  // change (a graph kept across the step then refuses to run backward, as with libtorch's step).
+  for (const auto* t : {&param, &exp_avg, &exp_avg_sq}) torch::autograd::impl::bump_version(*t);
+}
 
 template <class State>
 bool state_fusable(o::Optimizer& optimizer, const torch::Tensor& p) {
@@ -115,9 +171,7 @@ bool adam_step(o::Optimizer& optimizer, bool decoupled) {
   }
   torch::NoGradGuard no_grad;
   for (auto& group : optimizer.param_groups()) {
-    auto& opts = static_cast<Options&>(group.options());
-    const double lr = opts.lr(), wd = opts.weight_decay(), eps = opts.eps();
-    const double beta1 = std::get<0>(opts.betas()), beta2 = std::get<1>(opts.betas());
+    const AdamRule rule = adam_rule(group, decoupled);
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
       auto key = key_of(p);
@@ -131,56 +185,47 @@ bool adam_step(o::Optimizer& optimizer, bool decoupled) {
       }
       auto& state = static_cast<State&>(*it->second);
       state.step(state.step() + 1);
-      const double bias1 = 1 - std::pow(beta1, state.step());
-      const double bias2 = 1 - std::pow(beta2, state.step());
-      auto fill = [&](auto zero) {
-        using T = decltype(zero);
-        AdamCoeffs<T> c{};
-        c.decay = static_cast<T>(1 - lr * wd);
-        c.l2 = static_cast<T>(wd);
-        c.beta1 = static_cast<T>(beta1);
-        c.one_minus_beta1 = static_cast<T>(1 - beta1);
-        c.beta2 = static_cast<T>(beta2);
-        c.one_minus_beta2 = static_cast<T>(1 - beta2);
-        c.bias2_sqrt = static_cast<T>(std::sqrt(bias2));
-        c.eps = static_cast<T>(eps);
-        c.neg_step_size = static_cast<T>(-(lr / bias1));
-        adam_param<T>(p, state.exp_avg(), state.exp_avg_sq(), c, decoupled && wd != 0,
-                      !decoupled && wd != 0);
-      };
-      if (p.scalar_type() == torch::kFloat)
-        fill(float{});
-      else
-        fill(double{});
+      fused_adam_update(p, p.grad(), state.exp_avg(), state.exp_avg_sq(), state.step(), rule);
     }
   }
   return true;
 }
 
-// Per element, libtorch 1.13's C++ SGD step:
-//   d_p = grad (+ weight_decay * p)
+// Per element, libtorch 1.13's C++ SGD step (ATen's add with alpha rounds as an FMA, above):
+//   d_p = grad (+ weight_decay * p)                                  fma(wd, p, g)
 //   momentum: buf = first step ? d_p : buf * momentum + (1 - dampening) * d_p
 //             d_p = nesterov ? d_p + momentum * buf : buf
-//   p.add_(d_p, -lr)
+//   p.add_(d_p, -lr)                                                 fma(-lr, d_p, p)
 template <class T>
 struct SgdCoeffs {
   T weight_decay, momentum, one_minus_dampening, neg_lr;
   bool has_decay, has_momentum, first, nesterov;
 };
 
-template <class T>
-void sgd_range(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ buf, int64_t begin,
-               int64_t end, const SgdCoeffs<T>& c) {
+template <class T, bool kFma>
+inline __attribute__((always_inline)) void sgd_body(T* __restrict__ p, const T* __restrict__ g,
+                                                    T* __restrict__ buf, int64_t begin, int64_t end,
+                                                    const SgdCoeffs<T>& c) {
   for (int64_t i = begin; i < end; ++i) {
     T d = g[i];
-    if (c.has_decay) d = d + c.weight_decay * p[i];
+    if (c.has_decay) d = madd<kFma>(c.weight_decay, p[i], d);
     if (c.has_momentum) {
-      T b = c.first ? d : buf[i] * c.momentum + c.one_minus_dampening * d;
+      T b = c.first ? d : madd<kFma>(c.one_minus_dampening, d, buf[i] * c.momentum);
       buf[i] = b;
-      d = c.nesterov ? d + c.momentum * b : b;
+      d = c.nesterov ? madd<kFma>(c.momentum, b, d) : b;
     }
-    p[i] = p[i] + c.neg_lr * d;
+    p[i] = madd<kFma>(c.neg_lr, d, p[i]);
   }
+}
+
+template <class T>
+__attribute__((target("avx2,fma"))) void sgd_range_fma(T* p, const T* g, T* buf, int64_t begin,
+                                                       int64_t end, const SgdCoeffs<T>& c) {
+  sgd_body<T, true>(p, g, buf, begin, end, c);
+}
+template <class T>
+void sgd_range_plain(T* p, const T* g, T* buf, int64_t begin, int64_t end, const SgdCoeffs<T>& c) {
+  sgd_body<T, false>(p, g, buf, begin, end, c);
 }
 
 bool sgd_step(o::Optimizer& optimizer) {
@@ -197,6 +242,7 @@ bool sgd_step(o::Optimizer& optimizer) {
   torch::NoGradGuard no_grad;
   for (auto& group : optimizer.param_groups()) {
     auto& opts = static_cast<o::SGDOptions&>(group.options());
+    const SgdRule rule = sgd_rule(group);
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
       torch::Tensor buf;
@@ -216,34 +262,87 @@ bool sgd_step(o::Optimizer& optimizer) {
           buf = static_cast<o::SGDParamState&>(*it->second).momentum_buffer();
         }
       }
-      auto run = [&](auto zero) {
-        using T = decltype(zero);
-        SgdCoeffs<T> c{};
-        c.weight_decay = static_cast<T>(opts.weight_decay());
-        c.momentum = static_cast<T>(opts.momentum());
-        c.one_minus_dampening = static_cast<T>(1 - opts.dampening());
-        c.neg_lr = static_cast<T>(-1 * opts.lr());
-        c.has_decay = opts.weight_decay() != 0;
-        c.has_momentum = opts.momentum() != 0;
-        c.first = first;
-        c.nesterov = opts.nesterov();
-        T* pp = p.data_ptr<T>();
-        const T* g = p.grad().data_ptr<T>();
-        T* b = c.has_momentum ? buf.data_ptr<T>() : nullptr;
-        at::parallel_for(0, p.numel(), kGrain, [&](int64_t begin, int64_t end) {
-          sgd_range<T>(pp, g, b, begin, end, c);
-        });
-      };
-      if (p.scalar_type() == torch::kFloat)
-        run(float{});
-      else
-        run(double{});
+      fused_sgd_update(p, p.grad(), buf, first, rule);
     }
   }
   return true;
 }
 
 }  // namespace
+
+AdamRule adam_rule(const torch::optim::OptimizerParamGroup& group, bool decoupled) {
+  // Adam's and AdamW's options have the same fields; read through the one the group holds.
+  auto read = [&](const auto& opts) {
+    return AdamRule{opts.lr(),  std::get<0>(opts.betas()), std::get<1>(opts.betas()),
+                    opts.eps(), opts.weight_decay(),       decoupled};
+  };
+  if (decoupled) return read(static_cast<const o::AdamWOptions&>(group.options()));
+  return read(static_cast<const o::AdamOptions&>(group.options()));
+}
+
+SgdRule sgd_rule(const torch::optim::OptimizerParamGroup& group) {
+  const auto& opts = static_cast<const o::SGDOptions&>(group.options());
+  return SgdRule{opts.lr(), opts.momentum(), opts.dampening(), opts.weight_decay(),
+                 opts.nesterov()};
+}
+
+void fused_adam_update(const torch::Tensor& param, const torch::Tensor& grad,
+                       const torch::Tensor& exp_avg, const torch::Tensor& exp_avg_sq, int64_t step,
+                       const AdamRule& r) {
+  const double bias1 = 1 - std::pow(r.beta1, step);
+  const double bias2 = 1 - std::pow(r.beta2, step);
+  auto run = [&](auto zero) {
+    using T = decltype(zero);
+    AdamCoeffs<T> c{};
+    c.decay = static_cast<T>(1 - r.lr * r.weight_decay);
+    c.l2 = static_cast<T>(r.weight_decay);
+    c.beta1 = static_cast<T>(r.beta1);
+    c.one_minus_beta1 = static_cast<T>(1 - r.beta1);
+    c.beta2 = static_cast<T>(r.beta2);
+    c.one_minus_beta2 = static_cast<T>(1 - r.beta2);
+    c.bias2_sqrt = static_cast<T>(std::sqrt(bias2));
+    c.eps = static_cast<T>(r.eps);
+    c.neg_step_size = static_cast<T>(-(r.lr / bias1));
+    adam_param<T>(param, grad, exp_avg, exp_avg_sq, c, r.decoupled && r.weight_decay != 0,
+                  !r.decoupled && r.weight_decay != 0);
+  };
+  if (param.scalar_type() == torch::kFloat)
+    run(float{});
+  else
+    run(double{});
+}
+
+void fused_sgd_update(const torch::Tensor& param, const torch::Tensor& grad,
+                      const torch::Tensor& momentum_buffer, bool first, const SgdRule& r) {
+  auto run = [&](auto zero) {
+    using T = decltype(zero);
+    SgdCoeffs<T> c{};
+    c.weight_decay = static_cast<T>(r.weight_decay);
+    c.momentum = static_cast<T>(r.momentum);
+    c.one_minus_dampening = static_cast<T>(1 - r.dampening);
+    c.neg_lr = static_cast<T>(-1 * r.lr);
+    c.has_decay = r.weight_decay != 0;
+    c.has_momentum = r.momentum != 0;
+    c.first = first;
+    c.nesterov = r.nesterov;
+    T* pp = param.data_ptr<T>();
+    const T* g = grad.data_ptr<T>();
+    T* b = c.has_momentum ? momentum_buffer.data_ptr<T>() : nullptr;
+    const bool fma = cpu_has_fma();
+    at::parallel_for(0, param.numel(), kGrain, [&](int64_t begin, int64_t end) {
+      if (fma)
+        sgd_range_fma<T>(pp, g, b, begin, end, c);
+      else
+        sgd_range_plain<T>(pp, g, b, begin, end, c);
+    });
+    torch::autograd::impl::bump_version(param);
+    if (c.has_momentum) torch::autograd::impl::bump_version(momentum_buffer);
+  };
+  if (param.scalar_type() == torch::kFloat)
+    run(float{});
+  else
+    run(double{});
+}
 
 bool fused_step(torch::optim::Optimizer& optimizer) {
   // Exact types only: a subclass may have its own step().

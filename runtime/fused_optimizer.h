@@ -5,11 +5,12 @@
 // (AdamParamState, AdamWParamState, SGDParamState: state_dict, serialization and accel's
 // checkpoints see libtorch's own state, so a run may switch between the two at any step).
 //
-// Results: the same formula in the same order per element, each operation rounded to the
-// parameter's dtype as libtorch's ops do. libtorch's vectorized kernels may fuse a multiply and an
-// add into one rounding (FMA) where this loop rounds twice, so the two agree to within a few ulps
-// per step, not bitwise (tests/unit/fused_optimizer_test.cpp measures it). Deterministic: the same
-// inputs give the same bits, whatever the thread count.
+// Results: bitwise libtorch's. Each operation is the one libtorch's step runs, in its order, and
+// rounded as ATen's kernel for it rounds: where ATen dispatches its AVX2 kernels (x86-64 CPUs with
+// AVX2 and FMA, unless ATEN_CPU_CAPABILITY=default), add-with-alpha and addcmul round once, as a
+// fused multiply-add, and so does this loop; elsewhere both round each operation
+// (tests/unit/fused_optimizer_test.cpp compares them bit for bit). Deterministic: the same inputs
+// give the same bits, whatever the thread count.
 #pragma once
 
 #include <torch/optim/optimizer.h>
@@ -21,5 +22,27 @@ namespace accel::detail {
 // with a dense contiguous gradient (and state) of the same dtype. Returns false, having changed
 // nothing, otherwise: the caller then runs optimizer.step().
 bool fused_step(torch::optim::Optimizer& optimizer);
+
+// The pieces fused_step is made of, for ZeRO (runtime/zero.h), which updates one contiguous slice
+// of a parameter with the slices of its state. Every tensor: CPU, contiguous, the parameter's
+// dtype (float or double) and element count.
+struct AdamRule {
+  double lr, beta1, beta2, eps, weight_decay;
+  bool decoupled;  // AdamW's decay of the weights; Adam's L2 term in the gradient otherwise
+};
+struct SgdRule {
+  double lr, momentum, dampening, weight_decay;
+  bool nesterov;
+};
+// A group of a torch::optim::AdamW (decoupled) or Adam; of a torch::optim::SGD.
+AdamRule adam_rule(const torch::optim::OptimizerParamGroup& group, bool decoupled);
+SgdRule sgd_rule(const torch::optim::OptimizerParamGroup& group);
+// One step; `step` counts this one (1 on the first).
+void fused_adam_update(const torch::Tensor& param, const torch::Tensor& grad,
+                       const torch::Tensor& exp_avg, const torch::Tensor& exp_avg_sq, int64_t step,
+                       const AdamRule& rule);
+// `momentum_buffer`: undefined without momentum; `first`: it holds nothing yet (set to d_p).
+void fused_sgd_update(const torch::Tensor& param, const torch::Tensor& grad,
+                      const torch::Tensor& momentum_buffer, bool first, const SgdRule& rule);
 
 }  // namespace accel::detail

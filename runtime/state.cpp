@@ -29,6 +29,24 @@ std::mutex g_state_mu;                // guards g_state
 std::weak_ptr<State> g_state;         // the process's State while any Accelerator holds it
 std::optional<StateOptions> g_first;  // options of the first creation, to detect disagreement
 
+// The ranks' (machine, local rank, ranks on the machine), gathered through `group`: a hierarchy
+// needs every machine to have the same number of ranks, numbered machine by machine. Every rank
+// gets the same answer (from the same data).
+bool regular_layout(CollectiveGroup& group, int world, int node, int local_rank, int local_world) {
+  auto mine = torch::tensor({int64_t{node}, int64_t{local_rank}, int64_t{local_world}});
+  std::vector<std::vector<at::Tensor>> outputs(1);
+  for (int r = 0; r < world; ++r) outputs[0].push_back(torch::empty({3}, torch::kLong));
+  std::vector<at::Tensor> inputs{mine};
+  group.allgather(outputs, inputs)->wait();
+  const int64_t per_node = local_world;
+  if (per_node < 2 || world % per_node != 0) return false;
+  for (int r = 0; r < world; ++r) {
+    auto* v = outputs[0][static_cast<std::size_t>(r)].data_ptr<int64_t>();
+    if (v[0] != r / per_node || v[1] != r % per_node || v[2] != per_node) return false;
+  }
+  return true;
+}
+
 std::shared_ptr<::gloo::transport::Device> gloo_device(bool single_node) {
   if (const auto& ifname = env::worker_env().gloo_socket_ifname) {
     return c10d::ProcessGroupGloo::createDeviceForInterface(*ifname);
@@ -155,22 +173,60 @@ State::State(const StateOptions& options) {
                           " rank(s) within " + format_duration(timeout_) + ": " + e.what());
   }
   std::unique_ptr<ShmGroup> shm;
-  // Shared memory between the ranks of one machine (all of them, for now); gloo otherwise.
+  std::unique_ptr<Hierarchy> hierarchy;
+  // Shared memory between the ranks of one machine; on several machines, shared memory within
+  // each and gloo between one leader per machine; gloo alone otherwise.
   // Not with NCCL: its group takes CUDA tensors only, and NCCL has its own intra-node transport.
   if (!cuda && local_world_size_ == world_size_ && we.shm_collectives) {
     std::string why;
     shm = ShmGroup::create(*store, *group, rank_, world_size_, timeout_, &why);
     if (!shm && rank_ == 0)
       log::info("shared-memory collectives are off (" + why + "); using gloo");
+  } else if (!cuda && we.shm_collectives &&
+             regular_layout(*group, world_size_, node_rank_, local_rank_, local_world_size_)) {
+    std::string why;
+    // Why the global group: create() agrees on the outcome with an all-reduce, and every machine
+    // must fall back together, or the collectives would take different paths.
+    auto node_store =
+        c10::make_intrusive<c10d::PrefixStore>("accel/node" + std::to_string(node_rank_), store);
+    auto node_shm =
+        ShmGroup::create(*node_store, *group, local_rank_, local_world_size_, timeout_, &why);
+    if (node_shm) {
+      hierarchy = std::make_unique<Hierarchy>();
+      hierarchy->node = node_rank_;
+      hierarchy->nodes = world_size_ / local_world_size_;
+      hierarchy->local_rank = local_rank_;
+      hierarchy->local_world = local_world_size_;
+      hierarchy->shm = std::move(node_shm);
+      if (local_rank_ == 0) {
+        try {
+          auto leaders_opts = c10d::ProcessGroupGloo::Options::create(timeout_);
+          leaders_opts->devices.push_back(gloo_device(false));
+          hierarchy->leaders = c10::make_intrusive<c10d::ProcessGroupGloo>(
+              c10::make_intrusive<c10d::PrefixStore>("accel/pg-leaders", store), node_rank_,
+              hierarchy->nodes, leaders_opts);
+        } catch (const std::exception& e) {
+          throw CollectiveError("accel: rank " + std::to_string(rank_) +
+                                " could not connect to the other machines' leaders within " +
+                                format_duration(timeout_) + ": " + e.what());
+        }
+      }
+    } else if (rank_ == 0) {
+      log::info("shared-memory collectives are off (" + why + "); using gloo");
+    }
   }
   log::debug("rank " + std::to_string(rank_) + " of " + std::to_string(world_size_) +
              ": process group up (store " + *addr + ":" + std::to_string(port) +
              (agent_store ? " served by the launcher, attempt " + we.restart_count : "") + ", " +
-             (shm    ? "shared-memory collectives"
+             (shm         ? "shared-memory collectives"
+              : hierarchy ? "hierarchical collectives: shared memory within each of " +
+                                std::to_string(world_size_ / local_world_size_) +
+                                " machines, gloo between their leaders"
               : cuda ? "nccl"
                      : "gloo") +
              ")");
-  comm_ = std::make_unique<Comm>(rank_, world_size_, timeout_, store, group, std::move(shm));
+  comm_ = std::make_unique<Comm>(rank_, world_size_, timeout_, store, group, std::move(shm),
+                                 std::move(hierarchy));
 }
 
 State::~State() = default;

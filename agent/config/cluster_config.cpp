@@ -509,6 +509,16 @@ const std::vector<KeySpec>& all_keys() {
        .metavar = "N",
        .tools = kLaunch,
        .to_workers = true},
+      {.name = "zero_stage",
+       .accepts = "0 or 1",
+       .help = "1: ZeRO stage 1, each process keeps the optimizer state of a slice of the "
+               "parameters (Adam, AdamW or SGD on CPU); the results are those of 0, bitwise.",
+       .set = set_int<&C::zero_stage, 0, 1>,
+       .get = get_int<&C::zero_stage>,
+       .flags = "--zero-stage",
+       .metavar = "N",
+       .tools = kLaunch,
+       .to_workers = true},
       {.name = "async_checkpoints",
        .accepts = "true or false",
        .help = "The automatic saves copy the state to memory and write it in the background "

@@ -7,6 +7,9 @@ Prints Markdown tables (medians over --runs runs) and checks the issue's targets
   model M 1 process: accel >= 1.1x Python steps/s; 2 processes: scaling efficiency >= 90%
   scaling efficiency (2-process samples/s over 2x 1-process) at least DDP's, per model
   gather/reduce wrapper overhead over calling c10d gloo directly <= 5% at >= 1 MiB
+  ZeRO-1 on 2 processes (model M): steps/s >= 0.95x the unsharded run's; peak RSS per rank
+  2 machines x 2 processes (two accel-launch --nodes 2 on this machine): reduce 1 MiB through the
+    hierarchical collectives faster than c10d gloo over all 4 ranks
 Usage, from the repo root after scripts/build.sh:
 
     python3 bench/train/bench_train.py [--runs 3] [--build build]
@@ -45,10 +48,11 @@ def run_json(cmd, env_extra=None, many=False):
     return rows if many else rows[0]
 
 
-def accel_train(build, model, n, optimizer_step="fused"):
+def accel_train(build, model, n, optimizer_step="fused", zero_stage=0):
     steps, warmup = STEPS[model]
     return run_json([f"{build}/bin/accel-launch", "-n", str(n), "--", f"{build}/bin/bench_train", "--model", model,
-                     "--steps", str(steps), "--warmup", str(warmup), "--optimizer-step", optimizer_step])
+                     "--steps", str(steps), "--warmup", str(warmup), "--optimizer-step", optimizer_step,
+                     "--zero-stage", str(zero_stage)])
 
 
 def ddp_train(model, n):
@@ -58,6 +62,25 @@ def ddp_train(model, n):
         return run_json([PYTHON] + script)
     return run_json([PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n),
                      "--monitor_interval", "0.1", "--redirects", "9:0", "--tee", "9:0"] + script)
+
+
+def two_machines_collectives(build):
+    """bench_collectives on 2 "machines" of 2 ranks: two accel-launch --nodes 2 on this machine."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, OMP_NUM_THREADS="1", ACCEL_TOKEN="bench-two-machines")
+    env.pop("ACCEL_CONFIG_FILE", None)
+    procs = [subprocess.Popen([f"{build}/bin/accel-launch", "--nodes", "2", "--machine-rank", str(m), "-n", "2",
+                               "--coordinator-port", str(port), "--", f"{build}/bin/bench_collectives"],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for m in (0, 1)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        if p.returncode != 0:
+            sys.exit(f"bench_collectives on two machines failed ({p.returncode}):\n{out[-2000:]}\n{err[-2000:]}")
+    return [json.loads(line[line.find("{"):]) for line in outs[0][0].splitlines() if "{" in line]
 
 
 def blas():
@@ -71,7 +94,13 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--build", default="build")
+    p.add_argument("--two-machines-only", action="store_true",
+                   help="only the 2 machines x 2 processes collectives table")
     a = p.parse_args()
+    if a.two_machines_only:
+        for row in two_machines_collectives(a.build):
+            print(json.dumps(row))
+        return
     print(f"BLAS: {blas()}; {os.cpu_count()} CPUs; medians of {a.runs} runs\n")
 
     results = {}
@@ -120,6 +149,35 @@ def main():
               f"{d['accel_ms']:.3f} | {d['c10d_ms'] / d['accel_ms']:.1f}x |")
         if size >= 1 << 20:
             checks.append((f"{g['op']} {label}: wrapper overhead over gloo <= 5%", f"{overhead:+.1%}", overhead <= 0.05))
+
+    print("\nZeRO stage 1, model M on 2 processes (AdamW state: 2 x 23.3 MB unsharded; 23.3 MB per rank sharded):\n")
+    zero_rows = {}
+    for stage in (0, 1):
+        runs = [accel_train(a.build, "M", 2, zero_stage=stage) for _ in range(a.runs)]
+        zero_rows[stage] = (statistics.median(r["steps_per_s"] for r in runs),
+                            statistics.median(r["peak_rss_bytes"] for r in runs))
+    print("| zero_stage | steps/s | peak RSS of rank 0, MB |")
+    print("|---|---|---|")
+    for stage in (0, 1):
+        print(f"| {stage} | {zero_rows[stage][0]:.1f} | {zero_rows[stage][1] / 1e6:.0f} |")
+    ratio = zero_rows[1][0] / zero_rows[0][0]
+    checks.append(("ZeRO-1, model M, 2 processes: steps/s >= 0.95x unsharded", f"{ratio:.2f}x", ratio >= 0.95))
+    checks.append(("ZeRO-1, model M, 2 processes: peak RSS below unsharded",
+                   f"{(zero_rows[1][1] - zero_rows[0][1]) / 1e6:+.0f} MB", zero_rows[1][1] < zero_rows[0][1]))
+
+    print("\n2 machines x 2 processes (two accel-launch --nodes 2 on this machine), median ms per call: c10d gloo "
+          "over all 4 ranks vs accel's hierarchical collectives (shared memory within a machine, gloo between "
+          "the 2 leaders):\n")
+    print("| op | size | c10d gloo, 4 ranks | accel hierarchical | speed-up |")
+    print("|---|---|---|---|---|")
+    for row in two_machines_collectives(a.build):
+        size = row["bytes"]
+        label = f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
+        speedup = row["c10d_ms"] / row["accel_ms"]
+        print(f"| {row['op']} | {label} | {row['c10d_ms']:.3f} | {row['accel_ms']:.3f} | {speedup:.1f}x |")
+        if row["op"] == "reduce" and size == 1 << 20:
+            checks.append(("2 machines x 2: reduce 1 MiB hierarchical faster than gloo over 4 ranks",
+                           f"{speedup:.1f}x", speedup > 1.0))
 
     print("\n| target | measured | met |")
     print("|---|---|---|")

@@ -214,13 +214,14 @@ TEST(Checkpoint, SaveModelFromTheMainProcessAloneAndLoadModelEvaluatesTheSameWei
       << other.err;
 }
 
-TEST(Checkpoint, KilledWorkersResumeToTheWeightsOfAnUninterruptedRun) {
-  TempDir dir;
-  std::map<std::string, std::string> env{{"OMP_NUM_THREADS", "1"}};
-  auto [expected, duration] = uninterrupted_run(dir, env);
-  ASSERT_GT(expected.size(), 1000u);
-
-  for (unsigned seed : {1u, 2u, 3u}) {
+// For each seed: a 2-process run of classifier_args() (with `extra` launch flags) whose random
+// rank is SIGKILLed at a random moment after the first checkpoint resumes and ends with the
+// model bytes `expected`.
+void expect_killed_runs_resume_to(const std::string& expected, std::chrono::milliseconds duration,
+                                  const std::map<std::string, std::string>& env,
+                                  std::initializer_list<unsigned> seeds,
+                                  const std::vector<std::string>& extra = {}) {
+  for (unsigned seed : seeds) {
     std::mt19937 rng(seed);
     int victim = static_cast<int>(rng() % 2);
     // Once the first checkpoint exists, a random point of whatever the job is doing then
@@ -230,15 +231,17 @@ TEST(Checkpoint, KilledWorkersResumeToTheWeightsOfAnUninterruptedRun) {
     bool interrupted = false;
     for (int attempt = 0; attempt < 4 && !interrupted; ++attempt, delay /= 2) {
       TempDir run;
-      std::vector<std::string> launch = {"--max-restarts",
-                                         "2",
-                                         "--checkpoint-dir",
-                                         run / "ck",
-                                         "--checkpoint-interval",
-                                         "10",
-                                         "-n",
-                                         "2",
-                                         "--"};
+      std::vector<std::string> launch = extra;
+      std::vector<std::string> rest = {"--max-restarts",
+                                       "2",
+                                       "--checkpoint-dir",
+                                       run / "ck",
+                                       "--checkpoint-interval",
+                                       "10",
+                                       "-n",
+                                       "2",
+                                       "--"};
+      launch.insert(launch.end(), rest.begin(), rest.end());
       auto a = classifier_args(run / "model");
       launch.insert(launch.end(), a.begin(), a.end());
       Launched job(run, launch, env);
@@ -263,6 +266,35 @@ TEST(Checkpoint, KilledWorkersResumeToTheWeightsOfAnUninterruptedRun) {
     }
     EXPECT_TRUE(interrupted) << "seed " << seed << ": no kill interrupted the job";
   }
+}
+
+TEST(Checkpoint, KilledWorkersResumeToTheWeightsOfAnUninterruptedRun) {
+  TempDir dir;
+  std::map<std::string, std::string> env{{"OMP_NUM_THREADS", "1"}};
+  auto [expected, duration] = uninterrupted_run(dir, env);
+  ASSERT_GT(expected.size(), 1000u);
+  expect_killed_runs_resume_to(expected, duration, env, {1u, 2u, 3u});
+}
+
+// ZeRO stage 1 on 2 processes trains to the unsharded run's weights, bitwise; a worker killed
+// after the first checkpoint resumes to them too (the optimizer state's shards gathered into the
+// checkpoint, sliced again when it loads).
+TEST(Checkpoint, ZeroStageOneTrainsAndResumesToTheUnshardedRunsWeights) {
+  TempDir dir;
+  std::map<std::string, std::string> env{{"OMP_NUM_THREADS", "1"}};
+  auto [expected, duration] = uninterrupted_run(dir, env);
+  ASSERT_GT(expected.size(), 1000u);
+  std::vector<std::string> zero = {"--zero-stage", "1", "-n", "2", "--"};
+  auto a = classifier_args(dir / "zero");
+  zero.insert(zero.end(), a.begin(), a.end());
+  auto debug = env;
+  debug["ACCEL_LOG_LEVEL"] = "debug";
+  auto r = run_launcher(dir, zero, 120s, debug);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find("ZeRO stage 1: optimizer 0"), std::string::npos) << r.err;
+  EXPECT_EQ(file_bytes(dir.path() / "zero" / "model.safetensors"), expected)
+      << "ZeRO-1 ended with other weights than the unsharded run";
+  expect_killed_runs_resume_to(expected, duration, env, {1u}, {"--zero-stage", "1"});
 }
 
 // One process saves checkpoint_0, trains, and saves checkpoint_1 (in the background when `async`,

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <torch/torch.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <fstream>
@@ -1234,30 +1235,42 @@ TEST(CheckpointAtomicity, AFailedSaveRemovesItsTempFolder) {
 
 // --- background saves (SaveStateOptions::async) ----------------------------------------------
 
-// The real file system, except that writing a file waits until open() is called.
+// The real file system, except that writing a file waits until open() is called (or the object
+// is destroyed, or 60 s pass: a save that waited on its caller would otherwise hang the test).
 class GatedFs : public ckpt::CheckpointFs {
  public:
-  void open() { gate_.set_value(); }
+  ~GatedFs() override { open(); }
+  void open() {
+    if (!opened_flag_.exchange(true)) gate_.set_value();
+  }
   ckpt::WrittenFile write_stream(const fs::path& path,
                                  const std::function<void(const ckpt::Sink&)>& produce) override {
-    opened_.wait();
+    if (opened_.wait_for(std::chrono::seconds(60)) != std::future_status::ready)
+      throw std::runtime_error("GatedFs: never opened");
     return CheckpointFs::write_stream(path, produce);
   }
 
  private:
   std::promise<void> gate_;
   std::shared_future<void> opened_ = gate_.get_future().share();
+  std::atomic<bool> opened_flag_{false};
 };
 
 // Training goes on while the files are written (the fused optimizer step, the EMA update and the
 // counter change the live state in place): the checkpoint holds the state of the save_state call.
 TEST(CheckpointAsync, ABackgroundSaveHoldsTheStateOfItsCallWhileTrainingGoesOn) {
   TempDir tmp;
-  Rig rig({.init_seed = 1});
-  for (int i = 0; i < 5; ++i) rig.step();
-  auto saved = snapshot(rig);
   GatedFs gated;  // the writer writes no file before the training below has changed the state
   UseFs use(&gated);
+  Rig rig({.init_seed = 1});
+  // Why: destroyed first (reverse order) if anything below fails, so the writer the Rig's
+  // Accelerator waits for is let through, before the file system it uses goes.
+  struct OpenAtExit {
+    GatedFs& gate;
+    ~OpenAtExit() { gate.open(); }
+  } open_at_exit{gated};
+  for (int i = 0; i < 5; ++i) rig.step();
+  auto saved = snapshot(rig);
   auto dir = rig.acc.save_state(tmp.path() / "ckpt", {.async = true});
   EXPECT_EQ(dir, tmp.path() / "ckpt");
   for (int i = 0; i < 3; ++i) rig.step();

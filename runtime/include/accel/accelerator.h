@@ -126,9 +126,14 @@ struct AcceleratorOptions {
   bool autocast_forward = true;
   // The prepared optimizer steps torch::optim::Adam, AdamW and SGD on CPU float/double parameters
   // in one pass over each parameter's memory instead of libtorch's one pass per operation: the
-  // same update rule, options and state (state_dict and checkpoints are unchanged), equal to
-  // libtorch's step to within a few float roundings per step. false: libtorch's own step().
+  // same update rule, options and state (state_dict and checkpoints are unchanged), and the same
+  // bits (each operation rounded as ATen rounds it). false: libtorch's own step().
   bool fused_optimizer = true;
+  // ZeRO stage 1 (docs/runtime.md#zero-stage-1): 1 shards each prepared optimizer's state (Adam,
+  // AdamW or SGD on CPU float/double parameters) across the processes; each updates its slice of
+  // the parameters, then they are all-gathered. The results are the unsharded run's, bitwise.
+  // Unset: ACCEL_ZERO_STAGE (accel-launch --zero-stage), else 0.
+  std::optional<int> zero_stage{};
 };
 
 namespace detail {

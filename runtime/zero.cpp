@@ -1,0 +1,303 @@
+// ZeRO stage 1 (zero.h).
+#include "runtime/zero.h"
+
+#include <c10/util/Type.h>
+#include <c10/util/string_utils.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+#include <torch/types.h>
+#include <torch/utils.h>
+
+#include <algorithm>
+#include <memory>
+#include <typeinfo>
+
+#include "accel/error.h"
+#include "runtime/fused_optimizer.h"
+#include "runtime/optimizer_steps.h"
+
+namespace accel::detail {
+namespace {
+
+namespace o = torch::optim;
+
+// The all-gather after a step moves the shards in pieces of this many elements (4 MiB of float).
+constexpr int64_t kPieceElements = int64_t{1} << 20;
+
+auto key_of(const torch::Tensor& p) { return state_key(p); }
+
+std::string describe(const torch::Tensor& t) {
+  std::string shape;
+  for (auto d : t.sizes()) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+  return std::string(c10::toString(t.scalar_type())) + " [" + shape + "] on " + t.device().str();
+}
+
+}  // namespace
+
+ZeroOptimizer::ZeroOptimizer(torch::optim::Optimizer& optimizer, Comm& comm)
+    : optimizer_(optimizer), comm_(comm) {
+  const auto& type = typeid(optimizer);
+  const std::string name = c10::demangle(type.name());
+  auto refuse = [&](const std::string& why) {
+    throw UsageError("accel: ZeRO stage 1 (zero_stage = 1) cannot shard " + name + ": " + why);
+  };
+  if (type == typeid(o::AdamW)) {
+    kind_ = Kind::kAdamW;
+  } else if (type == typeid(o::Adam)) {
+    kind_ = Kind::kAdam;
+  } else if (type == typeid(o::SGD)) {
+    kind_ = Kind::kSgd;
+  } else {
+    refuse("it shards torch::optim::Adam, AdamW and SGD (use zero_stage = 0 for others)");
+  }
+  torch::ScalarType dtype = torch::kFloat;
+  bool first = true;
+  for (std::size_t g = 0; g < optimizer.param_groups().size(); ++g) {
+    const auto& group = optimizer.param_groups()[g];
+    if (kind_ == Kind::kAdamW && static_cast<const o::AdamWOptions&>(group.options()).amsgrad())
+      refuse("amsgrad is not supported");
+    if (kind_ == Kind::kAdam && static_cast<const o::AdamOptions&>(group.options()).amsgrad())
+      refuse("amsgrad is not supported");
+    for (const auto& p : group.params()) {
+      if (!p.device().is_cpu() || p.layout() != torch::kStrided || !p.is_contiguous() ||
+          p.is_inference() ||
+          (p.scalar_type() != torch::kFloat && p.scalar_type() != torch::kDouble))
+        refuse("parameter " + std::to_string(params_.size()) + " is " + describe(p) +
+               "; it needs contiguous CPU float or double parameters");
+      if (first) dtype = p.scalar_type();
+      if (p.scalar_type() != dtype)
+        refuse("its parameters mix " + std::string(c10::toString(dtype)) + " and " +
+               c10::toString(p.scalar_type()));
+      first = false;
+      Param z;
+      z.param = p;
+      z.group = g;
+      z.offset = total_;
+      total_ += p.numel();
+      params_.push_back(std::move(z));
+    }
+  }
+  options_ = torch::TensorOptions().dtype(dtype);
+  const int64_t world = comm_.world_size(), rank = comm_.rank();
+  shard_ = (total_ + world - 1) / world;
+  const int64_t mine_begin = rank * shard_, mine_end = std::min(total_, (rank + 1) * shard_);
+  for (auto& z : params_) {
+    const int64_t n = z.param.numel();
+    z.begin = std::clamp<int64_t>(mine_begin - z.offset, 0, n);
+    z.end = std::clamp<int64_t>(mine_end - z.offset, 0, n);
+    if (z.end < z.begin) z.end = z.begin;
+  }
+  const int64_t piece = std::max<int64_t>(1, std::min(shard_, kPieceElements));
+  send_ = torch::zeros({piece}, options_);
+  gathered_ = torch::empty({piece * world}, options_);
+  // A state loaded into the optimizer before prepare() (torch::load) is kept, sliced.
+  if (!optimizer.state().empty()) adopt_state("the state " + name + " held when it was prepared");
+}
+
+torch::Tensor ZeroOptimizer::slice(const torch::Tensor& full, const Param& z) const {
+  return full.reshape({-1}).narrow(0, z.begin, z.end - z.begin);
+}
+
+void ZeroOptimizer::step() {
+  torch::NoGradGuard no_grad;
+  const auto& groups = optimizer_.param_groups();
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    auto& z = params_[i];
+    const auto& grad = z.param.grad();
+    if (!grad.defined()) continue;  // as libtorch: no step, no state (the same on every rank)
+    if (grad.scalar_type() != z.param.scalar_type() || grad.sizes() != z.param.sizes() ||
+        !grad.device().is_cpu() || grad.is_sparse()) {
+      throw UsageError("accel: ZeRO: the gradient of parameter " + std::to_string(i) + " is " +
+                       describe(grad) + ", its parameter " + describe(z.param));
+    }
+    const int64_t n = z.end - z.begin;
+    if (kind_ == Kind::kSgd) {
+      const SgdRule rule = sgd_rule(groups[z.group]);
+      bool fresh = false;
+      if (rule.momentum != 0 && !z.has_state) {
+        z.first = torch::empty({n}, options_);
+        z.has_state = fresh = true;
+      }
+      if (n > 0) {
+        fused_sgd_update(slice(z.param, z), slice(grad.contiguous(), z),
+                         rule.momentum != 0 ? z.first : torch::Tensor(), fresh, rule);
+      }
+    } else {
+      const AdamRule rule = adam_rule(groups[z.group], kind_ == Kind::kAdamW);
+      if (!z.has_state) {
+        z.first = torch::zeros({n}, options_);
+        z.second = torch::zeros({n}, options_);
+        z.has_state = true;
+      }
+      ++z.step;
+      if (n > 0) {
+        fused_adam_update(slice(z.param, z), slice(grad.contiguous(), z), z.first, z.second, z.step,
+                          rule);
+      }
+    }
+  }
+  // Every rank's slices to every rank, in pieces of C elements of each shard: piece k of rank r
+  // is elements [r*S + k, r*S + k + C) of the sequence. Why pieces: buffers of (world + 1) * C
+  // elements instead of a second copy of all the parameters.
+  const int64_t world = comm_.world_size(), base = comm_.rank() * shard_;
+  const int64_t piece = send_.numel();
+  for (int64_t k = 0; k < shard_; k += piece) {
+    const int64_t count = std::min(piece, shard_ - k);
+    auto send = send_.narrow(0, 0, count);
+    send.zero_();
+    copy_sequence(base + k, count, send, /*to_params=*/false);
+    auto gathered = gathered_.narrow(0, 0, count * world);
+    comm_.allgather(gathered, send);
+    for (int64_t r = 0; r < world; ++r)
+      copy_sequence(r * shard_ + k, count, gathered.narrow(0, r * count, count),
+                    /*to_params=*/true);
+  }
+}
+
+void ZeroOptimizer::copy_sequence(int64_t from, int64_t count, const torch::Tensor& buffer,
+                                  bool to_params) {
+  for (auto& z : params_) {
+    const int64_t lo = std::max(from, z.offset);
+    const int64_t hi = std::min({from + count, z.offset + z.param.numel(), total_});
+    if (lo >= hi) continue;
+    auto part = z.param.view({-1}).narrow(0, lo - z.offset, hi - lo);
+    auto there = buffer.narrow(0, lo - from, hi - lo);
+    if (to_params)
+      part.copy_(there);
+    else
+      there.copy_(part);
+  }
+}
+
+void ZeroOptimizer::gather_state(bool install) {
+  torch::NoGradGuard no_grad;
+  const int64_t world = comm_.world_size(), base = comm_.rank() * shard_;
+  // Adam/AdamW: exp_avg and exp_avg_sq; SGD: the momentum buffer.
+  const int parts = kind_ == Kind::kSgd ? 1 : 2;
+  std::vector<torch::Tensor> full;
+  for (int k = 0; k < parts; ++k) {
+    auto send = torch::zeros({shard_}, options_);
+    for (auto& z : params_) {
+      const auto& mine = k == 0 ? z.first : z.second;
+      if (z.has_state && z.end > z.begin && mine.defined())
+        send.narrow(0, z.offset + z.begin - base, z.end - z.begin).copy_(mine);
+    }
+    auto all = torch::empty({shard_ * world}, options_);
+    comm_.allgather(all, send);
+    full.push_back(all);
+  }
+  if (!install) return;
+  auto part = [&](int k, const Param& z) {
+    return full[static_cast<std::size_t>(k)]
+        .narrow(0, z.offset, z.param.numel())
+        .view(z.param.sizes())
+        .clone();
+  };
+  for (auto& z : params_) {
+    if (!z.has_state) continue;
+    std::unique_ptr<o::OptimizerParamState> state;
+    if (kind_ == Kind::kAdamW) {
+      auto s = std::make_unique<o::AdamWParamState>();
+      s->step(z.step).exp_avg(part(0, z)).exp_avg_sq(part(1, z));
+      state = std::move(s);
+    } else if (kind_ == Kind::kAdam) {
+      auto s = std::make_unique<o::AdamParamState>();
+      s->step(z.step).exp_avg(part(0, z)).exp_avg_sq(part(1, z));
+      state = std::move(s);
+    } else {
+      auto s = std::make_unique<o::SGDParamState>();
+      s->momentum_buffer(part(0, z));
+      state = std::move(s);
+    }
+    optimizer_.state()[key_of(z.param)] = std::move(state);
+  }
+}
+
+void ZeroOptimizer::clear_installed() { optimizer_.state().clear(); }
+
+void ZeroOptimizer::check_loaded(const std::string& where) const {
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const auto& z = params_[i];
+    auto it = optimizer_.state().find(key_of(z.param));
+    if (it == optimizer_.state().end()) continue;
+    std::vector<torch::Tensor> tensors;
+    if (kind_ == Kind::kAdamW) {
+      auto* s = dynamic_cast<const o::AdamWParamState*>(it->second.get());
+      if (s) tensors = {s->exp_avg(), s->exp_avg_sq()};
+    } else if (kind_ == Kind::kAdam) {
+      auto* s = dynamic_cast<const o::AdamParamState*>(it->second.get());
+      if (s) tensors = {s->exp_avg(), s->exp_avg_sq()};
+    } else {
+      auto* s = dynamic_cast<const o::SGDParamState*>(it->second.get());
+      if (s) {
+        if (!s->momentum_buffer().defined()) continue;
+        tensors = {s->momentum_buffer()};
+      }
+    }
+    if (tensors.empty())
+      throw CheckpointError(where + ": the state of parameter " + std::to_string(i) +
+                            " is not the optimizer's kind of state");
+    for (const auto& t : tensors) {
+      if (!t.defined() || t.numel() != z.param.numel() ||
+          t.scalar_type() != z.param.scalar_type() || !t.device().is_cpu()) {
+        throw CheckpointError(where + ": the state of parameter " + std::to_string(i) + " is " +
+                              (t.defined() ? describe(t) : std::string("missing")) +
+                              ", its parameter " + describe(z.param));
+      }
+    }
+  }
+}
+
+void ZeroOptimizer::adopt_state(const std::string& where) {
+  check_loaded(where);
+  torch::NoGradGuard no_grad;
+  for (auto& z : params_) {
+    z.has_state = false;
+    z.step = 0;
+    z.first = z.second = torch::Tensor();
+    auto it = optimizer_.state().find(key_of(z.param));
+    if (it == optimizer_.state().end()) continue;
+    if (kind_ == Kind::kSgd) {
+      const auto& s = static_cast<const o::SGDParamState&>(*it->second);
+      if (!s.momentum_buffer().defined()) continue;
+      z.first = slice(s.momentum_buffer().contiguous(), z).clone();
+    } else {
+      const torch::Tensor* m = nullptr;
+      const torch::Tensor* v = nullptr;
+      if (kind_ == Kind::kAdamW) {
+        const auto& s = static_cast<const o::AdamWParamState&>(*it->second);
+        z.step = s.step();
+        m = &s.exp_avg();
+        v = &s.exp_avg_sq();
+      } else {
+        const auto& s = static_cast<const o::AdamParamState&>(*it->second);
+        z.step = s.step();
+        m = &s.exp_avg();
+        v = &s.exp_avg_sq();
+      }
+      z.first = slice(m->contiguous(), z).clone();
+      z.second = slice(v->contiguous(), z).clone();
+    }
+    z.has_state = true;
+  }
+  optimizer_.state().clear();
+}
+
+std::string ZeroOptimizer::describe_shard() const {
+  const int64_t begin = std::min(total_, comm_.rank() * shard_);
+  const int64_t end = std::min(total_, begin + shard_);
+  return "elements [" + std::to_string(begin) + ", " + std::to_string(end) + ") of " +
+         std::to_string(total_);
+}
+
+int64_t ZeroOptimizer::state_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& z : params_) {
+    for (const auto* t : {&z.first, &z.second})
+      if (t->defined()) bytes += t->numel() * static_cast<int64_t>(t->element_size());
+  }
+  return bytes;
+}
+
+}  // namespace accel::detail

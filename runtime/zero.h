@@ -1,0 +1,84 @@
+// ZeRO stage 1 for one prepared optimizer: each rank keeps the optimizer state of one slice of
+// the parameters and updates only that slice; the updated parameters are then all-gathered.
+//
+// The parameters of the optimizer (its groups in order, each parameter's elements in order) are
+// one sequence of N elements; rank r owns elements [r*S, (r+1)*S) with S = ceil(N / world). The
+// gradients are all-reduced as without ZeRO (GradSync), so every rank holds the same averaged
+// gradient; each rank then runs the fused update rule (fused_optimizer.h) on its slices with its
+// slices of the state, and one all-gather of S elements per rank brings every rank the whole
+// updated parameters. Each element's update is the same arithmetic as the unsharded fused step,
+// so the result is bitwise the unsharded run's.
+//
+// Checkpoints stay libtorch's per-parameter format: gather_state() all-gathers the slices into
+// libtorch's own state objects on the main process for the save, and adopt_state() keeps this
+// rank's slices of a loaded (full) state. A ZeRO checkpoint therefore loads at any world size,
+// with or without ZeRO, and an unsharded one loads under ZeRO.
+// Thread: the training thread.
+#pragma once
+
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/comm.h"
+
+namespace accel::detail {
+
+class ZeroOptimizer {
+ public:
+  // Throws UsageError, naming what, when `optimizer` cannot be sharded: not exactly
+  // torch::optim::Adam, AdamW (without amsgrad) or SGD; parameters not contiguous CPU tensors of
+  // one floating dtype (float or double); or a state it already holds (prepare it before it
+  // steps).
+  ZeroOptimizer(torch::optim::Optimizer& optimizer, Comm& comm);
+
+  // Every rank, on a synchronizing step: updates this rank's slices, then all-gathers.
+  void step();
+  // Every rank (a collective): libtorch's full state objects from every rank's slices, installed
+  // in the optimizer's state() on the ranks where `install` is true (the others only send).
+  void gather_state(bool install);
+  // Removes what gather_state installed (the optimizer's state() is empty under ZeRO).
+  void clear_installed();
+  // Throws CheckpointError naming `where` when a state the optimizer's state() holds (loaded
+  // from a checkpoint) does not fit its parameter; changes nothing.
+  void check_loaded(const std::string& where) const;
+  // After the optimizer loaded a full state (a checkpoint): keeps this rank's slices of it and
+  // empties the optimizer's state(). check_loaded() first, so nothing changes on a bad state.
+  void adopt_state(const std::string& where);
+
+  // Bytes of optimizer state this rank holds.
+  int64_t state_bytes() const;
+  // "elements [a, b) of N", for messages.
+  std::string describe_shard() const;
+
+ private:
+  enum class Kind { kAdam, kAdamW, kSgd };
+  struct Param {
+    torch::Tensor param;
+    std::size_t group = 0;
+    int64_t offset = 0;  // of its first element in the sequence of all elements
+    int64_t begin = 0;   // this rank's elements of it: [begin, end) (may be empty)
+    int64_t end = 0;
+    int64_t step = 0;             // Adam/AdamW: steps taken (every rank counts, owner or not)
+    bool has_state = false;       // it has stepped (SGD: it has a momentum buffer)
+    torch::Tensor first, second;  // this rank's slices: exp_avg, exp_avg_sq (SGD: momentum)
+  };
+
+  torch::Tensor slice(const torch::Tensor& full, const Param& p) const;
+  // Copies elements [from, from + count) of the sequence between `buffer` (count elements) and
+  // the parameters (elements past the end, a last shard's padding, are left alone).
+  void copy_sequence(int64_t from, int64_t count, const torch::Tensor& buffer, bool to_params);
+
+  torch::optim::Optimizer& optimizer_;
+  Comm& comm_;
+  Kind kind_;
+  std::vector<Param> params_;
+  int64_t total_ = 0;  // N
+  int64_t shard_ = 0;  // S
+  torch::TensorOptions options_;
+  torch::Tensor send_, gathered_;  // step()'s all-gather pieces: C and world * C elements
+};
+
+}  // namespace accel::detail

@@ -1,0 +1,136 @@
+// ZeRO stage 1's optimizer on one process (its slices are then whole parameters): the same bits
+// as the fused step, libtorch's state objects out of gather_state and back in through
+// adopt_state, and the optimizers it refuses. The sharding across processes is tested in
+// tests/integration (2 and 3 processes, bitwise against the unsharded run).
+#include "runtime/zero.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <functional>
+#include <sstream>
+
+#include "accel/error.h"
+#include "runtime/fused_optimizer.h"
+#include "runtime/optimizer_steps.h"
+
+namespace accel {
+namespace {
+
+namespace o = torch::optim;
+
+std::vector<torch::Tensor> make_params(uint64_t seed) {
+  torch::manual_seed(seed);
+  return {torch::randn({40, 30}).requires_grad_(true), torch::randn({30}).requires_grad_(true),
+          torch::randn({7}).requires_grad_(true)};
+}
+
+void set_grads(std::vector<torch::Tensor>& params, int step) {
+  torch::manual_seed(500 + step);
+  for (std::size_t i = 0; i + 1 < params.size(); ++i)  // the last gets none
+    params[i].mutable_grad() = torch::randn(params[i].sizes());
+}
+
+using Make = std::function<std::shared_ptr<o::Optimizer>(std::vector<torch::Tensor>)>;
+
+TEST(Zero, StepsAsTheFusedStepAndRoundTripsLibtorchsState) {
+  std::vector<std::pair<std::string, Make>> kinds = {
+      {"AdamW",
+       [](auto p) {
+         return std::make_shared<o::AdamW>(p, o::AdamWOptions(1e-2).weight_decay(0.1));
+       }},
+      {"Adam",
+       [](auto p) {
+         return std::make_shared<o::Adam>(p, o::AdamOptions(1e-2).weight_decay(0.01));
+       }},
+      {"SGD", [](auto p) { return std::make_shared<o::SGD>(p, o::SGDOptions(0.1).momentum(0.9)); }},
+  };
+  for (const auto& [name, make] : kinds) {
+    SCOPED_TRACE(name);
+    Comm comm;  // one process
+    auto fused_params = make_params(1), zero_params = make_params(1);
+    auto fused = make(fused_params);
+    auto sharded = make(zero_params);
+    detail::ZeroOptimizer zero(*sharded, comm);
+    for (int step = 0; step < 5; ++step) {
+      set_grads(fused_params, step);
+      set_grads(zero_params, step);
+      ASSERT_TRUE(detail::fused_step(*fused));
+      zero.step();
+    }
+    for (std::size_t i = 0; i < fused_params.size(); ++i)
+      EXPECT_TRUE(torch::equal(fused_params[i], zero_params[i])) << "parameter " << i;
+    EXPECT_TRUE(sharded->state().empty()) << "the state lives in the shards";
+    EXPECT_GT(zero.state_bytes(), 0);
+
+    // gather_state: libtorch's objects, equal to the fused optimizer's; saved as libtorch saves.
+    zero.gather_state(true);
+    ASSERT_EQ(sharded->state().size(), fused->state().size());
+    std::ostringstream a, b;
+    torch::save(*sharded, a);
+    torch::save(*fused, b);
+    zero.clear_installed();
+    EXPECT_TRUE(sharded->state().empty());
+
+    // Loaded back (here: the fused optimizer's bytes) and adopted, training goes on identically.
+    std::istringstream in(b.str());
+    torch::load(*sharded, in);
+    zero.adopt_state("test");
+    EXPECT_TRUE(sharded->state().empty());
+    for (int step = 5; step < 8; ++step) {
+      set_grads(fused_params, step);
+      set_grads(zero_params, step);
+      ASSERT_TRUE(detail::fused_step(*fused));
+      zero.step();
+    }
+    for (std::size_t i = 0; i < fused_params.size(); ++i)
+      EXPECT_TRUE(torch::equal(fused_params[i], zero_params[i]))
+          << "parameter " << i << " after the load";
+  }
+}
+
+TEST(Zero, ALoadedStateThatDoesNotFitIsACheckpointErrorAndChangesNothing) {
+  Comm comm;
+  auto params = make_params(2);
+  auto opt = std::make_shared<o::AdamW>(params, o::AdamWOptions(1e-2));
+  detail::ZeroOptimizer zero(*opt, comm);
+  set_grads(params, 0);
+  zero.step();
+  auto bytes = zero.state_bytes();
+  auto state = std::make_unique<o::AdamWParamState>();
+  state->step(3).exp_avg(torch::zeros({5})).exp_avg_sq(torch::zeros({5}));
+  opt->state()[detail::state_key(params[0])] = std::move(state);
+  try {
+    zero.adopt_state("ck/optimizer.bin");
+    ADD_FAILURE() << "no CheckpointError";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("ck/optimizer.bin: the state of parameter 0 is Float [5]"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(zero.state_bytes(), bytes);
+}
+
+TEST(Zero, RefusesWhatItCannotShardNamingWhy) {
+  Comm comm;
+  auto expect_refused = [&](o::Optimizer& opt, const std::string& part) {
+    try {
+      detail::ZeroOptimizer zero(opt, comm);
+      ADD_FAILURE() << "no UsageError for " << part;
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  auto params = make_params(3);
+  o::Adagrad adagrad(params, o::AdagradOptions(0.1));
+  expect_refused(adagrad, "it shards torch::optim::Adam, AdamW and SGD");
+  o::AdamW ams(params, o::AdamWOptions(0.1).amsgrad(true));
+  expect_refused(ams, "amsgrad");
+  std::vector<torch::Tensor> mixed{torch::randn({3}).requires_grad_(true),
+                                   torch::randn({3}, torch::kDouble).requires_grad_(true)};
+  o::SGD sgd(mixed, o::SGDOptions(0.1));
+  expect_refused(sgd, "its parameters mix Float and Double");
+}
+
+}  // namespace
+}  // namespace accel
