@@ -326,8 +326,18 @@ PreparedOptimizer Accelerator::prepare_optimizer(
   slot->optimizer = std::move(optimizer);
   slot->own_steps = detail::own_step_count(*slot->optimizer);
   slot->fused = options_.fused_optimizer;
+  if (num_processes() > 1) {
+    // Why agreed: a rank that shards and one that does not would call different collectives at
+    // every step and hang there; each machine's launcher passes its own setting.
+    auto stages = torch::tensor({impl_->zero_stage_, -impl_->zero_stage_}, torch::kInt);
+    state_->comm().allreduce(stages, c10d::ReduceOp::MAX);
+    if (stages[0].item<int>() != -stages[1].item<int>()) {
+      throw ConfigError("accel: the processes disagree on zero_stage (ACCEL_ZERO_STAGE): some " +
+                        std::string("have 0, some 1; give every machine the same setting"));
+    }
+  }
   if (impl_->zero_stage_ == 1 && num_processes() > 1) {
-    slot->zero = std::make_unique<detail::ZeroOptimizer>(*slot->optimizer, state_->comm());
+    slot->zero = std::make_unique<detail::ZeroOptimizer>(*slot->optimizer, state_);
     slot->own_steps = -1;  // Why: its state lives in the shards; the original handle goes unseen
     log::debug("ZeRO stage 1: optimizer " + std::to_string(impl_->optimizers_.size()) + " (" +
                c10::demangle(typeid(*slot->optimizer).name()) + ") sharded; rank " +
@@ -440,6 +450,14 @@ void Accelerator::clip_grad_value_(const std::vector<torch::Tensor>& parameters,
 }
 
 void Accelerator::free_memory() {
+  // ZeRO: each optimizer gets its whole state back (a collective), so preparing it again, or
+  // using it alone, continues from it.
+  for (auto& slot : impl_->optimizers_) {
+    if (slot->zero) {
+      slot->zero->gather_state(/*install=*/true);
+      slot->zero.reset();
+    }
+  }
   impl_->syncs_.clear();
   impl_->prepared_.clear();
   impl_->models_.clear();

@@ -644,8 +644,14 @@ fs::path Accelerator::save_state(const fs::path& dir, const SaveStateOptions& op
   auto blobs = use_distributed() ? gather_object(mine) : std::vector<std::string>{mine};
   // ZeRO: the shards of each optimizer's state become libtorch's full state on the main process
   // for the save (the checkpoint is the unsharded one), and go again after it.
-  for (auto& slot : impl_->optimizers_)
-    if (slot->zero) slot->zero->gather_state(is_main_process());
+  try {
+    for (auto& slot : impl_->optimizers_)
+      if (slot->zero) slot->zero->gather_state(is_main_process());
+  } catch (...) {
+    for (auto& slot : impl_->optimizers_)
+      if (slot->zero) slot->zero->clear_installed();
+    throw;
+  }
   std::string error;
   if (is_main_process()) {
     try {

@@ -29,20 +29,24 @@ std::mutex g_state_mu;                // guards g_state
 std::weak_ptr<State> g_state;         // the process's State while any Accelerator holds it
 std::optional<StateOptions> g_first;  // options of the first creation, to detect disagreement
 
-// The ranks' (machine, local rank, ranks on the machine), gathered through `group`: a hierarchy
-// needs every machine to have the same number of ranks, numbered machine by machine. Every rank
-// gets the same answer (from the same data).
-bool regular_layout(CollectiveGroup& group, int world, int node, int local_rank, int local_world) {
-  auto mine = torch::tensor({int64_t{node}, int64_t{local_rank}, int64_t{local_world}});
+// The ranks' (machine, local rank, ranks on the machine, shared memory allowed), gathered through
+// `group`: a hierarchy needs every machine to have the same number of ranks, numbered machine by
+// machine, and every rank to allow shared memory. Every rank gets the same answer (from the same
+// data); every rank of a multi-machine CPU job calls it.
+// `shm`: this rank may use shared memory (ACCEL_SHM_COLLECTIVES); every rank must.
+bool regular_layout(CollectiveGroup& group, int world, int node, int local_rank, int local_world,
+                    bool shm) {
+  auto mine = torch::tensor(
+      {int64_t{node}, int64_t{local_rank}, int64_t{local_world}, int64_t{shm ? 1 : 0}});
   std::vector<std::vector<at::Tensor>> outputs(1);
-  for (int r = 0; r < world; ++r) outputs[0].push_back(torch::empty({3}, torch::kLong));
+  for (int r = 0; r < world; ++r) outputs[0].push_back(torch::empty({4}, torch::kLong));
   std::vector<at::Tensor> inputs{mine};
   group.allgather(outputs, inputs)->wait();
   const int64_t per_node = local_world;
   if (per_node < 2 || world % per_node != 0) return false;
   for (int r = 0; r < world; ++r) {
     auto* v = outputs[0][static_cast<std::size_t>(r)].data_ptr<int64_t>();
-    if (v[0] != r / per_node || v[1] != r % per_node || v[2] != per_node) return false;
+    if (v[0] != r / per_node || v[1] != r % per_node || v[2] != per_node || v[3] != 1) return false;
   }
   return true;
 }
@@ -182,8 +186,9 @@ State::State(const StateOptions& options) {
     shm = ShmGroup::create(*store, *group, rank_, world_size_, timeout_, &why);
     if (!shm && rank_ == 0)
       log::info("shared-memory collectives are off (" + why + "); using gloo");
-  } else if (!cuda && we.shm_collectives &&
-             regular_layout(*group, world_size_, node_rank_, local_rank_, local_world_size_)) {
+  } else if (!cuda && local_world_size_ != world_size_ &&
+             regular_layout(*group, world_size_, node_rank_, local_rank_, local_world_size_,
+                            we.shm_collectives)) {
     std::string why;
     // Why the global group: create() agrees on the outcome with an all-reduce, and every machine
     // must fall back together, or the collectives would take different paths.

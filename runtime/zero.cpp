@@ -35,8 +35,8 @@ std::string describe(const torch::Tensor& t) {
 
 }  // namespace
 
-ZeroOptimizer::ZeroOptimizer(torch::optim::Optimizer& optimizer, Comm& comm)
-    : optimizer_(optimizer), comm_(comm) {
+ZeroOptimizer::ZeroOptimizer(torch::optim::Optimizer& optimizer, std::shared_ptr<State> state)
+    : optimizer_(optimizer), state_(std::move(state)) {
   const auto& type = typeid(optimizer);
   const std::string name = c10::demangle(type.name());
   auto refuse = [&](const std::string& why) {
@@ -55,6 +55,7 @@ ZeroOptimizer::ZeroOptimizer(torch::optim::Optimizer& optimizer, Comm& comm)
   bool first = true;
   for (std::size_t g = 0; g < optimizer.param_groups().size(); ++g) {
     const auto& group = optimizer.param_groups()[g];
+    first_of_group_.push_back(params_.size());
     if (kind_ == Kind::kAdamW && static_cast<const o::AdamWOptions&>(group.options()).amsgrad())
       refuse("amsgrad is not supported");
     if (kind_ == Kind::kAdam && static_cast<const o::AdamOptions&>(group.options()).amsgrad())
@@ -74,12 +75,13 @@ ZeroOptimizer::ZeroOptimizer(torch::optim::Optimizer& optimizer, Comm& comm)
       z.param = p;
       z.group = g;
       z.offset = total_;
+      z.numel = p.numel();
       total_ += p.numel();
       params_.push_back(std::move(z));
     }
   }
   options_ = torch::TensorOptions().dtype(dtype);
-  const int64_t world = comm_.world_size(), rank = comm_.rank();
+  const int64_t world = comm().world_size(), rank = comm().rank();
   shard_ = (total_ + world - 1) / world;
   const int64_t mine_begin = rank * shard_, mine_end = std::min(total_, (rank + 1) * shard_);
   for (auto& z : params_) {
@@ -99,18 +101,49 @@ torch::Tensor ZeroOptimizer::slice(const torch::Tensor& full, const Param& z) co
   return full.reshape({-1}).narrow(0, z.begin, z.end - z.begin);
 }
 
+void ZeroOptimizer::check_unchanged() const {
+  // Why before anything is updated: a refusal halfway would leave the ranks' slices apart.
+  const auto& groups = optimizer_.param_groups();
+  std::size_t count = 0;
+  for (const auto& group : groups) count += group.params().size();
+  if (count != params_.size()) {
+    throw UsageError("accel: ZeRO: the optimizer has " + std::to_string(count) +
+                     " parameters now, " + std::to_string(params_.size()) +
+                     " when it was prepared; add parameter groups before prepare()");
+  }
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const auto& z = params_[i];
+    const auto& now = groups.at(z.group).params().at(i - first_of_group_.at(z.group));
+    if (now.unsafeGetTensorImpl() != z.param.unsafeGetTensorImpl() ||
+        now.scalar_type() != options_.dtype().toScalarType() || !now.is_contiguous() ||
+        now.numel() != z.numel) {
+      throw UsageError("accel: ZeRO: parameter " + std::to_string(i) +
+                       " of the optimizer was replaced or changed (now " + describe(now) +
+                       ") since prepare()");
+    }
+    const auto& grad = z.param.grad();
+    if (grad.defined() &&
+        (grad.scalar_type() != z.param.scalar_type() || grad.sizes() != z.param.sizes() ||
+         !grad.device().is_cpu() || grad.is_sparse())) {
+      throw UsageError("accel: ZeRO: the gradient of parameter " + std::to_string(i) + " is " +
+                       describe(grad) + ", its parameter " + describe(z.param));
+    }
+  }
+  if (!optimizer_.state().empty()) {
+    throw UsageError(
+        "accel: ZeRO: the optimizer's own state() is not empty: it was stepped through its "
+        "original handle; step the object prepare() returned");
+  }
+}
+
 void ZeroOptimizer::step() {
+  check_unchanged();
   torch::NoGradGuard no_grad;
   const auto& groups = optimizer_.param_groups();
   for (std::size_t i = 0; i < params_.size(); ++i) {
     auto& z = params_[i];
     const auto& grad = z.param.grad();
     if (!grad.defined()) continue;  // as libtorch: no step, no state (the same on every rank)
-    if (grad.scalar_type() != z.param.scalar_type() || grad.sizes() != z.param.sizes() ||
-        !grad.device().is_cpu() || grad.is_sparse()) {
-      throw UsageError("accel: ZeRO: the gradient of parameter " + std::to_string(i) + " is " +
-                       describe(grad) + ", its parameter " + describe(z.param));
-    }
     const int64_t n = z.end - z.begin;
     if (kind_ == Kind::kSgd) {
       const SgdRule rule = sgd_rule(groups[z.group]);
@@ -140,7 +173,7 @@ void ZeroOptimizer::step() {
   // Every rank's slices to every rank, in pieces of C elements of each shard: piece k of rank r
   // is elements [r*S + k, r*S + k + C) of the sequence. Why pieces: buffers of (world + 1) * C
   // elements instead of a second copy of all the parameters.
-  const int64_t world = comm_.world_size(), base = comm_.rank() * shard_;
+  const int64_t world = comm().world_size(), base = comm().rank() * shard_;
   const int64_t piece = send_.numel();
   for (int64_t k = 0; k < shard_; k += piece) {
     const int64_t count = std::min(piece, shard_ - k);
@@ -148,7 +181,7 @@ void ZeroOptimizer::step() {
     send.zero_();
     copy_sequence(base + k, count, send, /*to_params=*/false);
     auto gathered = gathered_.narrow(0, 0, count * world);
-    comm_.allgather(gathered, send);
+    comm().allgather(gathered, send);
     for (int64_t r = 0; r < world; ++r)
       copy_sequence(r * shard_ + k, count, gathered.narrow(0, r * count, count),
                     /*to_params=*/true);
@@ -172,7 +205,7 @@ void ZeroOptimizer::copy_sequence(int64_t from, int64_t count, const torch::Tens
 
 void ZeroOptimizer::gather_state(bool install) {
   torch::NoGradGuard no_grad;
-  const int64_t world = comm_.world_size(), base = comm_.rank() * shard_;
+  const int64_t world = comm().world_size(), base = comm().rank() * shard_;
   // Adam/AdamW: exp_avg and exp_avg_sq; SGD: the momentum buffer.
   const int parts = kind_ == Kind::kSgd ? 1 : 2;
   std::vector<torch::Tensor> full;
@@ -184,7 +217,7 @@ void ZeroOptimizer::gather_state(bool install) {
         send.narrow(0, z.offset + z.begin - base, z.end - z.begin).copy_(mine);
     }
     auto all = torch::empty({shard_ * world}, options_);
-    comm_.allgather(all, send);
+    comm().allgather(all, send);
     full.push_back(all);
   }
   if (!install) return;
@@ -285,7 +318,7 @@ void ZeroOptimizer::adopt_state(const std::string& where) {
 }
 
 std::string ZeroOptimizer::describe_shard() const {
-  const int64_t begin = std::min(total_, comm_.rank() * shard_);
+  const int64_t begin = std::min(total_, comm().rank() * shard_);
   const int64_t end = std::min(total_, begin + shard_);
   return "elements [" + std::to_string(begin) + ", " + std::to_string(end) + ") of " +
          std::to_string(total_);

@@ -19,9 +19,11 @@
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "accel/state.h"
 #include "runtime/comm.h"
 
 namespace accel::detail {
@@ -29,12 +31,16 @@ namespace accel::detail {
 class ZeroOptimizer {
  public:
   // Throws UsageError, naming what, when `optimizer` cannot be sharded: not exactly
-  // torch::optim::Adam, AdamW (without amsgrad) or SGD; parameters not contiguous CPU tensors of
-  // one floating dtype (float or double); or a state it already holds (prepare it before it
-  // steps).
-  ZeroOptimizer(torch::optim::Optimizer& optimizer, Comm& comm);
+  // torch::optim::Adam, AdamW (without amsgrad) or SGD, or parameters not contiguous CPU tensors
+  // of one floating dtype (float or double). A state the optimizer already holds (loaded before
+  // prepare()) is sliced and kept (CheckpointError when it does not fit). `state`: the process
+  // group it all-gathers through, held as long as this lives.
+  ZeroOptimizer(torch::optim::Optimizer& optimizer, std::shared_ptr<State> state);
 
-  // Every rank, on a synchronizing step: updates this rank's slices, then all-gathers.
+  // Every rank, on a synchronizing step: updates this rank's slices, then all-gathers. UsageError,
+  // before anything changes, when the optimizer's parameters or their gradients changed since
+  // prepare() (another group, a replaced or retyped parameter) or its own state() was filled by
+  // a step through the original handle.
   void step();
   // Every rank (a collective): libtorch's full state objects from every rank's slices, installed
   // in the optimizer's state() on the ranks where `install` is true (the others only send).
@@ -59,6 +65,7 @@ class ZeroOptimizer {
     torch::Tensor param;
     std::size_t group = 0;
     int64_t offset = 0;  // of its first element in the sequence of all elements
+    int64_t numel = 0;   // its element count at prepare()
     int64_t begin = 0;   // this rank's elements of it: [begin, end) (may be empty)
     int64_t end = 0;
     int64_t step = 0;             // Adam/AdamW: steps taken (every rank counts, owner or not)
@@ -67,12 +74,15 @@ class ZeroOptimizer {
   };
 
   torch::Tensor slice(const torch::Tensor& full, const Param& p) const;
+  void check_unchanged() const;
+  Comm& comm() const { return state_->comm(); }
   // Copies elements [from, from + count) of the sequence between `buffer` (count elements) and
   // the parameters (elements past the end, a last shard's padding, are left alone).
   void copy_sequence(int64_t from, int64_t count, const torch::Tensor& buffer, bool to_params);
 
   torch::optim::Optimizer& optimizer_;
-  Comm& comm_;
+  std::shared_ptr<State> state_;
+  std::vector<std::size_t> first_of_group_;  // index in params_ of each group's first
   Kind kind_;
   std::vector<Param> params_;
   int64_t total_ = 0;  // N

@@ -220,7 +220,8 @@ TEST(Checkpoint, SaveModelFromTheMainProcessAloneAndLoadModelEvaluatesTheSameWei
 void expect_killed_runs_resume_to(const std::string& expected, std::chrono::milliseconds duration,
                                   const std::map<std::string, std::string>& env,
                                   std::initializer_list<unsigned> seeds,
-                                  const std::vector<std::string>& extra = {}) {
+                                  const std::vector<std::string>& extra = {},
+                                  const std::string& expect_in_err = "") {
   for (unsigned seed : seeds) {
     std::mt19937 rng(seed);
     int victim = static_cast<int>(rng() % 2);
@@ -252,6 +253,7 @@ void expect_killed_runs_resume_to(const std::string& expected, std::chrono::mill
       if (workers.size() == 2) ::kill(workers[static_cast<std::size_t>(victim)], SIGKILL);
       auto r = job.wait(180s);
       ASSERT_EQ(r.exit_code, 0) << "seed " << seed << "\n" << r.out << r.err;
+      if (!expect_in_err.empty()) EXPECT_NE(r.err.find(expect_in_err), std::string::npos) << r.err;
       interrupted = r.out.find("accel: resumed from") != std::string::npos;
       if (!interrupted) continue;  // the victim had already finished: nothing was tested
       int kept = 0;
@@ -294,7 +296,8 @@ TEST(Checkpoint, ZeroStageOneTrainsAndResumesToTheUnshardedRunsWeights) {
   EXPECT_NE(r.err.find("ZeRO stage 1: optimizer 0"), std::string::npos) << r.err;
   EXPECT_EQ(file_bytes(dir.path() / "zero" / "model.safetensors"), expected)
       << "ZeRO-1 ended with other weights than the unsharded run";
-  expect_killed_runs_resume_to(expected, duration, env, {1u}, {"--zero-stage", "1"});
+  expect_killed_runs_resume_to(expected, duration, debug, {1u}, {"--zero-stage", "1"},
+                               "ZeRO stage 1: optimizer 0");
 }
 
 // One process saves checkpoint_0, trains, and saves checkpoint_1 (in the background when `async`,
@@ -355,6 +358,58 @@ TEST(Checkpoint, KillAtEveryStepOfASaveLeavesALoadableCheckpoint) {
 
 TEST(Checkpoint, KillAtEveryStepOfABackgroundSaveLeavesALoadableCheckpoint) {
   kill_at_every_step_of_a_save(true);
+}
+
+// A ZeRO checkpoint saved by 2 processes loads at 3 with ZeRO (each process keeps other slices
+// of it than the savers had) and without, and at 1: the weights are the saved ones, and 4 more
+// steps on 3 processes end bitwise where the same steps from an unsharded run's checkpoint end
+// (the two runs train alike bitwise, so their checkpoints must hold the same optimizer state).
+TEST(Checkpoint, AZeroCheckpointLoadsAtAnotherWorldSizeWithOrWithoutZero) {
+  TempDir dir;
+  std::map<std::string, std::string> env{{"OMP_NUM_THREADS", "1"}};
+  auto zero_env = env;
+  zero_env["ACCEL_ZERO_STAGE"] = "1";
+  const std::regex saved_re(R"(SAVED checkpoint_1 ([0-9a-f]{16}))"),
+      loaded_re(R"(LOADED (checkpoint_\d+) ([0-9a-f]{16}))"),
+      trained_re(R"(TRAINED ([0-9a-f]{16}))");
+  std::map<std::string, std::string> saved;
+  for (const std::string& run : {"zero", "unsharded"}) {
+    auto save =
+        run_launcher(dir, {"-n", "2", "--", RUNTIME_WORKER_BIN, "save_killed", dir / run, "100000"},
+                     120s, run == "zero" ? zero_env : env);
+    ASSERT_EQ(save.exit_code, 0) << save.out << save.err;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(save.out, m, saved_re)) << save.out;
+    saved[run] = m[1];
+  }
+  EXPECT_EQ(saved["zero"], saved["unsharded"]) << "ZeRO trained to other weights";
+  std::map<std::string, std::string> trained;
+  struct Load {
+    std::string from, processes;
+    bool zero;
+  };
+  for (const Load& load :
+       {Load{"zero", "3", true}, Load{"zero", "3", false}, Load{"unsharded", "3", true},
+        Load{"unsharded", "3", false}, Load{"zero", "1", false}}) {
+    std::string what = load.from + " checkpoint on " + load.processes +
+                       (load.zero ? " processes with ZeRO" : " processes");
+    auto r = run_launcher(
+        dir, {"-n", load.processes, "--", RUNTIME_WORKER_BIN, "load_newest", dir / load.from, "4"},
+        120s, load.zero ? zero_env : env);
+    ASSERT_EQ(r.exit_code, 0) << what << "\n" << r.out << r.err;
+    std::smatch loaded, steps;
+    ASSERT_TRUE(std::regex_search(r.out, loaded, loaded_re)) << r.out;
+    EXPECT_EQ(loaded[1].str(), "checkpoint_1") << what;
+    EXPECT_EQ(loaded[2].str(), saved[load.from]) << what << ": not the saved weights";
+    ASSERT_TRUE(std::regex_search(r.out, steps, trained_re)) << r.out;
+    trained[what] = steps[1];
+  }
+  const std::string reference = trained["unsharded checkpoint on 3 processes"];
+  for (const char* what :
+       {"zero checkpoint on 3 processes with ZeRO", "zero checkpoint on 3 processes",
+        "unsharded checkpoint on 3 processes with ZeRO"}) {
+    EXPECT_EQ(trained[what], reference) << what << " trained on to other weights";
+  }
 }
 
 TEST(Checkpoint, ACheckpointFromTwoProcessesLoadsOnOneAndThreeWithAWarning) {

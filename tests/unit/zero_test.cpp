@@ -19,10 +19,12 @@ namespace {
 
 namespace o = torch::optim;
 
+// One parameter larger than the all-gather's piece (2^20 elements), so a step all-gathers in
+// several pieces even on one process.
 std::vector<torch::Tensor> make_params(uint64_t seed) {
   torch::manual_seed(seed);
-  return {torch::randn({40, 30}).requires_grad_(true), torch::randn({30}).requires_grad_(true),
-          torch::randn({7}).requires_grad_(true)};
+  return {torch::randn({1100, 1000}).requires_grad_(true), torch::randn({30}).requires_grad_(true),
+          torch::randn({0}).requires_grad_(true), torch::randn({7}).requires_grad_(true)};
 }
 
 void set_grads(std::vector<torch::Tensor>& params, int step) {
@@ -47,11 +49,10 @@ TEST(Zero, StepsAsTheFusedStepAndRoundTripsLibtorchsState) {
   };
   for (const auto& [name, make] : kinds) {
     SCOPED_TRACE(name);
-    Comm comm;  // one process
     auto fused_params = make_params(1), zero_params = make_params(1);
     auto fused = make(fused_params);
     auto sharded = make(zero_params);
-    detail::ZeroOptimizer zero(*sharded, comm);
+    detail::ZeroOptimizer zero(*sharded, State::shared({}));  // one process
     for (int step = 0; step < 5; ++step) {
       set_grads(fused_params, step);
       set_grads(zero_params, step);
@@ -90,13 +91,26 @@ TEST(Zero, StepsAsTheFusedStepAndRoundTripsLibtorchsState) {
 }
 
 TEST(Zero, ALoadedStateThatDoesNotFitIsACheckpointErrorAndChangesNothing) {
-  Comm comm;
   auto params = make_params(2);
   auto opt = std::make_shared<o::AdamW>(params, o::AdamWOptions(1e-2));
-  detail::ZeroOptimizer zero(*opt, comm);
+  detail::ZeroOptimizer zero(*opt, State::shared({}));
   set_grads(params, 0);
   zero.step();
-  auto bytes = zero.state_bytes();
+  // The shards' contents, through libtorch's objects.
+  auto contents = [&] {
+    zero.gather_state(true);
+    std::vector<torch::Tensor> out;
+    for (const auto& p : params) {
+      auto it = opt->state().find(detail::state_key(p));
+      if (it == opt->state().end()) continue;
+      const auto& s = static_cast<const o::AdamWParamState&>(*it->second);
+      out.push_back(s.exp_avg().clone());
+      out.push_back(s.exp_avg_sq().clone());
+    }
+    zero.clear_installed();
+    return out;
+  };
+  auto before = contents();
   auto state = std::make_unique<o::AdamWParamState>();
   state->step(3).exp_avg(torch::zeros({5})).exp_avg_sq(torch::zeros({5}));
   opt->state()[detail::state_key(params[0])] = std::move(state);
@@ -108,14 +122,17 @@ TEST(Zero, ALoadedStateThatDoesNotFitIsACheckpointErrorAndChangesNothing) {
               std::string::npos)
         << e.what();
   }
-  EXPECT_EQ(zero.state_bytes(), bytes);
+  opt->state().clear();
+  auto after = contents();
+  ASSERT_EQ(after.size(), before.size());
+  for (std::size_t i = 0; i < before.size(); ++i)
+    EXPECT_TRUE(torch::equal(after[i], before[i])) << i;
 }
 
 TEST(Zero, RefusesWhatItCannotShardNamingWhy) {
-  Comm comm;
   auto expect_refused = [&](o::Optimizer& opt, const std::string& part) {
     try {
-      detail::ZeroOptimizer zero(opt, comm);
+      detail::ZeroOptimizer zero(opt, State::shared({}));
       ADD_FAILURE() << "no UsageError for " << part;
     } catch (const UsageError& e) {
       EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
@@ -130,6 +147,34 @@ TEST(Zero, RefusesWhatItCannotShardNamingWhy) {
                                    torch::randn({3}, torch::kDouble).requires_grad_(true)};
   o::SGD sgd(mixed, o::SGDOptions(0.1));
   expect_refused(sgd, "its parameters mix Float and Double");
+}
+
+// What changes after prepare() is refused at the next step, before any slice is updated.
+TEST(Zero, AChangedOptimizerIsRefusedAtTheStepBeforeAnythingMoves) {
+  auto params = make_params(4);
+  auto opt = std::make_shared<o::AdamW>(params, o::AdamWOptions(1e-2));
+  detail::ZeroOptimizer zero(*opt, State::shared({}));
+  set_grads(params, 0);
+  zero.step();
+  auto expect_refused = [&](const std::string& part) {
+    std::vector<torch::Tensor> before;
+    for (const auto& p : params) before.push_back(p.detach().clone());
+    try {
+      zero.step();
+      ADD_FAILURE() << "no UsageError for " << part;
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+    for (std::size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(torch::equal(params[i], before[i]));
+  };
+  params[1].mutable_grad() = torch::randn({31});
+  expect_refused("the gradient of parameter 1 is Float [31]");
+  params[1].mutable_grad() = torch::randn({30});
+  opt->state()[detail::state_key(params[0])] = std::make_unique<o::AdamWParamState>();
+  expect_refused("stepped through its original handle");
+  opt->state().clear();
+  opt->add_param_group(o::OptimizerParamGroup({torch::randn({3}).requires_grad_(true)}));
+  expect_refused("the optimizer has 5 parameters now, 4 when it was prepared");
 }
 
 }  // namespace

@@ -8,8 +8,8 @@
 //   {plain|set_to_none|accumulate|no_sync|throw_acc|throw_plain} runtime_worker mismatch
 //   {sleep|other_collective|dtype} runtime_worker backward_throws {acc|plain} [STEP_MS]
 //   runtime_worker save_killed DIR K [async] (one process: checkpoint_0, then SIGKILL at I/O op K
-//   of checkpoint_1) runtime_worker load_newest DIR      (one process: load_state() of the newest
-//   checkpoint, print its hash)
+//   of checkpoint_1) runtime_worker load_newest DIR [STEPS] (load_state() of the newest
+//   checkpoint, print its hash; then STEPS training steps and their hash)
 #include <ATen/CPUGeneratorImpl.h>
 #include <signal.h>
 #include <torch/torch.h>
@@ -585,11 +585,16 @@ int save_killed(const std::string& dir, int kill_at, bool async) {
   return 0;
 }
 
-int load_newest(const std::string& dir) {
+// Then `steps` more training steps, and their weights' hash (TRAINED).
+int load_newest(const std::string& dir, int steps) {
   accel::Accelerator acc({.project = {.project_dir = dir, .automatic_resume = false}});
   auto rig = checkpoint_rig(acc);
   auto loaded = acc.load_state();
   std::printf("LOADED %s %s\n", loaded.filename().c_str(), weights_hash(*rig.model).c_str());
+  if (steps > 0) {
+    train_steps(rig, steps, acc);
+    std::printf("TRAINED %s\n", weights_hash(*rig.model).c_str());
+  }
   return 0;
 }
 
@@ -680,7 +685,8 @@ int main(int argc, char** argv) {
   if (mode == "hang") return hang(argc > 2 ? std::atoi(argv[2]) : 1);
   if (mode == "save_killed" && argc > 3)
     return save_killed(argv[2], std::atoi(argv[3]), argc > 4 && std::string(argv[4]) == "async");
-  if (mode == "load_newest" && argc > 2) return load_newest(argv[2]);
+  if (mode == "load_newest" && argc > 2)
+    return load_newest(argv[2], argc > 3 ? std::atoi(argv[3]) : 0);
   if (mode == "late_order" && argc > 5) {
     return late_order(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]), argv[5]);
   }
