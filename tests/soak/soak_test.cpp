@@ -148,7 +148,7 @@ RunOutcome run_job(const TempDir& dir, std::optional<unsigned> seed) {
                                    "--",
                                    TRAIN_CLASSIFIER_BIN,
                                    "--epochs",
-                                   "300",
+                                   "200",
                                    "--train-samples",
                                    "4000",
                                    "--save-model",
