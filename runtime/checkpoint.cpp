@@ -968,10 +968,8 @@ fs::path Accelerator::load_from(const fs::path& source, bool verify_checksums) {
       throw;
     }
   }
-  for (std::size_t i = 0; i < impl_->optimizers_.size(); ++i) {
-    if (impl_->optimizers_[i]->zero)
-      impl_->optimizers_[i]->zero->adopt_state((source / indexed("optimizer", i, ".bin")).string());
-  }
+  for (auto& slot : impl_->optimizers_)
+    if (slot->zero) slot->zero->adopt_state();
   for (std::size_t i = 0; i < impl_->optimizers_.size(); ++i) {
     const auto& steps = m["optimizer_steps"];
     impl_->optimizers_[i]->steps =

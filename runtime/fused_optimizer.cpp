@@ -27,8 +27,6 @@ namespace o = torch::optim;
 // Why: below this many elements a thread costs more than it saves (ATen's GRAIN_SIZE).
 constexpr int64_t kGrain = 32768;
 
-auto key_of(const torch::Tensor& p) { return state_key(p); }
-
 bool same_layout(const torch::Tensor& t, const torch::Tensor& p) {
   return t.defined() && t.device().is_cpu() && t.layout() == torch::kStrided &&
          t.scalar_type() == p.scalar_type() && t.is_contiguous() && t.sizes() == p.sizes() &&
@@ -153,7 +151,7 @@ void adam_param(const torch::Tensor& param, const torch::Tensor& grad, const tor
 
 template <class State>
 bool state_fusable(o::Optimizer& optimizer, const torch::Tensor& p) {
-  auto it = optimizer.state().find(key_of(p));
+  auto it = optimizer.state().find(state_key(p));
   if (it == optimizer.state().end()) return true;
   auto* s = dynamic_cast<State*>(it->second.get());
   return s != nullptr && same_layout(s->exp_avg(), p) && same_layout(s->exp_avg_sq(), p);
@@ -174,7 +172,7 @@ bool adam_step(o::Optimizer& optimizer, bool decoupled) {
     const AdamRule rule = adam_rule(group, decoupled);
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
-      auto key = key_of(p);
+      auto key = state_key(p);
       auto it = optimizer.state().find(key);
       if (it == optimizer.state().end()) {
         auto state = std::make_unique<State>();
@@ -232,7 +230,7 @@ bool sgd_step(o::Optimizer& optimizer) {
   for (auto& group : optimizer.param_groups()) {
     for (auto& p : group.params()) {
       if (!fusable_param(p)) return false;
-      auto it = optimizer.state().find(key_of(p));
+      auto it = optimizer.state().find(state_key(p));
       if (it == optimizer.state().end()) continue;
       auto* s = dynamic_cast<o::SGDParamState*>(it->second.get());
       if (s == nullptr || (s->momentum_buffer().defined() && !same_layout(s->momentum_buffer(), p)))
@@ -248,7 +246,7 @@ bool sgd_step(o::Optimizer& optimizer) {
       torch::Tensor buf;
       bool first = false;
       if (opts.momentum() != 0) {
-        auto key = key_of(p);
+        auto key = state_key(p);
         auto it = optimizer.state().find(key);
         if (it == optimizer.state().end() ||
             !static_cast<o::SGDParamState&>(*it->second).momentum_buffer().defined()) {

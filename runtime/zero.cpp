@@ -25,8 +25,6 @@ namespace o = torch::optim;
 // The all-gather after a step moves the shards in pieces of this many elements (4 MiB of float).
 constexpr int64_t kPieceElements = int64_t{1} << 20;
 
-auto key_of(const torch::Tensor& p) { return state_key(p); }
-
 std::string describe(const torch::Tensor& t) {
   std::string shape;
   for (auto d : t.sizes()) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
@@ -94,7 +92,10 @@ ZeroOptimizer::ZeroOptimizer(torch::optim::Optimizer& optimizer, std::shared_ptr
   send_ = torch::zeros({piece}, options_);
   gathered_ = torch::empty({piece * world}, options_);
   // A state loaded into the optimizer before prepare() (torch::load) is kept, sliced.
-  if (!optimizer.state().empty()) adopt_state("the state " + name + " held when it was prepared");
+  if (!optimizer.state().empty()) {
+    check_loaded("the state " + name + " held when it was prepared");
+    adopt_state();
+  }
 }
 
 torch::Tensor ZeroOptimizer::slice(const torch::Tensor& full, const Param& z) const {
@@ -243,7 +244,7 @@ void ZeroOptimizer::gather_state(bool install) {
       s->momentum_buffer(part(0, z));
       state = std::move(s);
     }
-    optimizer_.state()[key_of(z.param)] = std::move(state);
+    optimizer_.state()[state_key(z.param)] = std::move(state);
   }
 }
 
@@ -252,7 +253,7 @@ void ZeroOptimizer::clear_installed() { optimizer_.state().clear(); }
 void ZeroOptimizer::check_loaded(const std::string& where) const {
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const auto& z = params_[i];
-    auto it = optimizer_.state().find(key_of(z.param));
+    auto it = optimizer_.state().find(state_key(z.param));
     if (it == optimizer_.state().end()) continue;
     std::vector<torch::Tensor> tensors;
     if (kind_ == Kind::kAdamW) {
@@ -282,14 +283,13 @@ void ZeroOptimizer::check_loaded(const std::string& where) const {
   }
 }
 
-void ZeroOptimizer::adopt_state(const std::string& where) {
-  check_loaded(where);
+void ZeroOptimizer::adopt_state() {
   torch::NoGradGuard no_grad;
   for (auto& z : params_) {
     z.has_state = false;
     z.step = 0;
     z.first = z.second = torch::Tensor();
-    auto it = optimizer_.state().find(key_of(z.param));
+    auto it = optimizer_.state().find(state_key(z.param));
     if (it == optimizer_.state().end()) continue;
     if (kind_ == Kind::kSgd) {
       const auto& s = static_cast<const o::SGDParamState&>(*it->second);

@@ -50,9 +50,9 @@ class ZeroOptimizer {
   // Throws CheckpointError naming `where` when a state the optimizer's state() holds (loaded
   // from a checkpoint) does not fit its parameter; changes nothing.
   void check_loaded(const std::string& where) const;
-  // After the optimizer loaded a full state (a checkpoint): keeps this rank's slices of it and
-  // empties the optimizer's state(). check_loaded() first, so nothing changes on a bad state.
-  void adopt_state(const std::string& where);
+  // After the optimizer loaded a full state (a checkpoint) that check_loaded() accepted: keeps
+  // this rank's slices of it and empties the optimizer's state().
+  void adopt_state();
 
   // Bytes of optimizer state this rank holds.
   int64_t state_bytes() const;

@@ -1,5 +1,5 @@
 // The prepared optimizer's fused Adam/AdamW/SGD step against libtorch's own step: same state
-// objects, results within a few float roundings, and a fallback that changes nothing.
+// objects, bitwise the same results, and a fallback that changes nothing.
 #include "runtime/fused_optimizer.h"
 
 #include <gtest/gtest.h>

@@ -76,7 +76,8 @@ TEST(Zero, StepsAsTheFusedStepAndRoundTripsLibtorchsState) {
     // Loaded back (here: the fused optimizer's bytes) and adopted, training goes on identically.
     std::istringstream in(b.str());
     torch::load(*sharded, in);
-    zero.adopt_state("test");
+    zero.check_loaded("test");
+    zero.adopt_state();
     EXPECT_TRUE(sharded->state().empty());
     for (int step = 5; step < 8; ++step) {
       set_grads(fused_params, step);
@@ -115,7 +116,7 @@ TEST(Zero, ALoadedStateThatDoesNotFitIsACheckpointErrorAndChangesNothing) {
   state->step(3).exp_avg(torch::zeros({5})).exp_avg_sq(torch::zeros({5}));
   opt->state()[detail::state_key(params[0])] = std::move(state);
   try {
-    zero.adopt_state("ck/optimizer.bin");
+    zero.check_loaded("ck/optimizer.bin");
     ADD_FAILURE() << "no CheckpointError";
   } catch (const CheckpointError& e) {
     EXPECT_NE(std::string(e.what()).find("ck/optimizer.bin: the state of parameter 0 is Float [5]"),
