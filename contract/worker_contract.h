@@ -64,6 +64,8 @@ inline constexpr char kErrorFile[] = "ACCEL_ERROR_FILE";
 inline constexpr char kProgressFile[] = "ACCEL_PROGRESS_FILE";
 inline constexpr char kShmCollectives[] = "ACCEL_SHM_COLLECTIVES";
 inline constexpr char kTraceCollectives[] = "ACCEL_TRACE_COLLECTIVES";  // runtime debugging only
+// split | copy: how shared memory all-reduces a large private tensor (copy: for benchmarks)
+inline constexpr char kShmAllreduce[] = "ACCEL_SHM_ALLREDUCE";
 inline constexpr char kLogLevel[] = "ACCEL_LOG_LEVEL";  // debug | info | warning | error
 inline constexpr char kToken[] = "ACCEL_TOKEN";  // the control plane's secret: never a worker's
 

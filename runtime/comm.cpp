@@ -9,6 +9,7 @@
 
 #include "accel/error.h"
 #include "runtime/env.h"
+#include "runtime/log.h"
 #include "runtime/progress.h"
 
 namespace accel {
@@ -44,7 +45,11 @@ Comm::Comm(int rank, int world_size, std::chrono::milliseconds timeout,
       group_(std::move(group)),
       shm_(std::move(shm)),
       hier_(std::move(hierarchy)) {
-  trace_ = env::worker_env().trace_collectives;
+  const auto& we = env::worker_env();
+  trace_ = we.trace_collectives;
+  auto algorithm = we.shm_allreduce_copy ? ShmGroup::Algorithm::kCopy : ShmGroup::Algorithm::kSplit;
+  if (shm_) shm_->set_algorithm(algorithm);
+  if (hier_) hier_->shm->set_algorithm(algorithm);
 }
 
 Comm::~Comm() = default;
@@ -222,6 +227,50 @@ at::Tensor Comm::allreduce_copy(const at::Tensor& input, c10d::ReduceOp op) {
   at::Tensor out = input.clone();
   allreduce(out, op);
   return out;
+}
+
+std::vector<at::Tensor> Comm::shared_zeros(
+    const std::vector<std::pair<int64_t, at::TensorOptions>>& buffers) {
+  ShmGroup* shm = shm_ ? shm_.get() : hier_ ? hier_->shm.get() : nullptr;
+  bool cpu = true;
+  for (const auto& [numel, options] : buffers) cpu = cpu && options.device().is_cpu();
+  std::vector<at::Tensor> out;
+  // Why 64-byte alignment: no two buffers share a cache line, and the reduction loops' loads
+  // stay aligned.
+  std::vector<std::size_t> offsets;
+  std::size_t bytes = 0;
+  for (const auto& [numel, options] : buffers) {
+    offsets.push_back(bytes);
+    bytes += (static_cast<std::size_t>(numel) * options.dtype().itemsize() + 63) / 64 * 64;
+  }
+  std::shared_ptr<ShmGroup::Block> block;
+  if (world_size_ > 1 && shm != nullptr && cpu && bytes > 0) {
+    Pending p = start("share", bytes);
+    std::string why;
+    guarded(p, [&] { block = shm->share(bytes, {p.op, p.seq, p.bytes}, &why); });
+    wait(p);
+    if (!block && rank_ == 0)
+      log::info("gradient buckets stay in private memory (" + why +
+                "): their all-reduce copies them into shared memory");
+  }
+  for (std::size_t i = 0; i < buffers.size(); ++i) {
+    const auto& [numel, options] = buffers[i];
+    if (!block) {
+      out.push_back(at::zeros({numel}, options));
+      continue;
+    }
+    void* at_ = static_cast<char*>(shm->my_part(*block)) + offsets[i];
+    out.push_back(at::from_blob(
+        at_, {numel}, [block](void*) {}, options));
+  }
+  return out;
+}
+
+at::Tensor Comm::peer_part(const at::Tensor& t, int rank) {
+  if (!shm_ || !t.defined() || !t.device().is_cpu() || !t.is_contiguous()) return {};
+  void* p = shm_->peer_data(t, rank);
+  if (p == nullptr) return {};
+  return at::from_blob(p, t.sizes(), t.options());
 }
 
 void Comm::broadcast(at::Tensor& tensor, int root) {

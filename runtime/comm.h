@@ -11,6 +11,8 @@
 #include <string>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <utility>
+#include <vector>
 
 #include "contract/worker_contract.h"
 #include "runtime/shm_group.h"
@@ -68,6 +70,20 @@ class Comm {
   // `output` is [world_size * n, ...] for an `input` of [n, ...]; rank r's part lands at r*n.
   void allgather(at::Tensor& output, const at::Tensor& input);
   void barrier();
+
+  // Zeroed CPU buffers of these sizes and options, placed where the machine's ranks can read each
+  // other's (a shared-memory block): an all-reduce of one of them, or of a part of one, reads the
+  // peers' data where it lies instead of copying it in. Collective: every rank asks for the same
+  // sizes in the same order. Private memory where there is no shared memory (one process, gloo,
+  // a CUDA buffer, /dev/shm too small), so the caller need not care which it got.
+  std::vector<at::Tensor> shared_zeros(
+      const std::vector<std::pair<int64_t, at::TensorOptions>>& buffers);
+
+  // Rank r's copy of `t`, a tensor in a shared_zeros() buffer, on a job whose ranks all share
+  // this machine's memory: a view of that rank's memory at the same place, valid while `t` is.
+  // Reading it is only safe between collectives that order the writer and the reader (a barrier
+  // after the peer wrote, and another before it writes again). Undefined where `t` is private.
+  at::Tensor peer_part(const at::Tensor& t, int rank);
 
   // Counts collectives issued so far (the next one gets this number).
   std::uint64_t next_sequence() const { return seq_.load(); }

@@ -216,6 +216,11 @@ WorkerEnv read_worker_env(const Lookup& outer) {
   e.shm_collectives = r.boolean({c::kShmCollectives}, true);
   auto trace = r.text({c::kTraceCollectives});
   e.trace_collectives = trace && *trace != "0";
+  if (auto algorithm = r.text({c::kShmAllreduce})) {
+    if (*algorithm != "split" && *algorithm != "copy")
+      bad(c::kShmAllreduce, *algorithm, "split or copy");
+    e.shm_allreduce_copy = *algorithm == "copy";
+  }
   e.gloo_socket_ifname = r.text({"GLOO_SOCKET_IFNAME"});
   return e;
 }

@@ -47,6 +47,7 @@ struct WorkerEnv {
   std::string progress_file;  // empty: no progress page
   bool shm_collectives = true;
   bool trace_collectives = false;
+  bool shm_allreduce_copy = false;  // ACCEL_SHM_ALLREDUCE=copy: the unsplit all-reduce
   std::optional<std::string> gloo_socket_ifname;
 };
 

@@ -28,12 +28,13 @@ GradSync::GradSync(Comm& comm, std::vector<torch::Tensor> params, GradSyncOption
   Bucket current;
   std::size_t bytes = 0;
   std::size_t cap = options.first_bucket_cap_bytes;
+  std::vector<std::pair<int64_t, torch::TensorOptions>> sizes;
   auto close = [&] {
     if (current.params.empty()) return;
     auto& first = params_[current.params.front()];
     current.flags = current.offsets.back();
-    current.flat = torch::zeros({current.flags + static_cast<int64_t>(current.params.size())},
-                                first.options());
+    sizes.emplace_back(current.flags + static_cast<int64_t>(current.params.size()),
+                       first.options());
     current.offsets.pop_back();
     buckets_.push_back(std::move(current));
     current = Bucket{};
@@ -55,6 +56,10 @@ GradSync::GradSync(Comm& comm, std::vector<torch::Tensor> params, GradSyncOption
     if (bytes >= cap) close();
   }
   close();
+  // Why shared: the machine's ranks all-reduce a bucket by reading each other's where it lies,
+  // without copying it into shared memory first (private memory where that is not possible).
+  auto flats = comm_.shared_zeros(sizes);
+  for (std::size_t i = 0; i < buckets_.size(); ++i) buckets_[i].flat = std::move(flats[i]);
   for (auto& b : buckets_) {
     b.pending = b.params.size();
     // Why only defined ones: a parameter that never gets a gradient must keep an undefined one.

@@ -25,6 +25,12 @@ namespace {
 constexpr std::size_t kHugePage = 2u << 20;
 constexpr std::size_t kAdviseFromBytes = 8u << 20;
 constexpr std::size_t kReduceChunkBytes = 256u << 10;
+// Below this a private tensor is all-reduced the copy way (one wait per chunk instead of two).
+constexpr std::size_t kSplitFromBytes = 256u << 10;
+// The in-place all-reduce of a shared block reduces this much at a time into a buffer that stays
+// in L1 (16 KiB measured fastest here: 64 MiB in ~6 ms against ~7 ms at 64 KiB and up), then
+// writes it to every rank's block.
+constexpr std::size_t kScratchBytes = 16u << 10;
 
 void advise_huge_pages(void* data, std::size_t bytes) {
   if (bytes < kAdviseFromBytes) return;
@@ -51,19 +57,22 @@ struct alignas(64) RankControl {
   std::atomic<uint64_t> call_seq[2];
   std::atomic<uint64_t> call_word[2];    // op code << 56 | payload bytes
   std::atomic<uint64_t> call_detail[2];  // dtype, root, reduce op
+  std::atomic<uint64_t> call_where[2];   // offset in a shared block, or kPrivate
+  std::atomic<uint64_t> mapped;          // share(): (generation << 1) | mapped it
 };
 
-const char* const kOps[] = {"?", "allreduce", "broadcast", "allgather", "barrier"};
+constexpr int kNumOps = 6;
+const char* const kOps[kNumOps] = {"?", "allreduce", "broadcast", "allgather", "barrier", "share"};
 
 uint64_t op_code(const char* op) {
-  for (uint64_t i = 1; i < 5; ++i)
+  for (uint64_t i = 1; i < kNumOps; ++i)
     if (std::strcmp(op, kOps[i]) == 0) return i;
   return 0;
 }
 
 std::string describe(uint64_t word, uint64_t seq) {
   uint64_t code = word >> 56;
-  return std::string(kOps[code < 5 ? code : 0]) + " #" + std::to_string(seq) + " (" +
+  return std::string(kOps[code < kNumOps ? code : 0]) + " #" + std::to_string(seq) + " (" +
          std::to_string(word & ((1ULL << 56) - 1)) + " bytes)";
 }
 
@@ -71,9 +80,11 @@ struct Header {
   uint64_t magic;
   uint64_t world;
   uint64_t slot_bytes;
+  char block_name[96];  // share(): the new segment's name, written by rank 0
 };
 
-std::size_t controls_offset() { return 64; }
+std::size_t controls_offset() { return 128; }
+static_assert(sizeof(Header) <= 128);
 std::size_t data_offset(int world) {
   return (controls_offset() + sizeof(RankControl) * static_cast<std::size_t>(world) + 4095) / 4096 *
          4096;
@@ -118,10 +129,10 @@ void sum_scaled(T* __restrict__ out, const T* const* in, int n, std::size_t coun
 }
 
 template <class T>
-void reduce_into(void* out, const std::vector<const void*>& slots, int n, std::size_t count,
-                 c10d::ReduceOp op, double scale) {
+void reduce_into(void* out, const void* const* slots, int n, std::size_t count, c10d::ReduceOp op,
+                 double scale) {
   auto* o = static_cast<T*>(out);
-  auto in = reinterpret_cast<const T* const*>(slots.data());
+  auto in = reinterpret_cast<const T* const*>(slots);
   if (op == c10d::ReduceOp::SUM && scale != 1.0) {
     sum_scaled(o, in, n, count, static_cast<T>(scale));
     return;
@@ -141,13 +152,70 @@ void reduce_into(void* out, const std::vector<const void*>& slots, int n, std::s
   }
 }
 
+// bf16 and fp16: each element is summed (and scaled) in fp32, in rank order, and rounded once,
+// so n ranks' gradients do not lose n-1 roundings to the narrow type.
+template <class T>
+void reduce_narrow(void* out, const void* const* slots, int n, std::size_t count, c10d::ReduceOp op,
+                   double scale) {
+  auto* o = static_cast<T*>(out);
+  auto in = reinterpret_cast<const T* const*>(slots);
+  const float s = static_cast<float>(scale);
+  const bool scaled = op == c10d::ReduceOp::SUM && scale != 1.0;
+  for (std::size_t i = 0; i < count; ++i) {
+    float acc = static_cast<float>(in[0][i]);
+    for (int r = 1; r < n; ++r) {
+      float x = static_cast<float>(in[r][i]);
+      if (op == c10d::ReduceOp::SUM)
+        acc += x;
+      else if (op == c10d::ReduceOp::MAX)
+        acc = acc < x ? x : acc;
+      else
+        acc = x < acc ? x : acc;
+    }
+    o[i] = static_cast<T>(scaled ? acc * s : acc);
+  }
+}
+
+void reduce(at::ScalarType type, void* out, const void* const* in, int n, std::size_t count,
+            c10d::ReduceOp op, double scale) {
+  if (op != c10d::ReduceOp::SUM && op != c10d::ReduceOp::MAX && op != c10d::ReduceOp::MIN)
+    throw std::runtime_error("shared-memory allreduce supports sum, max and min");
+  switch (type) {
+    case at::kFloat:
+      return reduce_into<float>(out, in, n, count, op, scale);
+    case at::kDouble:
+      return reduce_into<double>(out, in, n, count, op, scale);
+    case at::kInt:
+      return reduce_into<int32_t>(out, in, n, count, op, scale);
+    case at::kLong:
+      return reduce_into<int64_t>(out, in, n, count, op, scale);
+    case at::kBFloat16:
+      return reduce_narrow<c10::BFloat16>(out, in, n, count, op, scale);
+    case at::kHalf:
+      return reduce_narrow<c10::Half>(out, in, n, count, op, scale);
+    default:
+      throw std::runtime_error("shared-memory allreduce got an unsupported dtype");
+  }
+}
+
+// Rank r's slice [lo, hi) of `count` elements: equal parts, each a whole number of cache lines,
+// so that no two ranks write the same line.
+std::pair<std::size_t, std::size_t> slice_of(int r, int n, std::size_t count, std::size_t elem) {
+  const std::size_t line = std::max<std::size_t>(1, 64 / elem);
+  std::size_t per = (count + static_cast<std::size_t>(n) - 1) / static_cast<std::size_t>(n);
+  per = (per + line - 1) / line * line;
+  std::size_t lo = std::min(count, per * static_cast<std::size_t>(r));
+  return {lo, std::min(count, lo + per)};
+}
+
 }  // namespace
 
 bool ShmGroup::can_move(const at::Tensor& t) { return t.device().is_cpu() && t.is_contiguous(); }
 
 bool ShmGroup::can_reduce(const at::Tensor& t) {
   auto s = t.scalar_type();
-  return can_move(t) && (s == at::kFloat || s == at::kDouble || s == at::kInt || s == at::kLong);
+  return can_move(t) && (s == at::kFloat || s == at::kDouble || s == at::kInt || s == at::kLong ||
+                         s == at::kBFloat16 || s == at::kHalf);
 }
 
 std::unique_ptr<ShmGroup> ShmGroup::create(c10d::Store& store, CollectiveGroup& group, int rank,
@@ -237,6 +305,7 @@ uint64_t ShmGroup::arrive_and_wait(const Call& call) {
   ctl[rank_].call_seq[parity].store(call.seq, std::memory_order_relaxed);
   ctl[rank_].call_word[parity].store(word, std::memory_order_relaxed);
   ctl[rank_].call_detail[parity].store(call.detail, std::memory_order_relaxed);
+  ctl[rank_].call_where[parity].store(call.where, std::memory_order_relaxed);
   ctl[rank_].arrived.store(g, std::memory_order_release);
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + timeout_;
@@ -274,19 +343,204 @@ uint64_t ShmGroup::arrive_and_wait(const Call& call) {
                                describe(word, call.seq) +
                                " with another dtype, root or reduce op than this rank");
     }
+    if (ctl[r].call_where[parity].load(std::memory_order_relaxed) != call.where) {
+      throw std::runtime_error("mismatched collectives: rank " + std::to_string(r) + " called " +
+                               describe(word, call.seq) +
+                               " on a tensor at another place (shared block or private memory) "
+                               "than this rank");
+    }
   }
   return g;
 }
 
+struct ShmGroup::Block {
+  void* base = nullptr;
+  std::size_t size = 0;      // world * per_rank
+  std::size_t per_rank = 0;  // each rank's part, a whole number of pages
+  ~Block() {
+    if (base != nullptr) ::munmap(base, size);
+  }
+};
+
+void* ShmGroup::data(const Block& block, int rank) {
+  return static_cast<char*>(block.base) + static_cast<std::size_t>(rank) * block.per_rank;
+}
+
+std::shared_ptr<ShmGroup::Block> ShmGroup::share(std::size_t bytes, const Call& call,
+                                                 std::string* why) {
+  auto block = std::make_shared<Block>();
+  block->per_rank = std::max<std::size_t>(4096, (bytes + 4095) / 4096 * 4096);
+  block->size = block->per_rank * static_cast<std::size_t>(world_);
+  auto* header = static_cast<Header*>(base_);
+  std::string name;
+  if (rank_ == 0) {
+    std::random_device rd;
+    name = "/accel-" + std::to_string(::getpid()) + "-b" + std::to_string(++blocks_made_) + "-" +
+           std::to_string(rd());
+    int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    int err = fd < 0 ? errno : ::posix_fallocate(fd, 0, static_cast<off_t>(block->size));
+    if (fd >= 0) ::close(fd);
+    if (err != 0) {
+      *why = "cannot create " + std::to_string(block->size >> 20) + " MiB in /dev/shm (" +
+             std::strerror(err) + ")";
+      if (fd >= 0) ::shm_unlink(name.c_str());
+      name.clear();
+    }
+    std::memset(header->block_name, 0, sizeof(header->block_name));
+    std::memcpy(header->block_name, name.data(),
+                std::min(name.size(), sizeof(header->block_name) - 1));
+  }
+  uint64_t g = arrive_and_wait(call);  // the name is published
+  if (rank_ != 0) name = header->block_name;
+  bool mapped = false;
+  if (!name.empty()) {
+    int fd = ::shm_open(name.c_str(), O_RDWR, 0600);
+    if (fd >= 0) {
+      void* p = ::mmap(nullptr, block->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      ::close(fd);
+      if (p != MAP_FAILED) {
+        block->base = p;
+        mapped = true;
+      } else if (why->empty()) {
+        *why = std::string("mmap failed (") + std::strerror(errno) + ")";
+      }
+    } else if (why->empty()) {
+      *why = "cannot open " + name + " (" + std::strerror(errno) + ")";
+    }
+  } else if (why->empty()) {
+    *why = "rank 0 could not create the shared block";
+  }
+  RankControl* ctl = controls(base_);
+  ctl[rank_].mapped.store(g << 1 | (mapped ? 1 : 0), std::memory_order_relaxed);
+  arrive_and_wait(call);  // every rank has mapped it, or failed to
+  if (rank_ == 0 && !name.empty()) ::shm_unlink(name.c_str());
+  for (int r = 0; r < world_; ++r) {
+    if (ctl[r].mapped.load(std::memory_order_relaxed) != (g << 1 | 1)) {
+      if (why->empty()) *why = "local rank " + std::to_string(r) + " could not map the block";
+      return nullptr;  // the Block unmaps what this rank mapped
+    }
+  }
+  blocks_.erase(std::remove_if(blocks_.begin(), blocks_.end(),
+                               [](const std::weak_ptr<Block>& b) { return b.expired(); }),
+                blocks_.end());
+  blocks_.push_back(block);
+  return block;
+}
+
+std::shared_ptr<ShmGroup::Block> ShmGroup::find_block(const at::Tensor& tensor, uint64_t* offset) {
+  const auto* p = static_cast<const char*>(tensor.data_ptr());
+  const std::size_t bytes = nbytes(tensor);
+  for (auto& weak : blocks_) {
+    auto block = weak.lock();
+    if (!block) continue;
+    const auto* mine = static_cast<const char*>(data(*block, rank_));
+    if (p >= mine && p + bytes <= mine + block->per_rank) {
+      *offset = static_cast<uint64_t>(p - mine);
+      return block;
+    }
+  }
+  return nullptr;
+}
+
+void* ShmGroup::peer_data(const at::Tensor& tensor, int r) {
+  uint64_t offset = 0;
+  auto block = find_block(tensor, &offset);
+  if (!block || r < 0 || r >= world_) return nullptr;
+  return static_cast<char*>(data(*block, r)) + offset;
+}
+
 void ShmGroup::allreduce(at::Tensor& tensor, c10d::ReduceOp op, const Call& call,
                          const at::Tensor* source, double scale) {
-  const std::size_t elem = tensor.element_size();
-  const std::size_t per_chunk = std::min(slot_bytes_, kReduceChunkBytes) / elem;
-  const auto total = static_cast<std::size_t>(tensor.numel());
+  const std::size_t total = nbytes(tensor);
   if (total == 0) return;  // same shape on every rank: all of them skip
   char* data = static_cast<char*>(tensor.data_ptr());
   const char* from = source != nullptr ? static_cast<const char*>(source->data_ptr()) : data;
-  if (source != nullptr) advise_huge_pages(data, total * elem);
+  if (source == nullptr && algorithm_ == Algorithm::kSplit) {
+    uint64_t offset = 0;
+    if (auto block = find_block(tensor, &offset)) {
+      Call placed = call;
+      placed.where = offset;
+      return allreduce_in_place(tensor, op, placed, *block, offset, scale);
+    }
+  }
+  if (source != nullptr) advise_huge_pages(data, total);
+  if (algorithm_ == Algorithm::kSplit && total >= kSplitFromBytes)
+    return allreduce_split(tensor, op, call, from, scale);
+  // Why a different `where`: ranks that disagree on the algorithm would otherwise pair one's
+  // second wait of a chunk with the other's next chunk.
+  Call copied = call;
+  if (algorithm_ == Algorithm::kCopy) copied.where = kPrivate - 1;
+  allreduce_copy(tensor, op, copied, from, scale);
+}
+
+// Every rank's data already lies in its part of the block: after one wait, rank r reduces the
+// r-th slice from all parts and writes the result into all of them; after a second, every part
+// holds the whole result. Each rank reads and writes the tensor's size once.
+void ShmGroup::allreduce_in_place(at::Tensor& tensor, c10d::ReduceOp op, const Call& call,
+                                  const Block& block, uint64_t offset, double scale) {
+  const std::size_t elem = tensor.element_size();
+  const auto count = static_cast<std::size_t>(tensor.numel());
+  const auto [lo, hi] = slice_of(rank_, world_, count, elem);
+  scratch_.resize(kScratchBytes);
+  const std::size_t per_chunk = kScratchBytes / elem;
+  std::vector<const void*> in(static_cast<std::size_t>(world_));
+  std::vector<char*> part(static_cast<std::size_t>(world_));
+  for (int r = 0; r < world_; ++r)
+    part[static_cast<std::size_t>(r)] = static_cast<char*>(data(block, r)) + offset;
+  arrive_and_wait(call);  // every rank's data is in place
+  for (std::size_t begin = lo; begin < hi; begin += per_chunk) {
+    const std::size_t n = std::min(per_chunk, hi - begin);
+    for (int r = 0; r < world_; ++r)
+      in[static_cast<std::size_t>(r)] = part[static_cast<std::size_t>(r)] + begin * elem;
+    reduce(tensor.scalar_type(), scratch_.data(), in.data(), world_, n, op, scale);
+    for (int r = 0; r < world_; ++r)
+      std::memcpy(part[static_cast<std::size_t>(r)] + begin * elem, scratch_.data(), n * elem);
+  }
+  arrive_and_wait(call);  // every slice is in every part
+}
+
+// A private tensor, split: per chunk, every rank copies its data into its slot; rank r reduces
+// the r-th slice from every slot into its result and into its slot of the other set; every rank
+// then copies the other slices from their owners' slots. Data read after generation g's wait
+// lies in set g, as the protocol requires.
+void ShmGroup::allreduce_split(at::Tensor& tensor, c10d::ReduceOp op, const Call& call,
+                               const char* from, double scale) {
+  const std::size_t elem = tensor.element_size();
+  const std::size_t per_chunk = std::min(slot_bytes_, kReduceChunkBytes) / elem;
+  const auto total = static_cast<std::size_t>(tensor.numel());
+  char* data = static_cast<char*>(tensor.data_ptr());
+  std::vector<const void*> in(static_cast<std::size_t>(world_));
+  for (std::size_t begin = 0; begin < total; begin += per_chunk) {
+    const std::size_t count = std::min(per_chunk, total - begin);
+    const uint64_t gathered = generation_ + 1, reduced = generation_ + 2;
+    std::memcpy(slot(gathered, rank_), from + begin * elem, count * elem);
+    arrive_and_wait(call);
+    const auto [lo, hi] = slice_of(rank_, world_, count, elem);
+    if (hi > lo) {
+      for (int r = 0; r < world_; ++r)
+        in[static_cast<std::size_t>(r)] = slot(gathered, r) + lo * elem;
+      char* out = data + (begin + lo) * elem;
+      reduce(tensor.scalar_type(), out, in.data(), world_, hi - lo, op, scale);
+      std::memcpy(slot(reduced, rank_) + lo * elem, out, (hi - lo) * elem);
+    }
+    arrive_and_wait(call);
+    for (int r = 0; r < world_; ++r) {
+      if (r == rank_) continue;
+      const auto [rlo, rhi] = slice_of(r, world_, count, elem);
+      if (rhi > rlo)
+        std::memcpy(data + (begin + rlo) * elem, slot(reduced, r) + rlo * elem, (rhi - rlo) * elem);
+    }
+  }
+}
+
+// A private tensor, the short way: every rank copies its data into its slot and reduces the
+// whole chunk from every slot (one wait per chunk; every rank does all the arithmetic).
+void ShmGroup::allreduce_copy(at::Tensor& tensor, c10d::ReduceOp op, const Call& call,
+                              const char* from, double scale) {
+  const std::size_t elem = tensor.element_size();
+  const std::size_t per_chunk = std::min(slot_bytes_, kReduceChunkBytes) / elem;
+  const auto total = static_cast<std::size_t>(tensor.numel());
+  char* data = static_cast<char*>(tensor.data_ptr());
   std::vector<const void*> in(static_cast<std::size_t>(world_));
   for (std::size_t begin = 0; begin < total; begin += per_chunk) {
     std::size_t count = std::min(per_chunk, total - begin);
@@ -294,23 +548,7 @@ void ShmGroup::allreduce(at::Tensor& tensor, c10d::ReduceOp op, const Call& call
     std::memcpy(slot(next, rank_), from + begin * elem, count * elem);
     arrive_and_wait(call);
     for (int r = 0; r < world_; ++r) in[static_cast<std::size_t>(r)] = slot(next, r);
-    void* out = data + begin * elem;
-    switch (tensor.scalar_type()) {
-      case at::kFloat:
-        reduce_into<float>(out, in, world_, count, op, scale);
-        break;
-      case at::kDouble:
-        reduce_into<double>(out, in, world_, count, op, scale);
-        break;
-      case at::kInt:
-        reduce_into<int32_t>(out, in, world_, count, op, scale);
-        break;
-      case at::kLong:
-        reduce_into<int64_t>(out, in, world_, count, op, scale);
-        break;
-      default:
-        throw std::runtime_error("shared-memory allreduce got an unsupported dtype");
-    }
+    reduce(tensor.scalar_type(), data + begin * elem, in.data(), world_, count, op, scale);
   }
 }
 

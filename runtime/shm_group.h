@@ -13,6 +13,13 @@
 // generation counter after writing its slot and waits until every rank has published it, then
 // reads. A rank only arrives at generation g after it finished reading generation g-1, so the
 // slot set of generation g+1 (== g-1's) is free when any rank starts writing it.
+//
+// All-reduce: below a few hundred KiB every rank copies its data into its slot and reduces the
+// whole buffer from every slot (one wait). Above that the reduction is split: rank r reduces
+// only the r-th slice of each chunk and publishes it, and every rank copies the slices back
+// (reduce-scatter + all-gather, two waits per chunk; each rank does 1/n of the arithmetic).
+// A tensor that lives in a shared block (share(): the gradient buckets) is not copied in at all:
+// rank r reads the r-th slice from every rank's block and writes the sum into all of them.
 #pragma once
 
 #include <chrono>
@@ -24,6 +31,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <type_traits>
+#include <vector>
 
 namespace accel {
 
@@ -43,7 +51,9 @@ class ShmGroup {
                                           std::string* why);
   ~ShmGroup();
 
-  // CPU, contiguous, and a dtype the reduction loops handle (float, double, int32, int64).
+  // CPU, contiguous, and a dtype the reduction loops handle (float, double, bf16, fp16, int32,
+  // int64).
+  // bf16 and fp16 are summed in fp32 and rounded once.
   static bool can_reduce(const at::Tensor& t);
   // CPU and contiguous (bytes are moved as they are).
   static bool can_move(const at::Tensor& t);
@@ -55,7 +65,28 @@ class ShmGroup {
     uint64_t seq;
     uint64_t bytes;
     uint64_t detail = 0;  // dtype, root and reduce op: must match too (see Comm::call_of)
+    // Where the tensor lies in a shared block (its offset in the rank's part), or kPrivate:
+    // must match too, since the in-place all-reduce reads peers' blocks at this offset.
+    uint64_t where = kPrivate;
   };
+  static constexpr uint64_t kPrivate = ~uint64_t{0};
+
+  // Memory every local rank maps: each rank gets `bytes` of its own, and the others can read and
+  // write it. Unmapped when the last reference goes (tensors made on it hold one).
+  struct Block;
+  // Collective (all local ranks, same bytes, in the same order as the other collectives): a new
+  // zeroed block, or null on every rank when /dev/shm cannot hold world * bytes.
+  std::shared_ptr<Block> share(std::size_t bytes, const Call& call, std::string* why);
+  // Where `tensor`, which lies in this rank's part of a shared block, lies in rank r's part;
+  // null when it does not lie in one.
+  void* peer_data(const at::Tensor& tensor, int r);
+  // This rank's part of `block`.
+  void* my_part(const Block& block) const { return data(block, rank_); }
+
+  // How an all-reduce of a private tensor is done (ACCEL_SHM_ALLREDUCE, for benchmarks):
+  // split above a threshold (the default), or copy: every rank reduces everything.
+  enum class Algorithm { kSplit, kCopy };
+  void set_algorithm(Algorithm a) { algorithm_ = a; }
 
   // Throw std::runtime_error when a peer does not arrive within the timeout, or arrives in a
   // different collective (the message names both).
@@ -78,12 +109,25 @@ class ShmGroup {
   // Publishes this rank's arrival (and `call`) at the next generation, waits for every rank's,
   // and checks that they all are in the same collective.
   uint64_t arrive_and_wait(const Call& call);
+  static void* data(const Block& block, int rank);
+  // The block and offset `tensor` lies at, or null (Call::where = kPrivate).
+  std::shared_ptr<Block> find_block(const at::Tensor& tensor, uint64_t* offset);
+  void allreduce_in_place(at::Tensor& tensor, c10d::ReduceOp op, const Call& call,
+                          const Block& block, uint64_t offset, double scale);
+  void allreduce_split(at::Tensor& tensor, c10d::ReduceOp op, const Call& call, const char* from,
+                       double scale);
+  void allreduce_copy(at::Tensor& tensor, c10d::ReduceOp op, const Call& call, const char* from,
+                      double scale);
 
   int rank_, world_;
   void* base_;
   std::size_t size_, slot_bytes_;
   std::chrono::milliseconds timeout_;
   uint64_t generation_ = 0;
+  Algorithm algorithm_ = Algorithm::kSplit;
+  std::vector<std::weak_ptr<Block>> blocks_;
+  uint64_t blocks_made_ = 0;
+  std::vector<char> scratch_;  // one reduced chunk, before it is written to every block
 };
 
 }  // namespace accel

@@ -89,8 +89,14 @@ ZeroOptimizer::ZeroOptimizer(torch::optim::Optimizer& optimizer, std::shared_ptr
     if (z.end < z.begin) z.end = z.begin;
   }
   const int64_t piece = std::max<int64_t>(1, std::min(shard_, kPieceElements));
-  send_ = torch::zeros({piece}, options_);
-  gathered_ = torch::empty({piece * world}, options_);
+  if (world > 1) {
+    auto shared = comm().shared_zeros({{2 * piece, options_}})[0];
+    if (comm().peer_part(shared, 0).defined()) exchange_ = shared;
+  }
+  if (!exchange_.defined()) {
+    send_ = torch::zeros({piece}, options_);
+    gathered_ = torch::empty({piece * world}, options_);
+  }
   // A state loaded into the optimizer before prepare() (torch::load) is kept, sliced.
   if (!optimizer.state().empty()) {
     check_loaded("the state " + name + " held when it was prepared");
@@ -171,6 +177,7 @@ void ZeroOptimizer::step() {
       }
     }
   }
+  if (exchange_.defined()) return gather_through_exchange();
   // Every rank's slices to every rank, in pieces of C elements of each shard: piece k of rank r
   // is elements [r*S + k, r*S + k + C) of the sequence. Why pieces: buffers of (world + 1) * C
   // elements instead of a second copy of all the parameters.
@@ -187,6 +194,29 @@ void ZeroOptimizer::step() {
       copy_sequence(r * shard_ + k, count, gathered.narrow(0, r * count, count),
                     /*to_params=*/true);
   }
+}
+
+// The same pieces through shared memory: each rank copies its piece into its half of the
+// exchange, and after a barrier every other rank copies it from there into its parameters: one
+// copy of each slice, instead of four (into the send buffer, into shared memory, out of it, into
+// the parameters). A piece's half is written again two pieces later, after the next barrier, by
+// when every rank has read it; the last barrier keeps the next step's first piece off a half a
+// slower rank still reads.
+void ZeroOptimizer::gather_through_exchange() {
+  const int world = comm().world_size(), rank = comm().rank();
+  const int64_t piece = exchange_.numel() / 2;
+  int half = 0;
+  for (int64_t k = 0; k < shard_; k += piece, half ^= 1) {
+    const int64_t count = std::min(piece, shard_ - k);
+    auto mine = exchange_.narrow(0, half * piece, count);
+    copy_sequence(int64_t{rank} * shard_ + k, count, mine, /*to_params=*/false);
+    comm().barrier();
+    for (int r = 0; r < world; ++r) {
+      if (r == rank) continue;
+      copy_sequence(int64_t{r} * shard_ + k, count, comm().peer_part(mine, r), /*to_params=*/true);
+    }
+  }
+  comm().barrier();
 }
 
 void ZeroOptimizer::copy_sequence(int64_t from, int64_t count, const torch::Tensor& buffer,

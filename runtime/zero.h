@@ -89,6 +89,10 @@ class ZeroOptimizer {
   int64_t shard_ = 0;  // S
   torch::TensorOptions options_;
   torch::Tensor send_, gathered_;  // step()'s all-gather pieces: C and world * C elements
+  // Or, where the ranks share a machine's memory: 2 * C elements of a shared block, two pieces
+  // that alternate; each rank copies the others' straight into its parameters.
+  torch::Tensor exchange_;
+  void gather_through_exchange();
 };
 
 }  // namespace accel::detail

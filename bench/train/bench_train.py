@@ -7,6 +7,9 @@ Prints Markdown tables (medians over --runs runs) and checks the issue's targets
   model M 1 process: accel >= 1.1x Python steps/s; 2 processes: scaling efficiency >= 90%
   scaling efficiency (2-process samples/s over 2x 1-process) at least DDP's, per model
   gather/reduce wrapper overhead over calling c10d gloo directly <= 5% at >= 1 MiB
+  all-reduce 1/16/64 MiB, 2 processes: the gradient buckets' in-place all-reduce >= 2x the
+    all-reduce as it was (ACCEL_SHM_ALLREDUCE=copy: every rank copies its buffer into shared
+    memory and reduces all of it), with memcpy of the same size as the yardstick
   ZeRO-1 on 2 processes (model M): steps/s >= 0.95x the unsharded run's; peak RSS per rank
   2 machines x 2 processes (two accel-launch --nodes 2 on this machine): reduce 1 MiB through the
     hierarchical collectives faster than c10d gloo over all 4 ranks
@@ -48,11 +51,47 @@ def run_json(cmd, env_extra=None, many=False):
     return rows if many else rows[0]
 
 
-def accel_train(build, model, n, optimizer_step="fused", zero_stage=0):
+def accel_train(build, model, n, optimizer_step="fused", zero_stage=0, env_extra=None):
     steps, warmup = STEPS[model]
     return run_json([f"{build}/bin/accel-launch", "-n", str(n), "--", f"{build}/bin/bench_train", "--model", model,
                      "--steps", str(steps), "--warmup", str(warmup), "--optimizer-step", optimizer_step,
-                     "--zero-stage", str(zero_stage)])
+                     "--zero-stage", str(zero_stage)], env_extra)
+
+
+def allreduce_rows(build, runs):
+    """bench_collectives allreduce: the split algorithm (default) and the unsplit one, medians."""
+    def one(env):
+        return run_json([f"{build}/bin/accel-launch", "-n", "2", "--", f"{build}/bin/bench_collectives", "allreduce"],
+                        env, many=True)
+    rows = {}
+    for _ in range(runs):
+        for name, env in (("copy", {"ACCEL_SHM_ALLREDUCE": "copy"}), ("split", None)):
+            for row in one(env):
+                rows.setdefault((row["bytes"], name), []).append(row)
+    out = []
+    for size in sorted({b for b, _ in rows}):
+        med = lambda name, key: statistics.median(r[key] for r in rows[(size, name)])
+        out.append({"bytes": size, "before_ms": med("copy", "private_ms"), "private_ms": med("split", "private_ms"),
+                    "shared_ms": med("split", "shared_ms"), "memcpy_ms": med("split", "memcpy_ms")})
+    return out
+
+
+def print_allreduce(rows, checks):
+    print("\nAll-reduce (sum, in place) of float32 on 2 processes, median ms per call and GB/s (size / time); "
+          "'before' is ACCEL_SHM_ALLREDUCE=copy on private memory, the gradient buckets' all-reduce before they "
+          "moved into shared memory; memcpy: each rank copying the same size at the same time:\n")
+    print("| size | before | private, split | shared buffer (buckets) | speed-up | memcpy |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        size = r["bytes"]
+        label = f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
+        gbs = lambda ms: size / ms / 1e6
+        speedup = r["before_ms"] / r["shared_ms"]
+        print(f"| {label} | {r['before_ms']:.3f} ms, {gbs(r['before_ms']):.1f} GB/s | {r['private_ms']:.3f} ms | "
+              f"{r['shared_ms']:.3f} ms, {gbs(r['shared_ms']):.1f} GB/s | {speedup:.1f}x | "
+              f"{r['memcpy_ms']:.3f} ms, {gbs(r['memcpy_ms']):.1f} GB/s |")
+        if size >= 1 << 20:
+            checks.append((f"all-reduce {label} (buckets): >= 2x before", f"{speedup:.1f}x", speedup >= 2.0))
 
 
 def ddp_train(model, n):
@@ -96,7 +135,14 @@ def main():
     p.add_argument("--build", default="build")
     p.add_argument("--two-machines-only", action="store_true",
                    help="only the 2 machines x 2 processes collectives table")
+    p.add_argument("--allreduce-only", action="store_true", help="only the all-reduce table")
     a = p.parse_args()
+    if a.allreduce_only:
+        checks = []
+        print_allreduce(allreduce_rows(a.build, a.runs), checks)
+        for name, value, ok in checks:
+            print(f"| {name} | {value} | {'yes' if ok else 'NO'} |")
+        return
     if a.two_machines_only:
         for row in two_machines_collectives(a.build):
             print(json.dumps(row))
@@ -106,21 +152,26 @@ def main():
     results = {}
     for model in ("T", "M"):
         for n in (1, 2):
-            for side, fn in (("accel", lambda: accel_train(a.build, model, n)),
-                             ("accel-libtorch", lambda: accel_train(a.build, model, n, "libtorch")),
-                             ("ddp", lambda: ddp_train(model, n))):
+            sides = [("accel", lambda: accel_train(a.build, model, n)),
+                     ("accel-libtorch", lambda: accel_train(a.build, model, n, "libtorch")),
+                     ("ddp", lambda: ddp_train(model, n))]
+            if n == 2:
+                sides.append(("accel-copy", lambda: accel_train(a.build, model, n,
+                                                                 env_extra={"ACCEL_SHM_ALLREDUCE": "copy"})))
+            for side, fn in sides:
                 runs = [fn() for _ in range(a.runs)]
                 results[(model, n, side)] = (statistics.median(r["steps_per_s"] for r in runs),
                                              statistics.median(r["samples_per_s"] for r in runs))
     print("| model | processes | accel steps/s | accel samples/s | accel, libtorch step: steps/s | "
-          "DDP steps/s | DDP samples/s | accel / DDP |")
-    print("|---|---|---|---|---|---|---|---|")
+          "accel, unsplit all-reduce: steps/s | DDP steps/s | DDP samples/s | accel / DDP |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for model in ("T", "M"):
         for n in (1, 2):
             acc, ddp = results[(model, n, "accel")], results[(model, n, "ddp")]
             lib = results[(model, n, "accel-libtorch")]
-            print(f"| {model} | {n} | {acc[0]:.1f} | {acc[1]:.0f} | {lib[0]:.1f} | {ddp[0]:.1f} | {ddp[1]:.0f} | "
-                  f"{acc[0] / ddp[0]:.2f}x |")
+            copy = f"{results[(model, n, 'accel-copy')][0]:.1f}" if n == 2 else "-"
+            print(f"| {model} | {n} | {acc[0]:.1f} | {acc[1]:.0f} | {lib[0]:.1f} | {copy} | {ddp[0]:.1f} | "
+                  f"{ddp[1]:.0f} | {acc[0] / ddp[0]:.2f}x |")
 
     checks = []
     for model, target in (("T", 2.0), ("M", 1.0)):
@@ -149,6 +200,8 @@ def main():
               f"{d['accel_ms']:.3f} | {d['c10d_ms'] / d['accel_ms']:.1f}x |")
         if size >= 1 << 20:
             checks.append((f"{g['op']} {label}: wrapper overhead over gloo <= 5%", f"{overhead:+.1%}", overhead <= 0.05))
+
+    print_allreduce(allreduce_rows(a.build, a.runs), checks)
 
     print("\nZeRO stage 1, model M on 2 processes (AdamW state: 2 x 23.3 MB unsharded; 23.3 MB per rank sharded):\n")
     zero_rows = {}

@@ -320,6 +320,20 @@ TEST(Runtime, SameSizeCollectiveWithAnotherDtypeFailsOverSharedMemory) {
       << r.out << r.err;
 }
 
+// Same op, size and dtype, but one rank's tensor lies in a shared block (as the gradient buckets
+// do) and the other's in private memory: refused at once, not reduced from the wrong place.
+TEST(Runtime, AllReduceOfASharedBufferAgainstAPrivateOneFailsOverSharedMemory) {
+  TempDir dir;
+  auto r = run_worker(dir, 2, {"mismatch", "place"}, {{"ACCEL_COLLECTIVE_TIMEOUT", "60s"}});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_LT(r.elapsed, 20s);
+  EXPECT_NE((r.out + r.err)
+                .find("allreduce #2 (4000 bytes) on a tensor at another place (shared block or "
+                      "private memory) than this rank"),
+            std::string::npos)
+      << r.out << r.err;
+}
+
 // Gloo cannot tell two collectives apart: both ranks wait for the timeout, then each names its own
 // collective and the other rank's (the desync report).
 TEST(Runtime, RankThatCallsAnotherCollectiveOverGlooTimesOutNamingBoth) {

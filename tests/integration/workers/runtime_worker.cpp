@@ -6,7 +6,7 @@
 //   runtime_worker metrics SIZE BATCH {even|uneven} [stream]
 //   runtime_worker train OUT_FILE GLOBAL_BATCH STEPS
 //   {plain|set_to_none|accumulate|no_sync|throw_acc|throw_plain} runtime_worker mismatch
-//   {sleep|other_collective|dtype} runtime_worker backward_throws {acc|plain} [STEP_MS]
+//   {sleep|other_collective|dtype|place} runtime_worker backward_throws {acc|plain} [STEP_MS]
 //   runtime_worker save_killed DIR K [async] (one process: checkpoint_0, then SIGKILL at I/O op K
 //   of checkpoint_1) runtime_worker load_newest DIR [STEPS] (load_state() of the newest
 //   checkpoint, print its hash; then STEPS training steps and their hash)
@@ -17,12 +17,14 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <stdexcept>
 #include <thread>
 
 #include "accel/accel.h"
 #include "contract/progress_page.h"
 #include "runtime/checkpoint_io.h"
+#include "runtime/comm.h"
 
 namespace {
 
@@ -41,6 +43,65 @@ std::string str(const torch::Tensor& t) {
   std::ostringstream out;
   out << t.flatten().to(torch::kDouble);
   return out.str();
+}
+
+// What every rank's random tensor `of_rank(k)` sums to, added in rank order as shared memory adds.
+torch::Tensor rank_order_sum(int n, const std::function<torch::Tensor(int)>& of_rank) {
+  auto sum = of_rank(0).clone();
+  for (int k = 1; k < n; ++k) sum += of_rank(k);
+  return sum;
+}
+
+// Buffers placed in shared memory (where the gradient buckets live): all-reduced where they lie,
+// each rank reducing a slice for all. Over shared memory on one machine the sum is the rank-order
+// sum bit for bit on every rank; elsewhere they are private memory and gloo's sum.
+void shared_buffers(accel::Accelerator& acc) {
+  const int n = acc.num_processes(), r = acc.process_index();
+  auto& comm = acc.state().comm();
+  const bool in_order = comm.uses_shared_memory();
+  const int64_t big = 3L * (1 << 20) + 7;  // more than a slot, not a multiple of a cache line
+  auto bufs = comm.shared_zeros({{1, torch::TensorOptions(torch::kFloat)},
+                                 {big, torch::TensorOptions(torch::kFloat)},
+                                 {1000, torch::TensorOptions(torch::kDouble)},
+                                 {4099, torch::TensorOptions(torch::kBFloat16)},
+                                 {0, torch::TensorOptions(torch::kFloat)}});
+  REQUIRE(bufs.size() == 5 && bufs[1].numel() == big && bufs[3].scalar_type() == torch::kBFloat16,
+          "shared_zeros sizes");
+  for (auto& b : bufs) REQUIRE(b.numel() == 0 || b.abs().max().item<double>() == 0, "zeroed");
+  for (int64_t i : {1, 2}) {
+    auto numel = bufs[static_cast<std::size_t>(i)].numel();
+    auto dtype = bufs[static_cast<std::size_t>(i)].scalar_type();
+    auto of_rank = [&](int k) {
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(2000 + k);
+      return torch::randn({numel}, gen).to(dtype);
+    };
+    auto& buf = bufs[static_cast<std::size_t>(i)];
+    buf.copy_(of_rank(r));
+    comm.allreduce(buf, c10d::ReduceOp::SUM);
+    auto want = rank_order_sum(n, of_rank);
+    REQUIRE(in_order ? torch::equal(buf, want) : torch::allclose(buf, want, 1e-5, 1e-5),
+            "shared-buffer sum of " + std::to_string(numel));
+    // Twice in a row: the second reads what the first wrote into every rank's part.
+    comm.allreduce(buf, c10d::ReduceOp::MAX);
+    REQUIRE(torch::allclose(buf, want, 1e-5, 1e-5), "max of equal sums");
+  }
+  // A part of a buffer (an offset inside it), averaged as the gradient buckets are.
+  auto part = bufs[1].narrow(0, 12345, 100000);
+  part.fill_(static_cast<float>(r + 1));
+  auto pending = comm.allreduce_async(part, c10d::ReduceOp::SUM, /*average=*/true);
+  comm.wait(pending);
+  REQUIRE(torch::equal(part, torch::full({100000}, (n + 1) / 2.0f)),
+          "averaged part " + str(part[0]));
+  // bf16: summed in fp32 and rounded once. 256 + n times 1: in bf16 (8 bits of mantissa) each
+  // 256 + 1 rounds back to 256, so a sum in bf16 would stay at 256.
+  if (in_order) {
+    bufs[3].fill_(r == 0 ? 256.0 : 1.0);
+    comm.allreduce(bufs[3], c10d::ReduceOp::SUM);
+    const float want = n == 1 ? 256.0f : static_cast<float>(c10::BFloat16(256.0f + (n - 1)));
+    REQUIRE(bufs[3].to(torch::kFloat).eq(want).all().item<bool>(),
+            "bf16 sum " + str(bufs[3].narrow(0, 0, 1)));
+  }
+  comm.allreduce(bufs[4], c10d::ReduceOp::SUM);  // empty: nothing to do on any rank
 }
 
 int collectives(accel::Accelerator& acc) {
@@ -89,6 +150,8 @@ int collectives(accel::Accelerator& acc) {
     auto spread = acc.reduce(got, accel::ReduceOp::kMax) - acc.reduce(got, accel::ReduceOp::kMin);
     REQUIRE(spread.abs().max().item<float>() == 0.0f, "ranks disagree on a sum");
   }
+
+  shared_buffers(acc);
 
   // reduce: values 1..n.
   auto v = torch::tensor({static_cast<double>(r + 1), -static_cast<double>(r + 1)});
@@ -464,16 +527,24 @@ int backward_throws(bool plain, int step_ms) {
 
 int mismatch(accel::Accelerator& acc, const std::string& how) {
   acc.wait_for_everyone();
+  auto shared = how == "place"
+                    ? acc.state().comm().shared_zeros({{1000, torch::TensorOptions(torch::kFloat)}})
+                    : std::vector<torch::Tensor>{};
   if (acc.process_index() == 1) {
     if (how == "sleep") {
       std::this_thread::sleep_for(std::chrono::seconds(60));  // skipped the barrier and hangs
     } else if (how == "dtype") {
       acc.reduce(torch::ones({1}, torch::kLong));  // 8 bytes, like rank 0's, but int64
+    } else if (how == "place") {
+      auto mine = torch::zeros({1000});  // private, where rank 0's lies in shared memory
+      acc.state().comm().allreduce(mine, c10d::ReduceOp::SUM);
     } else {
       acc.reduce(torch::ones({1000}));  // skipped the barrier and called another collective
     }
   } else if (how == "dtype") {
     acc.reduce(torch::ones({2}, torch::kFloat));  // 8 bytes of float32
+  } else if (how == "place") {
+    acc.state().comm().allreduce(shared[0], c10d::ReduceOp::SUM);
   } else {
     acc.wait_for_everyone();
   }
