@@ -103,6 +103,10 @@ std::size_t nbytes(const at::Tensor& t) {
 template <class T, class F>
 void combine(T* __restrict__ out, const T* const* in, int n, std::size_t count, F f) {
   const T* __restrict__ a = in[0];
+  if (n == 1) {  // a group of one rank: the result is its data
+    if (out != a) std::memcpy(out, a, count * sizeof(T));
+    return;
+  }
   const T* __restrict__ b = in[1];
   for (std::size_t i = 0; i < count; ++i) out[i] = f(a[i], b[i]);
   for (int r = 2; r < n; ++r) {
