@@ -1737,5 +1737,42 @@ TEST(StateHooks, SaveAndLoadPreHooksRunFirstAndCanBeRemoved) {
   EXPECT_FALSE(fs::exists(tmp.path() / "c"));
 }
 
+// write_stream writes large files with O_DIRECT through two aligned buffers and the last partial
+// block through the page cache: every size around the block (4 KiB) and buffer (8 MiB) edges,
+// fed in parts that do not line up with either, must come back byte for byte, with the checksum
+// of what was written. /dev/shm (tmpfs) may refuse O_DIRECT, which takes the page-cache path.
+TEST(CheckpointFsWrite, EverySizeAroundTheBlockAndBufferEdgesIsWrittenExactly) {
+  TempDir tmp;
+  std::vector<fs::path> folders{tmp.path()};
+  std::error_code ec;
+  fs::path shm = fs::path("/dev/shm") / ("accel-test-" + std::to_string(::getpid()));
+  if (fs::create_directory(shm, ec)) folders.push_back(shm);
+  const std::size_t mib8 = std::size_t{8} << 20;
+  std::string all(mib8 * 2 + 5000, '\0');
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<char>((i * 2654435761u) >> 13);
+  for (const auto& folder : folders) {
+    for (std::size_t size : {std::size_t{0}, std::size_t{1}, std::size_t{4095}, std::size_t{4096},
+                             std::size_t{4097}, mib8 - 1, mib8, mib8 + 4097, 2 * mib8 + 4999}) {
+      SCOPED_TRACE(folder.string() + ", " + std::to_string(size) + " bytes");
+      const std::string_view content(all.data(), size);
+      auto path = folder / "f.bin";
+      auto written = ckpt::CheckpointFs().write_stream(path, [&](const ckpt::Sink& sink) {
+        std::size_t at = 0, step = 1;
+        while (at < size) {  // parts of 1, 1000003, 1, 1000003, ... bytes
+          std::size_t n = std::min(step, size - at);
+          sink(content.substr(at, n));
+          at += n;
+          step = step == 1 ? 1000003 : 1;
+        }
+      });
+      EXPECT_EQ(written.size, size);
+      EXPECT_EQ(written.checksum, ckpt::checksum(content));
+      EXPECT_EQ(fs::file_size(path), size);
+      EXPECT_TRUE(read_file(path) == content) << "the bytes on disk differ";
+    }
+  }
+  fs::remove_all(shm, ec);
+}
+
 }  // namespace
 }  // namespace accel
