@@ -1,30 +1,67 @@
-// bench_train: steps/s of model T (10->64->1, batch 8) or model M (784->2048->2048->10, batch 64),
-// AdamW, on libaccel; run under accel-launch -n 1|2. The same loop as ddp_bench.py: a fixed set of
-// pre-generated batches, forward, loss, accelerator.backward, step, zero_grad. The forward pass
-// and loss run under acc.autocast(), so ACCEL_MIXED_PRECISION=bf16 times bf16 (a no-op scope at
-// the default "no"). Rank 0 prints one JSON line.
+// bench_train: steps/s of model T (10->64->1, batch 8), model M (784->2048->2048->10, batch 64) or
+// model L (train_lm's character transformer at its defaults: 64 tokens of context, width 64, 2
+// layers of 4 heads, batch 16, causal mask), AdamW, on libaccel; run under accel-launch -n 1|2. The
+// same loop as ddp_bench.py: a fixed set of pre-generated batches, forward, loss,
+// accelerator.backward, step, zero_grad. The forward pass and loss run under acc.autocast(), so
+// ACCEL_MIXED_PRECISION=bf16 times bf16 (a no-op scope at the default "no"). Rank 0 prints one JSON
+// line.
 #include <torch/torch.h>
 
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <string>
 
 #include "accel/accel.h"
 #include "examples/common/args.h"
 
+namespace {
+
+// examples/train_lm.cpp's model without its padding mask: the same modules, sizes and defaults.
+struct TinyLmImpl : torch::nn::Module {
+  TinyLmImpl(int64_t vocab, int64_t block, int64_t dim, int64_t layers, int64_t heads)
+      : tok(register_module("tok", torch::nn::Embedding(vocab, dim))),
+        pos(register_module("pos", torch::nn::Embedding(block, dim))),
+        blocks(register_module(
+            "blocks",
+            torch::nn::TransformerEncoder(torch::nn::TransformerEncoderOptions(
+                torch::nn::TransformerEncoderLayerOptions(dim, heads).dim_feedforward(4 * dim),
+                layers)))),
+        norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})))),
+        head(register_module("head", torch::nn::Linear(dim, vocab))),
+        causal(
+            torch::triu(torch::full({block, block}, -std::numeric_limits<float>::infinity()), 1)) {}
+  torch::Tensor forward(const torch::Tensor& idx) {
+    auto positions = torch::arange(idx.size(1), torch::kLong);
+    auto x = tok->forward(idx) + pos->forward(positions).unsqueeze(0);
+    x = blocks->forward(x.transpose(0, 1), causal).transpose(0, 1);
+    return head->forward(norm->forward(x));
+  }
+  torch::nn::Embedding tok, pos;
+  torch::nn::TransformerEncoder blocks;
+  torch::nn::LayerNorm norm;
+  torch::nn::Linear head;
+  torch::Tensor causal;
+};
+TORCH_MODULE(TinyLm);
+
+}  // namespace
+
 int main(int argc, char** argv) {
   accel::examples::Args args("bench_train", "Times training steps of model T or M on libaccel.");
-  args.flag("model", "T", "T (10->64->1, batch 8) or M (784->2048->2048->10, batch 64)")
+  args.flag("model", "T",
+            "T (10->64->1, batch 8), M (784->2048->2048->10, batch 64) or L (train_lm's "
+            "transformer, batch 16 x 64 tokens)")
       .flag("steps", "2000", "timed steps")
       .flag("warmup", "100", "untimed steps first")
       .flag("optimizer-step", "fused",
             "fused (the prepared optimizer's one-pass step) or libtorch (AdamW::step)")
       .flag("zero-stage", "0", "1: ZeRO stage 1 (the optimizer state sharded across processes)");
   args.parse(argc, argv);
-  const bool big = args.str("model") == "M";
-  if (!big && args.str("model") != "T") {
-    std::fprintf(stderr, "bench_train: --model must be T or M\n");
+  const bool big = args.str("model") == "M", lm = args.str("model") == "L";
+  if (!big && !lm && args.str("model") != "T") {
+    std::fprintf(stderr, "bench_train: --model must be T, M or L\n");
     return 2;
   }
   torch::manual_seed(0);
@@ -33,18 +70,29 @@ int main(int argc, char** argv) {
   options.zero_stage = static_cast<int>(args.integer("zero-stage"));
   accel::Accelerator acc(options);
   const int64_t in = big ? 784 : 10, hidden = big ? 2048 : 64, out = big ? 10 : 1,
-                batch = big ? 64 : 8;
-  torch::nn::Sequential model =
+                batch = big  ? 64
+                        : lm ? 16
+                             : 8;
+  constexpr int64_t kVocab = 64, kBlock = 64;
+  torch::nn::Sequential mlp =
       big ? torch::nn::Sequential(torch::nn::Linear(in, hidden), torch::nn::ReLU(),
                                   torch::nn::Linear(hidden, hidden), torch::nn::ReLU(),
                                   torch::nn::Linear(hidden, out))
           : torch::nn::Sequential(torch::nn::Linear(in, hidden), torch::nn::ReLU(),
                                   torch::nn::Linear(hidden, out));
+  TinyLm tiny(kVocab, kBlock, 64, 2, 4);
+  std::shared_ptr<torch::nn::Module> model =
+      lm ? std::static_pointer_cast<torch::nn::Module>(tiny.ptr()) : mlp.ptr();
   auto opt =
       std::make_shared<torch::optim::AdamW>(model->parameters(), torch::optim::AdamWOptions(1e-3));
   auto [m, o] = acc.prepare(model, opt);
   std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
   for (int i = 0; i < 16; ++i) {
+    if (lm) {
+      batches.emplace_back(torch::randint(kVocab, {batch, kBlock}, torch::kLong),
+                           torch::randint(kVocab, {batch, kBlock}, torch::kLong));
+      continue;
+    }
     auto x = torch::randn({batch, in});
     auto y = big ? torch::randint(out, {batch}, torch::kLong) : torch::randn({batch, 1});
     batches.emplace_back(x, y);
@@ -55,9 +103,11 @@ int main(int argc, char** argv) {
     torch::Tensor loss;
     {
       auto cast = acc.autocast();
-      auto pred = m->forward(x);
+      auto pred = lm ? tiny->forward(x) : mlp->forward(x);
       forward_dtype = pred.scalar_type();
-      loss = big ? torch::cross_entropy_loss(pred, y) : torch::mse_loss(pred, y);
+      loss = lm    ? torch::cross_entropy_loss(pred.reshape({-1, kVocab}), y.reshape({-1}))
+             : big ? torch::cross_entropy_loss(pred, y)
+                   : torch::mse_loss(pred, y);
     }
     acc.backward(loss);
     o.step();
@@ -70,12 +120,17 @@ int main(int argc, char** argv) {
   for (int64_t i = 0; i < steps; ++i) step(i);
   acc.wait_for_everyone();
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  // This process's peak resident memory (VmHWM), in bytes; ranks' peaks differ little.
-  long peak_kb = 0;
+  // This process's peak resident memory (VmHWM), in bytes; ranks' peaks differ little. And, at
+  // the end, its private (RssAnon) and shared-memory (RssShmem: the gradient buckets' block,
+  // this rank's part and the parts of others it touched) resident memory.
+  long peak_kb = 0, anon_kb = 0, shmem_kb = 0;
   {
     std::ifstream status("/proc/self/status");
-    for (std::string line; std::getline(status, line);)
+    for (std::string line; std::getline(status, line);) {
       if (line.rfind("VmHWM:", 0) == 0) peak_kb = std::stol(line.substr(6));
+      if (line.rfind("RssAnon:", 0) == 0) anon_kb = std::stol(line.substr(8));
+      if (line.rfind("RssShmem:", 0) == 0) shmem_kb = std::stol(line.substr(9));
+    }
   }
   if (acc.is_main_process()) {
     double sps = static_cast<double>(steps) / seconds;
@@ -83,10 +138,11 @@ int main(int argc, char** argv) {
         "{\"steps_per_s\": %.2f, \"samples_per_s\": %.1f, \"processes\": %d, \"mixed_precision\": "
         "\"%s\", "
         "\"forward_dtype\": \"%s\", \"optimizer_step\": \"%s\", \"zero_stage\": %ld, "
-        "\"peak_rss_bytes\": %ld}\n",
+        "\"peak_rss_bytes\": %ld, \"rss_anon_bytes\": %ld, \"rss_shmem_bytes\": %ld}\n",
         sps, sps * static_cast<double>(batch) * acc.num_processes(), acc.num_processes(),
         acc.mixed_precision().c_str(), c10::toString(forward_dtype),
-        args.str("optimizer-step").c_str(), args.integer("zero-stage"), peak_kb * 1024);
+        args.str("optimizer-step").c_str(), args.integer("zero-stage"), peak_kb * 1024,
+        anon_kb * 1024, shmem_kb * 1024);
   }
   return 0;
 }

@@ -11,16 +11,41 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
+VOCAB, BLOCK = 64, 64
+
+
+class TinyLm(nn.Module):
+    """examples/train_lm.cpp's model (bench_train --model L): the same modules, sizes and defaults."""
+
+    def __init__(self, vocab=VOCAB, block=BLOCK, dim=64, layers=2, heads=4):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, dim)
+        self.pos = nn.Embedding(block, dim)
+        self.blocks = nn.TransformerEncoder(nn.TransformerEncoderLayer(dim, heads, dim_feedforward=4 * dim),
+                                            layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab)
+        self.register_buffer("causal", torch.triu(torch.full((block, block), float("-inf")), 1), persistent=False)
+
+    def forward(self, idx):
+        x = self.tok(idx) + self.pos(torch.arange(idx.size(1))).unsqueeze(0)
+        x = self.blocks(x.transpose(0, 1), self.causal).transpose(0, 1)
+        return self.head(self.norm(x))
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--model", default="T", choices=["T", "M"])
+    p.add_argument("--model", default="T", choices=["T", "M", "L"])
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--warmup", type=int, default=100)
     a = p.parse_args()
     torch.manual_seed(0)
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    big = a.model == "M"
-    if big:
+    big, lm = a.model == "M", a.model == "L"
+    if lm:
+        model = TinyLm()
+        batch = 16
+    elif big:
         model = nn.Sequential(nn.Linear(784, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 10))
         batch = 64
     else:
@@ -32,6 +57,9 @@ def main():
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     batches = []
     for _ in range(16):
+        if lm:
+            batches.append((torch.randint(VOCAB, (batch, BLOCK)), torch.randint(VOCAB, (batch, BLOCK))))
+            continue
         x = torch.randn(batch, 784 if big else 10)
         y = torch.randint(10, (batch,)) if big else torch.randn(batch, 1)
         batches.append((x, y))
@@ -39,7 +67,10 @@ def main():
     def step(i):
         x, y = batches[i % 16]
         pred = model(x)
-        loss = F.cross_entropy(pred, y) if big else F.mse_loss(pred, y)
+        if lm:
+            loss = F.cross_entropy(pred.reshape(-1, VOCAB), y.reshape(-1))
+        else:
+            loss = F.cross_entropy(pred, y) if big else F.mse_loss(pred, y)
         loss.backward()
         opt.step()
         opt.zero_grad()
