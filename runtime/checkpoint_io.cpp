@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <system_error>
@@ -62,31 +63,26 @@ std::atomic<CheckpointFs*> g_override{nullptr};
 // through the page cache instead; the tail that is not a whole block always does.
 class DirectWriter {
  public:
-  DirectWriter(int fd, const fs::path& path) : fd_(fd), path_(path) {
-    for (auto& b : bufs_) {
-      void* p = nullptr;
-      if (::posix_memalign(&p, kAlign, kBufferBytes) != 0) fail(path_, "out of memory");
-      b.data = static_cast<char*>(p);
-    }
-    thread_ = std::thread([this] { run(); });
-  }
+  DirectWriter(int fd, const fs::path& path) : fd_(fd), path_(path) {}
   DirectWriter(const DirectWriter&) = delete;
   DirectWriter& operator=(const DirectWriter&) = delete;
   ~DirectWriter() {
-    {
-      std::lock_guard<std::mutex> lock(m_);
-      stop_ = true;
+    if (thread_.joinable()) {
+      {
+        std::lock_guard<std::mutex> lock(m_);
+        stop_ = true;
+      }
+      cv_.notify_all();
+      thread_.join();
     }
-    cv_.notify_all();
-    thread_.join();
-    for (auto& b : bufs_) std::free(b.data);
   }
 
   void append(std::string_view part) {
     while (!part.empty()) {
       Buffer& b = bufs_[filling_];
+      if (!b.data) allocate(b);
       std::size_t n = std::min(part.size(), kBufferBytes - b.used);
-      std::memcpy(b.data + b.used, part.data(), n);
+      std::memcpy(b.data.get() + b.used, part.data(), n);
       b.used += n;
       part.remove_prefix(n);
       if (b.used == kBufferBytes) submit();
@@ -104,13 +100,15 @@ class DirectWriter {
     wait_idle();
     if (tail > 0) {
       // Why: O_DIRECT writes whole blocks only; the last partial one goes through the page cache.
-      Buffer& last = bufs_[1 - filling_];
-      const char* from = last.data + whole;
-      if (whole == 0) from = b.data;
+      const char* from = whole == 0 ? b.data.get() : bufs_[1 - filling_].data.get() + whole;
       int flags = ::fcntl(fd_, F_GETFL);
       if (flags < 0 || ::fcntl(fd_, F_SETFL, flags & ~O_DIRECT) != 0)
         fail(path_, "cannot leave O_DIRECT", errno);
-      write_all(from, tail, offset_);
+      try {
+        write_all(from, tail, offset_);
+      } catch (const std::system_error& e) {
+        fail(path_, "write failed", e.code().value());
+      }
       offset_ += static_cast<off_t>(tail);
     }
   }
@@ -118,13 +116,27 @@ class DirectWriter {
  private:
   static constexpr std::size_t kAlign = 4096;
   static constexpr std::size_t kBufferBytes = std::size_t{8} << 20;
+  struct Free {
+    void operator()(char* p) const { std::free(p); }
+  };
   struct Buffer {
-    char* data = nullptr;
+    std::unique_ptr<char, Free> data;
     std::size_t used = 0;
   };
 
+  // Why lazily: most files of a checkpoint (the manifest, RNG states) are a few KiB, written
+  // whole from the first buffer's tail; only a file that fills a buffer gets the second one and
+  // the thread. The pages of a buffer are touched only as far as it is filled.
+  void allocate(Buffer& b) {
+    void* p = nullptr;
+    int err = ::posix_memalign(&p, kAlign, kBufferBytes);
+    if (err != 0) fail(path_, "cannot allocate the write buffer", err);
+    b.data.reset(static_cast<char*>(p));
+  }
+
   // Hands the filled buffer to the thread, once it has written the previous one.
   void submit() {
+    if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
     wait_idle();
     {
       std::lock_guard<std::mutex> lock(m_);
@@ -134,6 +146,7 @@ class DirectWriter {
     cv_.notify_all();
     offset_ += static_cast<off_t>(bufs_[filling_].used);
     filling_ = 1 - filling_;
+    if (!bufs_[filling_].data) allocate(bufs_[filling_]);
     bufs_[filling_].used = 0;
   }
 
@@ -153,7 +166,7 @@ class DirectWriter {
       lock.unlock();
       int err = 0;
       try {
-        write_all(b.data, b.used, at);
+        write_all(b.data.get(), b.used, at);
       } catch (const std::system_error& e) {
         err = e.code().value();
       }
@@ -170,12 +183,13 @@ class DirectWriter {
     while (left > 0) {
       ssize_t n = ::pwrite(fd_, p, left, at);
       if (n < 0) {
-        if (errno == EINTR) continue;
+        const int err = errno;
+        if (err == EINTR) continue;
         int flags = ::fcntl(fd_, F_GETFL);
-        if (errno == EINVAL && flags >= 0 && (flags & O_DIRECT) != 0 &&
+        if (err == EINVAL && flags >= 0 && (flags & O_DIRECT) != 0 &&
             ::fcntl(fd_, F_SETFL, flags & ~O_DIRECT) == 0)
           continue;
-        throw std::system_error(errno, std::generic_category());
+        throw std::system_error(err, std::generic_category());
       }
       p += n;
       at += n;
@@ -233,13 +247,15 @@ WrittenFile CheckpointFs::write_stream(const fs::path& path,
   constexpr int kFlags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
   Fd f{::open(path.c_str(), kFlags | O_DIRECT, 0644)};
   bool direct = f.fd >= 0;
-  // Why: tmpfs and some FUSE file systems refuse O_DIRECT at open; they get the page cache.
-  if (f.fd < 0 && errno == EINVAL) f.fd = ::open(path.c_str(), kFlags, 0644);
+  // Why: tmpfs (before Linux 6.6) and some FUSE file systems refuse O_DIRECT at open; they get
+  // the page cache.
+  if (f.fd < 0 && (errno == EINVAL || errno == EOPNOTSUPP || errno == ENOTSUP))
+    f.fd = ::open(path.c_str(), kFlags, 0644);
   if (f.fd < 0) fail(path, "cannot create", errno);
   XXH64_state_t state;
   XXH64_reset(&state, 0);
   WrittenFile out;
-  std::optional<DirectWriter> writer;
+  std::optional<DirectWriter> writer;  // after `f`: joined before the descriptor closes
   if (direct) writer.emplace(f.fd, path);
   off_t flushed = 0;  // buffered: bytes whose write-back has been started
   auto sink = [&](std::string_view part) {

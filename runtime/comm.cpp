@@ -55,10 +55,12 @@ Comm::Comm(int rank, int world_size, std::chrono::milliseconds timeout,
 Comm::~Comm() = default;
 
 namespace {
-// What else must match between ranks for a shared-memory call: dtype, root, reduce op.
-uint64_t detail(const at::Tensor& t, int root, c10d::ReduceOp op) {
+// What else must match between ranks for a shared-memory call: dtype, root, reduce op, and
+// whether a sum is averaged (each rank scales the slices it reduces, so ranks that disagree
+// would each hold part averaged and part not).
+uint64_t detail(const at::Tensor& t, int root, c10d::ReduceOp op, bool average = false) {
   return static_cast<uint64_t>(t.scalar_type()) | static_cast<uint64_t>(root) << 16 |
-         static_cast<uint64_t>(op.op_) << 48;
+         static_cast<uint64_t>(average) << 47 | static_cast<uint64_t>(op.op_) << 48;
 }
 
 bool shm_reduces(c10d::ReduceOp op) {
@@ -149,7 +151,8 @@ Comm::Pending Comm::allreduce_async(at::Tensor& tensor, c10d::ReduceOp op, bool 
     // Why synchronous: local shared-memory reduction takes microseconds; overlap buys nothing.
     guarded(p, [&] {
       double scale = average && ShmGroup::can_scale(tensor) ? 1.0 / world_size_ : 1.0;
-      shm_->allreduce(tensor, op, {p.op, p.seq, p.bytes, detail(tensor, 0, op)}, nullptr, scale);
+      shm_->allreduce(tensor, op, {p.op, p.seq, p.bytes, detail(tensor, 0, op, average)}, nullptr,
+                      scale);
       if (average && scale == 1.0) tensor.div_(world_size_);
     });
     return p;
@@ -158,7 +161,7 @@ Comm::Pending Comm::allreduce_async(at::Tensor& tensor, c10d::ReduceOp op, bool 
     // The machine's sum in shared memory, the leaders' sum of those through gloo (in flight
     // until wait()), then the leader's result to its machine's ranks in wait(): every rank ends
     // with the leaders' bits.
-    p.detail = detail(tensor, 0, op);
+    p.detail = detail(tensor, 0, op, average);
     guarded(p, [&] { hier_->shm->allreduce(tensor, op, {p.op, p.seq, p.bytes, p.detail}); });
     if (hier_->leaders) {
       std::vector<at::Tensor> tensors{tensor};

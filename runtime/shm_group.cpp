@@ -202,8 +202,8 @@ void reduce(at::ScalarType type, void* out, const void* const* in, int n, std::s
   }
 }
 
-// Rank r's slice [lo, hi) of `count` elements: equal parts, each a whole number of cache lines,
-// so that no two ranks write the same line.
+// Rank r's slice [lo, hi) of `count` elements: equal parts, each a whole number of cache lines
+// long, so that no two ranks write the same line of a tensor that starts on one (the buckets do).
 std::pair<std::size_t, std::size_t> slice_of(int r, int n, std::size_t count, std::size_t elem) {
   const std::size_t line = std::max<std::size_t>(1, 64 / elem);
   std::size_t per = (count + static_cast<std::size_t>(n) - 1) / static_cast<std::size_t>(n);
@@ -358,6 +358,7 @@ uint64_t ShmGroup::arrive_and_wait(const Call& call) {
 }
 
 struct ShmGroup::Block {
+  uint64_t id = 0;  // share() calls so far, counted alike on every rank
   void* base = nullptr;
   std::size_t size = 0;      // world * per_rank
   std::size_t per_rank = 0;  // each rank's part, a whole number of pages
@@ -373,21 +374,34 @@ void* ShmGroup::data(const Block& block, int rank) {
 std::shared_ptr<ShmGroup::Block> ShmGroup::share(std::size_t bytes, const Call& call,
                                                  std::string* why) {
   auto block = std::make_shared<Block>();
+  block->id = ++blocks_made_;  // collective: the same count on every rank
   block->per_rank = std::max<std::size_t>(4096, (bytes + 4095) / 4096 * 4096);
   block->size = block->per_rank * static_cast<std::size_t>(world_);
   auto* header = static_cast<Header*>(base_);
+  // Why a wait first: rank 0 creates the segment only once every rank is here to map it, so a
+  // rank that never comes (dead, or in another collective) fails this wait before anything
+  // exists in /dev/shm that could be left behind.
+  arrive_and_wait(call);
   std::string name;
+  struct Unlink {  // rank 0's segment goes from /dev/shm on every way out, error or not
+    std::string name;
+    ~Unlink() {
+      if (!name.empty()) ::shm_unlink(name.c_str());
+    }
+  } unlink;
   if (rank_ == 0) {
     std::random_device rd;
-    name = "/accel-" + std::to_string(::getpid()) + "-b" + std::to_string(++blocks_made_) + "-" +
+    name = "/accel-" + std::to_string(::getpid()) + "-b" + std::to_string(block->id) + "-" +
            std::to_string(rd());
     int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    int err = fd < 0 ? errno : ::posix_fallocate(fd, 0, static_cast<off_t>(block->size));
-    if (fd >= 0) ::close(fd);
+    int err = fd < 0 ? errno : ::ftruncate(fd, static_cast<off_t>(block->size)) != 0 ? errno : 0;
+    if (fd >= 0) {
+      ::close(fd);
+      unlink.name = name;
+    }
     if (err != 0) {
       *why = "cannot create " + std::to_string(block->size >> 20) + " MiB in /dev/shm (" +
              std::strerror(err) + ")";
-      if (fd >= 0) ::shm_unlink(name.c_str());
       name.clear();
     }
     std::memset(header->block_name, 0, sizeof(header->block_name));
@@ -399,17 +413,24 @@ std::shared_ptr<ShmGroup::Block> ShmGroup::share(std::size_t bytes, const Call& 
   bool mapped = false;
   if (!name.empty()) {
     int fd = ::shm_open(name.c_str(), O_RDWR, 0600);
-    if (fd >= 0) {
-      void* p = ::mmap(nullptr, block->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (fd < 0) {
+      *why = "cannot open " + name + " (" + std::strerror(errno) + ")";
+    } else {
+      // Why each rank reserves its own part: a full /dev/shm must fail here, not with SIGBUS at
+      // the first gradient; and the pages land on the memory node of the rank that fills them.
+      int err = ::posix_fallocate(fd, static_cast<off_t>(block->per_rank * rank_),
+                                  static_cast<off_t>(block->per_rank));
+      void* p = err != 0 ? MAP_FAILED
+                         : ::mmap(nullptr, block->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (err == 0 && p == MAP_FAILED) err = errno;
       ::close(fd);
       if (p != MAP_FAILED) {
         block->base = p;
         mapped = true;
-      } else if (why->empty()) {
-        *why = std::string("mmap failed (") + std::strerror(errno) + ")";
+      } else {
+        *why = "cannot reserve " + std::to_string(block->per_rank >> 20) + " MiB in /dev/shm (" +
+               std::strerror(err) + ")";
       }
-    } else if (why->empty()) {
-      *why = "cannot open " + name + " (" + std::strerror(errno) + ")";
     }
   } else if (why->empty()) {
     *why = "rank 0 could not create the shared block";
@@ -417,7 +438,6 @@ std::shared_ptr<ShmGroup::Block> ShmGroup::share(std::size_t bytes, const Call& 
   RankControl* ctl = controls(base_);
   ctl[rank_].mapped.store(g << 1 | (mapped ? 1 : 0), std::memory_order_relaxed);
   arrive_and_wait(call);  // every rank has mapped it, or failed to
-  if (rank_ == 0 && !name.empty()) ::shm_unlink(name.c_str());
   for (int r = 0; r < world_; ++r) {
     if (ctl[r].mapped.load(std::memory_order_relaxed) != (g << 1 | 1)) {
       if (why->empty()) *why = "local rank " + std::to_string(r) + " could not map the block";
@@ -462,8 +482,9 @@ void ShmGroup::allreduce(at::Tensor& tensor, c10d::ReduceOp op, const Call& call
   if (source == nullptr && algorithm_ == Algorithm::kSplit) {
     uint64_t offset = 0;
     if (auto block = find_block(tensor, &offset)) {
+      // Which block and where in it: two models' buckets may lie at the same offset of theirs.
       Call placed = call;
-      placed.where = offset;
+      placed.where = block->id << 40 | offset;
       return allreduce_in_place(tensor, op, placed, *block, offset, scale);
     }
   }

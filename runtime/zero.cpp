@@ -22,10 +22,12 @@ namespace {
 
 namespace o = torch::optim;
 
-// The all-gather after a step moves the shards in pieces of this many elements (1 MiB of float).
-// Why not larger: the exchange's memory (two pieces per rank, each rank reading every other's)
-// counts against what sharding saves; a piece more costs one barrier, a few microseconds.
-constexpr int64_t kPieceElements = int64_t{1} << 18;
+// The exchange after a step moves the shards in pieces of this many elements: through shared
+// memory 1 MiB of float (its memory, two pieces per rank, each rank reading every other's, counts
+// against what sharding saves; a piece more costs one barrier, a few microseconds); through the
+// all-gather 4 MiB (a gloo call costs about a millisecond).
+constexpr int64_t kSharedPieceElements = int64_t{1} << 18;
+constexpr int64_t kPieceElements = int64_t{1} << 20;
 
 std::string describe(const torch::Tensor& t) {
   std::string shape;
@@ -90,12 +92,13 @@ ZeroOptimizer::ZeroOptimizer(torch::optim::Optimizer& optimizer, std::shared_ptr
     z.end = std::clamp<int64_t>(mine_end - z.offset, 0, n);
     if (z.end < z.begin) z.end = z.begin;
   }
-  const int64_t piece = std::max<int64_t>(1, std::min(shard_, kPieceElements));
-  if (world > 1) {
+  if (world > 1 && comm().uses_shared_memory()) {
+    const int64_t piece = std::max<int64_t>(1, std::min(shard_, kSharedPieceElements));
     auto shared = comm().shared_zeros({{2 * piece, options_}})[0];
     if (comm().peer_part(shared, 0).defined()) exchange_ = shared;
   }
   if (!exchange_.defined()) {
+    const int64_t piece = std::max<int64_t>(1, std::min(shard_, kPieceElements));
     send_ = torch::zeros({piece}, options_);
     gathered_ = torch::empty({piece * world}, options_);
   }
@@ -353,7 +356,8 @@ std::string ZeroOptimizer::describe_shard() const {
   const int64_t begin = std::min(total_, comm().rank() * shard_);
   const int64_t end = std::min(total_, begin + shard_);
   return "elements [" + std::to_string(begin) + ", " + std::to_string(end) + ") of " +
-         std::to_string(total_);
+         std::to_string(total_) +
+         (exchange_.defined() ? "; parameters exchanged through shared memory" : "");
 }
 
 int64_t ZeroOptimizer::state_bytes() const {

@@ -7,11 +7,13 @@
 #include <c10/util/string_utils.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <torch/torch.h>
 
 #include <atomic>
 #include <cmath>
+#include <csignal>
 #include <cstdint>
 #include <fstream>
 #include <functional>
@@ -1078,8 +1080,9 @@ TEST(CheckpointCorrupt, AFailedOptimizerLoadRestoresTheOptimizersLoadedBeforeIt)
 // --- atomic publication under injected faults -----------------------------------------------
 
 // The real file system, except that every file write, rename and sync_dir from the `fail_at`-th
-// (0-based, counted together) on throws, as a full or failing disk would; a failing write leaves
-// half of its first part behind. Records the operations it saw.
+// (0-based, counted together) on throws, as a full or failing disk would; a failing write has been
+// given half of its first part (which the O_DIRECT writer may still hold in its buffer, not on
+// disk). Records the operations it saw.
 class FaultyFs : public ckpt::CheckpointFs {
  public:
   // `can_exchange` false: a file system without RENAME_EXCHANGE (NFS), exchange() says so.
@@ -1772,6 +1775,47 @@ TEST(CheckpointFsWrite, EverySizeAroundTheBlockAndBufferEdgesIsWrittenExactly) {
     }
   }
   fs::remove_all(shm, ec);
+}
+
+// The writer thread's failures reach the caller: a file-size limit just past the first 8 MiB
+// buffer makes the second O_DIRECT write short, then refused (EINVAL), then the page-cache retry
+// fails with EFBIG: a CheckpointError naming the file and the OS error, with the thread joined.
+// A producer that throws while a buffer is being written does not hang either.
+TEST(CheckpointFsWrite, AFailedWriteOrProducerIsACheckpointErrorNamingTheFile) {
+  TempDir tmp;
+  const std::string chunk(std::size_t{1} << 20, 'x');
+  auto twenty_mib = [&](const ckpt::Sink& sink) {
+    for (int i = 0; i < 20; ++i) sink(chunk);
+  };
+  {
+    struct rlimit old {};
+    ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+    auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+    struct rlimit small = old;
+    small.rlim_cur = (std::size_t{8} << 20) + 100;
+    ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+    std::string what;
+    try {
+      ckpt::CheckpointFs().write_stream(tmp.path() / "big.bin", twenty_mib);
+    } catch (const CheckpointError& e) {
+      what = e.what();
+    }
+    ::setrlimit(RLIMIT_FSIZE, &old);
+    std::signal(SIGXFSZ, old_handler);
+    EXPECT_NE(what.find("big.bin"), std::string::npos) << what;
+    EXPECT_NE(what.find("File too large"), std::string::npos) << what;
+  }
+  std::string what;
+  try {
+    ckpt::CheckpointFs().write_stream(tmp.path() / "half.bin", [&](const ckpt::Sink& sink) {
+      for (int i = 0; i < 12; ++i) sink(chunk);  // one buffer handed to the thread, one filling
+      throw std::runtime_error("the serializer gave up");
+    });
+  } catch (const CheckpointError& e) {
+    what = e.what();
+  }
+  EXPECT_NE(what.find("half.bin"), std::string::npos) << what;
+  EXPECT_NE(what.find("the serializer gave up"), std::string::npos) << what;
 }
 
 }  // namespace

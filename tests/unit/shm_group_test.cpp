@@ -46,7 +46,8 @@ TEST(ShmGroup, ABlockLargerThanDevShmIsRefusedWithTheReason) {
   EXPECT_TRUE(torch::equal(t, torch::full({1024}, 1.5f))) << "one rank: the sum, scaled";
 }
 
-TEST(ShmGroup, NarrowFloatsAreReducedInPlaceAndPrivateOnesThroughTheSlots) {
+// One rank: every path returns its input (the split one above 256 KiB, out of place; fp16).
+TEST(ShmGroup, OnOneRankThePrivatePathsReturnTheInput) {
   OneRank one;
   ASSERT_NE(one.shm, nullptr);
   EXPECT_TRUE(ShmGroup::can_reduce(torch::zeros({2}, torch::kBFloat16)));

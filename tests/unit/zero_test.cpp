@@ -19,7 +19,7 @@ namespace {
 
 namespace o = torch::optim;
 
-// One parameter larger than the all-gather's piece (2^18 elements), so a step all-gathers in
+// One parameter larger than the all-gather's piece (2^20 elements), so a step all-gathers in
 // several pieces even on one process.
 std::vector<torch::Tensor> make_params(uint64_t seed) {
   torch::manual_seed(seed);

@@ -5,7 +5,7 @@
 //   runtime_worker shard SIZE BATCH {even|uneven|drop_last|split}
 //   runtime_worker metrics SIZE BATCH {even|uneven} [stream]
 //   runtime_worker train OUT_FILE GLOBAL_BATCH STEPS
-//   {plain|set_to_none|accumulate|no_sync|throw_acc|throw_plain} runtime_worker mismatch
+//   {plain|set_to_none|accumulate|no_sync|throw_acc|throw_plain|wide} runtime_worker mismatch
 //   {sleep|other_collective|dtype|place} runtime_worker backward_throws {acc|plain} [STEP_MS]
 //   runtime_worker save_killed DIR K [async] (one process: checkpoint_0, then SIGKILL at I/O op K
 //   of checkpoint_1) runtime_worker load_newest DIR [STEPS] (load_state() of the newest
@@ -92,12 +92,14 @@ void shared_buffers(accel::Accelerator& acc) {
   comm.wait(pending);
   REQUIRE(torch::equal(part, torch::full({100000}, (n + 1) / 2.0f)),
           "averaged part " + str(part[0]));
-  // bf16: summed in fp32 and rounded once. 256 + n times 1: in bf16 (8 bits of mantissa) each
-  // 256 + 1 rounds back to 256, so a sum in bf16 would stay at 256.
-  if (in_order) {
+  // bf16: summed in fp32 and rounded once. 256 + (n - 1) times 1: in bf16 (8 bits of mantissa)
+  // each 256 + 1 rounds back to 256, so a sum in bf16 would stay at 256; in fp32 it is 258 on 3
+  // ranks. (On 2 the two are the same: one addition rounds once either way.)
+  if (in_order && n >= 3) {
     bufs[3].fill_(r == 0 ? 256.0 : 1.0);
     comm.allreduce(bufs[3], c10d::ReduceOp::SUM);
-    const float want = n == 1 ? 256.0f : static_cast<float>(c10::BFloat16(256.0f + (n - 1)));
+    const float want = static_cast<float>(c10::BFloat16(256.0f + static_cast<float>(n - 1)));
+    REQUIRE(want != 256.0f, "the test needs a sum bf16 additions would lose");
     REQUIRE(bufs[3].to(torch::kFloat).eq(want).all().item<bool>(),
             "bf16 sum " + str(bufs[3].narrow(0, 0, 1)));
   }
@@ -331,15 +333,22 @@ int metrics(int argc, char** argv) {
 // and a head that forward never uses: on 1 process its gradient stays undefined and AdamW's
 // weight decay leaves it alone, so it must not move on N processes either. Registered first, so
 // its bucket is the last one (the fc buckets still launch during backward).
+// `wide` > 0 adds a wide x wide layer between fc1 and fc2 (the "wide" training mode: enough
+// parameters that ZeRO's shards move in several pieces).
 struct NetImpl : torch::nn::Module {
-  NetImpl()
+  explicit NetImpl(int64_t wide = 0)
       : unused_head(register_module("unused_head", torch::nn::Linear(16, 3))),
-        fc1(register_module("fc1", torch::nn::Linear(6, 16))),
-        fc2(register_module("fc2", torch::nn::Linear(16, 2))) {}
+        fc1(register_module("fc1", torch::nn::Linear(6, wide > 0 ? wide : 16))),
+        fc2(register_module("fc2", torch::nn::Linear(wide > 0 ? wide : 16, 2))) {
+    if (wide > 0) mid = register_module("mid", torch::nn::Linear(wide, wide));
+  }
   torch::Tensor forward(const torch::Tensor& x) {
-    return fc2->forward(torch::tanh(fc1->forward(x)));
+    auto h = torch::tanh(fc1->forward(x));
+    if (mid) h = torch::tanh(mid->forward(h));
+    return fc2->forward(h);
   }
   torch::nn::Linear unused_head, fc1, fc2;
+  torch::nn::Linear mid{nullptr};
 };
 
 // Identity forward, throwing backward: a backward pass that fails halfway, after some gradient
@@ -426,7 +435,8 @@ int train(int argc, char** argv) {
   auto x = torch::randn({global * steps, 6});
   auto y = torch::randn({global * steps, 2});
   torch::manual_seed(99 + acc.process_index());  // ranks start from different weights on purpose
-  auto model = std::make_shared<NetImpl>();
+  // "wide": 1.7 M parameters, so that ZeRO's shard of each rank moves in several pieces.
+  auto model = std::make_shared<NetImpl>(mode == "wide" ? 1300 : 0);
   auto opt =
       std::make_shared<torch::optim::AdamW>(model->parameters(), torch::optim::AdamWOptions(1e-2));
   accel::DataLoader loader(
@@ -469,8 +479,13 @@ int train(int argc, char** argv) {
   auto weights = same_weights_everywhere(acc, *m, "ranks disagree on the weights");
   if (acc.is_main_process()) {
     std::ofstream out(out_file);
-    out.precision(9);
-    for (int64_t i = 0; i < weights.size(0); ++i) out << weights[i].item<float>() << "\n";
+    if (mode == "wide") {  // raw float32: too many for text
+      out.write(static_cast<const char*>(weights.data_ptr()),
+                static_cast<std::streamsize>(weights.numel() * 4));
+    } else {
+      out.precision(9);
+      for (int64_t i = 0; i < weights.size(0); ++i) out << weights[i].item<float>() << "\n";
+    }
   }
   acc.wait_for_everyone();
   return 0;
