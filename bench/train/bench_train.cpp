@@ -5,6 +5,7 @@
 // accelerator.backward, step, zero_grad. The forward pass and loss run under acc.autocast(), so
 // ACCEL_MIXED_PRECISION=bf16 times bf16 (a no-op scope at the default "no"). Rank 0 prints one JSON
 // line.
+#include <malloc.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -123,6 +124,10 @@ int main(int argc, char** argv) {
   // This process's peak resident memory (VmHWM), in bytes; ranks' peaks differ little. And, at
   // the end, its private (RssAnon) and shared-memory (RssShmem: the gradient buckets' block,
   // this rank's part and the parts of others it touched) resident memory.
+  // And the bytes malloc holds for live allocations (mallinfo2: in-use heap + mmapped chunks),
+  // which leaves out what the allocator keeps resident after a free.
+  const struct mallinfo2 heap = ::mallinfo2();
+  const long heap_in_use = static_cast<long>(heap.uordblks + heap.hblkhd);
   long peak_kb = 0, anon_kb = 0, shmem_kb = 0;
   {
     std::ifstream status("/proc/self/status");
@@ -138,11 +143,12 @@ int main(int argc, char** argv) {
         "{\"steps_per_s\": %.2f, \"samples_per_s\": %.1f, \"processes\": %d, \"mixed_precision\": "
         "\"%s\", "
         "\"forward_dtype\": \"%s\", \"optimizer_step\": \"%s\", \"zero_stage\": %ld, "
-        "\"peak_rss_bytes\": %ld, \"rss_anon_bytes\": %ld, \"rss_shmem_bytes\": %ld}\n",
+        "\"peak_rss_bytes\": %ld, \"rss_anon_bytes\": %ld, \"rss_shmem_bytes\": %ld, "
+        "\"heap_in_use_bytes\": %ld}\n",
         sps, sps * static_cast<double>(batch) * acc.num_processes(), acc.num_processes(),
         acc.mixed_precision().c_str(), c10::toString(forward_dtype),
         args.str("optimizer-step").c_str(), args.integer("zero-stage"), peak_kb * 1024,
-        anon_kb * 1024, shmem_kb * 1024);
+        anon_kb * 1024, shmem_kb * 1024, heap_in_use);
   }
   return 0;
 }
