@@ -233,7 +233,7 @@ at::Tensor Comm::allreduce_copy(const at::Tensor& input, c10d::ReduceOp op) {
 }
 
 std::vector<at::Tensor> Comm::shared_zeros(
-    const std::vector<std::pair<int64_t, at::TensorOptions>>& buffers) {
+    const std::vector<std::pair<int64_t, at::TensorOptions>>& buffers, const std::string& what) {
   ShmGroup* shm = shm_ ? shm_.get() : hier_ ? hier_->shm.get() : nullptr;
   bool cpu = true;
   for (const auto& [numel, options] : buffers) cpu = cpu && options.device().is_cpu();
@@ -253,8 +253,9 @@ std::vector<at::Tensor> Comm::shared_zeros(
     guarded(p, [&] { block = shm->share(bytes, {p.op, p.seq, p.bytes}, &why); });
     wait(p);
     if (!block && rank_ == 0)
-      log::info("gradient buckets stay in private memory (" + why +
-                "): their all-reduce copies them into shared memory");
+      log::info(what + " stay in private memory (" + why +
+                "): they go through shared memory's "
+                "slots instead");
   }
   for (std::size_t i = 0; i < buffers.size(); ++i) {
     const auto& [numel, options] = buffers[i];
@@ -262,9 +263,9 @@ std::vector<at::Tensor> Comm::shared_zeros(
       out.push_back(at::zeros({numel}, options));
       continue;
     }
-    void* at_ = static_cast<char*>(shm->my_part(*block)) + offsets[i];
+    void* where = static_cast<char*>(shm->my_part(*block)) + offsets[i];
     out.push_back(at::from_blob(
-        at_, {numel}, [block](void*) {}, options));
+        where, {numel}, [block](void*) {}, options));
   }
   return out;
 }

@@ -76,8 +76,9 @@ class Comm {
   // peers' data where it lies instead of copying it in. Collective: every rank asks for the same
   // sizes in the same order. Private memory where there is no shared memory (one process, gloo,
   // a CUDA buffer, /dev/shm too small), so the caller need not care which it got.
+  // `what` names the buffers in rank 0's line when they stay private ("gradient buckets").
   std::vector<at::Tensor> shared_zeros(
-      const std::vector<std::pair<int64_t, at::TensorOptions>>& buffers);
+      const std::vector<std::pair<int64_t, at::TensorOptions>>& buffers, const std::string& what);
 
   // Rank r's copy of `t`, a tensor in a shared_zeros() buffer, on a job whose ranks all share
   // this machine's memory: a view of that rank's memory at the same place, valid while `t` is.

@@ -58,7 +58,7 @@ GradSync::GradSync(Comm& comm, std::vector<torch::Tensor> params, GradSyncOption
   close();
   // Why shared: the machine's ranks all-reduce a bucket by reading each other's where it lies,
   // without copying it into shared memory first (private memory where that is not possible).
-  auto flats = comm_.shared_zeros(sizes);
+  auto flats = comm_.shared_zeros(sizes, "gradient buckets");
   for (std::size_t i = 0; i < buckets_.size(); ++i) buckets_[i].flat = std::move(flats[i]);
   for (auto& b : buckets_) {
     b.pending = b.params.size();

@@ -490,12 +490,12 @@ void ShmGroup::allreduce(at::Tensor& tensor, c10d::ReduceOp op, const Call& call
   }
   if (source != nullptr) advise_huge_pages(data, total);
   if (algorithm_ == Algorithm::kSplit && total >= kSplitFromBytes)
-    return allreduce_split(tensor, op, call, from, scale);
+    return allreduce_slots(tensor, op, call, from, scale, /*split=*/true);
   // Why a different `where`: ranks that disagree on the algorithm would otherwise pair one's
   // second wait of a chunk with the other's next chunk.
   Call copied = call;
   if (algorithm_ == Algorithm::kCopy) copied.where = kPrivate - 1;
-  allreduce_copy(tensor, op, copied, from, scale);
+  allreduce_slots(tensor, op, copied, from, scale, /*split=*/false);
 }
 
 // Every rank's data already lies in its part of the block: after one wait, rank r reduces the
@@ -524,12 +524,13 @@ void ShmGroup::allreduce_in_place(at::Tensor& tensor, c10d::ReduceOp op, const C
   arrive_and_wait(call);  // every slice is in every part
 }
 
-// A private tensor, split: per chunk, every rank copies its data into its slot; rank r reduces
-// the r-th slice from every slot into its result and into its slot of the other set; every rank
-// then copies the other slices from their owners' slots. Data read after generation g's wait
-// lies in set g, as the protocol requires.
-void ShmGroup::allreduce_split(at::Tensor& tensor, c10d::ReduceOp op, const Call& call,
-                               const char* from, double scale) {
+// A private tensor, through the slots: per chunk, every rank copies its data into its slot.
+// Copy way (one wait per chunk): every rank then reduces the whole chunk from every slot.
+// Split way: rank r reduces the r-th slice from every slot into its result and into its slot of
+// the other set, and every rank then copies the other slices from their owners' slots. Data read
+// after generation g's wait lies in set g, as the protocol requires.
+void ShmGroup::allreduce_slots(at::Tensor& tensor, c10d::ReduceOp op, const Call& call,
+                               const char* from, double scale, bool split) {
   const std::size_t elem = tensor.element_size();
   const std::size_t per_chunk = std::min(slot_bytes_, kReduceChunkBytes) / elem;
   const auto total = static_cast<std::size_t>(tensor.numel());
@@ -540,6 +541,11 @@ void ShmGroup::allreduce_split(at::Tensor& tensor, c10d::ReduceOp op, const Call
     const uint64_t gathered = generation_ + 1, reduced = generation_ + 2;
     std::memcpy(slot(gathered, rank_), from + begin * elem, count * elem);
     arrive_and_wait(call);
+    if (!split) {
+      for (int r = 0; r < world_; ++r) in[static_cast<std::size_t>(r)] = slot(gathered, r);
+      reduce(tensor.scalar_type(), data + begin * elem, in.data(), world_, count, op, scale);
+      continue;
+    }
     const auto [lo, hi] = slice_of(rank_, world_, count, elem);
     if (hi > lo) {
       for (int r = 0; r < world_; ++r)
@@ -555,25 +561,6 @@ void ShmGroup::allreduce_split(at::Tensor& tensor, c10d::ReduceOp op, const Call
       if (rhi > rlo)
         std::memcpy(data + (begin + rlo) * elem, slot(reduced, r) + rlo * elem, (rhi - rlo) * elem);
     }
-  }
-}
-
-// A private tensor, the short way: every rank copies its data into its slot and reduces the
-// whole chunk from every slot (one wait per chunk; every rank does all the arithmetic).
-void ShmGroup::allreduce_copy(at::Tensor& tensor, c10d::ReduceOp op, const Call& call,
-                              const char* from, double scale) {
-  const std::size_t elem = tensor.element_size();
-  const std::size_t per_chunk = std::min(slot_bytes_, kReduceChunkBytes) / elem;
-  const auto total = static_cast<std::size_t>(tensor.numel());
-  char* data = static_cast<char*>(tensor.data_ptr());
-  std::vector<const void*> in(static_cast<std::size_t>(world_));
-  for (std::size_t begin = 0; begin < total; begin += per_chunk) {
-    std::size_t count = std::min(per_chunk, total - begin);
-    uint64_t next = generation_ + 1;
-    std::memcpy(slot(next, rank_), from + begin * elem, count * elem);
-    arrive_and_wait(call);
-    for (int r = 0; r < world_; ++r) in[static_cast<std::size_t>(r)] = slot(next, r);
-    reduce(tensor.scalar_type(), data + begin * elem, in.data(), world_, count, op, scale);
   }
 }
 

@@ -114,10 +114,9 @@ class ShmGroup {
   std::shared_ptr<Block> find_block(const at::Tensor& tensor, uint64_t* offset);
   void allreduce_in_place(at::Tensor& tensor, c10d::ReduceOp op, const Call& call,
                           const Block& block, uint64_t offset, double scale);
-  void allreduce_split(at::Tensor& tensor, c10d::ReduceOp op, const Call& call, const char* from,
-                       double scale);
-  void allreduce_copy(at::Tensor& tensor, c10d::ReduceOp op, const Call& call, const char* from,
-                      double scale);
+  // A private tensor through the slots, split (reduce-scatter + all-gather) or not.
+  void allreduce_slots(at::Tensor& tensor, c10d::ReduceOp op, const Call& call, const char* from,
+                       double scale, bool split);
 
   int rank_, world_;
   void* base_;

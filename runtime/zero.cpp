@@ -94,7 +94,7 @@ ZeroOptimizer::ZeroOptimizer(torch::optim::Optimizer& optimizer, std::shared_ptr
   }
   if (world > 1 && comm().uses_shared_memory()) {
     const int64_t piece = std::max<int64_t>(1, std::min(shard_, kSharedPieceElements));
-    auto shared = comm().shared_zeros({{2 * piece, options_}})[0];
+    auto shared = comm().shared_zeros({{2 * piece, options_}}, "ZeRO's exchange buffers")[0];
     if (comm().peer_part(shared, 0).defined()) exchange_ = shared;
   }
   if (!exchange_.defined()) {

@@ -39,7 +39,8 @@ int allreduce_bench(accel::Accelerator& acc) {
     const int64_t numel = bytes / 4;
     const int iters = bytes <= (1 << 20) ? 100 : bytes <= (16 << 20) ? 20 : 10;
     auto priv = torch::ones({numel});
-    auto shared = comm.shared_zeros({{numel, torch::TensorOptions(torch::kFloat)}})[0];
+    auto shared = comm.shared_zeros({{numel, torch::TensorOptions(torch::kFloat)}},
+                                    "the benchmark's buffers")[0];
     shared.fill_(1.0f);
     auto src = torch::ones({numel}), dst = torch::empty({numel});
     dst.fill_(0.0f);

@@ -64,7 +64,8 @@ void shared_buffers(accel::Accelerator& acc) {
                                  {big, torch::TensorOptions(torch::kFloat)},
                                  {1000, torch::TensorOptions(torch::kDouble)},
                                  {4099, torch::TensorOptions(torch::kBFloat16)},
-                                 {0, torch::TensorOptions(torch::kFloat)}});
+                                 {0, torch::TensorOptions(torch::kFloat)}},
+                                "the test's buffers");
   REQUIRE(bufs.size() == 5 && bufs[1].numel() == big && bufs[3].scalar_type() == torch::kBFloat16,
           "shared_zeros sizes");
   for (auto& b : bufs) REQUIRE(b.numel() == 0 || b.abs().max().item<double>() == 0, "zeroed");
@@ -543,7 +544,8 @@ int backward_throws(bool plain, int step_ms) {
 int mismatch(accel::Accelerator& acc, const std::string& how) {
   acc.wait_for_everyone();
   auto shared = how == "place"
-                    ? acc.state().comm().shared_zeros({{1000, torch::TensorOptions(torch::kFloat)}})
+                    ? acc.state().comm().shared_zeros({{1000, torch::TensorOptions(torch::kFloat)}},
+                                                      "the test's buffers")
                     : std::vector<torch::Tensor>{};
   if (acc.process_index() == 1) {
     if (how == "sleep") {
