@@ -1228,6 +1228,18 @@ void Accelerator::resume_from_newest(bool forward_done) {
       }
       impl_->resumed_from_ = candidate;
       impl_->resumed_at_step_ = completed_steps();
+      // Why: a job killed between a save and its rotation (or inside the rotation) left one
+      // checkpoint too many, or a half-removed folder; if it ends before its next save, nothing
+      // else would ever enforce total_limit on them.
+      if (is_main_process() && impl_->project_.total_limit) {
+        try {
+          rotate(candidate, *impl_->project_.total_limit);
+        } catch (const std::exception& e) {
+          log::warning(std::string("could not remove checkpoints beyond total_limit after "
+                                   "resuming: ") +
+                       e.what());
+        }
+      }
       return;
     }
     if (first_problem.empty()) first_problem = *bad;

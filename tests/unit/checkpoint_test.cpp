@@ -849,6 +849,30 @@ TEST(CheckpointNaming, RotationRemovesAnOlderFolderAKilledRotationHalfDeleted) {
   EXPECT_TRUE(fs::exists(root / "checkpoint_1" / "manifest.json"));
 }
 
+// A job killed after a save published its checkpoint but before the rotation (or inside it), that
+// then resumes and ends before its next save: the resume enforces total_limit itself.
+TEST(CheckpointNaming, AutomaticResumeRemovesCheckpointsAKilledRotationLeftBehind) {
+  TempDir tmp;
+  auto root = tmp.path() / "checkpoints";
+  Snapshot newest;
+  {
+    Rig rig(project_rig(tmp.path(), std::nullopt, /*automatic_resume=*/true));
+    for (int i = 0; i < 4; ++i) {
+      rig.step();
+      rig.acc.save_state();
+    }
+    newest = snapshot(rig);
+  }
+  fs::remove(root / "checkpoint_0" / "manifest.json");  // killed inside a rotation's remove_all
+  Rig resumed(project_rig(tmp.path(), 2, /*automatic_resume=*/true, /*init_seed=*/9));
+  (void)resumed.loader().epoch();  // training starts: the automatic resume happens here
+  expect_same(newest, snapshot(resumed));
+  EXPECT_FALSE(fs::exists(root / "checkpoint_0")) << "the half-removed folder stayed";
+  EXPECT_FALSE(fs::exists(root / "checkpoint_1")) << "total_limit 2 keeps the newest two";
+  EXPECT_TRUE(fs::exists(root / "checkpoint_2" / "manifest.json"));
+  EXPECT_TRUE(fs::exists(root / "checkpoint_3" / "manifest.json"));
+}
+
 TEST(CheckpointNaming, SaveStateWithNoFolderNeedsAProject) {
   Rig rig;
   EXPECT_THROW(rig.acc.save_state(), UsageError);
