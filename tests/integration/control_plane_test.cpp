@@ -127,6 +127,13 @@ class Cluster {
                                       "launch" + std::to_string(++launches_));
   }
 
+  // Every agent's and coordinator's stderr so far, each under its name: for a failure message.
+  std::string daemon_logs() const {
+    std::string out;
+    for (const auto& p : procs_) out += "--- " + p->err_path() + ":\n" + p->err_so_far();
+    return out;
+  }
+
   // accel status's output.
   std::string status() {
     Launched s(dir_, ACCEL_BIN, {"status", "--coordinator", target()}, {{"ACCEL_TOKEN", kToken}},
@@ -323,7 +330,7 @@ TEST(ControlPlane, HungRankGetsADesyncReportAndTheGroupRestarts) {
                    "--max-restarts", "1", RUNTIME_WORKER_BIN, "hang", "1"},
                   {{"ACCEL_TOKEN", kToken}}, "hang");
   RunResult r = launch.wait(90s);
-  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err << "\n" << c.status() << c.daemon_logs();
   // node-a sees only rank 0 waiting; the coordinator's job-wide report names rank 1 on node-b.
   EXPECT_NE(r.err.find("hung: rank 1 on "), std::string::npos) << r.err;
   EXPECT_NE(

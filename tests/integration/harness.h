@@ -150,6 +150,7 @@ class Launched {
   // What it has written so far.
   std::string out_so_far() const { return read_file(out_); }
   std::string err_so_far() const { return read_file(err_); }
+  const std::string& err_path() const { return err_; }
   void signal(int sig) const { ::kill(pid_, sig); }
 
   // Waits for the launcher to end; SIGKILLs it after `timeout`.
