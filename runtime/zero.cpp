@@ -225,12 +225,15 @@ void ZeroOptimizer::gather_through_exchange() {
 }
 
 void ZeroOptimizer::copy_sequence(int64_t from, int64_t count, const torch::Tensor& buffer,
-                                  bool to_params) {
-  for (auto& z : params_) {
+                                  bool to_params, const std::vector<torch::Tensor>* tensors) {
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const auto& z = params_[i];
     const int64_t lo = std::max(from, z.offset);
-    const int64_t hi = std::min({from + count, z.offset + z.param.numel(), total_});
+    const int64_t hi = std::min({from + count, z.offset + z.numel, total_});
     if (lo >= hi) continue;
-    auto part = z.param.view({-1}).narrow(0, lo - z.offset, hi - lo);
+    const auto& whole = tensors ? (*tensors)[i] : z.param;
+    if (!whole.defined()) continue;
+    auto part = whole.view({-1}).narrow(0, lo - z.offset, hi - lo);
     auto there = buffer.narrow(0, lo - from, hi - lo);
     if (to_params)
       part.copy_(there);
@@ -244,39 +247,60 @@ void ZeroOptimizer::gather_state(bool install) {
   const int64_t world = comm().world_size(), base = comm().rank() * shard_;
   // Adam/AdamW: exp_avg and exp_avg_sq; SGD: the momentum buffer.
   const int parts = kind_ == Kind::kSgd ? 1 : 2;
-  std::vector<torch::Tensor> full;
-  for (int k = 0; k < parts; ++k) {
-    auto send = torch::zeros({shard_}, options_);
-    for (auto& z : params_) {
-      const auto& mine = k == 0 ? z.first : z.second;
-      if (z.has_state && z.end > z.begin && mine.defined())
-        send.narrow(0, z.offset + z.begin - base, z.end - z.begin).copy_(mine);
+  // The whole state tensors, on the installing ranks only; filled piece by piece. Why pieces:
+  // a whole all-gathered copy on every rank (and a second one to cut it up) would make a save
+  // need more memory than the unsharded optimizer, on every rank, just when sharding is why the
+  // model fits.
+  std::vector<std::vector<torch::Tensor>> whole(static_cast<std::size_t>(parts));
+  for (auto& tensors : whole) {
+    for (const auto& z : params_) {
+      tensors.push_back(install && z.has_state ? torch::empty({z.numel}, options_)
+                                               : torch::Tensor());
     }
-    auto all = torch::empty({shard_ * world}, options_);
-    comm().allgather(all, send);
-    full.push_back(all);
+  }
+  // Why divided by world: the gathered piece, world of them, stays within kPieceElements.
+  const int64_t piece = std::max<int64_t>(1, std::min(shard_, kPieceElements / world));
+  auto send_buffer = torch::empty({piece}, options_);
+  auto gathered_buffer = torch::empty({piece * world}, options_);
+  for (int k = 0; k < parts; ++k) {
+    for (int64_t from = 0; from < shard_; from += piece) {
+      const int64_t count = std::min(piece, shard_ - from);
+      auto send = send_buffer.narrow(0, 0, count);
+      send.zero_();
+      for (const auto& z : params_) {
+        const auto& mine = k == 0 ? z.first : z.second;
+        const int64_t lo = std::max(base + from, z.offset + z.begin);
+        const int64_t hi = std::min(base + from + count, z.offset + z.end);
+        if (!z.has_state || !mine.defined() || lo >= hi) continue;
+        send.narrow(0, lo - base - from, hi - lo)
+            .copy_(mine.narrow(0, lo - z.offset - z.begin, hi - lo));
+      }
+      auto gathered = gathered_buffer.narrow(0, 0, count * world);
+      comm().allgather(gathered, send);
+      if (!install) continue;
+      for (int64_t r = 0; r < world; ++r) {
+        copy_sequence(r * shard_ + from, count, gathered.narrow(0, r * count, count),
+                      /*to_params=*/true, &whole[static_cast<std::size_t>(k)]);
+      }
+    }
   }
   if (!install) return;
-  auto part = [&](int k, const Param& z) {
-    return full[static_cast<std::size_t>(k)]
-        .narrow(0, z.offset, z.param.numel())
-        .view(z.param.sizes())
-        .clone();
-  };
-  for (auto& z : params_) {
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const auto& z = params_[i];
     if (!z.has_state) continue;
+    auto part = [&](int k) { return whole[static_cast<std::size_t>(k)][i].view(z.param.sizes()); };
     std::unique_ptr<o::OptimizerParamState> state;
     if (kind_ == Kind::kAdamW) {
       auto s = std::make_unique<o::AdamWParamState>();
-      s->step(z.step).exp_avg(part(0, z)).exp_avg_sq(part(1, z));
+      s->step(z.step).exp_avg(part(0)).exp_avg_sq(part(1));
       state = std::move(s);
     } else if (kind_ == Kind::kAdam) {
       auto s = std::make_unique<o::AdamParamState>();
-      s->step(z.step).exp_avg(part(0, z)).exp_avg_sq(part(1, z));
+      s->step(z.step).exp_avg(part(0)).exp_avg_sq(part(1));
       state = std::move(s);
     } else {
       auto s = std::make_unique<o::SGDParamState>();
-      s->momentum_buffer(part(0, z));
+      s->momentum_buffer(part(0));
       state = std::move(s);
     }
     optimizer_.state()[state_key(z.param)] = std::move(state);

@@ -9,11 +9,10 @@
 // updated parameters. Each element's update is the same arithmetic as the unsharded fused step,
 // so the result is bitwise the unsharded run's.
 //
-// Checkpoints stay libtorch's per-parameter format: gather_state() all-gathers the slices into
-// libtorch's own state objects on the main process for the save, and adopt_state() keeps this
-// rank's slices of a loaded (full) state. A ZeRO checkpoint therefore loads at any world size,
-// with or without ZeRO, and an unsharded one loads under ZeRO.
-// Thread: the training thread.
+// Checkpoints stay libtorch's per-parameter format: gather_state() all-gathers the slices, in
+// pieces, into libtorch's own state objects on the main process for the save, and adopt_state()
+// keeps this rank's slices of a loaded (full) state. A ZeRO checkpoint therefore loads at any world
+// size, with or without ZeRO, and an unsharded one loads under ZeRO. Thread: the training thread.
 #pragma once
 
 #include <torch/optim/optimizer.h>
@@ -77,8 +76,11 @@ class ZeroOptimizer {
   void check_unchanged() const;
   Comm& comm() const { return state_->comm(); }
   // Copies elements [from, from + count) of the sequence between `buffer` (count elements) and
-  // the parameters (elements past the end, a last shard's padding, are left alone).
-  void copy_sequence(int64_t from, int64_t count, const torch::Tensor& buffer, bool to_params);
+  // the parameters (elements past the end, a last shard's padding, are left alone); with
+  // `tensors` (one per parameter, of its element count; undefined ones skipped), between
+  // `buffer` and those instead ("to_params" then means into them).
+  void copy_sequence(int64_t from, int64_t count, const torch::Tensor& buffer, bool to_params,
+                     const std::vector<torch::Tensor>* tensors = nullptr);
 
   torch::optim::Optimizer& optimizer_;
   std::shared_ptr<State> state_;

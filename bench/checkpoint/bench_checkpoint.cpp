@@ -229,10 +229,19 @@ int run_stall(int argc, char** argv) {
   }
   acc.wait_for_checkpoint();
   double seconds = seconds_since(start);
+  // This process's peak resident memory (VmHWM): under ZeRO (accel-launch -n N with
+  // ACCEL_ZERO_STAGE=1), what a save adds to each rank shows against --save none.
+  long peak_kb = 0;
+  {
+    std::ifstream status("/proc/self/status");
+    for (std::string line; std::getline(status, line);)
+      if (line.rfind("VmHWM:", 0) == 0) peak_kb = std::stol(line.substr(6));
+  }
   std::printf(
-      "{\"save\": %s, \"steps\": %ld, \"saves\": %ld, \"seconds\": %.4f, "
-      "\"longest_save_call_s\": %.4f}\n",
-      quoted(save).c_str(), steps, saves, seconds, longest_call);
+      "{\"save\": %s, \"rank\": %d, \"steps\": %ld, \"saves\": %ld, \"seconds\": %.4f, "
+      "\"longest_save_call_s\": %.4f, \"peak_rss_mb\": %.1f}\n",
+      quoted(save).c_str(), acc.process_index(), steps, saves, seconds, longest_call,
+      static_cast<double>(peak_kb) / 1024.0);
   return 0;
 }
 

@@ -159,7 +159,8 @@ TEST(Runtime, TwoAndThreeProcessesTrainLikeOneProcessOnTheGlobalBatch) {
 TEST(Runtime, ZeroStageOneTrainsBitwiseLikeTheUnshardedRun) {
   TempDir dir;
   // "wide": 1.7 M parameters, so each rank's updated slice is exchanged in several pieces (the
-  // two halves of the shared exchange alternate).
+  // two halves of the shared exchange alternate), and its checkpoint's optimizer state is
+  // gathered in several pieces.
   for (std::string mode : {"plain", "accumulate", "wide"}) {
     for (int n : {2, 3}) {
       std::string unsharded = dir / ("u" + std::to_string(n) + mode);
@@ -176,6 +177,11 @@ TEST(Runtime, ZeroStageOneTrainsBitwiseLikeTheUnshardedRun) {
       EXPECT_NE(z.err.find("exchanged through shared memory"), std::string::npos) << z.err;
       EXPECT_EQ(read_file(sharded), read_file(unsharded)) << n << " processes, " << mode;
       EXPECT_GT(read_file(sharded).size(), 100u);
+      if (mode == "wide") {  // the state gathered from the shards is the unsharded run's state
+        EXPECT_GT(read_file(unsharded + ".state").size(), 13'000'000u);
+        EXPECT_TRUE(read_file(sharded + ".state") == read_file(unsharded + ".state"))
+            << n << " processes: the ZeRO checkpoint's optimizer state differs";
+      }
     }
   }
 }

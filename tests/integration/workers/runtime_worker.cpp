@@ -25,6 +25,7 @@
 #include "contract/progress_page.h"
 #include "runtime/checkpoint_io.h"
 #include "runtime/comm.h"
+#include "runtime/optimizer_steps.h"
 
 namespace {
 
@@ -486,6 +487,32 @@ int train(int argc, char** argv) {
     } else {
       out.precision(9);
       for (int64_t i = 0; i < weights.size(0); ++i) out << weights[i].item<float>() << "\n";
+    }
+  }
+  // "wide" saves a checkpoint too (under ZeRO its optimizer state is gathered from every rank's
+  // shard in several pieces), and rank 0 writes the state the checkpoint holds, loaded into a
+  // fresh optimizer, in parameter order (the archive's own order of the states varies by run).
+  if (mode == "wide") {
+    auto saved = acc.save_state(out_file + ".checkpoint");
+    if (acc.is_main_process()) {
+      auto fresh = std::make_shared<NetImpl>(1300);
+      torch::optim::AdamW loaded(fresh->parameters(), torch::optim::AdamWOptions(1e-2));
+      torch::load(loaded, (saved / "optimizer.bin").string());
+      std::ofstream state(out_file + ".state", std::ios::binary);
+      for (const auto& p : fresh->parameters()) {
+        auto it = loaded.state().find(accel::detail::state_key(p));
+        if (it == loaded.state().end()) {
+          state << "no state\n";
+          continue;
+        }
+        const auto& s = static_cast<const torch::optim::AdamWParamState&>(*it->second);
+        state << "step " << s.step() << "\n";
+        for (const auto& t : {s.exp_avg(), s.exp_avg_sq()}) {
+          REQUIRE(t.sizes() == p.sizes(), "a saved state's shape");
+          state.write(static_cast<const char*>(t.contiguous().data_ptr()),
+                      static_cast<std::streamsize>(t.numel() * 4));
+        }
+      }
     }
   }
   acc.wait_for_everyone();
