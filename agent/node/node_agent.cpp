@@ -2,15 +2,19 @@
 #include "agent/node/node_agent.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <sys/file.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <boost/asio/post.hpp>
 #include <csignal>
 #include <filesystem>
 #include <random>
+#include <thread>
 
 #include "agent/coordinator/request_limits.h"
 #include "agent/rpc/job_spec_proto.h"
@@ -93,7 +97,8 @@ struct NodeAgent::Active {
   // workers).
   std::unique_ptr<store::StoreServer> store;
   std::unique_ptr<supervisor::Attempt> attempt;  // null once its workers are stopped
-  std::string error_dir;  // <state_dir>/<job>/attempt_<round>: error files, progress pages
+  std::string error_dir;     // <state_dir>/<job>/attempt_<round>: error files, progress pages
+  int job_folder_lock = -1;  // <state_dir>/<job>, flock()ed shared while this round lives
   bool all_succeeded = false;
   bool keep_folder = false;  // the round folder is also the user's log folder
 
@@ -106,12 +111,63 @@ struct NodeAgent::Active {
   // exit and is garbage once the round is over (the job's folder too, once empty).
   ~Active() {
     attempt.reset();
-    if (error_dir.empty() || keep_folder) return;
-    std::error_code ec;
-    fs::remove_all(error_dir, ec);
-    fs::remove(fs::path(error_dir).parent_path(), ec);  // only when empty
+    if (!error_dir.empty() && !keep_folder) {
+      std::error_code ec;
+      fs::remove_all(error_dir, ec);
+      fs::remove(fs::path(error_dir).parent_path(), ec);  // only when empty
+    }
+    if (job_folder_lock >= 0) ::close(job_folder_lock);
   }
 };
+
+namespace {
+
+// Creates `error_dir` and returns a descriptor of its parent (the job's folder) holding a shared
+// flock(), or -1 when that cannot be had (the round runs anyway). Why: several agents may share a
+// state folder (the default one is per node id, and two Slurm jobs on one machine each start an
+// agent of the same id), and an agent that starts removes what agents that are gone left there
+// (remove_leftover_rounds); the lock tells it which job folders are still in use. A starting
+// agent holds its exclusive lock only while it removes a folder, so waiting for the shared one is
+// short (waited for up to a second); a folder it removed before we locked it is made again.
+int create_and_lock_job_folder(const std::string& error_dir) {
+  const fs::path job = fs::path(error_dir).parent_path();
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    std::error_code ec;
+    fs::create_directories(error_dir, ec);
+    if (ec) return -1;
+    int fd = ::open(job.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) continue;
+    int rc = ::flock(fd, LOCK_SH | LOCK_NB);
+    for (int wait = 0; rc != 0 && errno == EWOULDBLOCK && wait < 100; ++wait) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));  // bounded: see above
+      rc = ::flock(fd, LOCK_SH | LOCK_NB);
+    }
+    struct stat locked {
+    }, now{};
+    if (rc == 0 && ::fstat(fd, &locked) == 0 && ::stat(job.c_str(), &now) == 0 &&
+        locked.st_ino == now.st_ino && locked.st_dev == now.st_dev &&
+        fs::is_directory(error_dir, ec)) {
+      return fd;
+    }
+    ::close(fd);
+    if (rc != 0) return -1;  // no locks on this file system: nothing to wait for
+  }
+  return -1;
+}
+
+// Whether no agent holds `job` (a job folder in the state folder): its exclusive lock is free.
+// Returns a descriptor holding that lock (close it after removing the folder), or -1.
+int lock_if_unused(const fs::path& job) {
+  int fd = ::open(job.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+}  // namespace
 
 NodeAgent::NodeAgent(asio::io_context& io, std::shared_ptr<rpc::CoordinatorApi> client,
                      NodeAgentOptions options, supervisor::JobLogger log, NodeAgentHooks hooks)
@@ -147,7 +203,8 @@ void NodeAgent::start() {
 
 // Why: an agent killed with SIGKILL (or a crashed one) cannot remove its round folders; its
 // workers died with it (PR_SET_PDEATHSIG), so what an earlier agent left in the state folder is
-// garbage. Only folders shaped like ours go: <job>/attempt_<n>/.
+// garbage. Only folders shaped like ours go, <job>/attempt_<n>/, and only those no running agent
+// holds (create_and_lock_job_folder).
 void NodeAgent::remove_leftover_rounds() {
   if (options_.state_dir.empty() || options_.keep_round_folders) return;
   std::error_code ec;
@@ -160,10 +217,12 @@ void NodeAgent::remove_leftover_rounds() {
       auto name = round.path().filename().string();
       ours = ours && round.is_directory(ec2) && name.rfind("attempt_", 0) == 0;
     }
-    if (ours && !ec2) {
-      fs::remove_all(job.path(), ec2);
-      ++removed;
-    }
+    if (!ours || ec2) continue;
+    int lock = lock_if_unused(job.path());
+    if (lock < 0) continue;  // another agent's round, running now
+    fs::remove_all(job.path(), ec2);
+    ::close(lock);
+    ++removed;
   }
   if (removed > 0) {
     log(LogLevel::kInfo, "removed " + std::to_string(removed) +
@@ -568,9 +627,9 @@ void NodeAgent::start_group(const pb::Instruction& ins) {
   if (!options_.state_dir.empty()) {
     act.error_dir = supervisor::Attempt::folder(options_.state_dir, ins.job_id(), ins.round());
     act.keep_folder = options_.keep_round_folders;
+    act.job_folder_lock = create_and_lock_job_folder(act.error_dir);
     std::error_code ec;
-    fs::create_directories(act.error_dir, ec);
-    if (ec) act.error_dir.clear();
+    if (!fs::is_directory(act.error_dir, ec)) act.error_dir.clear();
   }
   ao.error_dir = act.error_dir;
   if (!options_.local) ao.host = options_.hostname;

@@ -212,11 +212,12 @@ void HangWatch::check() {
   if (pages_.empty()) return;
   if (maps_.size() != pages_.size()) {
     maps_.clear();
-    for (const auto& [rank, path] : pages_) {
-      auto m = std::make_unique<Mapping>();
-      m->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-      maps_.push_back(std::move(m));
-    }
+    for (std::size_t i = 0; i < pages_.size(); ++i) maps_.push_back(std::make_unique<Mapping>());
+  }
+  // Why again at each check: a page the agent could not open yet must not stay unwatched.
+  for (std::size_t i = 0; i < pages_.size(); ++i) {
+    if (maps_[i]->fd < 0)
+      maps_[i]->fd = ::open(pages_[i].second.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   }
   std::vector<PageView> views;
   for (size_t i = 0; i < pages_.size(); ++i)

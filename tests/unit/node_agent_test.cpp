@@ -236,6 +236,37 @@ TEST_F(NodeAgentTest, AFailingWorkerFailsTheRoundWithItsExitAndStderr) {
   run_until([&] { return agent_->worker_pids().empty(); }, "the other worker to be stopped");
 }
 
+// Two agents may share a state folder (the default one is per node id: two Slurm jobs on one
+// machine each start an agent of the same id). One that starts removes the round folders of
+// agents that are gone, never those of a running one (its workers' progress pages and error
+// files: without them its hang detection and failure messages go blind).
+TEST_F(NodeAgentTest, AStartingAgentRemovesOnlyTheRoundFoldersOfAgentsThatAreGone) {
+  start();
+  pb::JobSpec spec = spec_of("sleep 30", 1);
+  spec.set_hang_collective_timeout_ms(60'000);  // so the round has progress pages
+  join_and_run(spec);
+  const fs::path running = fs::path(state_dir_) / "job-1" / "attempt_0";
+  run_until([&] { return fs::exists(running / "rank_0.progress"); }, "the round's folder");
+  const fs::path gone = fs::path(state_dir_) / "job-gone" / "attempt_2";  // a SIGKILLed agent's
+  fs::create_directories(gone);
+  std::ofstream(gone / "rank_0.progress") << "left behind";
+
+  std::string second_log;
+  NodeAgent second(io_, std::make_shared<FakeCoordinator>(), options_,
+                   [&](supervisor::LogLevel, const std::string& m) { second_log += m + "\n"; }, {});
+  second.start();
+  EXPECT_FALSE(fs::exists(gone.parent_path())) << second_log;
+  EXPECT_TRUE(fs::exists(running / "rank_0.progress"))
+      << "a starting agent removed the folder of a round running under another agent";
+  EXPECT_NE(second_log.find("removed 1 job folder(s)"), std::string::npos) << second_log;
+
+  bool stopped = false;
+  agent_->shutdown(SIGTERM, [&] { stopped = true; });
+  run_until([&] { return stopped; }, "the first agent to stop its worker");
+  agent_.reset();
+  EXPECT_FALSE(fs::exists(running.parent_path())) << "the round's folder stayed after the round";
+}
+
 TEST_F(NodeAgentTest, ARefusedRegistrationIsFatal) {
   start();
   fake_->registers.answer({CallCode::kUnauthenticated, "wrong token"});
