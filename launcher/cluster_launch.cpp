@@ -327,7 +327,13 @@ int run_multi_node(const ClusterLaunch& launch) {
   auto opts = make_agent_options(cfg, launch.env, target);
   opts.machine_rank = cfg.machine_rank;
   opts.give_up_after = cfg.join_timeout;
-  opts.state_dir = make_temp_dir("accel-node-");  // empty: failures go without error files
+  // Removed when this returns; if we are SIGKILLed, by the next launcher.
+  OwnedTempDir temp("accel-node-");
+  if (temp.removed() > 0) {
+    logger()->info("removed {} temporary folder(s) that killed launchers left in {}",
+                   temp.removed(), temp_root());
+  }
+  opts.state_dir = temp.path();  // empty: failures go without error files
   if (server) opts.address = cfg.node_address.empty() ? cfg.main_process_ip : cfg.node_address;
 
   int exit_code = 1;
@@ -421,8 +427,6 @@ int run_multi_node(const ClusterLaunch& launch) {
     server->shutdown();
   }
   agent.reset();
-  std::error_code ec;
-  if (!opts.state_dir.empty()) fs::remove_all(opts.state_dir, ec);
   return exit_code;
 }
 

@@ -96,13 +96,19 @@ int run_local(const LocalLaunch& launch) {
   opts.base_env.erase(contract::kToken);
   // Error files and progress pages go beside the rank logs, else to a private temporary folder.
   bool temp_state = launch.spec.log_dir.empty();
-  opts.state_dir = temp_state ? make_temp_dir("accel-" + launch.job_id + "-") : launch.spec.log_dir;
+  OwnedTempDir temp;  // removed when this returns; if we are SIGKILLed, by the next launcher
+  if (temp_state) temp = OwnedTempDir("accel-" + launch.job_id + "-");
+  opts.state_dir = temp_state ? temp.path() : launch.spec.log_dir;
   opts.keep_round_folders = !temp_state;
   if (opts.state_dir.empty()) {
     logger()->warn(
         "cannot create a folder for the workers' error files in {} ({}); failures will be "
         "reported without their error messages",
         temp_root(), std::strerror(errno));
+  }
+  if (temp.removed() > 0) {
+    logger()->info("removed {} temporary folder(s) that killed launchers left in {}",
+                   temp.removed(), temp_root());
   }
 
   int exit_code = 1;
@@ -189,10 +195,6 @@ int run_local(const LocalLaunch& launch) {
   io.run();
   signals.cancel();
   agent.reset();
-  if (temp_state && !opts.state_dir.empty()) {
-    std::error_code ec;
-    fs::remove_all(opts.state_dir, ec);
-  }
   return exit_code;
 }
 
