@@ -220,6 +220,48 @@ TEST(Launcher, LauncherSigkilledLeavesNoWorkers) {
   for (pid_t p : workers) EXPECT_TRUE(wait_pid_gone(p, 5s)) << "orphaned worker pid " << p;
 }
 
+// A launcher keeps its workers' error files and progress pages in a folder of $TMPDIR, which a
+// SIGKILL leaves behind; the next launcher removes it, and never the folder of one still running.
+TEST(Launcher, TheFolderOfASigkilledLauncherIsRemovedByTheNextOne) {
+  TempDir dir;
+  std::string d = dir.path().string();
+  const fs::path tmp = dir.path() / "tmp";
+  fs::create_directories(tmp);
+  const std::map<std::string, std::string> env{{"TMPDIR", tmp.string()}};
+  auto folders = [&] {
+    std::set<std::string> names;
+    for (const auto& e : fs::directory_iterator(tmp)) names.insert(e.path().filename().string());
+    return names;
+  };
+  Launched running(dir, with({"-n", "1"}, sh("echo $$ > " + d + "/pid_0; exec sleep 60")), env);
+  ASSERT_EQ(worker_pids(dir, 1).size(), 1u);
+  const auto live = folders();
+  ASSERT_EQ(live.size(), 1u);
+  fs::remove(dir / "pid_0");
+
+  Launched killed(dir, with({"-n", "1"}, sh("echo $$ > " + d + "/pid_0; exec sleep 60")), env);
+  auto victim = worker_pids(dir, 1);
+  ASSERT_EQ(victim.size(), 1u);
+  ASSERT_EQ(folders().size(), 2u);
+  killed.signal(SIGKILL);
+  EXPECT_EQ(killed.wait(10s).term_signal, SIGKILL);
+  EXPECT_TRUE(wait_pid_gone(victim[0], 5s));
+  ASSERT_EQ(folders().size(), 2u) << "the killed launcher's folder should still be there";
+
+  Launched next(dir, with({"-n", "1"}, sh("true")), env);
+  auto r = next.wait(30s);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(
+      r.err.find("removed 1 temporary folder(s) that killed launchers left in " + tmp.string()),
+      std::string::npos)
+      << r.err;
+  EXPECT_EQ(folders(), live) << "the next launcher must remove the killed one's folder (and its "
+                                "own), and leave the running one's";
+  running.signal(SIGTERM);
+  EXPECT_FALSE(running.wait(15s).timed_out);
+  EXPECT_TRUE(folders().empty());
+}
+
 void expect_signal_stops_job(int sig, int expected_exit) {
   TempDir dir;
   std::string d = dir.path().string();
@@ -279,7 +321,8 @@ TEST(Launcher, EveryRowOfTheExitCodeTable) {
   for (const char* info : {"--help", "--version", "--print-config"})
     EXPECT_EQ(code({info}).first, 0) << info;
   // The worker's code, or 128 + its signal.
-  expect(3, with({"-n", "2"}, sh("exit $((RANK + 3))")), "failed: exit code 3");
+  // (Rank 1 waits: two ranks failing at once would make either one's code the job's.)
+  expect(3, with({"-n", "2"}, sh("[ $RANK = 0 ] && exit 3; exec sleep 30")), "failed: exit code 3");
   expect(139, with({"-n", "1"}, sh("kill -SEGV $$")), "SIGSEGV");
   // 2: usage and configuration.
   expect(2, {"--no-such-flag", "/bin/true"}, "--no-such-flag");
