@@ -329,10 +329,6 @@ int run_multi_node(const ClusterLaunch& launch) {
   opts.give_up_after = cfg.join_timeout;
   // Removed when this returns; if we are SIGKILLed, by the next launcher.
   OwnedTempDir temp("accel-node-");
-  if (temp.removed() > 0) {
-    logger()->info("removed {} temporary folder(s) that killed launchers left in {}",
-                   temp.removed(), temp_root());
-  }
   opts.state_dir = temp.path();  // empty: failures go without error files
   if (server) opts.address = cfg.node_address.empty() ? cfg.main_process_ip : cfg.node_address;
 

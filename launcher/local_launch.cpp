@@ -106,10 +106,6 @@ int run_local(const LocalLaunch& launch) {
         "reported without their error messages",
         temp_root(), std::strerror(errno));
   }
-  if (temp.removed() > 0) {
-    logger()->info("removed {} temporary folder(s) that killed launchers left in {}",
-                   temp.removed(), temp_root());
-  }
 
   int exit_code = 1;
   bool ended = false;

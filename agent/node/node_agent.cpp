@@ -122,13 +122,21 @@ struct NodeAgent::Active {
 
 namespace {
 
+// Whether `fd` is the file at `path` now (it was not removed, or replaced, since it was opened).
+bool same_file(int fd, const fs::path& path) {
+  struct stat opened = {};
+  struct stat now = {};
+  return ::fstat(fd, &opened) == 0 && ::lstat(path.c_str(), &now) == 0 &&
+         opened.st_ino == now.st_ino && opened.st_dev == now.st_dev;
+}
+
 // Creates `error_dir` and returns a descriptor of its parent (the job's folder) holding a shared
 // flock(), or -1 when that cannot be had (the round runs anyway). Why: several agents may share a
 // state folder (the default one is per node id, and two Slurm jobs on one machine each start an
 // agent of the same id), and an agent that starts removes what agents that are gone left there
 // (remove_leftover_rounds); the lock tells it which job folders are still in use. A starting
 // agent holds its exclusive lock only while it removes a folder, so waiting for the shared one is
-// short (waited for up to a second); a folder it removed before we locked it is made again.
+// short (waited for 0.2 s at a time); a folder it removed before we locked it is made again.
 int create_and_lock_job_folder(const std::string& error_dir) {
   const fs::path job = fs::path(error_dir).parent_path();
   for (int attempt = 0; attempt < 5; ++attempt) {
@@ -138,19 +146,15 @@ int create_and_lock_job_folder(const std::string& error_dir) {
     int fd = ::open(job.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) continue;
     int rc = ::flock(fd, LOCK_SH | LOCK_NB);
-    for (int wait = 0; rc != 0 && errno == EWOULDBLOCK && wait < 100; ++wait) {
+    for (int wait = 0; rc != 0 && errno == EWOULDBLOCK && wait < 20; ++wait) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));  // bounded: see above
       rc = ::flock(fd, LOCK_SH | LOCK_NB);
     }
-    struct stat locked {
-    }, now{};
-    if (rc == 0 && ::fstat(fd, &locked) == 0 && ::stat(job.c_str(), &now) == 0 &&
-        locked.st_ino == now.st_ino && locked.st_dev == now.st_dev &&
-        fs::is_directory(error_dir, ec)) {
-      return fd;
-    }
+    const int lock_errno = errno;
+    if (rc == 0 && same_file(fd, job) && fs::is_directory(error_dir, ec)) return fd;
     ::close(fd);
-    if (rc != 0) return -1;  // no locks on this file system: nothing to wait for
+    // No locks on this file system: nothing to wait for (and no agent can tell ours apart).
+    if (rc != 0 && lock_errno != EWOULDBLOCK) return -1;
   }
   return -1;
 }
@@ -158,9 +162,11 @@ int create_and_lock_job_folder(const std::string& error_dir) {
 // Whether no agent holds `job` (a job folder in the state folder): its exclusive lock is free.
 // Returns a descriptor holding that lock (close it after removing the folder), or -1.
 int lock_if_unused(const fs::path& job) {
-  int fd = ::open(job.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  int fd = ::open(job.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) return -1;
-  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+  // Why the identity check: the folder we opened may have been removed by its agent and made
+  // again (and locked) by a new round since.
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0 || !same_file(fd, job)) {
     ::close(fd);
     return -1;
   }
