@@ -1235,9 +1235,9 @@ void Accelerator::resume_from_newest(bool forward_done) {
         try {
           rotate(candidate, *impl_->project_.total_limit);
         } catch (const std::exception& e) {
-          log::warning(std::string("could not remove checkpoints beyond total_limit after "
-                                   "resuming: ") +
-                       e.what());
+          log::warning("could not remove the checkpoints beyond total_limit (" +
+                       std::to_string(*impl_->project_.total_limit) + ") in " +
+                       fs::path(candidate).parent_path().string() + " after resuming: " + e.what());
         }
       }
       return;

@@ -254,8 +254,7 @@ std::vector<at::Tensor> Comm::shared_zeros(
     wait(p);
     if (!block && rank_ == 0)
       log::info(what + " stay in private memory (" + why +
-                "): they go through shared memory's "
-                "slots instead");
+                "): they go through shared memory's slots instead");
   }
   for (std::size_t i = 0; i < buffers.size(); ++i) {
     const auto& [numel, options] = buffers[i];

@@ -721,6 +721,19 @@ RigOptions project_rig(const fs::path& project, std::optional<int64_t> total_lim
   return options;
 }
 
+// `n` steps of a rig in `project` with no total_limit, each followed by an automatic save
+// (checkpoint_0 .. checkpoint_<n-1>); the rig's state after each save.
+std::vector<Snapshot> save_automatic_checkpoints(const fs::path& project, int n) {
+  Rig rig(project_rig(project, std::nullopt, /*automatic_resume=*/true));
+  std::vector<Snapshot> after;
+  for (int i = 0; i < n; ++i) {
+    rig.step();
+    rig.acc.save_state();
+    after.push_back(snapshot(rig));
+  }
+  return after;
+}
+
 TEST(CheckpointNaming, AutomaticNamesRotationAndLatest) {
   TempDir tmp;
   auto root = tmp.path() / "checkpoints";
@@ -769,15 +782,7 @@ TEST(CheckpointNaming, AutomaticNamesRotationAndLatest) {
 TEST(CheckpointNaming, AutomaticResumeSkipsADamagedNewestCheckpoint) {
   TempDir tmp;
   auto root = tmp.path() / "checkpoints";
-  Snapshot at_1;
-  {
-    Rig rig(project_rig(tmp.path(), std::nullopt, /*automatic_resume=*/true));
-    for (int i = 0; i < 3; ++i) {
-      rig.step();
-      rig.acc.save_state();
-      if (i == 1) at_1 = snapshot(rig);
-    }
-  }
+  Snapshot at_1 = save_automatic_checkpoints(tmp.path(), 3)[1];
   auto flip = [](const fs::path& file) {
     auto bytes = read_file(file);
     bytes[bytes.size() / 2] = static_cast<char>(bytes[bytes.size() / 2] ^ 0x40);
@@ -854,15 +859,7 @@ TEST(CheckpointNaming, RotationRemovesAnOlderFolderAKilledRotationHalfDeleted) {
 TEST(CheckpointNaming, AutomaticResumeRemovesCheckpointsAKilledRotationLeftBehind) {
   TempDir tmp;
   auto root = tmp.path() / "checkpoints";
-  Snapshot newest;
-  {
-    Rig rig(project_rig(tmp.path(), std::nullopt, /*automatic_resume=*/true));
-    for (int i = 0; i < 4; ++i) {
-      rig.step();
-      rig.acc.save_state();
-    }
-    newest = snapshot(rig);
-  }
+  Snapshot newest = save_automatic_checkpoints(tmp.path(), 4).back();
   fs::remove(root / "checkpoint_0" / "manifest.json");  // killed inside a rotation's remove_all
   Rig resumed(project_rig(tmp.path(), 2, /*automatic_resume=*/true, /*init_seed=*/9));
   (void)resumed.loader().epoch();  // training starts: the automatic resume happens here
