@@ -63,6 +63,10 @@ inline constexpr char kProgress[] = "ACCEL_PROGRESS";       // on | off: the pro
 inline constexpr char kErrorFile[] = "ACCEL_ERROR_FILE";
 inline constexpr char kProgressFile[] = "ACCEL_PROGRESS_FILE";
 inline constexpr char kShmCollectives[] = "ACCEL_SHM_COLLECTIVES";
+// auto | nccl | gloo: the process group's backend on a GPU (auto: NCCL unless ranks share a GPU)
+inline constexpr char kBackend[] = "ACCEL_BACKEND";
+// 1: a process group even for WORLD_SIZE=1 (accel test sets it to check the backend on one rank)
+inline constexpr char kGroupOfOne[] = "ACCEL_GROUP_OF_ONE";
 inline constexpr char kTraceCollectives[] = "ACCEL_TRACE_COLLECTIVES";  // runtime debugging only
 // split | copy: how shared memory all-reduces a large private tensor (copy: for benchmarks)
 inline constexpr char kShmAllreduce[] = "ACCEL_SHM_ALLREDUCE";

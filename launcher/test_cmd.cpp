@@ -92,6 +92,10 @@ int run_test(const TestOptions& options) {
   }
   args.push_back("--env");
   args.push_back("ACCEL_CHECK_DIR=" + (fs::path(work) / "checkpoints").string());
+  // Why: so that `accel test -n 1` checks the collectives through the real backend (NCCL on a
+  // GPU) instead of a single process's identity.
+  args.push_back("--env");
+  args.push_back("ACCEL_GROUP_OF_ONE=1");
   if (options.inject_collective_fault) {
     args.push_back("--env");
     args.push_back("ACCEL_CHECK_FAULT=collective");

@@ -83,6 +83,10 @@ void PreparedOptimizer::step() {
   } else {
     run_step();
   }
+  // Why: autocast keeps low-precision copies of the weights until its scope ends, and the
+  // automatic scope of a prepared loader's batch lasts until acc.backward(): a program that calls
+  // loss.backward() would run the next forward on the copies of weights this step just changed.
+  at::autocast::clear_cache();
   if (slot.own_steps >= 0 && !slot.overflow)
     slot.own_steps = detail::own_step_count(*slot.optimizer);
   state_->set_optimizer_step_overflowed(slot.overflow);

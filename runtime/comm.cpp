@@ -146,7 +146,7 @@ void Comm::fail(const Pending& pending, const std::string& cause) {
 // measured with bench/train/bench_collectives).
 Comm::Pending Comm::allreduce_async(at::Tensor& tensor, c10d::ReduceOp op, bool average) {
   Pending p = start("allreduce", nbytes(tensor));
-  if (world_size_ == 1) return p;
+  if (!group_) return p;
   if (shm_ && ShmGroup::can_reduce(tensor) && shm_reduces(op)) {
     // Why synchronous: local shared-memory reduction takes microseconds; overlap buys nothing.
     guarded(p, [&] {
@@ -278,7 +278,7 @@ at::Tensor Comm::peer_part(const at::Tensor& t, int rank) {
 
 void Comm::broadcast(at::Tensor& tensor, int root) {
   Pending p = start("broadcast", nbytes(tensor));
-  if (world_size_ == 1) return wait(p);
+  if (!group_) return wait(p);
   if (shm_ && ShmGroup::can_move(tensor)) {
     guarded(p, [&] {
       shm_->broadcast(tensor, root,
@@ -299,7 +299,7 @@ void Comm::broadcast(at::Tensor& tensor, int root) {
 
 void Comm::allgather(at::Tensor& output, const at::Tensor& input) {
   Pending p = start("allgather", nbytes(input));
-  if (world_size_ == 1) {
+  if (!group_) {
     output.copy_(input);
     return wait(p);
   }
@@ -326,7 +326,7 @@ void Comm::allgather(at::Tensor& output, const at::Tensor& input) {
 
 void Comm::barrier() {
   Pending p = start("barrier", 0);
-  if (world_size_ == 1) return wait(p);
+  if (!group_) return wait(p);
   if (shm_) {
     guarded(p, [&] { shm_->barrier({p.op, p.seq, p.bytes}); });
     return wait(p);

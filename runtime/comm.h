@@ -52,6 +52,8 @@ class Comm {
        c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<CollectiveGroup> group,
        std::unique_ptr<ShmGroup> shm = nullptr, std::unique_ptr<Hierarchy> hierarchy = nullptr);
   ~Comm();
+  // False for the single process's Comm: every collective is then the identity.
+  bool has_group() const { return group_ != nullptr; }
   bool uses_shared_memory() const { return shm_ != nullptr; }
   bool hierarchical() const { return hier_ != nullptr; }
 

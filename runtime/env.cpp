@@ -214,6 +214,12 @@ WorkerEnv read_worker_env(const Lookup& outer) {
 
   e.progress_file = r.text({c::kProgressFile}).value_or("");
   e.shm_collectives = r.boolean({c::kShmCollectives}, true);
+  if (auto backend = r.text({c::kBackend})) {
+    e.backend = lower(*backend);
+    if (e.backend != "auto" && e.backend != "nccl" && e.backend != "gloo")
+      bad(c::kBackend, *backend, "auto, nccl or gloo");
+  }
+  e.group_of_one = r.boolean({c::kGroupOfOne}, false);
   auto trace = r.text({c::kTraceCollectives});
   e.trace_collectives = trace && *trace != "0";
   if (auto algorithm = r.text({c::kShmAllreduce})) {

@@ -46,6 +46,8 @@ struct WorkerEnv {
   // Supervision and debugging.
   std::string progress_file;  // empty: no progress page
   bool shm_collectives = true;
+  std::string backend = "auto";  // ACCEL_BACKEND: auto | nccl | gloo
+  bool group_of_one = false;     // ACCEL_GROUP_OF_ONE: a process group at WORLD_SIZE=1 too
   bool trace_collectives = false;
   bool shm_allreduce_copy = false;  // ACCEL_SHM_ALLREDUCE=copy: the unsplit all-reduce
   std::optional<std::string> gloo_socket_ifname;

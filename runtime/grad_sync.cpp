@@ -261,7 +261,7 @@ void GradSync::drain_and_reset_round() {
 namespace accel {
 
 void GradSync::broadcast_parameters() {
-  if (comm_.world_size() == 1 || params_.empty()) return;
+  if (!comm_.has_group() || params_.empty()) return;
   torch::NoGradGuard no_grad;
   // One broadcast per bucket (same dtype and device), not one per parameter. Not through
   // bucket.flat: that holds the gradients.

@@ -3,6 +3,7 @@
 
 #include <torch/cuda.h>
 
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -60,6 +61,16 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(bool single_node) {
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
+// Whether no rank shares its GPU with another, decided by every rank's vote through the store
+// (O(1) store calls per rank), so that every rank picks the same backend.
+bool every_rank_has_its_own_gpu(c10d::Store& store, int world, bool mine,
+                                std::chrono::milliseconds timeout) {
+  if (!mine) store.add("accel/backend/shared", 1);
+  if (store.add("accel/backend/voted", 1) == world) store.set("accel/backend/done", {1});
+  store.wait({"accel/backend/done"}, timeout);
+  return store.add("accel/backend/shared", 0) == 0;
+}
+
 }  // namespace
 
 std::string to_string(DistributedType type) {
@@ -106,52 +117,87 @@ State::State(const StateOptions& options) {
 
   // Why: this build of libtorch decides the device; a CUDA build with a GPU and no --cpu uses it.
   bool cuda = !cpu_ && torch::cuda::is_available();
+  const int gpus = cuda ? static_cast<int>(torch::cuda::device_count()) : 0;
   device_ = cuda ? torch::Device(torch::kCUDA,
-                                 local_rank_ % std::max<int>(1, torch::cuda::device_count()))
+                                 static_cast<c10::DeviceIndex>(local_rank_ % std::max(1, gpus)))
                  : torch::Device(torch::kCPU);
-  if (world_size_ == 1) {
+  if (world_size_ == 1 && !we.group_of_one) {
     comm_ = std::make_unique<Comm>();
     return;
   }
+  // Why refused here: NCCL needs one GPU per rank (it stops at a duplicate GPU), and a group that
+  // mixed backends across ranks would hang in its first collective.
+  const bool shares_gpu = cuda && local_world_size_ > gpus;
+  if (we.backend == "nccl" && !cuda) {
+    throw ConfigError(
+        "accel: ACCEL_BACKEND=nccl needs a GPU, but this process trains on the CPU (" +
+        std::string(cpu_ ? "--cpu / ACCEL_USE_CPU is set"
+                         : "no CUDA device is visible to this libtorch") +
+        "); leave ACCEL_BACKEND unset or set it to gloo");
+  }
+  if (we.backend == "nccl" && shares_gpu) {
+    throw ConfigError("accel: ACCEL_BACKEND=nccl, but the " + std::to_string(local_world_size_) +
+                      " processes on this machine share " + std::to_string(gpus) +
+                      " visible GPU(s); NCCL needs a GPU of its own for each rank (it refuses a "
+                      "duplicate GPU). Start at most " +
+                      std::to_string(gpus) +
+                      " process(es) per machine, or leave ACCEL_BACKEND unset: ranks that share a "
+                      "GPU then run their collectives through gloo");
+  }
 #ifndef ACCEL_WITH_NCCL
-  if (cuda) {
+  if (cuda && we.backend != "gloo") {
     throw ConfigError(
         "accel: this libaccel was built without NCCL support, but a GPU is visible; run with --cpu "
-        "(ACCEL_USE_CPU=1) or rebuild against a CUDA libtorch");
+        "(ACCEL_USE_CPU=1), set ACCEL_BACKEND=gloo, or rebuild against a CUDA libtorch");
   }
 #endif
-  type_ = cuda ? DistributedType::kMultiGpu : DistributedType::kMultiCpu;
+  distributed_ = true;
+  if (world_size_ > 1) type_ = cuda ? DistributedType::kMultiGpu : DistributedType::kMultiCpu;
 
   const auto& addr = we.master_addr;
   const int port = we.master_port.value_or(-1);
-  if (!addr || port < 0) {
+  if ((!addr || port < 0) && world_size_ > 1) {
     throw ConfigError(
         "accel: WORLD_SIZE=" + std::to_string(world_size_) +
         " but MASTER_ADDR/MASTER_PORT are not set; start workers with accel-launch, or set both");
   }
   // TORCHELASTIC_USE_AGENT_STORE=True (accel-launch, accel-agent, torchrun): the launcher serves
   // the store and every rank is a client, under a prefix per attempt (as c10d's env:// does), so
-  // nothing a failed attempt left can reach this one. Otherwise rank 0 hosts it.
-  const bool agent_store = we.agent_store;
-  c10d::TCPStoreOptions store_opts;
-  store_opts.port = static_cast<std::uint16_t>(port);
-  store_opts.isServer = !agent_store && rank_ == 0;
-  store_opts.numWorkers = static_cast<std::size_t>(world_size_);
-  store_opts.waitWorkers = false;
-  store_opts.timeout = timeout_;
+  // nothing a failed attempt left can reach this one. Otherwise rank 0 hosts it; a lone process
+  // with ACCEL_GROUP_OF_ONE and no address keeps it in memory.
+  const bool agent_store = we.agent_store && addr && port >= 0;
   c10::intrusive_ptr<c10d::Store> store;
-  try {
-    store = c10::make_intrusive<c10d::TCPStore>(*addr, store_opts);
-  } catch (const std::exception& e) {
-    throw CollectiveError("accel: rank " + std::to_string(rank_) + " could not " +
-                          (store_opts.isServer ? "start" : "reach") + " the job's store at " +
-                          *addr + ":" + std::to_string(port) +
-                          (agent_store ? " (served by the launcher)" : "") + " within " +
-                          format_duration(timeout_) + ": " + e.what());
+  if (!addr || port < 0) {
+    store = c10::make_intrusive<c10d::HashStore>();
+  } else {
+    c10d::TCPStoreOptions store_opts;
+    store_opts.port = static_cast<std::uint16_t>(port);
+    store_opts.isServer = !agent_store && rank_ == 0;
+    store_opts.numWorkers = static_cast<std::size_t>(world_size_);
+    store_opts.waitWorkers = false;
+    store_opts.timeout = timeout_;
+    try {
+      store = c10::make_intrusive<c10d::TCPStore>(*addr, store_opts);
+    } catch (const std::exception& e) {
+      throw CollectiveError("accel: rank " + std::to_string(rank_) + " could not " +
+                            (store_opts.isServer ? "start" : "reach") + " the job's store at " +
+                            *addr + ":" + std::to_string(port) +
+                            (agent_store ? " (served by the launcher)" : "") + " within " +
+                            format_duration(timeout_) + ": " + e.what());
+    }
   }
   if (agent_store) {
     store = c10::make_intrusive<c10d::PrefixStore>(contract::kRuntimeStorePrefix + we.restart_count,
                                                    store);
+  }
+  const bool nccl = cuda && we.backend != "gloo" &&
+                    (we.backend == "nccl" ||
+                     every_rank_has_its_own_gpu(*store, world_size_, !shares_gpu, timeout_));
+  if (cuda && !nccl && we.backend == "auto" && rank_ == 0) {
+    log::info("ranks share a GPU (" + std::to_string(local_world_size_) + " processes, " +
+              std::to_string(gpus) +
+              " visible GPU(s) on at least one machine): NCCL needs a GPU per rank, so the "
+              "collectives run through gloo, copying through host memory");
   }
   c10::intrusive_ptr<CollectiveGroup> group;
   try {
@@ -159,17 +205,26 @@ State::State(const StateOptions& options) {
 #ifdef ACCEL_WITH_NCCL
     // Compiled only against a CUDA libtorch (CMake: CAFFE2_USE_CUDA); gradients and collectives of
     // CUDA tensors go through NCCL, with the same single timeout.
-    if (cuda) {
+    if (nccl) {
       c10::cuda::set_device(static_cast<c10::DeviceIndex>(device_.index()));
       auto nccl_opts = c10d::ProcessGroupNCCL::Options::create();
       nccl_opts->timeout = timeout_;
-      group = c10::make_intrusive<c10d::ProcessGroupNCCL>(pg_store, rank_, world_size_, nccl_opts);
+      auto nccl_group =
+          c10::make_intrusive<c10d::ProcessGroupNCCL>(pg_store, rank_, world_size_, nccl_opts);
+      // Why: PyTorch 2.x's ProcessGroupNCCL expects destroy_process_group() (its shutdown())
+      // before it is destroyed, and warns otherwise; libtorch 1.x has no shutdown().
+      if constexpr (requires { nccl_group->shutdown(); }) {
+        shutdown_ = [nccl_group] { nccl_group->shutdown(); };
+      }
+      group = nccl_group;
+      backend_ = "nccl";
     }
 #endif
     if (!group) {
       auto gloo_opts = c10d::ProcessGroupGloo::Options::create(timeout_);
       gloo_opts->devices.push_back(gloo_device(local_world_size_ == world_size_));
       group = c10::make_intrusive<c10d::ProcessGroupGloo>(pg_store, rank_, world_size_, gloo_opts);
+      backend_ = "gloo";
     }
   } catch (const std::exception& e) {
     throw CollectiveError("accel: rank " + std::to_string(rank_) +
@@ -181,7 +236,7 @@ State::State(const StateOptions& options) {
   // Shared memory between the ranks of one machine; on several machines, shared memory within
   // each and gloo between one leader per machine; gloo alone otherwise.
   // Not with NCCL: its group takes CUDA tensors only, and NCCL has its own intra-node transport.
-  if (!cuda && local_world_size_ == world_size_ && we.shm_collectives) {
+  if (!cuda && world_size_ > 1 && local_world_size_ == world_size_ && we.shm_collectives) {
     std::string why;
     shm = ShmGroup::create(*store, *group, rank_, world_size_, timeout_, &why);
     if (!shm && rank_ == 0)
@@ -220,20 +275,30 @@ State::State(const StateOptions& options) {
       log::info("shared-memory collectives are off (" + why + "); using gloo");
     }
   }
+  if (shm) backend_ = "shared memory";
+  if (hierarchy) backend_ = "shared memory + gloo";
   log::debug("rank " + std::to_string(rank_) + " of " + std::to_string(world_size_) +
-             ": process group up (store " + *addr + ":" + std::to_string(port) +
+             ": process group up (store " +
+             (addr && port >= 0 ? *addr + ":" + std::to_string(port) : std::string("in memory")) +
              (agent_store ? " served by the launcher, attempt " + we.restart_count : "") + ", " +
              (shm         ? "shared-memory collectives"
               : hierarchy ? "hierarchical collectives: shared memory within each of " +
                                 std::to_string(world_size_ / local_world_size_) +
                                 " machines, gloo between their leaders"
-              : cuda ? "nccl"
-                     : "gloo") +
+                          : backend_) +
              ")");
   comm_ = std::make_unique<Comm>(rank_, world_size_, timeout_, store, group, std::move(shm),
                                  std::move(hierarchy));
 }
 
-State::~State() = default;
+State::~State() {
+  if (shutdown_) {
+    try {
+      shutdown_();
+    } catch (const std::exception& e) {
+      log::warning(std::string("the process group did not shut down cleanly: ") + e.what());
+    }
+  }
+}
 
 }  // namespace accel

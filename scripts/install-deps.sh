@@ -7,6 +7,8 @@ set -euo pipefail
 packages=(
   # toolchain
   build-essential cmake ninja-build ccache pkg-config git
+  # scripts/gpu-check.sh --pack: launcher binaries that find their libraries beside them
+  patchelf
   # control plane
   libboost-dev libboost-filesystem-dev libboost-system-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc

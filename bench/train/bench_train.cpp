@@ -6,6 +6,7 @@
 // ACCEL_MIXED_PRECISION=bf16 times bf16 (a no-op scope at the default "no"). Rank 0 prints one JSON
 // line.
 #include <malloc.h>
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -31,10 +32,12 @@ struct TinyLmImpl : torch::nn::Module {
                 layers)))),
         norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})))),
         head(register_module("head", torch::nn::Linear(dim, vocab))),
-        causal(
-            torch::triu(torch::full({block, block}, -std::numeric_limits<float>::infinity()), 1)) {}
+        causal(register_buffer(
+            "causal",
+            torch::triu(torch::full({block, block}, -std::numeric_limits<float>::infinity()), 1))) {
+  }
   torch::Tensor forward(const torch::Tensor& idx) {
-    auto positions = torch::arange(idx.size(1), torch::kLong);
+    auto positions = torch::arange(idx.size(1), torch::dtype(torch::kLong).device(idx.device()));
     auto x = tok->forward(idx) + pos->forward(positions).unsqueeze(0);
     x = blocks->forward(x.transpose(0, 1), causal).transpose(0, 1);
     return head->forward(norm->forward(x));
@@ -90,14 +93,19 @@ int main(int argc, char** argv) {
   std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
   for (int i = 0; i < 16; ++i) {
     if (lm) {
-      batches.emplace_back(torch::randint(kVocab, {batch, kBlock}, torch::kLong),
-                           torch::randint(kVocab, {batch, kBlock}, torch::kLong));
+      batches.emplace_back(torch::randint(kVocab, {batch, kBlock}, torch::kLong).to(acc.device()),
+                           torch::randint(kVocab, {batch, kBlock}, torch::kLong).to(acc.device()));
       continue;
     }
     auto x = torch::randn({batch, in});
     auto y = big ? torch::randint(out, {batch}, torch::kLong) : torch::randn({batch, 1});
-    batches.emplace_back(x, y);
+    batches.emplace_back(x.to(acc.device()), y.to(acc.device()));
   }
+  // Why: on a GPU the steps only queue kernels; the clock must wait for them.
+  auto wait_for_device = [&] {
+    if (acc.device().is_cuda()) torch::cuda::synchronize();
+    acc.wait_for_everyone();
+  };
   torch::ScalarType forward_dtype = torch::kFloat;
   auto step = [&](int64_t i) {
     auto& [x, y] = batches[static_cast<std::size_t>(i % 16)];
@@ -115,11 +123,11 @@ int main(int argc, char** argv) {
     o.zero_grad();
   };
   for (int64_t i = 0; i < args.integer("warmup"); ++i) step(i);
-  acc.wait_for_everyone();
+  wait_for_device();
   const int64_t steps = args.integer("steps");
   auto start = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < steps; ++i) step(i);
-  acc.wait_for_everyone();
+  wait_for_device();
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   // This process's peak resident memory (VmHWM), in bytes; ranks' peaks differ little. And, at
   // the end, its private (RssAnon) and shared-memory (RssShmem: the gradient buckets' block,
@@ -140,15 +148,17 @@ int main(int argc, char** argv) {
   if (acc.is_main_process()) {
     double sps = static_cast<double>(steps) / seconds;
     std::printf(
-        "{\"steps_per_s\": %.2f, \"samples_per_s\": %.1f, \"processes\": %d, \"mixed_precision\": "
+        "{\"steps_per_s\": %.2f, \"samples_per_s\": %.1f, \"tokens_per_s\": %.0f, \"device\": "
+        "\"%s\", \"processes\": %d, \"mixed_precision\": "
         "\"%s\", "
         "\"forward_dtype\": \"%s\", \"optimizer_step\": \"%s\", \"zero_stage\": %ld, "
         "\"peak_rss_bytes\": %ld, \"rss_anon_bytes\": %ld, \"rss_shmem_bytes\": %ld, "
         "\"heap_in_use_bytes\": %ld}\n",
-        sps, sps * static_cast<double>(batch) * acc.num_processes(), acc.num_processes(),
-        acc.mixed_precision().c_str(), c10::toString(forward_dtype),
-        args.str("optimizer-step").c_str(), args.integer("zero-stage"), peak_kb * 1024,
-        anon_kb * 1024, shmem_kb * 1024, heap_in_use);
+        sps, sps * static_cast<double>(batch) * acc.num_processes(),
+        lm ? sps * static_cast<double>(batch * kBlock) * acc.num_processes() : 0.0,
+        acc.device().str().c_str(), acc.num_processes(), acc.mixed_precision().c_str(),
+        c10::toString(forward_dtype), args.str("optimizer-step").c_str(),
+        args.integer("zero-stage"), peak_kb * 1024, anon_kb * 1024, shmem_kb * 1024, heap_in_use);
   }
   return 0;
 }

@@ -1,5 +1,8 @@
 """The anchor for bench_train: the same loop in PyTorch, wrapped in DistributedDataParallel when
-run under torchrun with more than one process. Prints one JSON line from rank 0."""
+run under torchrun with more than one process. Prints one JSON line from rank 0.
+
+--device cuda runs it on the GPU (one process), --mixed-precision bf16 runs the forward pass and
+loss under torch.autocast, as bench_train does under ACCEL_MIXED_PRECISION=bf16."""
 import argparse
 import json
 import os
@@ -28,7 +31,7 @@ class TinyLm(nn.Module):
         self.register_buffer("causal", torch.triu(torch.full((block, block), float("-inf")), 1), persistent=False)
 
     def forward(self, idx):
-        x = self.tok(idx) + self.pos(torch.arange(idx.size(1))).unsqueeze(0)
+        x = self.tok(idx) + self.pos(torch.arange(idx.size(1), device=idx.device)).unsqueeze(0)
         x = self.blocks(x.transpose(0, 1), self.causal).transpose(0, 1)
         return self.head(self.norm(x))
 
@@ -38,7 +41,10 @@ def main():
     p.add_argument("--model", default="T", choices=["T", "M", "L"])
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--mixed-precision", default="no", choices=["no", "bf16"])
     a = p.parse_args()
+    device = torch.device(a.device)
     torch.manual_seed(0)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     big, lm = a.model == "M", a.model == "L"
@@ -51,6 +57,7 @@ def main():
     else:
         model = nn.Sequential(nn.Linear(10, 64), nn.ReLU(), nn.Linear(64, 1))
         batch = 8
+    model = model.to(device)
     if world > 1:
         dist.init_process_group("gloo")
         model = nn.parallel.DistributedDataParallel(model)
@@ -58,36 +65,44 @@ def main():
     batches = []
     for _ in range(16):
         if lm:
-            batches.append((torch.randint(VOCAB, (batch, BLOCK)), torch.randint(VOCAB, (batch, BLOCK))))
+            batches.append((torch.randint(VOCAB, (batch, BLOCK)).to(device),
+                            torch.randint(VOCAB, (batch, BLOCK)).to(device)))
             continue
         x = torch.randn(batch, 784 if big else 10)
         y = torch.randint(10, (batch,)) if big else torch.randn(batch, 1)
-        batches.append((x, y))
+        batches.append((x.to(device), y.to(device)))
+
+    def wait_for_device():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if world > 1:
+            dist.barrier()
 
     def step(i):
         x, y = batches[i % 16]
-        pred = model(x)
-        if lm:
-            loss = F.cross_entropy(pred.reshape(-1, VOCAB), y.reshape(-1))
-        else:
-            loss = F.cross_entropy(pred, y) if big else F.mse_loss(pred, y)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=a.mixed_precision == "bf16"):
+            pred = model(x)
+            if lm:
+                loss = F.cross_entropy(pred.reshape(-1, VOCAB), y.reshape(-1))
+            else:
+                loss = F.cross_entropy(pred, y) if big else F.mse_loss(pred, y)
         loss.backward()
         opt.step()
         opt.zero_grad()
 
     for i in range(a.warmup):
         step(i)
-    if world > 1:
-        dist.barrier()
+    wait_for_device()
     start = time.perf_counter()
     for i in range(a.steps):
         step(i)
-    if world > 1:
-        dist.barrier()
+    wait_for_device()
     seconds = time.perf_counter() - start
     if int(os.environ.get("RANK", "0")) == 0:
         sps = a.steps / seconds
         print(json.dumps({"steps_per_s": round(sps, 2), "samples_per_s": round(sps * batch * world, 1),
+                          "tokens_per_s": round(sps * batch * BLOCK * world) if lm else 0,
+                          "device": str(device), "mixed_precision": a.mixed_precision,
                           "processes": world}), flush=True)
     if world > 1:
         dist.destroy_process_group()

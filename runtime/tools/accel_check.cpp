@@ -160,22 +160,24 @@ Result check_collectives(accel::Accelerator& acc) {
   const int world = acc.num_processes();
   const int rank = acc.process_index();
   std::vector<std::string> problems;
-  auto mine = torch::full({3}, static_cast<float>(rank + 1));
+  // On the training device: on a GPU the collectives run through NCCL (or gloo) on CUDA tensors.
+  const auto on = torch::TensorOptions().device(acc.device());
+  auto mine = torch::full({3}, static_cast<float>(rank + 1), on);
   if (env("ACCEL_CHECK_FAULT") == "collective" && acc.is_last_process()) mine += 1000;
-  auto sum = acc.reduce(mine, accel::ReduceOp::kSum);
+  auto sum = acc.reduce(mine, accel::ReduceOp::kSum).cpu();
   float expect_sum = static_cast<float>(world * (world + 1) / 2);
   if (!torch::allclose(sum, torch::full({3}, expect_sum)))
     problems.push_back("all-reduce sum gave " + number(sum[0].item<float>()) + ", expected " +
                        number(expect_sum));
-  auto gathered = acc.gather(mine.unsqueeze(0));
+  auto gathered = acc.gather(mine.unsqueeze(0)).cpu();
   auto expect_gather =
       torch::arange(1, world + 1, torch::kFloat).unsqueeze(1).expand({world, 3}).contiguous();
   if (!gathered.sizes().equals(expect_gather.sizes()) || !torch::equal(gathered, expect_gather))
     problems.push_back("all-gather did not give every rank's tensor in rank order");
-  auto from_last = acc.broadcast(torch::full({2}, static_cast<float>(rank)), world - 1);
+  auto from_last = acc.broadcast(torch::full({2}, static_cast<float>(rank), on), world - 1).cpu();
   if (!torch::equal(from_last, torch::full({2}, static_cast<float>(world - 1))))
     problems.push_back("broadcast from the last rank gave another value");
-  auto padded = acc.pad_across_processes(torch::ones({rank + 1}), 0);
+  auto padded = acc.pad_across_processes(torch::ones({rank + 1}, on), 0).cpu();
   if (padded.size(0) != world || padded.sum().item<float>() != static_cast<float>(rank + 1))
     problems.push_back("pad_across_processes did not pad to the longest rank's size");
   auto objects = acc.gather_object("rank " + std::to_string(rank));
@@ -188,7 +190,8 @@ Result check_collectives(accel::Accelerator& acc) {
   }
   r.ok = problems.empty();
   r.detail = r.ok ? "all-reduce, all-gather, broadcast, pad_across_processes, gather_object "
-                    "gave the expected values"
+                    "gave the expected values (" +
+                        acc.state().backend() + ", " + acc.device().str() + ")"
                   : problems.front();
   return r;
 }
@@ -227,7 +230,7 @@ Result check_training(accel::Accelerator& acc, torch::nn::Sequential& model,
   auto mine = model->parameters();
   auto ref = reference->parameters();
   for (size_t i = 0; i < mine.size(); ++i) {
-    worst = std::max(worst, (mine[i].detach() - ref[i].detach()).abs().max().item<double>());
+    worst = std::max(worst, (mine[i].detach().cpu() - ref[i].detach()).abs().max().item<double>());
   }
   char buf[160];
   std::snprintf(buf, sizeof buf,

@@ -498,6 +498,19 @@ TEST(Env, ABadVariableIsNamedWithItsValue) {
   EXPECT_EQ(env_error({{"ACCEL_COLLECTIVE_TIMEOUT", "0"}}),
             "accel: environment variable ACCEL_COLLECTIVE_TIMEOUT=\"0\": expected a positive "
             "duration such as 30m, 90s, 500ms or a number of seconds");
+  EXPECT_EQ(env_error({{"ACCEL_BACKEND", "mpi"}}),
+            "accel: environment variable ACCEL_BACKEND=\"mpi\": expected auto, nccl or gloo");
+  EXPECT_EQ(
+      env_error({{"ACCEL_GROUP_OF_ONE", "yes please"}}),
+      "accel: environment variable ACCEL_GROUP_OF_ONE=\"yes please\": expected true or false");
+}
+
+TEST(Env, TheBackendAndAGroupOfOneAreRead) {
+  EXPECT_EQ(parse_env({}).backend, "auto");
+  EXPECT_FALSE(parse_env({}).group_of_one);
+  EXPECT_EQ(parse_env({{"ACCEL_BACKEND", "NCCL"}}).backend, "nccl");
+  EXPECT_EQ(parse_env({{"ACCEL_BACKEND", "gloo"}}).backend, "gloo");
+  EXPECT_TRUE(parse_env({{"ACCEL_GROUP_OF_ONE", "1"}}).group_of_one);
 }
 
 // The launcher writes durations with the config's formatter; the runtime must read every one

@@ -6,6 +6,7 @@
 #include <torch/types.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -43,7 +44,12 @@ class State {
   bool is_main_process() const { return rank_ == 0; }
   bool is_local_main_process() const { return local_rank_ == 0; }
   bool is_last_process() const { return rank_ == world_size_ - 1; }
-  bool use_distributed() const { return world_size_ > 1; }
+  // True when collectives go through a process group: more than one process, or one process
+  // with ACCEL_GROUP_OF_ONE=1 (accel test's way to exercise the backend on a single rank).
+  bool use_distributed() const { return distributed_; }
+  // What the collectives run through: "nccl", "gloo", "shared memory" (the machine's ranks),
+  // "shared memory + gloo" (several machines), or "none" (a single process).
+  const std::string& backend() const { return backend_; }
   DistributedType distributed_type() const { return type_; }
   torch::Device device() const { return device_; }
   std::chrono::milliseconds collective_timeout() const { return timeout_; }
@@ -60,11 +66,14 @@ class State {
   int node_rank_ = 0;
   bool debug_ = false;
   bool cpu_ = false;
+  bool distributed_ = false;
+  std::string backend_ = "none";
   DistributedType type_ = DistributedType::kNo;
   torch::Device device_{torch::kCPU};
   // set by the constructor (ACCEL_COLLECTIVE_TIMEOUT or its default)
   std::chrono::milliseconds timeout_{};
   std::unique_ptr<Comm> comm_;
+  std::function<void()> shutdown_;  // the NCCL group's shutdown, where libtorch has one
 };
 
 }  // namespace accel
