@@ -2,7 +2,6 @@
 #include "runtime/fused_optimizer.h"
 
 #include <ATen/Parallel.h>
-#include <c10/util/string_utils.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>

@@ -1,10 +1,10 @@
 // An optimizer's own step count, to notice steps taken around the prepared optimizer.
 #pragma once
 
-#include <c10/util/string_utils.h>
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
+#include <sstream>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -23,7 +23,10 @@ auto state_key(const Tensor& param) {
   using Key = typename std::remove_reference_t<
       decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
   if constexpr (std::is_same_v<Key, std::string>) {
-    return c10::guts::to_string(param.unsafeGetTensorImpl());
+    // What 1.13's c10::guts::to_string wrote (later releases removed it): the pointer streamed.
+    std::ostringstream key;
+    key << param.unsafeGetTensorImpl();
+    return key.str();
   } else {
     return static_cast<Key>(param.unsafeGetTensorImpl());
   }

@@ -66,9 +66,22 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(bool single_node) {
 bool every_rank_has_its_own_gpu(c10d::Store& store, int world, bool mine,
                                 std::chrono::milliseconds timeout) {
   if (!mine) store.add("accel/backend/shared", 1);
-  if (store.add("accel/backend/voted", 1) == world) store.set("accel/backend/done", {1});
+  if (store.add("accel/backend/voted", 1) == world)
+    store.set("accel/backend/done", std::vector<uint8_t>{1});
   store.wait({"accel/backend/done"}, timeout);
   return store.add("accel/backend/shared", 0) == 0;
+}
+
+// Why: PyTorch 2.x's ProcessGroupNCCL expects destroy_process_group() (its shutdown()) before
+// it is destroyed, and warns otherwise; libtorch 1.x has no shutdown(). (A template, so that a
+// libtorch without it compiles the empty branch.)
+template <class Group>
+std::function<void()> shutdown_of(const c10::intrusive_ptr<Group>& group) {
+  if constexpr (requires { group->shutdown(); }) {
+    return [group] { group->shutdown(); };
+  } else {
+    return {};
+  }
 }
 
 }  // namespace
@@ -211,11 +224,7 @@ State::State(const StateOptions& options) {
       nccl_opts->timeout = timeout_;
       auto nccl_group =
           c10::make_intrusive<c10d::ProcessGroupNCCL>(pg_store, rank_, world_size_, nccl_opts);
-      // Why: PyTorch 2.x's ProcessGroupNCCL expects destroy_process_group() (its shutdown())
-      // before it is destroyed, and warns otherwise; libtorch 1.x has no shutdown().
-      if constexpr (requires { nccl_group->shutdown(); }) {
-        shutdown_ = [nccl_group] { nccl_group->shutdown(); };
-      }
+      shutdown_ = shutdown_of(nccl_group);
       group = nccl_group;
       backend_ = "nccl";
     }

@@ -2,7 +2,6 @@
 #include "runtime/zero.h"
 
 #include <c10/util/Type.h>
-#include <c10/util/string_utils.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>

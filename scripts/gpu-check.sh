@@ -88,9 +88,10 @@ if [ -z "$BUILD" ]; then
         -DACCEL_BUILD_TESTS=OFF -DACCEL_BUILD_EXAMPLES=ON -DACCEL_BUILD_BENCHMARKS=ON \
         -DTorch_DIR="$torch_dir/share/cmake/Torch" "${extra[@]}" >"$BUILD.configure.log" 2>&1 ||
     { tail -30 "$BUILD.configure.log"; echo "gpu-check: configure failed" >&2; exit 2; }
+  # -k 0: every error of the build at once, not only the first file's.
   cmake --build "$BUILD" -j "$(nproc)" --target accel-check device_checks train_classifier bench_train \
-        >"$BUILD.build.log" 2>&1 ||
-    { grep -m 20 -B2 -A8 'error' "$BUILD.build.log"; echo "gpu-check: build failed" >&2; exit 2; }
+        -- -k 0 >"$BUILD.build.log" 2>&1 ||
+    { grep -A3 'error:' "$BUILD.build.log" | head -60; echo "gpu-check: build failed" >&2; exit 2; }
   echo "gpu-check: built in $((SECONDS - start)) s"
 fi
 B="$BUILD/bin"
