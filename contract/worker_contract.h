@@ -33,7 +33,8 @@ inline constexpr char kUseAgentStore[] = "TORCHELASTIC_USE_AGENT_STORE";
 inline constexpr char kAgentStoreOn[] = "True";
 inline constexpr char kAgentStoreOff[] = "False";
 inline constexpr char kNcclAsyncErrorHandling[] = "TORCH_NCCL_ASYNC_ERROR_HANDLING";
-inline constexpr char kNcclAsyncErrorHandlingOld[] = "NCCL_ASYNC_ERROR_HANDLING";  // PyTorch < 2.2
+// PyTorch < 2.2's name: never set by the launcher; libaccel on such a libtorch copies the new one
+inline constexpr char kNcclAsyncErrorHandlingOld[] = "NCCL_ASYNC_ERROR_HANDLING";
 inline constexpr char kOmpNumThreads[] = "OMP_NUM_THREADS";
 
 // HF Accelerate's.

@@ -2,6 +2,7 @@
 #include "accel/state.h"
 
 #include <torch/cuda.h>
+#include <torch/version.h>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -14,6 +15,7 @@
 #endif
 
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 
 #include "accel/error.h"
@@ -220,6 +222,11 @@ State::State(const StateOptions& options) {
     // CUDA tensors go through NCCL, with the same single timeout.
     if (nccl) {
       c10::cuda::set_device(static_cast<c10::DeviceIndex>(device_.index()));
+#if TORCH_VERSION_MAJOR < 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 2)
+      // The launcher sets only the name PyTorch 2.2 reads; older releases read the old one.
+      if (const char* on = std::getenv(contract::kNcclAsyncErrorHandling))
+        ::setenv(contract::kNcclAsyncErrorHandlingOld, on, /*overwrite=*/0);
+#endif
       auto nccl_opts = c10d::ProcessGroupNCCL::Options::create();
       nccl_opts->timeout = timeout_;
       auto nccl_group =

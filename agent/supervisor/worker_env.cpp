@@ -71,8 +71,10 @@ EnvMap build_worker_env(const EnvMap& base, const WorkerIdentity& id, const JobE
   // under the prefix /worker/attempt_<TORCHELASTIC_RESTART_COUNT>.
   set(c::kUseAgentStore, job.agent_store ? c::kAgentStoreOn : c::kAgentStoreOff);
   if (!env.contains(c::kNcclAsyncErrorHandling)) set(c::kNcclAsyncErrorHandling, "1");
-  // PyTorch < 2.2 (Debian's 1.13 included) reads the old name; torchrun 1.13 sets it too.
-  if (!env.contains(c::kNcclAsyncErrorHandlingOld)) set(c::kNcclAsyncErrorHandlingOld, "1");
+  // Why not the old name (NCCL_ASYNC_ERROR_HANDLING) as well: PyTorch >= 2.2 prints a deprecation
+  // warning for it in every NCCL process (seen on a GPU), as torchrun >= 2.2 does not set it.
+  // libaccel built against an older libtorch carries the new name over itself; an inherited
+  // value still passes through.
   if (job.omp_num_threads > 0) {
     set(c::kOmpNumThreads, num(job.omp_num_threads));
   } else if (id.local_world_size > 1 && !env.contains(c::kOmpNumThreads)) {

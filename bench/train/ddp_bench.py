@@ -43,6 +43,8 @@ def main():
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--mixed-precision", default="no", choices=["no", "bf16"])
+    p.add_argument("--optimizer", default="default", choices=["default", "for-loop"],
+                   help="for-loop: AdamW(foreach=False), one set of kernels per parameter as libtorch's C++ AdamW")
     a = p.parse_args()
     device = torch.device(a.device)
     torch.manual_seed(0)
@@ -61,7 +63,7 @@ def main():
     if world > 1:
         dist.init_process_group("gloo")
         model = nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, **({"foreach": False} if a.optimizer == "for-loop" else {}))
     batches = []
     for _ in range(16):
         if lm:

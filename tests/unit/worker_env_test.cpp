@@ -41,7 +41,6 @@ TEST(WorkerEnv, TorchrunHfAndAccelVariables) {
                      {"TORCHELASTIC_RUN_ID", "job1"},
                      {"TORCHELASTIC_USE_AGENT_STORE", "True"},
                      {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"},
-                     {"NCCL_ASYNC_ERROR_HANDLING", "1"},
                      {"OMP_NUM_THREADS", "1"},
                      {"ACCELERATE_MIXED_PRECISION", "bf16"},
                      {"ACCELERATE_USE_CPU", "true"},
@@ -69,6 +68,11 @@ TEST(WorkerEnv, UserSettingsThatAreKept) {
   EnvMap env = build_worker_env(base, id, JobEnv{}, "");
   EXPECT_EQ(env["OMP_NUM_THREADS"], "4");
   EXPECT_EQ(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "3");
+  // PyTorch >= 2.2 warns in every NCCL process about the old name: never set, but passed through.
+  EXPECT_FALSE(build_worker_env({}, id, JobEnv{}, "").contains("NCCL_ASYNC_ERROR_HANDLING"));
+  EXPECT_EQ(build_worker_env({{"NCCL_ASYNC_ERROR_HANDLING", "0"}}, id, JobEnv{}, "")
+                .at("NCCL_ASYNC_ERROR_HANDLING"),
+            "0");
   EXPECT_FALSE(env.contains("ACCEL_ERROR_FILE"));
   EXPECT_FALSE(env.contains("TORCHELASTIC_ERROR_FILE"));
 }
