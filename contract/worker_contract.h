@@ -64,6 +64,10 @@ inline constexpr char kProgress[] = "ACCEL_PROGRESS";       // on | off: the pro
 inline constexpr char kErrorFile[] = "ACCEL_ERROR_FILE";
 inline constexpr char kProgressFile[] = "ACCEL_PROGRESS_FILE";
 inline constexpr char kShmCollectives[] = "ACCEL_SHM_COLLECTIVES";
+// libaccel names the shared-memory segments a worker creates /dev/shm/accel-<its pid>-...; once
+// the agent has reaped a worker it removes that worker's names (a rank killed between creating a
+// segment and unlinking it would leave one behind for good).
+inline constexpr char kShmSegmentPrefix[] = "accel-";
 // auto | nccl | gloo: the process group's backend on a GPU (auto: NCCL unless ranks share a GPU)
 inline constexpr char kBackend[] = "ACCEL_BACKEND";
 // 1: a process group even for WORLD_SIZE=1 (accel test sets it to check the backend on one rank)

@@ -307,6 +307,13 @@ void Accelerator::register_model(torch::nn::Module& model) {
   auto sync = GradSync::create(state_->comm(), std::move(trainable), opts);
   sync->broadcast_parameters();
   torch::NoGradGuard no_grad;
+  // Why the frozen parameters too: as DDP, every rank starts from rank 0's model; a frozen part
+  // initialised on each rank (set_seed(n, device_specific)) would otherwise stay different.
+  for (auto& p : model.parameters()) {
+    if (p.requires_grad()) continue;
+    auto frozen = p;
+    state_->comm().broadcast(frozen, 0);
+  }
   for (auto& b : model.buffers()) {
     auto buffer = b;
     state_->comm().broadcast(buffer, 0);

@@ -14,6 +14,8 @@
 #include <thread>
 #include <vector>
 
+#include "contract/worker_contract.h"
+
 namespace accel {
 namespace {
 
@@ -232,7 +234,8 @@ std::unique_ptr<ShmGroup> ShmGroup::create(c10d::Store& store, CollectiveGroup& 
   int fd = -1;
   if (rank == 0) {
     std::random_device rd;
-    name = "/accel-" + std::to_string(::getpid()) + "-" + std::to_string(rd());
+    name = "/" + std::string(contract::kShmSegmentPrefix) + std::to_string(::getpid()) + "-" +
+           std::to_string(rd());
     fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     // posix_fallocate, not ftruncate alone: a full /dev/shm must fail here, not SIGBUS later.
     int err = fd < 0 ? errno : ::posix_fallocate(fd, 0, static_cast<off_t>(size));
@@ -391,8 +394,8 @@ std::shared_ptr<ShmGroup::Block> ShmGroup::share(std::size_t bytes, const Call& 
   } unlink;
   if (rank_ == 0) {
     std::random_device rd;
-    name = "/accel-" + std::to_string(::getpid()) + "-b" + std::to_string(block->id) + "-" +
-           std::to_string(rd());
+    name = "/" + std::string(contract::kShmSegmentPrefix) + std::to_string(::getpid()) + "-b" +
+           std::to_string(block->id) + "-" + std::to_string(rd());
     int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     int err = fd < 0 ? errno : ::ftruncate(fd, static_cast<off_t>(block->size)) != 0 ? errno : 0;
     if (fd >= 0) {

@@ -20,6 +20,7 @@
 
 #include "accel/error.h"
 #include "contract/worker_contract.h"
+#include "runtime/backend_choice.h"
 #include "runtime/comm.h"
 #include "runtime/env.h"
 #include "runtime/error_file.h"
@@ -61,17 +62,6 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(bool single_node) {
   // Why: all ranks on one machine talk over loopback; hostname resolution may point elsewhere.
   if (single_node) return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
   return c10d::ProcessGroupGloo::createDefaultDevice();
-}
-
-// Whether no rank shares its GPU with another, decided by every rank's vote through the store
-// (O(1) store calls per rank), so that every rank picks the same backend.
-bool every_rank_has_its_own_gpu(c10d::Store& store, int world, bool mine,
-                                std::chrono::milliseconds timeout) {
-  if (!mine) store.add("accel/backend/shared", 1);
-  if (store.add("accel/backend/voted", 1) == world)
-    store.set("accel/backend/done", std::vector<uint8_t>{1});
-  store.wait({"accel/backend/done"}, timeout);
-  return store.add("accel/backend/shared", 0) == 0;
 }
 
 // Why: PyTorch 2.x's ProcessGroupNCCL expects destroy_process_group() (its shutdown()) before
@@ -140,32 +130,6 @@ State::State(const StateOptions& options) {
     comm_ = std::make_unique<Comm>();
     return;
   }
-  // Why refused here: NCCL needs one GPU per rank (it stops at a duplicate GPU), and a group that
-  // mixed backends across ranks would hang in its first collective.
-  const bool shares_gpu = cuda && local_world_size_ > gpus;
-  if (we.backend == "nccl" && !cuda) {
-    throw ConfigError(
-        "accel: ACCEL_BACKEND=nccl needs a GPU, but this process trains on the CPU (" +
-        std::string(cpu_ ? "--cpu / ACCEL_USE_CPU is set"
-                         : "no CUDA device is visible to this libtorch") +
-        "); leave ACCEL_BACKEND unset or set it to gloo");
-  }
-  if (we.backend == "nccl" && shares_gpu) {
-    throw ConfigError("accel: ACCEL_BACKEND=nccl, but the " + std::to_string(local_world_size_) +
-                      " processes on this machine share " + std::to_string(gpus) +
-                      " visible GPU(s); NCCL needs a GPU of its own for each rank (it refuses a "
-                      "duplicate GPU). Start at most " +
-                      std::to_string(gpus) +
-                      " process(es) per machine, or leave ACCEL_BACKEND unset: ranks that share a "
-                      "GPU then run their collectives through gloo");
-  }
-#ifndef ACCEL_WITH_NCCL
-  if (cuda && we.backend != "gloo") {
-    throw ConfigError(
-        "accel: this libaccel was built without NCCL support, but a GPU is visible; run with --cpu "
-        "(ACCEL_USE_CPU=1), set ACCEL_BACKEND=gloo, or rebuild against a CUDA libtorch");
-  }
-#endif
   distributed_ = true;
   if (world_size_ > 1) type_ = cuda ? DistributedType::kMultiGpu : DistributedType::kMultiCpu;
 
@@ -205,15 +169,34 @@ State::State(const StateOptions& options) {
     store = c10::make_intrusive<c10d::PrefixStore>(contract::kRuntimeStorePrefix + we.restart_count,
                                                    store);
   }
-  const bool nccl = cuda && we.backend != "gloo" &&
-                    (we.backend == "nccl" ||
-                     every_rank_has_its_own_gpu(*store, world_size_, !shares_gpu, timeout_));
-  if (cuda && !nccl && we.backend == "auto" && rank_ == 0) {
-    log::info("ranks share a GPU (" + std::to_string(local_world_size_) + " processes, " +
-              std::to_string(gpus) +
-              " visible GPU(s) on at least one machine): NCCL needs a GPU per rank, so the "
-              "collectives run through gloo, copying through host memory");
+  // Why every rank votes before any group exists: a choice made from one machine's view could mix
+  // NCCL and gloo ranks (a hang in the first collective), and what cannot work must be refused
+  // on every rank alike.
+  detail::BackendTally tally;
+  try {
+    tally = detail::tally_backend_votes(
+        *store, world_size_,
+        {.cuda = cuda,
+         .gpu = cuda ? detail::gpu_identity(device_.index()) : std::string(),
+         .asked = we.backend},
+        timeout_);
+  } catch (const std::exception& e) {
+    throw CollectiveError("accel: rank " + std::to_string(rank_) +
+                          ": not every rank reported its device and ACCEL_BACKEND within " +
+                          format_duration(timeout_) +
+                          " (a rank did not start, or stopped): " + e.what());
   }
+  const auto choice = detail::choose_backend(
+      tally, cpu_ ? "--cpu / ACCEL_USE_CPU is set" : "no CUDA device is visible to this libtorch");
+  const bool nccl = choice.nccl;
+#ifndef ACCEL_WITH_NCCL
+  if (nccl) {
+    throw ConfigError(
+        "accel: this libaccel was built without NCCL support, but a GPU is visible; run with --cpu "
+        "(ACCEL_USE_CPU=1), set ACCEL_BACKEND=gloo, or rebuild against a CUDA libtorch");
+  }
+#endif
+  if (!choice.note.empty() && rank_ == 0) log::info(choice.note);
   c10::intrusive_ptr<CollectiveGroup> group;
   try {
     auto pg_store = c10::make_intrusive<c10d::PrefixStore>("accel/pg", store);

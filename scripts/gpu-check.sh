@@ -3,14 +3,16 @@
 # one PASS/FAIL table. Three uses:
 #
 #   scripts/gpu-check.sh --pack DIR
-#       On the Debian 12 build machine, after scripts/build.sh: copies accel-launch (and the
-#       accel-launch-cluster it runs for several machines), accel and accel-agent into DIR/bin with every library they load that is not glibc's or the C++
-#       runtime's into DIR/lib (their RPATH is $ORIGIN/../lib, so DIR can go anywhere), and the
-#       headers a pip libtorch lacks (gloo, xxhash, nlohmann-json) into DIR/include.
+#       On the Debian 12 build machine, after scripts/build.sh: copies accel-launch (with the
+#       accel-launch-cluster it runs for several machines), accel and accel-agent into DIR/bin,
+#       every library they load that is not glibc's or the C++ runtime's into DIR/lib (their
+#       RPATH is $ORIGIN/../lib, so DIR can go anywhere), and the headers a pip libtorch lacks
+#       (gloo, xxhash, nlohmann-json) into DIR/include.
 #   scripts/gpu-check.sh --launcher DIR
 #       On the GPU machine: builds libaccel, accel-check, the examples, bench_train and
 #       device_checks against python3's PyTorch (its libtorch, CUDA and NCCL) into build-gpu/, then
 #       runs the checks with DIR's launcher binaries.
+#       The checks run on one GPU: the first of CUDA_VISIBLE_DEVICES, else GPU 0.
 #   scripts/gpu-check.sh --cpu --build build
 #       The same checks on the CPU with an existing build (the tests run this, with --quick).
 #
@@ -30,7 +32,7 @@ while [ $# -gt 0 ]; do
     --no-bench) BENCH=0 ;;
     --quick) QUICK=1 ;;
     --pack) PACK="$2"; shift ;;
-    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu-check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -104,6 +106,15 @@ L="${L:-$B}"
 # accel test runs the accel-check beside accel: the one built against this machine's libtorch.
 [ "$L/accel-check" -ef "$B/accel-check" ] || cp "$B/accel-check" "$L/accel-check" || exit 2
 
+# Why one GPU: the checks expect what one GPU gives (NCCL for one rank, gloo for two sharing it);
+# on a machine with several they run on the first visible one. On the CPU every program is told
+# so, also where a GPU is visible.
+if [ "$MODE" = gpu ]; then
+  first_gpu="${CUDA_VISIBLE_DEVICES:-0}"
+  export CUDA_VISIBLE_DEVICES="${first_gpu%%,*}"
+else
+  export ACCEL_USE_CPU=1
+fi
 OUT="${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/gpu-check-XXXXXX")}"
 mkdir -p "$OUT" || exit 2
 W="$(mktemp -d "${TMPDIR:-/tmp}/gpu-check-work-XXXXXX")" || exit 2
@@ -156,7 +167,7 @@ done
 # 6. What cannot work is refused with a message: NCCL where ranks share a GPU (on the CPU: NCCL
 # at all).
 if [ "$MODE" = gpu ]; then refusal="NCCL needs a GPU of its own"; else refusal="ACCEL_BACKEND=nccl needs a GPU"; fi
-run nccl-refused 120 env ACCEL_BACKEND=nccl "$L/accel-launch" -n 2 -- "$B/accel-check"
+run nccl-refused 120 env ACCEL_BACKEND=nccl ACCEL_CHECK_DIR="$W/check-nccl" "$L/accel-launch" -n 2 -- "$B/accel-check"
 if [ $RC -ne 0 ] && grep -qF "$refusal" "$OUT/nccl-refused.log"; then
   row "ACCEL_BACKEND=nccl refused clearly" PASS "exit $RC: $(grep -m1 -o 'ACCEL_BACKEND=nccl.*' "$OUT/nccl-refused.log" | cut -c1-110)..."
 else row "ACCEL_BACKEND=nccl refused clearly" FAIL "exit $RC, no '$refusal': $(last_line "$OUT/nccl-refused.log")"; fi
@@ -184,8 +195,8 @@ killed=""
 for _ in $(seq 1 1200); do
   if compgen -G "$W/ck/checkpoints/checkpoint_*" >/dev/null; then
     # timeout's child is the launcher; the launcher's children are the workers.
-    launcher="$(cut -d' ' -f1 "/proc/$bounded/task/$bounded/children" 2>/dev/null)"
-    victim="$(cut -d' ' -f1 "/proc/$launcher/task/$launcher/children" 2>/dev/null)"
+    launcher="$(pgrep -P "$bounded" | head -1)"
+    victim="$(pgrep -P "${launcher:-0}" | head -1)"
     [ -n "$victim" ] && kill -9 "$victim" 2>/dev/null && killed="$victim"
     break
   fi
@@ -202,9 +213,10 @@ else row "killed rank restarts and resumes" FAIL "killed '${killed:-none}', exit
 # 9. Two launchers (two "machines" of one rank each on this host) meet through the gRPC
 # coordinator and run accel-check. Why gloo on a GPU: both ranks would share the one GPU, which
 # NCCL refuses, and each launcher sees only its own rank.
-port=$((20000 + RANDOM % 20000))
+port=$((20000 + RANDOM % 12000))  # below the ephemeral ports (32768 and up)
 for m in 0 1; do
-  timeout -k 5 180 env ACCEL_TOKEN=gpu-check-token-of-32-characters-long ACCEL_BACKEND=gloo "$L/accel-launch" --nodes 2 \
+  timeout -k 5 180 env ACCEL_TOKEN=gpu-check-token-of-32-characters-long ACCEL_BACKEND=gloo \
+    ACCEL_CHECK_DIR="$W/check-machines" "$L/accel-launch" --nodes 2 \
     --machine-rank $m -n 1 --coordinator-port "$port" -- "$B/accel-check" >"$OUT/two-machines-$m.log" 2>&1 &
   pids[$m]=$!
 done

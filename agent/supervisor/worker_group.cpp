@@ -1,8 +1,10 @@
 // Spawning (Boost.Process), exit watching (pidfd) and stopping of one attempt's workers.
 #include "agent/supervisor/worker_group.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 
@@ -26,6 +28,7 @@
 #include <optional>
 
 #include "agent/supervisor/line_sink.h"
+#include "contract/worker_contract.h"
 
 namespace accel::supervisor {
 
@@ -176,6 +179,22 @@ void escalate(const std::shared_ptr<State>& st) {
   });
 }
 
+// The shared-memory names a reaped worker left in /dev/shm (contract::kShmSegmentPrefix): its pid
+// is free now, so nothing can still be setting them up. Only plain files of this user, never
+// through a link.
+void remove_shm_segments_of(pid_t pid) {
+  const std::string prefix = std::string(contract::kShmSegmentPrefix) + std::to_string(pid) + "-";
+  DIR* dir = ::opendir("/dev/shm");
+  if (dir == nullptr) return;
+  while (const dirent* e = ::readdir(dir)) {
+    if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) != 0) continue;
+    struct stat st {};
+    if (::fstatat(::dirfd(dir), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    if (S_ISREG(st.st_mode) && st.st_uid == ::geteuid()) ::unlinkat(::dirfd(dir), e->d_name, 0);
+  }
+  ::closedir(dir);
+}
+
 void on_pidfd_readable(const std::shared_ptr<State>& st, Worker* w) {
   int status = 0;
   pid_t r = ::waitpid(w->pid, &status, WNOHANG);
@@ -196,6 +215,7 @@ void on_pidfd_readable(const std::shared_ptr<State>& st, Worker* w) {
     exit.exit_code = WEXITSTATUS(status);
   }
   w->exited = true;
+  remove_shm_segments_of(w->pid);
   boost::system::error_code ignored;
   w->pidfd->close(ignored);
   // Everything the worker wrote is in the pipes now; read it before reporting the exit.
@@ -297,6 +317,7 @@ Status spawn(const std::shared_ptr<State>& st, Worker& w) {
     ::killpg(w.pid, SIGKILL);
     ::waitpid(w.pid, nullptr, 0);
     w.exited = true;
+    remove_shm_segments_of(w.pid);
     return Status::error(std::string("pidfd_open failed (needs Linux >= 5.3): ") +
                          std::strerror(err));
   }

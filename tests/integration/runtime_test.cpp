@@ -26,6 +26,21 @@ RunResult run_worker(const TempDir& dir, int n, std::vector<std::string> args,
 #define EXPECT_JOB_OK(r) \
   EXPECT_EQ((r).exit_code, 0) << "stdout:\n" << (r).out << "\nstderr:\n" << (r).err
 
+// prepare() makes every rank's parameters rank 0's, the frozen ones (requires_grad false)
+// included, as DDP does: a frozen part initialised per rank would otherwise stay different on
+// each rank for the whole run, and keep diverging once unfrozen.
+TEST(Runtime, FrozenParametersAreRankZerosAfterPrepare) {
+  TempDir dir;
+  for (int n : {2, 3}) {
+    auto r = run_worker(dir, n, {"frozen"});
+    EXPECT_JOB_OK(r);
+    EXPECT_NE(r.out.find("OK equal frozen and trainable parameters on " + std::to_string(n) +
+                         " processes"),
+              std::string::npos)
+        << r.out << r.err;
+  }
+}
+
 // "[rank 0] SHARD rank 1: [2,3] [6,7]" -> {"[2,3] [6,7]" for rank 1}
 std::vector<std::string> shard_lines(const std::string& out, int n) {
   std::vector<std::string> rows(static_cast<std::size_t>(n));

@@ -162,6 +162,36 @@ TEST(WorkerGroup, ChildrenLeftBehindGoWhenTheLastWorkerExits) {
   EXPECT_TRUE(accel::testing::wait_pid_gone(left_behind, 5s));
 }
 
+// A rank killed between creating a shared-memory segment and unlinking it leaves its name in
+// /dev/shm; once reaped, the worker's names (accel-<its pid>-...) go, whoever else's stay.
+TEST(WorkerGroup, AReapedWorkersSharedMemoryNamesAreRemoved) {
+  TempDir dir;
+  boost::asio::io_context io;
+  WorkerGroup group(io, {});
+  std::string other = "/dev/shm/accel-" + std::to_string(::getpid()) + "-test-kept";
+  accel::testing::write_file(other, "x");
+  int exits = 0;
+  bool done = false;
+  std::string pids = dir / "pids";
+  ASSERT_TRUE(
+      group
+          .start({shell(0, "echo $$ >> " + pids +
+                               "; echo x > /dev/shm/accel-$$-b1-7; "
+                               "echo x > /dev/shm/accel-$$-9; exit 0"),
+                  shell(1, "echo $$ >> " + pids + "; echo x > /dev/shm/accel-$$-5; kill -KILL $$")},
+                 [&](const WorkerExit&) { done = ++exits == 2; })
+          .is_ok());
+  run_until(io, done);
+  for (const auto& line : accel::testing::lines_of(accel::testing::read_file(pids))) {
+    for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+      EXPECT_NE(e.path().filename().string().rfind("accel-" + line + "-", 0), 0u)
+          << e.path() << " outlived its worker";
+    }
+  }
+  EXPECT_TRUE(std::filesystem::exists(other)) << "another process's segment was removed";
+  std::filesystem::remove(other);
+}
+
 TEST(WorkerGroup, SpawnErrorNamesTheRankAndKillsTheOthers) {
   boost::asio::io_context io;
   WorkerGroup group(io, {});

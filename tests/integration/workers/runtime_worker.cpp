@@ -780,6 +780,33 @@ int hang(int hang_rank) {
 
 }  // namespace
 
+// Parameters initialised differently on each rank (as set_seed(n, device_specific) makes them),
+// the first layer frozen (requires_grad false): after prepare() every rank holds rank 0's values
+// of every parameter, as DDP makes it. Rank 0 prints "OK equal ..." or "DIFFERENT ...".
+int frozen() {
+  accel::Accelerator acc;
+  torch::manual_seed(static_cast<uint64_t>(100 + acc.process_index()));
+  torch::nn::Sequential model(torch::nn::Linear(4, 4), torch::nn::Linear(4, 1));
+  for (auto& p : model->ptr(0)->parameters()) p.requires_grad_(false);
+  auto sgd =
+      std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(0.1));
+  auto prepared = acc.prepare(model, sgd);
+  (void)prepared;
+  std::vector<torch::Tensor> flat;
+  for (auto& p : model->parameters()) flat.push_back(p.detach().reshape({-1}));
+  auto mine = torch::cat(flat).unsqueeze(0);
+  auto all = acc.gather(mine);
+  const bool same = torch::equal(all, mine.expand_as(all)) &&
+                    torch::equal(all, all.narrow(0, 0, 1).expand_as(all));
+  auto every = acc.reduce(torch::tensor({same ? 0.0 : 1.0}), accel::ReduceOp::kSum);
+  const bool ok = every.item<double>() == 0.0;
+  if (acc.is_main_process()) {
+    std::printf("%s frozen and trainable parameters on %d processes\n",
+                ok ? "OK equal" : "DIFFERENT", acc.num_processes());
+  }
+  return ok ? 0 : 1;
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr, "usage: runtime_worker MODE ...\n");
@@ -792,6 +819,7 @@ int main(int argc, char** argv) {
     return collectives(acc);
   }
   if (mode == "shard") return shard(argc, argv);
+  if (mode == "frozen") return frozen();
   if (mode == "metrics") return metrics(argc, argv);
   if (mode == "train") return train(argc, argv);
   if (mode == "backward_throws" && argc > 2) {
