@@ -14,6 +14,52 @@ bin=$(cd "${1:?usage: run.sh BIN_DIR}" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 
+# Why a cgroup: every process of this test (the Slurm daemons, the jobs' steps, the launchers and
+# workers, which slurmstepd starts outside this shell's process tree) is put in one of its own, so
+# the test finds and stops its own processes only, never another job's on this machine.
+CG=""
+for hierarchy in /sys/fs/cgroup/pids /sys/fs/cgroup/freezer /sys/fs/cgroup/unified /sys/fs/cgroup; do
+  [[ -d "$hierarchy" ]] && mkdir "$hierarchy/accel-slurm-$$" 2>/dev/null || continue
+  if echo $$ >"$hierarchy/accel-slurm-$$/cgroup.procs" 2>/dev/null; then
+    CG="$hierarchy/accel-slurm-$$"
+    break
+  fi
+  rmdir "$hierarchy/accel-slurm-$$"
+done
+if [[ -z "$CG" ]]; then
+  echo "no cgroup this test can create and join: skipped"
+  exit 77
+fi
+# The pids of this test's processes whose program is $bin/NAME, NAME an extended regex. Why
+# mapfile: a builtin, so no process of this shell's own is among those read.
+ours() {
+  local pids pid
+  mapfile -t pids <"$CG/cgroup.procs"
+  for pid in "${pids[@]}"; do
+    [[ "$pid" == "$$" ]] && continue
+    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qE "^$bin/($1)( |$)" && echo "$pid"
+  done
+  return 0
+}
+# Every process of the test but this shell: SIGKILLed until none is left (bounded), then this
+# shell leaves the cgroup and removes it.
+stop_ours() {
+  local pids pid tries
+  for tries in $(seq 1 50); do
+    mapfile -t pids <"$CG/cgroup.procs"
+    local others=0
+    for pid in "${pids[@]}"; do
+      [[ "$pid" == "$$" ]] && continue
+      others=1
+      kill -9 "$pid" 2>/dev/null
+    done
+    ((others)) || break
+    sleep 0.1
+  done
+  echo $$ >"$(dirname "$CG")/cgroup.procs" 2>/dev/null
+  rmdir "$CG" 2>/dev/null
+}
+
 W=$(mktemp -d /tmp/accel-slurm.XXXXXX)
 chmod 0755 "$W"
 failed=1
@@ -27,7 +73,7 @@ cleanup() {
     done
   fi
   bash "$here/cluster.sh" stop "$W" >/dev/null 2>&1
-  pkill -9 -f "^$bin/" 2>/dev/null
+  stop_ours
   rm -rf "$W"
 }
 trap cleanup EXIT
@@ -73,10 +119,10 @@ final_accuracy() { grep -oE 'eval_accuracy [0-9.]+' "$1" | tail -n 1 | cut -d' '
 no_process_left() {
   local end=$((SECONDS + 20))
   while ((SECONDS < end)); do
-    pgrep -f "^$bin/(accel-launch|train_classifier)" >/dev/null || return 0
+    [[ -z "$(ours 'accel-launch|train_classifier')" ]] && return 0
     sleep 0.5
   done
-  pgrep -af "^$bin/" || true
+  ours 'accel-launch|train_classifier' | xargs -r ps -o pid=,args= -p || true
   fail "processes of the job are still running 20 s after it ended"
 }
 
@@ -113,7 +159,8 @@ job=$(sbatch --parsable -N 2 --output="$W/job3.out" \
   --export=ALL,CHECKPOINT_DIR="$W/ck3",CHECKPOINT_INTERVAL=20 \
   "$root/configs/slurm/train.sbatch" --epochs 12 --train-samples 2000 --seed 3)
 wait_line job3.out 120 "^.*epoch 2 "
-victim=$(pgrep -n -f "^$bin/train_classifier") || fail "no worker to kill"
+victim=$(ours train_classifier | tail -n 1)
+[[ -n "$victim" ]] || fail "no worker to kill"
 kill -9 "$victim"
 echo "killed worker pid $victim"
 wait_state "$job" 300 COMPLETED FAILED CANCELLED TIMEOUT NODE_FAIL
