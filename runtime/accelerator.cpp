@@ -307,17 +307,13 @@ void Accelerator::register_model(torch::nn::Module& model) {
   auto sync = GradSync::create(state_->comm(), std::move(trainable), opts);
   sync->broadcast_parameters();
   torch::NoGradGuard no_grad;
-  // Why the frozen parameters too: as DDP, every rank starts from rank 0's model; a frozen part
-  // initialised on each rank (set_seed(n, device_specific)) would otherwise stay different.
+  // The rest of rank 0's model: buffers, and (as DDP) the frozen parameters, which would otherwise
+  // stay as each rank initialised them (set_seed(n, device_specific)).
+  std::vector<torch::Tensor> rest = model.buffers();
   for (auto& p : model.parameters()) {
-    if (p.requires_grad()) continue;
-    auto frozen = p;
-    state_->comm().broadcast(frozen, 0);
+    if (!p.requires_grad()) rest.push_back(p);
   }
-  for (auto& b : model.buffers()) {
-    auto buffer = b;
-    state_->comm().broadcast(buffer, 0);
-  }
+  for (auto& t : rest) state_->comm().broadcast(t, 0);
   impl_->syncs_[&model] = std::move(sync);
 }
 
