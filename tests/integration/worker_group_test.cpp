@@ -172,23 +172,40 @@ TEST(WorkerGroup, AReapedWorkersSharedMemoryNamesAreRemoved) {
   accel::testing::write_file(other, "x");
   int exits = 0;
   bool done = false;
-  std::string pids = dir / "pids";
+  std::string pid0 = dir / "pid0", pid1 = dir / "pid1";
+  // Worker 0 also leaves what must stay: a file it gives another user (as root), and a planted
+  // link to a file of this test.
   ASSERT_TRUE(
       group
-          .start({shell(0, "echo $$ >> " + pids +
+          .start({shell(0, "echo $$ > " + pid0 +
                                "; echo x > /dev/shm/accel-$$-b1-7; "
-                               "echo x > /dev/shm/accel-$$-9; exit 0"),
-                  shell(1, "echo $$ >> " + pids + "; echo x > /dev/shm/accel-$$-5; kill -KILL $$")},
+                               "echo x > /dev/shm/accel-$$-9; "
+                               "echo x > /dev/shm/accel-$$-foreign; "
+                               "chown 65534 /dev/shm/accel-$$-foreign 2>/dev/null; "
+                               "ln -s " +
+                               other + " /dev/shm/accel-$$-link; exit 0"),
+                  shell(1, "echo $$ > " + pid1 + "; echo x > /dev/shm/accel-$$-5; kill -KILL $$")},
                  [&](const WorkerExit&) { done = ++exits == 2; })
           .is_ok());
   run_until(io, done);
-  for (const auto& line : accel::testing::lines_of(accel::testing::read_file(pids))) {
+  std::vector<std::string> left;
+  for (const auto& file : {pid0, pid1}) {
+    std::string pid = accel::testing::lines_of(accel::testing::read_file(file)).at(0);
     for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
-      EXPECT_NE(e.path().filename().string().rfind("accel-" + line + "-", 0), 0u)
-          << e.path() << " outlived its worker";
+      std::string name = e.path().filename().string();
+      if (name.rfind("accel-" + pid + "-", 0) == 0) left.push_back(name);
     }
   }
-  EXPECT_TRUE(std::filesystem::exists(other)) << "another process's segment was removed";
+  std::string w0 = "accel-" + accel::testing::lines_of(accel::testing::read_file(pid0)).at(0);
+  std::vector<std::string> expected = {w0 + "-link"};
+  // Only root can give a file away; as another user the worker still owns it, and it goes.
+  if (::geteuid() == 0) expected.push_back(w0 + "-foreign");
+  std::sort(left.begin(), left.end());
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(left, expected) << "exactly the worker's own plain files go";
+  EXPECT_TRUE(std::filesystem::exists(other))
+      << "another process's segment, the link's target, went";
+  for (const auto& name : left) std::filesystem::remove("/dev/shm/" + name);
   std::filesystem::remove(other);
 }
 
