@@ -75,7 +75,11 @@ struct Accelerator::Impl {
   int64_t next_hook_id_ = 0;
   std::string resumed_from_;     // the checkpoint automatic resume loaded, if any
   int64_t resumed_at_step_ = 0;  // completed_steps() just after it
-  int64_t last_auto_save_ = 0;   // completed_steps() at the last automatic save
+  // The last automatic checkpoint (save_state() with no folder, or one loaded from the automatic
+  // folder) and completed_steps() then; a save to a folder of the program's own counts for
+  // neither the periodic save nor SIGUSR1's. Step 0 counts as saved for the periodic save.
+  int64_t last_auto_save_ = 0;
+  std::filesystem::path last_auto_save_dir_;
   // SIGUSR1 means "save a checkpoint, then stop" (with a checkpoint folder): checked once a step.
   bool stop_on_signal_ = false;
   int64_t last_signal_check_ = -1;

@@ -246,6 +246,17 @@ std::vector<fs::path> complete_checkpoints(const fs::path& root) {
   return out;
 }
 
+// True when `dir` is an automatic checkpoint: checkpoint_<n> directly under `root`.
+bool is_automatic_checkpoint(const fs::path& dir, const std::optional<std::string>& project_dir) {
+  if (!project_dir || project_dir->empty()) return false;
+  auto d = fs::absolute(dir).lexically_normal();
+  if (d.filename().empty()) d = d.parent_path();  // "…/checkpoint_3/"
+  std::error_code ec, ec2;
+  auto parent = fs::weakly_canonical(d.parent_path(), ec);
+  auto root = fs::weakly_canonical(fs::path(*project_dir) / "checkpoints", ec2);
+  return !ec && !ec2 && parent == root && checkpoint_number(d.filename().string()) >= 0;
+}
+
 // The checked contents of a checkpoint folder: its manifest, and its files' bytes on demand.
 class CheckpointReader {
  public:
@@ -766,7 +777,10 @@ fs::path Accelerator::save_state(const fs::path& dir, const SaveStateOptions& op
     impl_->save_target_ = target;
   }
   ++impl_->project_.iteration;
-  impl_->last_auto_save_ = completed_steps();
+  if (automatic) {
+    impl_->last_auto_save_ = completed_steps();
+    impl_->last_auto_save_dir_ = target;
+  }
   if (is_main_process()) {
     log::debug(std::string(async ? "saving checkpoint " : "saved checkpoint ") + target.string() +
                " at step " + std::to_string(completed_steps()) +
@@ -1058,7 +1072,11 @@ fs::path Accelerator::load_from(const fs::path& source, bool verify_checksums) {
     open_trackers();
   }
   impl_->project_.iteration = m["iteration"].get<int64_t>() + 1;
+  // Why: the periodic save need not write the step just loaded again; SIGUSR1 at this step may
+  // reuse the loaded folder only if it is an automatic checkpoint (a rotation keeps it, as the
+  // newest).
   impl_->last_auto_save_ = completed_steps();
+  impl_->last_auto_save_dir_ = is_automatic_checkpoint(source, impl_->project_.project_dir) ? source : fs::path();
   if (m.value("mixed_precision", std::string("no")) != impl_->mixed_precision_ &&
       is_main_process()) {
     log::warning("checkpoint " + source.string() + " was saved with mixed_precision=" +
@@ -1280,10 +1298,21 @@ void Accelerator::stop_after_checkpoint(int signal) {
     wait_for_checkpoint();  // Why: an automatic save may still be writing; _Exit would lose it
   } catch (const CheckpointError& e) {
     log::warning(std::string(e.what()) + "; saving again before stopping");
-    impl_->last_auto_save_ = -1;  // Why: that step has no checkpoint; save it below
+    impl_->last_auto_save_dir_.clear();  // Why: that step has no checkpoint; save it below
   }
   auto done = completed_steps();
-  fs::path where = done == impl_->last_auto_save_ && done > 0 ? latest_checkpoint() : save_state();
+  // Why every rank decides alike: save_state() is a collective; the path and step are the same
+  // on every rank (set by the same saves and loads), and the manifest check is rank 0's alone.
+  bool have = done == impl_->last_auto_save_ && !impl_->last_auto_save_dir_.empty();
+  if (have) {
+    std::string ok = is_main_process() && fs::is_regular_file(impl_->last_auto_save_dir_ /
+                                                              "manifest.json")
+                         ? "1"
+                         : "";
+    if (use_distributed()) ok = broadcast_object(ok);
+    have = !ok.empty();
+  }
+  fs::path where = have ? impl_->last_auto_save_dir_ : save_state();
   print("accel: received",
         signal == SIGUSR1 ? std::string("SIGUSR1") : "signal " + std::to_string(signal),
         "(save and stop): saved", where.string(), "at step", done,

@@ -491,3 +491,81 @@ TEST(Checkpoint, Usr1SavesAtAStepStopsWith138AndTheNextRunResumesThere) {
 
 }  // namespace
 }  // namespace accel::testing
+
+namespace accel::testing {
+namespace {
+
+// The "step" a checkpoint's manifest records, or -1.
+long manifest_step(const fs::path& checkpoint) {
+  std::smatch m;
+  std::string text = file_bytes(checkpoint / "manifest.json");
+  return std::regex_search(text, m, std::regex(R"("step"\s*:\s*(\d+))")) ? std::stol(m[1]) : -1;
+}
+
+// A save to the program's own folder (save_state(dir/"best")) is not an automatic checkpoint:
+// SIGUSR1 at that step still writes one and stops there, and the periodic save of that step still
+// happens. Each case: the stopped run exits 138 naming a checkpoint folder at the signal's step;
+// the next run resumes there and ends with the weights of a run that was never stopped.
+TEST(Checkpoint, Usr1AfterASaveToTheProgramsOwnFolderStillLeavesAnAutomaticCheckpoint) {
+  struct Case {
+    std::vector<std::string> flags;
+    int save_at, signal_at;
+    std::vector<long> periodic;  // steps that must have an automatic checkpoint besides the stop's
+  };
+  const std::vector<Case> cases = {
+      {{}, 3, 3, {}},
+      {{"--checkpoint-interval", "3"}, 3, 4, {3}},
+      {{"--checkpoint-interval", "3", "--async-checkpoints"}, 3, 3, {}},
+  };
+  const std::map<std::string, std::string> env{{"OMP_NUM_THREADS", "1"}};
+  auto launch = [&](const TempDir& dir, const Case& c, int signal_at) {
+    std::vector<std::string> args = {"-n", "2", "--checkpoint-dir", dir / "ck"};
+    args.insert(args.end(), c.flags.begin(), c.flags.end());
+    for (std::string a : {std::string("--"), std::string(RUNTIME_WORKER_BIN), std::string("usr1_at"),
+                          std::string("8"), std::to_string(c.save_at), std::to_string(signal_at)})
+      args.push_back(a);
+    return run_launcher(dir, args, 60s, env);
+  };
+  const std::regex final_line("FINAL ([0-9a-f]+)");
+  for (const auto& c : cases) {
+    SCOPED_TRACE(::testing::PrintToString(c.flags) + " save at " + std::to_string(c.save_at) +
+                 ", SIGUSR1 at " + std::to_string(c.signal_at));
+    TempDir plain, stopped;
+    auto uninterrupted = launch(plain, c, -1);
+    ASSERT_EQ(uninterrupted.exit_code, 0) << uninterrupted.out << uninterrupted.err;
+    std::smatch want;
+    ASSERT_TRUE(std::regex_search(uninterrupted.out, want, final_line)) << uninterrupted.out;
+
+    auto first = launch(stopped, c, c.signal_at);
+    std::string all = first.out + first.err;
+    ASSERT_EQ(first.exit_code, 138) << all;
+    std::smatch saved;
+    ASSERT_TRUE(std::regex_search(
+        all, saved, std::regex(R"(\(save and stop\): saved (\S+) at step (\d+))")))
+        << all;
+    EXPECT_EQ(saved[2].str(), std::to_string(c.signal_at)) << all;
+    const fs::path where = saved[1].str();
+    EXPECT_EQ(where.parent_path(), stopped.path() / "ck" / "checkpoints") << all;
+    EXPECT_EQ(manifest_step(where), c.signal_at) << all;
+    EXPECT_EQ(manifest_step(stopped.path() / "ck" / "best"), c.save_at);
+    for (long step : c.periodic) {
+      bool found = false;
+      for (const auto& e : fs::directory_iterator(stopped.path() / "ck" / "checkpoints"))
+        found = found || manifest_step(e.path()) == step;
+      EXPECT_TRUE(found) << "no automatic checkpoint of step " << step;
+    }
+
+    auto resumed = launch(stopped, c, c.signal_at);
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.out << resumed.err;
+    EXPECT_NE(resumed.out.find("accel: resumed from " + where.string() + " at step " +
+                               std::to_string(c.signal_at)),
+              std::string::npos)
+        << resumed.out;
+    std::smatch got;
+    ASSERT_TRUE(std::regex_search(resumed.out, got, final_line)) << resumed.out;
+    EXPECT_EQ(got[1].str(), want[1].str()) << "the resumed weights differ from the uninterrupted run";
+  }
+}
+
+}  // namespace
+}  // namespace accel::testing

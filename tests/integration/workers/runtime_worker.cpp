@@ -10,12 +10,15 @@
 //   runtime_worker save_killed DIR K [async] (one process: checkpoint_0, then SIGKILL at I/O op K
 //   of checkpoint_1) runtime_worker load_newest DIR [STEPS] (load_state() of the newest
 //   checkpoint, print its hash; then STEPS training steps and their hash)
+//   runtime_worker usr1_at STEPS SAVE_AT SIGNAL_AT (under --checkpoint-dir)
 #include <ATen/CPUGeneratorImpl.h>
 #include <signal.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <stdexcept>
@@ -761,6 +764,40 @@ int late_order(int steps, int kill_rank, int kill_at, const std::string& model_d
   return 0;
 }
 
+// Preemption after a save of the program's own (HF's "best" folder): trains to `steps` under
+// accel-launch --checkpoint-dir; after step `save_at` every rank calls save_state(<checkpoint
+// dir>/best); after step `signal_at` (-1: never) rank 0 sends SIGUSR1 to the launcher, as Slurm
+// does, and every rank raises it in itself too, so that all stop at that step. Rank 0 prints the
+// final weights' hash.
+int usr1_at(int steps, int save_at, int signal_at) {
+  accel::Accelerator acc;
+  const char* project = std::getenv("ACCEL_CHECKPOINT_DIR");
+  REQUIRE(project != nullptr, "usr1_at runs under accel-launch --checkpoint-dir");
+  torch::manual_seed(7);
+  accel::DataLoader loader(
+      std::make_shared<accel::TensorDataset>(torch::randn({64, 6}), torch::randn({64, 2})),
+      {.batch_size = 4, .shuffle = true, .seed = 3});
+  auto model = std::make_shared<NetImpl>();
+  auto opt =
+      std::make_shared<torch::optim::AdamW>(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  auto [m, o, dl] = acc.prepare(model, opt, loader);
+  while (acc.completed_steps() < steps) {
+    for (auto& batch : dl) {
+      acc.backward(torch::mse_loss(m->forward(batch.input), batch.target));
+      o.step();
+      o.zero_grad();
+      if (acc.completed_steps() == save_at) acc.save_state(std::filesystem::path(project) / "best");
+      if (acc.completed_steps() == signal_at) {
+        if (acc.is_main_process()) ::kill(::getppid(), SIGUSR1);
+        ::raise(SIGUSR1);
+      }
+      if (acc.completed_steps() == steps) break;
+    }
+  }
+  if (acc.is_main_process()) std::printf("FINAL %s\n", weights_hash(*m).c_str());
+  return 0;
+}
+
 // Three barriers, then `hang_rank` spins in pure CPU code (outside any collective) on the first
 // attempt while the others wait in a fourth barrier: what the agent's hang detection must catch.
 int hang(int hang_rank) {
@@ -830,6 +867,8 @@ int main(int argc, char** argv) {
     return save_killed(argv[2], std::atoi(argv[3]), argc > 4 && std::string(argv[4]) == "async");
   if (mode == "load_newest" && argc > 2)
     return load_newest(argv[2], argc > 3 ? std::atoi(argv[3]) : 0);
+  if (mode == "usr1_at" && argc > 4)
+    return usr1_at(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]));
   if (mode == "late_order" && argc > 5) {
     return late_order(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]), argv[5]);
   }
