@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <unordered_set>
 
 #include "contract/worker_contract.h"
 #include "runtime/accelerator_impl.h"
@@ -68,6 +69,10 @@ void PreparedOptimizer::step() {
   slot.overflow = false;
   slot.skipped = !state_->sync_gradients();
   if (slot.skipped) return;
+  if (slot.check_membership) {
+    slot.check_membership();
+    slot.check_membership = nullptr;
+  }
   ++slot.steps;
   // Why: one pass over each parameter's memory instead of libtorch's one per operation.
   auto run_step = [&slot] {
@@ -291,6 +296,40 @@ void Accelerator::set_gradient_accumulation_steps(int steps) {
   gradient_state_->set_num_steps(steps);
 }
 
+namespace {
+
+// The model's parameters, each tensor once: libtorch's parameters() lists a tensor once per name
+// (a module registered under two names, tied weights); PyTorch's lists it once.
+std::vector<torch::Tensor> unique_parameters(const torch::nn::Module& model) {
+  std::vector<torch::Tensor> out;
+  std::unordered_set<const void*> seen;
+  for (auto& p : model.parameters())
+    if (seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(p);
+  return out;
+}
+
+// Removes the second and later listings of a tensor from the optimizer's groups; their names,
+// as "group g, parameter i" of the original lists.
+std::vector<std::string> dedupe_parameters(torch::optim::Optimizer& optimizer) {
+  std::vector<std::string> removed;
+  std::unordered_set<const void*> seen;
+  auto& groups = optimizer.param_groups();
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    auto& params = groups[g].params();
+    std::vector<torch::Tensor> kept;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      if (seen.insert(params[i].unsafeGetTensorImpl()).second)
+        kept.push_back(params[i]);
+      else
+        removed.push_back("group " + std::to_string(g) + " parameter " + std::to_string(i));
+    }
+    if (kept.size() != params.size()) params = std::move(kept);
+  }
+  return removed;
+}
+
+}  // namespace
+
 void Accelerator::register_model(torch::nn::Module& model) {
   check_not_started("prepare() of a model");
   if (options_.device_placement) model.to(device());
@@ -298,7 +337,7 @@ void Accelerator::register_model(torch::nn::Module& model) {
   impl_->prepared_[&model] = true;
   if (!use_distributed()) return;
   std::vector<torch::Tensor> trainable;
-  for (auto& p : model.parameters()) {
+  for (auto& p : unique_parameters(model)) {
     if (p.requires_grad()) trainable.push_back(p);
   }
   GradSyncOptions opts;
@@ -310,7 +349,7 @@ void Accelerator::register_model(torch::nn::Module& model) {
   // The rest of rank 0's model: buffers, and (as DDP) the frozen parameters, which would otherwise
   // stay as each rank initialised them (set_seed(n, device_specific)).
   std::vector<torch::Tensor> rest = model.buffers();
-  for (auto& p : model.parameters()) {
+  for (auto& p : unique_parameters(model)) {
     if (!p.requires_grad()) rest.push_back(p);
   }
   for (auto& t : rest) state_->comm().broadcast(t, 0);
@@ -331,6 +370,20 @@ PreparedOptimizer Accelerator::prepare_optimizer(
   check_not_started("prepare() of an optimizer");
   auto slot = std::make_shared<detail::OptimizerSlot>();
   slot->optimizer = std::move(optimizer);
+  // Why: libtorch's optimizers step a tensor listed twice twice (tied weights come out of
+  // parameters() twice), and ZeRO would give each listing its own slice and state; HF's
+  // parameters() lists it once, so it steps once.
+  auto duplicates = dedupe_parameters(*slot->optimizer);
+  if (!duplicates.empty() && is_main_process()) {
+    std::string names;
+    for (std::size_t i = 0; i < duplicates.size() && i < 8; ++i)
+      names += (i ? ", " : "") + duplicates[i];
+    if (duplicates.size() > 8) names += ", ...";
+    log::warning("optimizer " + std::to_string(impl_->optimizers_.size()) + " lists " +
+                 std::to_string(duplicates.size()) +
+                 " tensor(s) more than once (tied weights, or a module registered under two "
+                 "names): " + names + "; each tensor is stepped once");
+  }
   slot->own_steps = detail::own_step_count(*slot->optimizer);
   slot->fused = options_.fused_optimizer;
   if (num_processes() > 1) {
@@ -346,6 +399,29 @@ PreparedOptimizer Accelerator::prepare_optimizer(
   if (impl_->zero_stage_ == 1 && num_processes() > 1) {
     slot->zero = std::make_unique<detail::ZeroOptimizer>(*slot->optimizer, state_);
     slot->own_steps = -1;  // Why: its state lives in the shards; the original handle goes unseen
+    // Why refused: only the prepared models' gradients are averaged; a slice of any other
+    // parameter would step with its owner's own gradient, and every rank would get that.
+    auto* impl = impl_.get();
+    auto* opt = slot->optimizer.get();
+    slot->check_membership = [impl, opt] {
+      std::unordered_set<const void*> known;
+      for (auto* model : impl->models_)
+        for (auto& p : model->parameters()) known.insert(p.unsafeGetTensorImpl());
+      std::size_t index = 0;
+      for (auto& group : opt->param_groups()) {
+        for (auto& p : group.params()) {
+          if (!known.count(p.unsafeGetTensorImpl())) {
+            throw UsageError(
+                "accel: ZeRO stage 1: parameter " + std::to_string(index) + " of the optimizer " +
+                "(" + std::string(c10::toString(p.scalar_type())) + ", " +
+                std::to_string(p.numel()) +
+                " elements) belongs to no prepared model, so its gradient is not averaged "
+                "across processes; prepare() the model that holds it, or use zero_stage = 0");
+          }
+          ++index;
+        }
+      }
+    };
     log::debug("ZeRO stage 1: optimizer " + std::to_string(impl_->optimizers_.size()) + " (" +
                c10::demangle(typeid(*slot->optimizer).name()) + ") sharded; rank " +
                std::to_string(process_index()) + " holds " + slot->zero->describe_shard());

@@ -35,6 +35,9 @@ struct OptimizerSlot {
   int64_t own_steps = -1;
   bool fused = true;                    // AcceleratorOptions::fused_optimizer
   std::unique_ptr<ZeroOptimizer> zero;  // ZeRO stage 1 (zero.h); null without it
+  // ZeRO: throws UsageError for a parameter outside every prepared model; run at the first step
+  // (the models may be prepared after the optimizer), then cleared.
+  std::function<void()> check_membership;
 };
 
 struct SchedulerSlot {

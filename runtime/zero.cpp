@@ -232,6 +232,9 @@ void ZeroOptimizer::copy_sequence(int64_t from, int64_t count, const torch::Tens
     if (lo >= hi) continue;
     const auto& whole = tensors ? (*tensors)[i] : z.param;
     if (!whole.defined()) continue;
+    // Why: a parameter that had no gradient here did not step (frozen: no gradient on any rank);
+    // its elements of another rank's slice are that rank's values, not an update.
+    if (to_params && !tensors && !z.param.grad().defined()) continue;
     auto part = whole.view({-1}).narrow(0, lo - z.offset, hi - lo);
     auto there = buffer.narrow(0, lo - from, hi - lo);
     if (to_params)

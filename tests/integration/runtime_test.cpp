@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <regex>
+#include <sstream>
 
 #include "tests/integration/harness.h"
 
@@ -199,6 +200,52 @@ TEST(Runtime, ZeroStageOneTrainsBitwiseLikeTheUnshardedRun) {
       }
     }
   }
+}
+
+std::vector<double> numbers_of(const std::string& text) {
+  std::vector<double> out;
+  std::istringstream in(text);
+  for (double v; in >> v;) out.push_back(v);
+  return out;
+}
+
+// ZeRO stage 1 where a model's parameters() are not a plain list: tied weights (a module
+// registered under two names, so libtorch lists its tensors twice) step once, as PyTorch's
+// parameters() lists them once: bitwise the unsharded run, which equals 1 process to float
+// rounding; a frozen parameter the ranks hold different values of is never written by the
+// exchange; an optimizer holding a tensor of no prepared model is refused at its first step.
+TEST(Runtime, ZeroStageOneStepsTiedWeightsOnceNeverWritesFrozenOnesAndRefusesForeignOnes) {
+  TempDir dir;
+  const std::string one = dir / "tied1";
+  EXPECT_JOB_OK(run_worker(dir, 1, {"train", one, "12", "8", "tied"}));
+  for (std::string mode : {"tied", "frozen"}) {
+    for (int n : {2, 3}) {
+      std::string unsharded = dir / ("u" + std::to_string(n) + mode);
+      std::string sharded = dir / ("z" + std::to_string(n) + mode);
+      auto u = run_worker(dir, n, {"train", unsharded, "12", "8", mode});
+      EXPECT_JOB_OK(u);
+      auto z = run_worker(dir, n, {"train", sharded, "12", "8", mode}, {{"ACCEL_ZERO_STAGE", "1"}});
+      EXPECT_JOB_OK(z);
+      EXPECT_GT(read_file(sharded).size(), 100u);
+      EXPECT_EQ(read_file(sharded), read_file(unsharded)) << n << " processes, " << mode;
+      if (mode != "tied") continue;
+      EXPECT_NE(z.err.find("optimizer 0 lists 2 tensor(s) more than once (tied weights, or a "
+                           "module registered under two names): group 0 parameter 6, group 0 "
+                           "parameter 7; each tensor is stepped once"),
+                std::string::npos)
+          << z.err;
+      auto a = numbers_of(read_file(sharded)), b = numbers_of(read_file(one));
+      ASSERT_EQ(a.size(), b.size());
+      for (std::size_t i = 0; i < a.size(); ++i)
+        EXPECT_NEAR(a[i], b[i], 1e-5) << "weight " << i << " on " << n << " processes";
+    }
+  }
+  auto refused = run_worker(dir, 2, {"foreign"}, {{"ACCEL_ZERO_STAGE", "1"}});
+  EXPECT_JOB_OK(refused);
+  EXPECT_NE(refused.out.find("REFUSED accel: ZeRO stage 1: parameter 6 of the optimizer (Float, 5 "
+                             "elements) belongs to no prepared model"),
+            std::string::npos)
+      << refused.out << refused.err;
 }
 
 // Two "machines" of two ranks each on this one (accel-launch --nodes 2, one launcher per

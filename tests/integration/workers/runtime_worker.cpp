@@ -5,7 +5,9 @@
 //   runtime_worker shard SIZE BATCH {even|uneven|drop_last|split}
 //   runtime_worker metrics SIZE BATCH {even|uneven} [stream]
 //   runtime_worker train OUT_FILE GLOBAL_BATCH STEPS
-//   {plain|set_to_none|accumulate|no_sync|throw_acc|throw_plain|wide} runtime_worker mismatch
+//   {plain|set_to_none|accumulate|no_sync|throw_acc|throw_plain|wide|tied|frozen}
+//   runtime_worker foreign (ZeRO: an optimizer holding a tensor of no prepared model)
+//   runtime_worker mismatch
 //   {sleep|other_collective|dtype|place} runtime_worker backward_throws {acc|plain} [STEP_MS]
 //   runtime_worker save_killed DIR K [async] (one process: checkpoint_0, then SIGKILL at I/O op K
 //   of checkpoint_1) runtime_worker load_newest DIR [STEPS] (load_state() of the newest
@@ -442,12 +444,24 @@ int train(int argc, char** argv) {
   torch::manual_seed(99 + acc.process_index());  // ranks start from different weights on purpose
   // "wide": 1.7 M parameters, so that ZeRO's shard of each rank moves in several pieces.
   auto model = std::make_shared<NetImpl>(mode == "wide" ? 1300 : 0);
+  // "tied": fc2 registered under a second name, so parameters() lists its tensors twice (as
+  // libtorch does for tied weights); each must step once.
+  if (mode == "tied") model->register_module("fc2_again", model->fc2);
   auto opt =
       std::make_shared<torch::optim::AdamW>(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  // "frozen": fc1 frozen (in the optimizer all the same, as HF programs often leave it), and
+  // after prepare() set to a value of each rank's own: no step may change it.
+  if (mode == "frozen")
+    for (auto& p : model->fc1->parameters()) p.requires_grad_(false);
   accel::DataLoader loader(
       std::make_shared<accel::TensorDataset>(x, y),
       {.batch_size = static_cast<std::size_t>(global / (n * micro)), .shuffle = true, .seed = 7});
   auto [m, o, dl] = acc.prepare(model, opt, loader);
+  const float frozen_value = 0.25f + 0.5f * static_cast<float>(acc.process_index());
+  if (mode == "frozen") {
+    torch::NoGradGuard no_grad;
+    for (auto& p : m->fc1->parameters()) p.fill_(frozen_value);
+  }
   long micro_step = 0;
   for (auto& batch : dl) {
     if (mode == "no_sync" && micro_step % 2 == 0) {
@@ -480,6 +494,14 @@ int train(int argc, char** argv) {
     ++micro_step;
   }
   REQUIRE(micro_step == steps * micro, "micro-steps " + std::to_string(micro_step));
+  if (mode == "frozen") {
+    torch::NoGradGuard no_grad;
+    for (auto& p : m->fc1->parameters()) {
+      REQUIRE(torch::equal(p, torch::full_like(p, frozen_value)),
+              "a frozen parameter changed in training: " + str(p));
+      p.zero_();  // the same on every rank again, for the comparison below
+    }
+  }
   // Every rank must hold the same weights; rank 0 writes them.
   auto weights = same_weights_everywhere(acc, *m, "ranks disagree on the weights");
   if (acc.is_main_process()) {
@@ -764,6 +786,30 @@ int late_order(int steps, int kill_rank, int kill_at, const std::string& model_d
   return 0;
 }
 
+// ZeRO stage 1 with an optimizer that also holds a tensor outside the prepared model: the first
+// step is refused (its gradient is nobody's average) and nothing changes. Prints "REFUSED <why>".
+int foreign() {
+  accel::Accelerator acc;
+  auto model = std::make_shared<NetImpl>();
+  auto extra = torch::zeros({5}, torch::requires_grad());
+  auto params = model->parameters();
+  params.push_back(extra);
+  auto opt = std::make_shared<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1));
+  auto [m, o] = acc.prepare(model, opt);
+  auto before = weights_hash(*m);
+  auto x = torch::randn({4, 6});
+  acc.backward(torch::mse_loss(m->forward(x), torch::zeros({4, 2})) + extra.sum());
+  try {
+    o.step();
+  } catch (const accel::UsageError& e) {
+    REQUIRE(weights_hash(*m) == before, "the refused step changed the weights");
+    if (acc.is_main_process()) std::printf("REFUSED %s\n", e.what());
+    return 0;
+  }
+  REQUIRE(false, "a step with a parameter outside every prepared model was not refused");
+  return 1;
+}
+
 // Preemption after a save of the program's own (HF's "best" folder): trains to `steps` under
 // accel-launch --checkpoint-dir; after step `save_at` every rank calls save_state(<checkpoint
 // dir>/best); after step `signal_at` (-1: never) rank 0 sends SIGUSR1 to the launcher, as Slurm
@@ -867,6 +913,7 @@ int main(int argc, char** argv) {
     return save_killed(argv[2], std::atoi(argv[3]), argc > 4 && std::string(argv[4]) == "async");
   if (mode == "load_newest" && argc > 2)
     return load_newest(argv[2], argc > 3 ? std::atoi(argv[3]) : 0);
+  if (mode == "foreign") return foreign();
   if (mode == "usr1_at" && argc > 4)
     return usr1_at(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]));
   if (mode == "late_order" && argc > 5) {
