@@ -66,7 +66,8 @@ inline constexpr char kProgressFile[] = "ACCEL_PROGRESS_FILE";
 inline constexpr char kShmCollectives[] = "ACCEL_SHM_COLLECTIVES";
 // libaccel names the shared-memory segments a worker creates /dev/shm/accel-<its pid>-...; once
 // the agent has reaped a worker it removes that worker's names (a rank killed between creating a
-// segment and unlinking it would leave one behind for good).
+// segment and unlinking it would leave one behind), and each group's start removes those of
+// this user whose process is gone and which are a minute old (the launcher SIGKILLed too).
 inline constexpr char kShmSegmentPrefix[] = "accel-";
 // auto | nccl | gloo: the process group's backend on a GPU (auto: NCCL unless ranks share a GPU)
 inline constexpr char kBackend[] = "ACCEL_BACKEND";

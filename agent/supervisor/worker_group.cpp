@@ -23,7 +23,10 @@
 #include <boost/process/start_dir.hpp>
 #include <cerrno>
 #include <csignal>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <optional>
 
@@ -195,6 +198,33 @@ void remove_shm_segments_of(pid_t pid) {
   ::closedir(dir);
 }
 
+// Names accel-<pid>-... in /dev/shm of this user whose process is gone, left when nobody reaped
+// it (the launcher or agent SIGKILLed with its workers). Why the age: a process of another pid
+// namespace sharing /dev/shm (containers with --ipc=host) is "gone" seen from here; its names
+// live for a moment only (unlinked once every rank has mapped them), so an old one is not in use.
+void sweep_dead_shm_segments() {
+  constexpr time_t kMinAgeSeconds = 60;
+  const std::size_t prefix = std::strlen(contract::kShmSegmentPrefix);
+  DIR* dir = ::opendir("/dev/shm");
+  if (dir == nullptr) return;
+  const time_t now = ::time(nullptr);
+  while (const dirent* e = ::readdir(dir)) {
+    if (std::strncmp(e->d_name, contract::kShmSegmentPrefix, prefix) != 0) continue;
+    const char* digits = e->d_name + prefix;
+    char* end = nullptr;
+    errno = 0;
+    long pid = std::strtol(digits, &end, 10);
+    if (end == digits || *end != '-' || errno != 0 || pid <= 0 || pid > INT32_MAX) continue;
+    struct stat st {};
+    if (::fstatat(::dirfd(dir), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || now - st.st_mtime < kMinAgeSeconds)
+      continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    ::unlinkat(::dirfd(dir), e->d_name, 0);
+  }
+  ::closedir(dir);
+}
+
 void on_pidfd_readable(const std::shared_ptr<State>& st, Worker* w) {
   int status = 0;
   pid_t r = ::waitpid(w->pid, &status, WNOHANG);
@@ -341,6 +371,7 @@ WorkerGroup::~WorkerGroup() {
 }
 
 Status WorkerGroup::start(std::vector<WorkerSpec> specs, ExitHandler on_exit) {
+  sweep_dead_shm_segments();
   auto& st = state_;
   st->on_exit = std::move(on_exit);
   for (auto& spec : specs) {

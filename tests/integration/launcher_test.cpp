@@ -1,8 +1,14 @@
 // accel-launch end to end: real binary, real worker processes, real signals.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <ctime>
 #include <regex>
 #include <set>
+#include <sstream>
+#include <thread>
 
 #include "tests/integration/harness.h"
 
@@ -261,6 +267,98 @@ TEST(Launcher, TheFolderOfASigkilledLauncherIsRemovedByTheNextOne) {
   running.signal(SIGTERM);
   EXPECT_FALSE(running.wait(15s).timed_out);
   EXPECT_EQ(folders(), std::set<std::string>{"accel-elsewhere-abcdef"});
+}
+
+// The parent of `pid` from /proc, or -1 (gone, even while being read).
+pid_t parent_of(pid_t pid) {
+  char text[512] = {};
+  FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (f == nullptr) return -1;
+  std::size_t n = std::fread(text, 1, sizeof text - 1, f);
+  std::fclose(f);
+  std::string stat(text, n);
+  auto close = stat.rfind(')');
+  if (close == std::string::npos || close + 2 >= stat.size()) return -1;
+  std::istringstream rest(stat.substr(close + 2));
+  std::string state;
+  long ppid = -1;
+  rest >> state >> ppid;
+  return static_cast<pid_t>(ppid);
+}
+
+// The pids whose parent is `parent`.
+std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (parent_of(std::stoi(name)) == parent) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+// A launcher SIGKILLed at each moment of a 2-process job's start, prepare() and training (its
+// workers die with it, and nobody reaps them): the moment a worker's shared-memory segment
+// appears (the collectives' segment, then the gradient buckets' block, each named until every
+// rank has mapped it), then at fixed delays. Whatever the workers left in /dev/shm is removed by
+// the next launcher once it is a minute old (aged here by hand).
+TEST(Launcher, SharedMemoryLeftByASigkilledLauncherIsRemovedByTheNextOne) {
+  TempDir dir;
+  std::set<pid_t> workers;
+  std::vector<std::string> left;
+  // A name accel-<worker pid>-<rest> of this job in /dev/shm whose rest starts with `kind` ("#":
+  // a digit, the collectives' segment).
+  auto seen = [&](pid_t launcher, const std::string& kind) {
+    for (const auto& e : fs::directory_iterator("/dev/shm")) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind("accel-", 0) != 0) continue;
+      auto dash = name.find('-', 6);
+      if (dash == std::string::npos) continue;
+      pid_t pid = std::atoi(name.substr(6, dash - 6).c_str());
+      if (pid <= 0 || parent_of(pid) != launcher) continue;
+      workers.insert(pid);
+      const bool digit = dash + 1 < name.size() && std::isdigit(static_cast<unsigned char>(name[dash + 1]));
+      if (kind == "#" ? digit : name.compare(dash + 1, kind.size(), kind) == 0) return true;
+    }
+    return false;
+  };
+  struct Moment {
+    std::string segment;  // kill once a name of this kind appears ("": at the delay)
+    int delay_ms;
+  };
+  const std::vector<Moment> moments = {{"#", 0},   {"#", 0},   {"#", 0},   {"b1-", 0},
+                                       {"b1-", 0}, {"b1-", 0}, {"b1-", 0}, {"", 600},
+                                       {"", 1200}, {"", 2000}};
+  for (const auto& m : moments) {
+    Launched l(dir, {"-n", "2", "--", RUNTIME_WORKER_BIN, "train", dir / "weights", "12", "3", "huge"},
+               {{"OMP_NUM_THREADS", "1"}});
+    auto until = std::chrono::steady_clock::now() +
+                 (m.segment.empty() ? std::chrono::milliseconds(m.delay_ms) : 20s);
+    while (std::chrono::steady_clock::now() < until && pid_alive(l.pid())) {
+      for (pid_t p : children_of(l.pid())) workers.insert(p);
+      if (!m.segment.empty() && seen(l.pid(), m.segment)) break;
+    }
+    l.signal(SIGKILL);
+    l.wait(10s);
+  }
+  for (pid_t p : workers) ASSERT_TRUE(wait_pid_gone(p, 5s)) << "orphaned worker " << p;
+  for (pid_t p : workers) {
+    const std::string prefix = "accel-" + std::to_string(p) + "-";
+    for (const auto& e : fs::directory_iterator("/dev/shm")) {
+      if (e.path().filename().string().rfind(prefix, 0) != 0) continue;
+      left.push_back(e.path().string());
+      const timespec old[2] = {{::time(nullptr) - 120, 0}, {::time(nullptr) - 120, 0}};
+      ::utimensat(AT_FDCWD, e.path().c_str(), old, AT_SYMLINK_NOFOLLOW);
+    }
+  }
+  std::printf("the SIGKILLed launchers' workers left %zu name(s) in /dev/shm\n", left.size());
+  auto next = run_launcher(dir, with({"-n", "1"}, sh("true")), 30s);
+  EXPECT_EQ(next.exit_code, 0) << next.err;
+  for (const auto& path : left) {
+    EXPECT_FALSE(fs::exists(fs::symlink_status(path))) << path << " was not removed";
+    fs::remove(path);
+  }
 }
 
 void expect_signal_stops_job(int sig, int expected_exit) {

@@ -6,7 +6,13 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <csignal>
+#include <ctime>
 
 #include "tests/integration/harness.h"
 
@@ -207,6 +213,51 @@ TEST(WorkerGroup, AReapedWorkersSharedMemoryNamesAreRemoved) {
       << "another process's segment, the link's target, went";
   for (const auto& name : left) std::filesystem::remove("/dev/shm/" + name);
   std::filesystem::remove(other);
+}
+
+// A launcher SIGKILLed with its workers reaps nobody: a segment made in the moment before every
+// rank had mapped it stays in /dev/shm. The next group's start removes this user's names whose
+// process is gone and which are a minute old; a fresh one (a process of another pid namespace
+// may be setting it up), a live process's, a link and another user's stay.
+TEST(WorkerGroup, StartRemovesOldSharedMemoryNamesOfProcessesThatAreGone) {
+  pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ASSERT_GT(dead, 0);
+  ::waitpid(dead, nullptr, 0);
+  const std::string d = "/dev/shm/accel-" + std::to_string(dead) + "-";
+  const std::string live = "/dev/shm/accel-" + std::to_string(::getpid()) + "-test-live";
+  const std::string target = "/dev/shm/accel-test-target-" + std::to_string(::getpid());
+  struct Made {
+    std::string path;
+    bool old, goes;
+  };
+  std::vector<Made> made = {{d + "b1-7", true, true},   {d + "12", true, true},
+                            {d + "fresh", false, false}, {live, true, false},
+                            {d + "link", true, false},   {d + "given", true, ::geteuid() != 0}};
+  accel::testing::write_file(target, "x");
+  const timespec old[2] = {{::time(nullptr) - 120, 0}, {::time(nullptr) - 120, 0}};
+  for (const auto& m : made) {
+    if (m.path == d + "link") {
+      ASSERT_EQ(::symlink(target.c_str(), m.path.c_str()), 0);
+    } else {
+      accel::testing::write_file(m.path, "x");
+    }
+    if (m.path == d + "given" && ::geteuid() == 0) ASSERT_EQ(::chown(m.path.c_str(), 65534, -1), 0);
+    if (m.old) ASSERT_EQ(::utimensat(AT_FDCWD, m.path.c_str(), old, AT_SYMLINK_NOFOLLOW), 0);
+  }
+  boost::asio::io_context io;
+  WorkerGroup group(io, {});
+  bool done = false;
+  ASSERT_TRUE(group.start({shell(0, "exit 0")}, [&](const WorkerExit&) { done = true; }).is_ok());
+  run_until(io, done);
+  for (const auto& m : made) {
+    struct stat st {};
+    bool there = ::lstat(m.path.c_str(), &st) == 0;
+    EXPECT_EQ(there, !m.goes) << m.path << (m.goes ? " should have gone" : " should be kept");
+    ::unlink(m.path.c_str());
+  }
+  EXPECT_TRUE(std::filesystem::exists(target)) << "the link's target went";
+  ::unlink(target.c_str());
 }
 
 TEST(WorkerGroup, SpawnErrorNamesTheRankAndKillsTheOthers) {

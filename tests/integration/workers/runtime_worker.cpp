@@ -5,7 +5,7 @@
 //   runtime_worker shard SIZE BATCH {even|uneven|drop_last|split}
 //   runtime_worker metrics SIZE BATCH {even|uneven} [stream]
 //   runtime_worker train OUT_FILE GLOBAL_BATCH STEPS
-//   {plain|set_to_none|accumulate|no_sync|throw_acc|throw_plain|wide|tied|frozen}
+//   {plain|set_to_none|accumulate|no_sync|throw_acc|throw_plain|wide|huge|tied|frozen}
 //   runtime_worker foreign (ZeRO: an optimizer holding a tensor of no prepared model)
 //   runtime_worker mismatch
 //   {sleep|other_collective|dtype|place} runtime_worker backward_throws {acc|plain} [STEP_MS]
@@ -443,7 +443,8 @@ int train(int argc, char** argv) {
   auto y = torch::randn({global * steps, 2});
   torch::manual_seed(99 + acc.process_index());  // ranks start from different weights on purpose
   // "wide": 1.7 M parameters, so that ZeRO's shard of each rank moves in several pieces.
-  auto model = std::make_shared<NetImpl>(mode == "wide" ? 1300 : 0);
+  // "huge": 16 M parameters, so that the gradient buckets' shared block takes a while to set up.
+  auto model = std::make_shared<NetImpl>(mode == "wide" ? 1300 : mode == "huge" ? 4000 : 0);
   // "tied": fc2 registered under a second name, so parameters() lists its tensors twice (as
   // libtorch does for tied weights); each must step once.
   if (mode == "tied") model->register_module("fc2_again", model->fc2);
