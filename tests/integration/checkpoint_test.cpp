@@ -521,8 +521,9 @@ TEST(Checkpoint, Usr1AfterASaveToTheProgramsOwnFolderStillLeavesAnAutomaticCheck
   auto launch = [&](const TempDir& dir, const Case& c, int signal_at) {
     std::vector<std::string> args = {"-n", "2", "--checkpoint-dir", dir / "ck"};
     args.insert(args.end(), c.flags.begin(), c.flags.end());
-    for (std::string a : {std::string("--"), std::string(RUNTIME_WORKER_BIN), std::string("usr1_at"),
-                          std::string("8"), std::to_string(c.save_at), std::to_string(signal_at)})
+    for (std::string a :
+         {std::string("--"), std::string(RUNTIME_WORKER_BIN), std::string("usr1_at"),
+          std::string("8"), std::to_string(c.save_at), std::to_string(signal_at)})
       args.push_back(a);
     return run_launcher(dir, args, 60s, env);
   };
@@ -540,8 +541,8 @@ TEST(Checkpoint, Usr1AfterASaveToTheProgramsOwnFolderStillLeavesAnAutomaticCheck
     std::string all = first.out + first.err;
     ASSERT_EQ(first.exit_code, 138) << all;
     std::smatch saved;
-    ASSERT_TRUE(std::regex_search(
-        all, saved, std::regex(R"(\(save and stop\): saved (\S+) at step (\d+))")))
+    ASSERT_TRUE(std::regex_search(all, saved,
+                                  std::regex(R"(\(save and stop\): saved (\S+) at step (\d+))")))
         << all;
     EXPECT_EQ(saved[2].str(), std::to_string(c.signal_at)) << all;
     const fs::path where = saved[1].str();
@@ -563,7 +564,8 @@ TEST(Checkpoint, Usr1AfterASaveToTheProgramsOwnFolderStillLeavesAnAutomaticCheck
         << resumed.out;
     std::smatch got;
     ASSERT_TRUE(std::regex_search(resumed.out, got, final_line)) << resumed.out;
-    EXPECT_EQ(got[1].str(), want[1].str()) << "the resumed weights differ from the uninterrupted run";
+    EXPECT_EQ(got[1].str(), want[1].str())
+        << "the resumed weights differ from the uninterrupted run";
   }
 }
 

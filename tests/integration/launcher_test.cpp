@@ -1,7 +1,6 @@
 // accel-launch end to end: real binary, real worker processes, real signals.
-#include <gtest/gtest.h>
-
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 
 #include <ctime>
@@ -318,7 +317,8 @@ TEST(Launcher, SharedMemoryLeftByASigkilledLauncherIsRemovedByTheNextOne) {
       pid_t pid = std::atoi(name.substr(6, dash - 6).c_str());
       if (pid <= 0 || parent_of(pid) != launcher) continue;
       workers.insert(pid);
-      const bool digit = dash + 1 < name.size() && std::isdigit(static_cast<unsigned char>(name[dash + 1]));
+      const bool digit =
+          dash + 1 < name.size() && std::isdigit(static_cast<unsigned char>(name[dash + 1]));
       if (kind == "#" ? digit : name.compare(dash + 1, kind.size(), kind) == 0) return true;
     }
     return false;
@@ -327,11 +327,11 @@ TEST(Launcher, SharedMemoryLeftByASigkilledLauncherIsRemovedByTheNextOne) {
     std::string segment;  // kill once a name of this kind appears ("": at the delay)
     int delay_ms;
   };
-  const std::vector<Moment> moments = {{"#", 0},   {"#", 0},   {"#", 0},   {"b1-", 0},
-                                       {"b1-", 0}, {"b1-", 0}, {"b1-", 0}, {"", 600},
-                                       {"", 1200}, {"", 2000}};
+  const std::vector<Moment> moments = {{"#", 0},   {"#", 0},   {"#", 0},  {"b1-", 0}, {"b1-", 0},
+                                       {"b1-", 0}, {"b1-", 0}, {"", 600}, {"", 1200}, {"", 2000}};
   for (const auto& m : moments) {
-    Launched l(dir, {"-n", "2", "--", RUNTIME_WORKER_BIN, "train", dir / "weights", "12", "3", "huge"},
+    Launched l(dir,
+               {"-n", "2", "--", RUNTIME_WORKER_BIN, "train", dir / "weights", "12", "3", "huge"},
                {{"OMP_NUM_THREADS", "1"}});
     auto until = std::chrono::steady_clock::now() +
                  (m.segment.empty() ? std::chrono::milliseconds(m.delay_ms) : 20s);

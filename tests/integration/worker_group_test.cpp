@@ -2,15 +2,14 @@
 // process-group cleanup, spawn errors.
 #include "agent/supervisor/worker_group.h"
 
-#include <gtest/gtest.h>
-
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/steady_timer.hpp>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <csignal>
 #include <ctime>
 
@@ -231,7 +230,7 @@ TEST(WorkerGroup, StartRemovesOldSharedMemoryNamesOfProcessesThatAreGone) {
     std::string path;
     bool old, goes;
   };
-  std::vector<Made> made = {{d + "b1-7", true, true},   {d + "12", true, true},
+  std::vector<Made> made = {{d + "b1-7", true, true},    {d + "12", true, true},
                             {d + "fresh", false, false}, {live, true, false},
                             {d + "link", true, false},   {d + "given", true, ::geteuid() != 0}};
   accel::testing::write_file(target, "x");
