@@ -92,7 +92,7 @@ int run_training(int argc, char** argv) {
     torch::NoGradGuard no_grad;
     int64_t correct = 0, seen = 0;
     for (auto& batch : eval_dl) {
-      auto predictions = m->forward(batch.input).argmax(1);
+      auto predictions = m(batch.input).argmax(1);
       auto all_predictions = acc.gather_for_metrics(predictions);
       auto all_labels = acc.gather_for_metrics(batch.target);
       correct += all_predictions.eq(all_labels).sum().item<int64_t>();
@@ -118,8 +118,8 @@ int run_training(int argc, char** argv) {
     auto total = torch::zeros({}, torch::dtype(torch::kDouble).device(acc.device()));
     int64_t steps = 0;
     for (auto& batch : train_dl) {
-      // Under autocast until backward() when ACCEL_MIXED_PRECISION=bf16 (--mixed-precision).
-      auto loss = torch::cross_entropy_loss(m->forward(batch.input), batch.target);
+      // m(x): the forward under autocast with --mixed-precision bf16, float32 logits (as HF).
+      auto loss = torch::cross_entropy_loss(m(batch.input), batch.target);
       acc.backward(loss);
       o.step();
       o.zero_grad();

@@ -186,8 +186,8 @@ int run_training(int argc, char** argv) {
     auto total = torch::zeros({}, torch::dtype(torch::kDouble).device(acc.device()));
     int64_t steps = 0;
     for (auto& batch : dl) {
-      // Under autocast until backward() with --mixed-precision bf16.
-      auto logits = m->forward(batch["input_ids"], batch["attention_mask"]);
+      // m(...): the forward under autocast with --mixed-precision bf16, float32 logits (as HF).
+      auto logits = m(batch["input_ids"], batch["attention_mask"]);
       auto loss = torch::nn::functional::cross_entropy(
           logits.reshape({-1, vocab}), batch["labels"].reshape({-1}),
           torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100));
@@ -219,7 +219,7 @@ int run_training(int argc, char** argv) {
       auto x = torch::empty({1, static_cast<int64_t>(context.size())}, torch::kLong);
       for (std::size_t k = 0; k < context.size(); ++k)
         x[0][static_cast<int64_t>(k)] = id_of[static_cast<unsigned char>(context[k])];
-      auto logits = m->forward(x.to(acc.device()))[0][-1].to(torch::kCPU);
+      auto logits = m(x.to(acc.device()))[0][-1].to(torch::kCPU);
       auto next =
           torch::multinomial(torch::softmax(logits / 0.8, 0), 1, false, gen).item<int64_t>();
       sample.push_back(chars[static_cast<std::size_t>(next)]);

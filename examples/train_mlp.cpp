@@ -64,8 +64,9 @@ int run_training(int argc, char** argv) {
     auto total = torch::zeros({}, torch::dtype(torch::kDouble).device(acc.device()));
     int64_t steps = 0;
     for (auto& batch : dl) {
-      // bf16 until backward() when ACCEL_MIXED_PRECISION=bf16 (accel-launch --mixed-precision)
-      auto loss = torch::mse_loss(m->forward(batch.input), batch.target);
+      // m(x): the forward in bf16 when ACCEL_MIXED_PRECISION=bf16 (accel-launch
+      // --mixed-precision), its output in float32 (as HF's model(x))
+      auto loss = torch::mse_loss(m(batch.input), batch.target);
       acc.backward(loss);
       o.step();
       o.zero_grad();

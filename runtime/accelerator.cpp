@@ -88,9 +88,9 @@ void PreparedOptimizer::step() {
   } else {
     run_step();
   }
-  // Why: autocast keeps low-precision copies of the weights until its scope ends, and the
-  // automatic scope of a prepared loader's batch lasts until acc.backward(): a program that calls
-  // loss.backward() would run the next forward on the copies of weights this step just changed.
+  // Why: autocast keeps low-precision copies of the weights until its outermost scope ends, and
+  // a program's own acc.autocast() scope may span the step (a GAN step): its next forward would
+  // run on copies of the weights this step just changed.
   at::autocast::clear_cache();
   if (slot.own_steps >= 0 && !slot.overflow)
     slot.own_steps = detail::own_step_count(*slot.optimizer);
@@ -183,7 +183,12 @@ Accelerator::Accelerator(AcceleratorOptions options)
     which = e.mixed_precision_variable;
   }
   setup_mixed_precision(which);
-  impl_->autocast_forward_ = options_.autocast_forward && impl_->mixed_precision_ != "no";
+  impl_->forward_precision_->device_type = device().type();
+  impl_->forward_precision_->dtype =
+      impl_->mixed_precision_ == "fp16" ? torch::kHalf : torch::kBFloat16;
+  impl_->forward_precision_->autocast =
+      options_.autocast_forward && impl_->mixed_precision_ != "no";
+  impl_->autocast_regions_at_start_ = autocast_compat::regions_entered();
   impl_->zero_stage_ = options_.zero_stage.value_or(e.zero_stage);
   if (impl_->zero_stage_ != 0 && impl_->zero_stage_ != 1) {
     throw ConfigError("accel: option zero_stage must be 0 or 1, got " +
@@ -382,7 +387,8 @@ PreparedOptimizer Accelerator::prepare_optimizer(
     log::warning("optimizer " + std::to_string(impl_->optimizers_.size()) + " lists " +
                  std::to_string(duplicates.size()) +
                  " tensor(s) more than once (tied weights, or a module registered under two "
-                 "names): " + names + "; each tensor is stepped once");
+                 "names): " +
+                 names + "; each tensor is stepped once");
   }
   slot->own_steps = detail::own_step_count(*slot->optimizer);
   slot->fused = options_.fused_optimizer;
@@ -495,29 +501,30 @@ void Accelerator::backward(const torch::Tensor& loss) {
       throw;
     }
   }
-  set_forward_autocast(false);  // the forward pass is over: the step runs in full precision
+  warn_if_forward_ran_without_autocast();
+}
+
+std::shared_ptr<const ForwardPrecision> Accelerator::forward_precision() const {
+  return impl_->forward_precision_;
+}
+
+void Accelerator::warn_if_forward_ran_without_autocast() {
+  // Why: m->forward(x) is the model itself and runs in float32; a program written as libtorch's
+  // examples are (or for the batch-wide autocast of earlier releases) would lose mixed precision
+  // without a word.
+  if (impl_->warned_no_autocast_ || !impl_->forward_precision_->autocast || !is_main_process() ||
+      autocast_compat::regions_entered() != impl_->autocast_regions_at_start_)
+    return;
+  impl_->warned_no_autocast_ = true;
+  log::warning("mixed_precision is " + impl_->mixed_precision_ +
+               ", but no forward pass has run under autocast: call the prepared model as m(x) "
+               "(HF's model(x): forward under autocast, float32 outputs) or open auto cast = "
+               "acc.autocast(); m->forward(x) is the model itself and runs in float32");
 }
 
 void Accelerator::check_optimizers_not_stepped_elsewhere() const {
   for (std::size_t i = 0; i < impl_->optimizers_.size(); ++i)
     check_own_steps(*impl_->optimizers_[i], "prepared optimizer " + std::to_string(i));
-}
-
-void Accelerator::set_forward_autocast(bool on) {
-  // Why the scope check: inside the program's own acc.autocast() scope (several forward passes
-  // and backwards in one scope, say), that scope decides.
-  if (!impl_->autocast_forward_ || autocast_compat::scope_depth() > 0) return;
-  auto type = device().type();
-  if (on) {
-    autocast_compat::set_dtype(type,
-                               impl_->mixed_precision_ == "fp16" ? torch::kHalf : torch::kBFloat16);
-    autocast_compat::set_enabled(type, true);
-  } else if (autocast_compat::is_enabled(type)) {
-    autocast_compat::set_enabled(type, false);
-    // Why: the cast copies of the weights must not outlive the forward pass (the step changes
-    // the weights).
-    at::autocast::clear_cache();
-  }
 }
 
 double Accelerator::clip_grad_norm_(const std::vector<torch::Tensor>& parameters, double max_norm,

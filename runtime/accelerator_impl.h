@@ -55,8 +55,13 @@ struct CustomState {
 
 struct Accelerator::Impl {
   std::string mixed_precision_ = "no";
-  bool autocast_forward_ = false;  // options_.autocast_forward with mixed precision on
-  int zero_stage_ = 0;             // options_.zero_stage, else ACCEL_ZERO_STAGE
+  // How prepared models' m(x) run: autocast with mixed precision and options_.autocast_forward.
+  std::shared_ptr<ForwardPrecision> forward_precision_ = std::make_shared<ForwardPrecision>();
+  // Autocast regions (AutocastGuard scopes) entered on this thread when this was made; the same
+  // count at a backward(), with mixed precision on, means every forward so far ran in float32.
+  int64_t autocast_regions_at_start_ = 0;
+  bool warned_no_autocast_ = false;
+  int zero_stage_ = 0;  // options_.zero_stage, else ACCEL_ZERO_STAGE
   std::unordered_map<const torch::nn::Module*, std::shared_ptr<GradSync>> syncs_;
   std::unordered_map<const torch::nn::Module*, bool> prepared_;
   bool trigger_ = false;

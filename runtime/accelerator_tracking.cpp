@@ -95,7 +95,6 @@ void Accelerator::end_training() {
 fs::path Accelerator::tracker_dir() const { return impl_->tracking_->dir; }
 
 void Accelerator::on_loader_progress(std::size_t loader, const PassProgress& progress) {
-  set_forward_autocast(!progress.finished);
   auto& t = *impl_->tracking_;
   if (!t.bar) return;
   std::string label = "epoch " + std::to_string(progress.epoch);

@@ -6,14 +6,15 @@
 #include <ATen/autocast_mode.h>
 #include <torch/version.h>
 
+#include <cstdint>
+
 #define ACCEL_TORCH_DEVICE_AUTOCAST_API \
   (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4))
 
 namespace accel::autocast_compat {
 
-// accel::AutocastGuard scopes (acc.autocast()) alive on this thread: inside one, that scope
-// decides, and the Accelerator's automatic autocast of a prepared loader's batch stays out.
-int scope_depth();
+// AutocastGuard scopes that autocast (mixed precision on) entered on this thread so far.
+int64_t regions_entered();
 
 inline bool is_enabled(c10::DeviceType type) {
 #if ACCEL_TORCH_DEVICE_AUTOCAST_API

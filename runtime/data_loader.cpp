@@ -284,7 +284,7 @@ class DataLoader::Pass {
     impl_->position->end_of_dataloader = !ahead_;
     // Why: a stream learns how many real samples its last buffer had only when it gets there.
     if (!ahead_ && impl_->stream_dataset) impl_->position->remainder = tail_remainder_;
-    // Last: the next batch is built by then (its collate does not run under the batch's autocast).
+    // Last: the next batch is built by then (the progress display shows it as handed out).
     if (impl_->hooks.on_progress)
       impl_->hooks.on_progress({impl_->epoch, impl_->handed_out, impl_->pass_total, false});
   }

@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "accel/error.h"
+#include "contract/json_depth.h"
 #include "runtime/autocast_compat.h"
 
 namespace accel {
@@ -17,10 +18,10 @@ namespace accel {
 // --- AutocastGuard --------------------------------------------------------------------------
 
 namespace {
-thread_local int g_scope_depth = 0;
+thread_local int64_t g_regions_entered = 0;
 }  // namespace
 
-int autocast_compat::scope_depth() { return g_scope_depth; }
+int64_t autocast_compat::regions_entered() { return g_regions_entered; }
 
 AutocastGuard::AutocastGuard(torch::DeviceType device_type, torch::ScalarType dtype, bool enabled)
     : device_type_(device_type), active_(enabled) {
@@ -39,7 +40,7 @@ AutocastGuard::AutocastGuard(torch::DeviceType device_type, torch::ScalarType dt
                      c10::DeviceTypeName(device_type_));
   }
   at::autocast::increment_nesting();
-  ++g_scope_depth;
+  ++g_regions_entered;
 }
 
 AutocastGuard::AutocastGuard(AutocastGuard&& other) noexcept
@@ -52,7 +53,6 @@ AutocastGuard::AutocastGuard(AutocastGuard&& other) noexcept
 
 AutocastGuard::~AutocastGuard() {
   if (!active_) return;
-  --g_scope_depth;
   // Why: autocast caches the low-precision copies of weights; they must not outlive the
   // outermost scope, or an optimizer step would leave stale copies behind.
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
@@ -209,6 +209,10 @@ std::string GradScaler::state_dict() const {
 }
 
 void GradScaler::load_state_dict(const std::string& json, const std::string& where) {
+  if (contract::json_nesting_exceeds(json)) {
+    throw CheckpointError("accel: " + where + ": " + "nests arrays and objects more than " +
+                          std::to_string(contract::kMaxJsonDepth) + " levels deep");
+  }
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(json);

@@ -18,7 +18,7 @@ int main() {
 
   for (int64_t epoch = dl.epoch(); epoch < 3; ++epoch) {
     for (auto& batch : dl) {
-      auto loss = torch::mse_loss(m->forward(batch.input), batch.target);
+      auto loss = torch::mse_loss(m(batch.input), batch.target);
       acc.backward(loss);
       o.step();
       o.zero_grad();

@@ -4,7 +4,7 @@
 //   device_checks stale-weights bf16|fp16 plain|accel
 //       Trains a Linear layer for 15 SGD steps on a prepared loader under mixed precision,
 //       calling loss.backward() (plain) or acc.backward(loss) (accel). Before each backward it
-//       compares the model's forward (under the automatic autocast of the loader's batch) with the
+//       compares the prepared model's m(x) (its forward under autocast) with the
 //       same product computed from the current weights cast anew: autocast's cached weight copies
 //       must never be older than the last optimizer step, so the gap must be exactly 0. Also
 //       checks that the weights moved enough for a stale copy to show (else the check is void).
@@ -62,7 +62,7 @@ int stale_weights(const std::string& precision, const std::string& backward) {
   double gap = 0;
   int64_t steps = 0;
   for (auto& batch : dl) {
-    auto out = linear->forward(batch.input);  // the loader's batch turned autocast on
+    auto out = m(batch.input);  // HF's model(x): the forward under autocast, float32 out
     torch::Tensor expect;
     {
       torch::NoGradGuard no_grad;

@@ -419,38 +419,150 @@ TEST(Logger, WritesNamedLinesAtItsLevelOnTheMainProcess) {
 
 bool cpu_autocast() { return autocast_compat::is_enabled(c10::DeviceType::CPU); }
 
-TEST(Autocast, APreparedLoadersBatchRunsUnderAutocastUntilBackward) {
+// The model's forward computed in bf16 from the current weights, cast anew (no autocast cache),
+// as float32: what HF's prepared model(x) returns under bf16.
+torch::Tensor bf16_forward(torch::nn::LinearImpl& linear, const torch::Tensor& x) {
+  torch::NoGradGuard no_grad;
+  return torch::linear(x.to(torch::kBFloat16), linear.weight.to(torch::kBFloat16),
+                       linear.bias.to(torch::kBFloat16))
+      .to(torch::kFloat);
+}
+
+// What runs under autocast is the prepared model's call m(x), as HF's prepared model(x): its
+// forward in bf16, its output float32, autocast off again after it. m->forward(x) (the model
+// itself), a loader's batch, backward and the step run in float32; with autocast_forward =
+// false, m(x) does too.
+TEST(Autocast, APreparedModelsCallRunsUnderAutocastWithFloat32Outputs) {
   for (bool on : {true, false}) {
     SCOPED_TRACE(on ? "autocast_forward" : "autocast_forward = false");
     Accelerator acc({.mixed_precision = "bf16", .autocast_forward = on});
-    auto model = torch::nn::Linear(3, 1);
+    auto model = torch::nn::Linear(3, 2);
     auto opt =
         std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(0.1));
     auto [m, o, dl] = acc.prepare(
         model, opt,
-        DataLoader(std::make_shared<TensorDataset>(torch::randn({8, 3}), torch::randn({8, 1})),
+        DataLoader(std::make_shared<TensorDataset>(torch::randn({8, 3}), torch::randn({8, 2})),
                    {.batch_size = 4}));
     int batches = 0;
     for (auto& b : dl) {
-      EXPECT_EQ(cpu_autocast(), on);
-      auto out = m->forward(b.input);
-      EXPECT_EQ(out.scalar_type(), on ? torch::kBFloat16 : torch::kFloat);
-      acc.backward(torch::mse_loss(out.to(torch::kFloat), b.target));
-      EXPECT_FALSE(cpu_autocast()) << "the step runs in full precision";
+      EXPECT_FALSE(cpu_autocast()) << "a batch alone turns nothing on";
+      auto out = m(b.input);
+      EXPECT_FALSE(cpu_autocast());
+      EXPECT_EQ(out.scalar_type(), torch::kFloat);
+      auto fp32 = model->forward(b.input);
+      EXPECT_EQ(fp32.scalar_type(), torch::kFloat);
+      if (on) {
+        EXPECT_TRUE(torch::equal(out, bf16_forward(*model, b.input))) << "m(x) ran in bf16";
+        EXPECT_FALSE(torch::equal(out, fp32));
+      } else {
+        EXPECT_TRUE(torch::equal(out, fp32));
+      }
+      EXPECT_TRUE(torch::equal(m->forward(b.input), fp32)) << "m->forward(x) is the model itself";
+      acc.backward(torch::mse_loss(out, b.target));
       o.step();
       o.zero_grad();
       ++batches;
     }
     EXPECT_EQ(batches, 2);
-    EXPECT_FALSE(cpu_autocast()) << "code after the loop runs in full precision";
-    // A loop left early (evaluation without backward) ends it too.
-    for (auto& b : dl) {
-      torch::NoGradGuard no_grad;
-      EXPECT_EQ(m->forward(b.input).scalar_type(), on ? torch::kBFloat16 : torch::kFloat);
-      break;
-    }
     EXPECT_FALSE(cpu_autocast());
   }
+}
+
+// HF's traps, as HF behaves: a second forward of the batch after backward (a GAN step, a second
+// loss) runs in bf16 like the first; an unprepared model (a teacher) runs in float32.
+TEST(Autocast, ASecondForwardAfterBackwardIsBf16AndAnUnpreparedTeacherFloat32) {
+  Accelerator acc({.mixed_precision = "bf16"});
+  torch::manual_seed(5);
+  auto student = torch::nn::Linear(3, 2);
+  auto teacher = torch::nn::Linear(3, 2);
+  auto opt =
+      std::make_shared<torch::optim::SGD>(student->parameters(), torch::optim::SGDOptions(0.1));
+  auto [m, o, dl] = acc.prepare(
+      student, opt,
+      DataLoader(std::make_shared<TensorDataset>(torch::randn({8, 3}), torch::randn({8, 2})),
+                 {.batch_size = 4}));
+  for (auto& b : dl) {
+    torch::Tensor target;
+    {
+      torch::NoGradGuard no_grad;
+      target = teacher->forward(b.input);
+    }
+    EXPECT_EQ(target.scalar_type(), torch::kFloat) << "the unprepared teacher";
+    {
+      torch::NoGradGuard no_grad;
+      EXPECT_TRUE(torch::equal(target, torch::linear(b.input, teacher->weight, teacher->bias)));
+    }
+    acc.backward(torch::mse_loss(m(b.input), target));
+    auto again = m(b.input);  // the second forward, after backward
+    EXPECT_TRUE(torch::equal(again, bf16_forward(*student, b.input)));
+    acc.backward(torch::mse_loss(again, b.target));
+    o.step();
+    o.zero_grad();
+  }
+}
+
+// Autocast keeps bf16 copies of the weights while its scope lasts; a forward must never see
+// copies older than the last step, whichever backward the program calls: every step's m(x) is
+// exactly the forward from the current weights cast anew (gap 0), over steps that moved the
+// weights far more than bf16's resolution.
+TEST(Autocast, TheForwardNeverRunsOnStaleBf16WeightsWithEitherBackward) {
+  for (std::string backward : {"plain", "accel"}) {
+    SCOPED_TRACE("backward " + backward);
+    Accelerator acc({.mixed_precision = "bf16"});
+    torch::manual_seed(3);
+    auto x = torch::randn({15 * 8, 16});
+    auto y = torch::randn({15 * 8, 8});
+    auto linear = torch::nn::Linear(16, 8);
+    auto sgd =
+        std::make_shared<torch::optim::SGD>(linear->parameters(), torch::optim::SGDOptions(0.5));
+    auto [m, o, dl] = acc.prepare(
+        linear, sgd, DataLoader(std::make_shared<TensorDataset>(x, y), {.batch_size = 8}));
+    auto start = linear->weight.detach().clone();
+    double gap = 0;
+    int steps = 0;
+    for (auto& b : dl) {
+      auto out = m(b.input);
+      gap =
+          std::max(gap, (out.detach() - bf16_forward(*linear, b.input)).abs().max().item<double>());
+      auto loss = torch::mse_loss(out, b.target);
+      if (backward == "plain")
+        loss.backward();
+      else
+        acc.backward(loss);
+      o.step();
+      o.zero_grad();
+      ++steps;
+    }
+    EXPECT_EQ(steps, 15);
+    EXPECT_EQ(gap, 0.0);
+    EXPECT_GT((linear->weight.detach() - start).abs().max().item<double>(), 0.05)
+        << "the weights barely moved: a stale copy could not show";
+  }
+}
+
+// m->forward(x) is the model itself: a program that trains that way under mixed precision is
+// told once, at its first backward, that nothing ran under autocast.
+TEST(Autocast, AForwardThatNeverRanUnderAutocastIsToldOnce) {
+  Accelerator acc({.mixed_precision = "bf16"});
+  auto model = torch::nn::Linear(3, 1);
+  auto m = acc.prepare(model);
+  auto x = torch::randn({4, 3});
+  ::testing::internal::CaptureStderr();
+  acc.backward(m->forward(x).sum());
+  acc.backward(m->forward(x).sum());
+  std::string said = ::testing::internal::GetCapturedStderr();
+  const std::string warning =
+      "but no forward pass has run under autocast: call the prepared model "
+      "as m(x)";
+  auto first = said.find(warning);
+  EXPECT_NE(first, std::string::npos) << said;
+  EXPECT_EQ(said.find(warning, first + 1), std::string::npos) << "told twice:\n" << said;
+  Accelerator other({.mixed_precision = "bf16"});
+  auto n = other.prepare(torch::nn::Linear(3, 1));
+  ::testing::internal::CaptureStderr();
+  other.backward(n(x).sum());
+  said = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(said.find(warning), std::string::npos) << said;
 }
 
 // A program's own acc.autocast() scope around two forward passes and backwards (a GAN step):

@@ -32,6 +32,7 @@
 #include "accel/error.h"
 #include "accel/gradient_state.h"
 #include "accel/mixed_precision.h"
+#include "accel/prepared_model.h"
 #include "accel/state.h"
 
 namespace accel {
@@ -119,10 +120,9 @@ struct AcceleratorOptions {
   // terminal, a line every 30 s otherwise) with the values last given to log(). Unset:
   // ACCEL_PROGRESS (on or off), else on.
   std::optional<bool> progress_bar{};
-  // With mixed precision, each batch a prepared loader hands out is processed under autocast
-  // until backward() (the forward pass and the loss), as HF autocasts a prepared model's forward;
-  // backward, the optimizer step and code after the loop run without it. false: only inside
-  // acc.autocast() scopes.
+  // With mixed precision, a prepared model's m(x) runs its forward under autocast and returns
+  // float32 outputs, as HF's prepared model(x) (accel/prepared_model.h); nothing else does.
+  // false: only acc.autocast() scopes autocast.
   bool autocast_forward = true;
   // The prepared optimizer steps torch::optim::Adam, AdamW and SGD on CPU float/double parameters
   // in one pass over each parameter's memory instead of libtorch's one pass per operation: the
@@ -234,6 +234,10 @@ template <class S>
 struct SharedScheduler<std::shared_ptr<S>>
     : std::bool_constant<std::is_base_of_v<torch::optim::LRScheduler, S>> {};
 template <class T>
+struct IsPreparedModel : std::false_type {};
+template <class M>
+struct IsPreparedModel<PreparedModel<M>> : std::true_type {};
+template <class T>
 concept ModuleHolderType = requires {
   typename T::ContainedType;
 }
@@ -313,11 +317,13 @@ class Accelerator {
     else
       return std::tuple{prepare_one(std::forward<Ts>(objects))...};
   }
+  // A model comes back as accel::PreparedModel<M> (accel/prepared_model.h): the model itself,
+  // whose m(x) runs forward under mixed precision autocast with float32 outputs, as HF's.
   template <class M>
-  std::shared_ptr<M> prepare_model(std::shared_ptr<M> model) {
+  PreparedModel<M> prepare_model(std::shared_ptr<M> model) {
     if (!model) throw UsageError("accel: prepare() got a null model");
     register_model(*model);
-    return model;
+    return PreparedModel<M>(std::move(model), forward_precision());
   }
   PreparedOptimizer prepare_optimizer(std::shared_ptr<torch::optim::Optimizer> optimizer);
   DataLoader prepare_data_loader(const DataLoader& loader);
@@ -395,6 +401,11 @@ class Accelerator {
                   const SaveModelOptions& options = {}) {
     save_model(*model, dir, options);
   }
+  template <class M>
+  void save_model(const PreparedModel<M>& model, const std::filesystem::path& dir,
+                  const SaveModelOptions& options = {}) {
+    save_model(*model, dir, options);
+  }
   // HF's get_state_dict: the model's parameters then buffers, by qualified name (detached; they
   // share storage with the model), as save_model writes them.
   std::vector<std::pair<std::string, torch::Tensor>> get_state_dict(
@@ -402,6 +413,11 @@ class Accelerator {
   template <class M>
   std::vector<std::pair<std::string, torch::Tensor>> get_state_dict(
       const std::shared_ptr<M>& model) const {
+    return get_state_dict(*model);
+  }
+  template <class M>
+  std::vector<std::pair<std::string, torch::Tensor>> get_state_dict(
+      const PreparedModel<M>& model) const {
     return get_state_dict(*model);
   }
   // HF's register_save_state_pre_hook / register_load_state_pre_hook: `hook(models, dir)` runs
@@ -555,6 +571,11 @@ class Accelerator {
   M unwrap_model(const M& model) const {
     return model;
   }
+  // HF's unwrap_model: the model without what prepare() added (its calls run without autocast).
+  template <class M>
+  std::shared_ptr<M> unwrap_model(const PreparedModel<M>& model) const {
+    return model.ptr();
+  }
   // Forgets prepared models (their gradients stop syncing) and resets the step counter.
   void free_memory();
 
@@ -564,10 +585,11 @@ class Accelerator {
     using D = std::decay_t<T>;
     if constexpr (detail::SharedModule<D>::value)
       return prepare_model(object);
-    else if constexpr (detail::ModuleHolderType<D>) {
-      register_model(*object.ptr());
-      return object;
-    } else if constexpr (detail::SharedOptimizer<D>::value)
+    else if constexpr (detail::ModuleHolderType<D>)
+      return prepare_model(object.ptr());
+    else if constexpr (detail::IsPreparedModel<D>::value)
+      return prepare_model(object.ptr());
+    else if constexpr (detail::SharedOptimizer<D>::value)
       return prepare_optimizer(object);
     else if constexpr (std::is_same_v<D, DataLoader>)
       return prepare_data_loader(object);
@@ -584,6 +606,12 @@ class Accelerator {
     return m.get();
   }
   template <class M>
+  static const torch::nn::Module* module_of(const PreparedModel<M>& m) {
+    return m.get();
+  }
+  // How prepared models' calls run (mixed precision), shared by all of them.
+  std::shared_ptr<const ForwardPrecision> forward_precision() const;
+  template <class M>
   requires detail::ModuleHolderType<M>
   static const torch::nn::Module* module_of(const M& m) { return m.ptr().get(); }
   static const torch::nn::Module* module_of(const torch::nn::Module& m) { return &m; }
@@ -598,11 +626,10 @@ class Accelerator {
   void resume_from_newest(bool forward_done);
   void open_trackers();
   void on_loader_progress(std::size_t loader, const PassProgress& progress);
-  // Autocast on (a batch was handed out) or off (backward, the end of a pass), when
-  // autocast_forward applies.
-  void set_forward_autocast(bool on);
   // UsageError when a prepared optimizer was stepped through its original handle.
   void check_optimizers_not_stepped_elsewhere() const;
+  // Once, on the main process: mixed precision is on, yet no forward ran under autocast.
+  void warn_if_forward_ran_without_autocast();
   bool automatic_resume_on() const;
   // UsageError when `what` is prepared or registered after maybe_resume() ran with automatic
   // resume on: a restarted run would not restore it.

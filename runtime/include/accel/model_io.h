@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "accel/prepared_model.h"
+
 namespace accel {
 
 // The names that did not match between a model and the files loaded into it.
@@ -31,6 +33,11 @@ LoadedKeys load_model(const std::shared_ptr<M>& model, const std::filesystem::pa
                       bool strict = true) {
   return load_model(*model, path, strict);
 }
+template <class M>
+LoadedKeys load_model(const PreparedModel<M>& model, const std::filesystem::path& path,
+                      bool strict = true) {
+  return load_model(*model, path, strict);
+}
 
 // HF's load_checkpoint_in_model: load_model, not strict unless asked.
 inline LoadedKeys load_checkpoint_in_model(torch::nn::Module& model,
@@ -39,6 +46,11 @@ inline LoadedKeys load_checkpoint_in_model(torch::nn::Module& model,
 }
 template <class M>
 LoadedKeys load_checkpoint_in_model(const std::shared_ptr<M>& model,
+                                    const std::filesystem::path& path, bool strict = false) {
+  return load_model(*model, path, strict);
+}
+template <class M>
+LoadedKeys load_checkpoint_in_model(const PreparedModel<M>& model,
                                     const std::filesystem::path& path, bool strict = false) {
   return load_model(*model, path, strict);
 }
