@@ -4,6 +4,7 @@
 // every rank itself. Header-only, standard library only.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -40,6 +41,11 @@ bool each_comma_part(std::string_view text, F&& part) {
   }
 }
 
+// `text` for a message: at most 80 characters of it (a hostile list may be megabytes).
+inline std::string quoted(std::string_view text) {
+  return "'" + std::string(text.substr(0, 80)) + (text.size() > 80 ? "...'" : "'");
+}
+
 inline bool parse_uint(std::string_view s, uint64_t& out) {
   if (s.empty() || s.size() > 18) return false;
   out = 0;
@@ -64,11 +70,11 @@ inline bool expand_ranges(std::string_view body, std::vector<std::string>& out, 
     uint64_t lo = 0;
     uint64_t hi = 0;
     if (!parse_uint(lo_text, lo) || !parse_uint(hi_text, hi)) {
-      error = "'" + std::string(part) + "' is not a number or a range such as 1-4";
+      error = quoted(part) + " is not a number or a range such as 1-4";
       return false;
     }
     if (hi < lo) {
-      error = "range '" + std::string(part) + "' ends below its start";
+      error = "range " + quoted(part) + " ends below its start";
       return false;
     }
     if (hi - lo >= limit || out.size() + (hi - lo + 1) > limit) {
@@ -85,44 +91,57 @@ inline bool expand_ranges(std::string_view body, std::vector<std::string>& out, 
 }
 
 // One host expression: literal text and bracket groups, each group multiplying the names.
+// Why the length is checked before each piece is added: a long name times many numbers would
+// otherwise be built in full (gigabytes) before it could be refused.
 inline bool expand_one(std::string_view expr, std::vector<std::string>& out, std::string& error) {
   std::vector<std::string> names{std::string()};
+  std::size_t longest = 0;  // of the names so far
+  auto too_long = [&] {
+    error = "a host name longer than " + std::to_string(kMaxSlurmHostName) + " characters in " +
+            quoted(expr);
+    return false;
+  };
   std::size_t i = 0;
   while (i < expr.size()) {
     char c = expr[i];
     if (c == ']') {
-      error = "']' without '[' in '" + std::string(expr) + "'";
+      error = "']' without '[' in " + quoted(expr);
       return false;
     }
     if (c != '[') {
       std::size_t next = expr.find_first_of("[]", i);
       std::string_view text =
           expr.substr(i, next == std::string_view::npos ? expr.size() - i : next - i);
+      if (longest + text.size() > kMaxSlurmHostName) return too_long();
       for (auto& n : names) n += text;
+      longest += text.size();
       i += text.size();
       continue;
     }
     std::size_t close = expr.find(']', i + 1);
     std::size_t nested = expr.find('[', i + 1);
     if (close == std::string_view::npos) {
-      error = "'[' without ']' in '" + std::string(expr) + "'";
+      error = "'[' without ']' in " + quoted(expr);
       return false;
     }
     if (nested < close) {
-      error = "brackets inside brackets in '" + std::string(expr) + "'";
+      error = "brackets inside brackets in " + quoted(expr);
       return false;
     }
     std::vector<std::string> numbers;
     std::size_t room = kMaxSlurmHosts - out.size();
     if (!expand_ranges(expr.substr(i + 1, close - i - 1), numbers, room, error)) {
-      error += " in '" + std::string(expr) + "'";
+      error += " in " + quoted(expr);
       return false;
     }
     if (numbers.size() > room / names.size()) {
-      error = "'" + std::string(expr) + "' expands to more than " + std::to_string(kMaxSlurmHosts) +
-              " names";
+      error = quoted(expr) + " expands to more than " + std::to_string(kMaxSlurmHosts) + " names";
       return false;
     }
+    std::size_t widest = 0;
+    for (const auto& num : numbers) widest = std::max(widest, num.size());
+    if (longest + widest > kMaxSlurmHostName) return too_long();
+    longest += widest;
     std::vector<std::string> product;
     product.reserve(names.size() * numbers.size());
     for (const auto& n : names) {
@@ -131,13 +150,7 @@ inline bool expand_one(std::string_view expr, std::vector<std::string>& out, std
     names = std::move(product);
     i = close + 1;
   }
-  for (auto& n : names) {
-    if (n.size() > kMaxSlurmHostName) {
-      error = "a host name longer than " + std::to_string(kMaxSlurmHostName) + " characters";
-      return false;
-    }
-    out.push_back(std::move(n));
-  }
+  for (auto& n : names) out.push_back(std::move(n));
   return true;
 }
 
@@ -161,7 +174,7 @@ inline SlurmList expand_hostlist(std::string_view text) {
     if (expr.empty()) continue;
     for (char ch : expr) {
       if (ch == ' ' || ch == '\t' || ch == '\n' || ch == '\0') {
-        result.error = "a space or control character in '" + std::string(expr) + "'";
+        result.error = "a space or control character in " + slurm_detail::quoted(expr);
         result.items.clear();
         return result;
       }
@@ -186,13 +199,13 @@ inline SlurmList expand_per_node_counts(std::string_view text) {
       std::string_view rest = part.substr(paren);
       if (rest.size() < 4 || rest.substr(0, 2) != "(x" || rest.back() != ')' ||
           !slurm_detail::parse_uint(rest.substr(2, rest.size() - 3), repeat) || repeat == 0) {
-        result.error = "'" + std::string(part) + "' is not N or N(xM)";
+        result.error = slurm_detail::quoted(part) + " is not N or N(xM)";
         return false;
       }
     }
     uint64_t count = 0;
     if (!slurm_detail::parse_uint(count_text, count) || count > (1u << 20)) {
-      result.error = "'" + std::string(part) + "' is not N or N(xM)";
+      result.error = slurm_detail::quoted(part) + " is not N or N(xM)";
       return false;
     }
     if (repeat > kMaxSlurmHosts - result.items.size()) {

@@ -11,7 +11,7 @@ trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/corpus" "$work/artifacts"
 cp -r "$here/corpus/$name/." "$work/corpus/" 2>/dev/null || true
 set +e
-"$build/fuzz_$name" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -max_len=65536 \
+"$build/fuzz_$name" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -max_len=262144 \
   -print_final_stats=1 -artifact_prefix="$work/artifacts/" "$work/corpus" 2>"$work/log"
 rc=$?
 set -e

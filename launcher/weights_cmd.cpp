@@ -18,7 +18,10 @@
 #include <set>
 #include <stdexcept>
 
+#include "agent/common/safe_file.h"
 #include "contract/byte_size.h"
+#include "contract/json_depth.h"
+#include "contract/quote.h"
 #include "contract/safetensors_layout.h"
 
 namespace accel::launcher {
@@ -47,7 +50,7 @@ struct OutputError {  // an output that exists or cannot be written: exit code 1
   std::string message;
 };
 
-std::string in_quotes(std::string_view s) { return "\"" + std::string(s) + "\""; }
+std::string in_quotes(std::string_view s) { return contract::quote_for_message(s); }
 
 [[noreturn]] void bad(const std::string& where, const std::string& what) {
   throw InputError{where + ": " + what};
@@ -174,6 +177,11 @@ Json parse_header_json(const std::string& text, const std::string& where) {
       twice = parsed.get<std::string>();
     return true;
   };
+  if (contract::json_nesting_exceeds(text))
+    bad(where, "header " +
+                   std::string("nests arrays and objects more than " +
+                               std::to_string(contract::kMaxJsonDepth) + " levels deep") +
+                   "; not a safetensors file");
   Json header;
   try {
     header = Json::parse(text, note_key);
@@ -308,8 +316,13 @@ struct Model {
 // The index's weight_map: tensor name -> shard file name, each a plain name beside the index.
 std::map<std::string, std::string> read_weight_map(const std::string& index) {
   Json j;
+  const std::string text = read_small_file(index);
+  if (contract::json_nesting_exceeds(text))
+    bad(index, std::string("nests arrays and objects more than " +
+                           std::to_string(contract::kMaxJsonDepth) + " levels deep") +
+                   "; not a safetensors index");
   try {
-    j = Json::parse(read_small_file(index));
+    j = Json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     bad(index, std::string("is not valid JSON: ") + e.what());
   }
@@ -633,7 +646,8 @@ class StagedFile {
  public:
   explicit StagedFile(fs::path final_path)
       : final_(std::move(final_path)), temp_(final_.string() + ".tmp") {
-    fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    // Why fresh: a "<final>.tmp" planted as a link to another file must not be written through.
+    fd_ = create_fresh(temp_.string(), 0644);
     if (fd_ < 0) cannot_write(temp_.string(), errno);
   }
   ~StagedFile() {

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "accel/accelerator.h"
+#include "contract/json_depth.h"
 #include "contract/worker_contract.h"
 #include "runtime/accelerator_impl.h"
 #include "runtime/checkpoint_io.h"
@@ -855,6 +856,11 @@ std::vector<LoaderState> saved_positions(const safetensors::Decoded& d, const fs
   std::vector<LoaderState> out;
   auto it = d.metadata.find("loaders");
   if (it == d.metadata.end()) CheckpointReader::fail(where, "has no \"loaders\" metadata");
+  if (contract::json_nesting_exceeds(it->second))
+    CheckpointReader::fail(
+        where, "has \"loaders\" metadata that " +
+                   std::string("nests arrays and objects more than " +
+                               std::to_string(contract::kMaxJsonDepth) + " levels deep"));
   try {
     for (const auto& p : json::parse(it->second))
       out.push_back({p.at("epoch").get<int64_t>(), p.at("batches").get<uint64_t>()});
@@ -918,9 +924,13 @@ fs::path Accelerator::load_from(const fs::path& source, bool verify_checksums) {
   std::vector<int64_t> scheduler_steps;
   for (std::size_t i = 0; i < impl_->schedulers_.size(); ++i) {
     auto name = indexed("scheduler", i, ".json");
+    const std::string text(ckpt.read(name).view());
+    if (contract::json_nesting_exceeds(text))
+      CheckpointReader::fail(source / name,
+                             std::string("nests arrays and objects more than " +
+                                         std::to_string(contract::kMaxJsonDepth) + " levels deep"));
     try {
-      scheduler_steps.push_back(
-          json::parse(std::string(ckpt.read(name).view())).at("steps").get<int64_t>());
+      scheduler_steps.push_back(json::parse(text).at("steps").get<int64_t>());
     } catch (const json::exception& e) {
       CheckpointReader::fail(source / name, std::string("is not {\"steps\": n}: ") + e.what());
     }
@@ -1076,7 +1086,8 @@ fs::path Accelerator::load_from(const fs::path& source, bool verify_checksums) {
   // reuse the loaded folder only if it is an automatic checkpoint (a rotation keeps it, as the
   // newest).
   impl_->last_auto_save_ = completed_steps();
-  impl_->last_auto_save_dir_ = is_automatic_checkpoint(source, impl_->project_.project_dir) ? source : fs::path();
+  impl_->last_auto_save_dir_ =
+      is_automatic_checkpoint(source, impl_->project_.project_dir) ? source : fs::path();
   if (m.value("mixed_precision", std::string("no")) != impl_->mixed_precision_ &&
       is_main_process()) {
     log::warning("checkpoint " + source.string() + " was saved with mixed_precision=" +
@@ -1305,10 +1316,9 @@ void Accelerator::stop_after_checkpoint(int signal) {
   // on every rank (set by the same saves and loads), and the manifest check is rank 0's alone.
   bool have = done == impl_->last_auto_save_ && !impl_->last_auto_save_dir_.empty();
   if (have) {
-    std::string ok = is_main_process() && fs::is_regular_file(impl_->last_auto_save_dir_ /
-                                                              "manifest.json")
-                         ? "1"
-                         : "";
+    std::string ok =
+        is_main_process() && fs::is_regular_file(impl_->last_auto_save_dir_ / "manifest.json") ? "1"
+                                                                                               : "";
     if (use_distributed()) ok = broadcast_object(ok);
     have = !ok.empty();
   }

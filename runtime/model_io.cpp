@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "accel/error.h"
+#include "contract/json_depth.h"
 #include "runtime/checkpoint_io.h"
 #include "runtime/checkpoint_manifest.h"
 #include "runtime/safetensors.h"
@@ -37,7 +38,12 @@ Source find_files(const fs::path& path) {
   if (fs::exists(index, ec)) {
     Source s;
     try {
-      json j = json::parse(ckpt::checkpoint_fs().read_file(index));
+      const std::string text = ckpt::checkpoint_fs().read_file(index);
+      if (contract::json_nesting_exceeds(text))
+        fail(index, std::string("nests arrays and objects more than " +
+                                std::to_string(contract::kMaxJsonDepth) + " levels deep") +
+                        "; not a safetensors index");
+      json j = json::parse(text);
       std::set<std::string> files;
       for (const auto& [name, file] : j.at("weight_map").items()) {
         auto f = file.get<std::string>();

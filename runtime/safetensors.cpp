@@ -14,6 +14,8 @@
 
 #include "accel/error.h"
 #include "contract/byte_size.h"
+#include "contract/json_depth.h"
+#include "contract/quote.h"
 #include "contract/safetensors_layout.h"
 #include "runtime/checkpoint_io.h"
 
@@ -61,7 +63,7 @@ const DtypeInfo* find_dtype(std::string_view name) {
   return nullptr;
 }
 
-std::string in_quotes(std::string_view name) { return "\"" + std::string(name) + "\""; }
+std::string in_quotes(std::string_view s) { return contract::quote_for_message(s); }
 
 std::string show_shape(const std::vector<int64_t>& shape) {
   std::string out = "[";
@@ -267,6 +269,11 @@ OrderedJson parse_header(std::string_view bytes, const std::string& where) {
   if (n > bytes.size() - 8)
     fail(where, "header length " + std::to_string(n) + " runs past the end of the file (" +
                     std::to_string(bytes.size()) + " bytes); truncated or not a safetensors file");
+  if (contract::json_nesting_exceeds(bytes.substr(8, n)))
+    fail(where, "header " +
+                    std::string("nests arrays and objects more than " +
+                                std::to_string(contract::kMaxJsonDepth) + " levels deep") +
+                    "; not a safetensors file");
   OrderedJson header;
   try {
     header = OrderedJson::parse(bytes.substr(8, n));

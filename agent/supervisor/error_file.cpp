@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "contract/json_depth.h"
 #include "contract/worker_contract.h"
 
 namespace accel::supervisor {
@@ -24,6 +25,8 @@ std::optional<WorkerError> read_error_file(const std::string& path) {
 }
 
 WorkerError parse_error_file(std::string_view text, const std::string& path) {
+  if (contract::json_nesting_exceeds(text))
+    return WorkerError{"(unreadable error file " + path + ")", ""};
   auto doc = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded() || !doc.is_object() || !doc.contains(ef::kMessage)) {
     return WorkerError{"(unreadable error file " + path + ")", ""};

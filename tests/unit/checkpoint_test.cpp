@@ -24,6 +24,7 @@
 #include <set>
 
 #include "accel/accel.h"
+#include "contract/json_depth.h"
 #include "runtime/checkpoint_io.h"
 #include "runtime/safetensors.h"
 #include "tests/common/files.h"
@@ -201,6 +202,27 @@ TEST(GradScaler, LoadingGarbageIsACheckpointErrorNamingTheFile) {
                             {"/ckpt/step_9/scaler.json"});
     EXPECT_EQ(scaler.get_scale(), 65536.0) << "a refused state changes nothing";
   }
+  GradScaler scaler;
+  expect_checkpoint_error(
+      [&] {
+        scaler.load_state_dict(R"({"scale": )" + std::string(100000, '[') +
+                                   std::string(100000, ']') + R"(, "growth_tracker": 0})",
+                               "/ckpt/step_9/scaler.json");
+      },
+      {"/ckpt/step_9/scaler.json", "nests arrays and objects more than 64 levels deep"});
+}
+
+// The depth counted before any untrusted JSON is parsed: brackets in strings (escaped quotes
+// included) do not count; 64 levels pass, 65 do not.
+TEST(JsonDepth, CountsNestingOutsideStrings) {
+  auto nest = [](int n) { return std::string(n, '[') + std::string(n, ']'); };
+  EXPECT_FALSE(contract::json_nesting_exceeds(nest(64)));
+  EXPECT_TRUE(contract::json_nesting_exceeds(nest(65)));
+  EXPECT_FALSE(contract::json_nesting_exceeds("{\"a\": \"" + std::string(500, '[') + "\"}"));
+  EXPECT_FALSE(contract::json_nesting_exceeds(R"({"a": "\"[[[[", "b": [1]})", 2));
+  EXPECT_TRUE(contract::json_nesting_exceeds(R"({"a": "\\", "b": [[1]]})", 2))
+      << "an escaped backslash ends the string";
+  EXPECT_FALSE(contract::json_nesting_exceeds(""));
 }
 
 // --- GradScaler through the Accelerator -----------------------------------------------------
@@ -978,6 +1000,21 @@ TEST(CheckpointCorrupt, ForeignFormat) {
   auto dir = good_checkpoint(tmp.path() / "ckpt");
   edit_manifest(dir, [](json& m) { m["format"] = "other"; });
   expect_refused(dir, {(dir / "manifest.json").string(), "format"});
+}
+
+// A manifest nested 100,000 levels deep (its format_version an array of arrays) is refused
+// before it is parsed; it used to overflow the stack, and every restart crashed again.
+TEST(CheckpointCorrupt, ADeeplyNestedManifestIsRefused) {
+  TempDir tmp;
+  auto dir = good_checkpoint(tmp.path() / "ckpt");
+  std::string text = read_file(dir / "manifest.json");
+  auto at = text.find('{');
+  ASSERT_NE(at, std::string::npos);
+  text.insert(at + 1,
+              R"("format_version": )" + std::string(100000, '[') + std::string(100000, ']') + ", ");
+  write_file(dir / "manifest.json", text);
+  expect_refused(
+      dir, {(dir / "manifest.json").string(), "nests arrays and objects more than 64 levels deep"});
 }
 
 TEST(CheckpointCorrupt, WorldSizeIsNotANumber) {

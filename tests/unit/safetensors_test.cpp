@@ -227,6 +227,11 @@ TEST(SafetensorsDecode, RejectsACorruptHeaderLength) {
 
 TEST(SafetensorsDecode, RejectsBadJson) {
   EXPECT_TRUE(rejects(raw_file("{\"a\": ", 0), "header is not valid JSON: "));
+  // 100,000 levels (a 200 KB header): refused before parsing, not a stack overflow.
+  const std::string deep = "{\"t\":" + std::string(100000, '[') + std::string(100000, ']') + "}";
+  EXPECT_TRUE(rejects(raw_file(deep, 0),
+                      "header nests arrays and objects more than 64 levels deep; not a "
+                      "safetensors file"));
   EXPECT_TRUE(rejects(raw_file("[1, 2]", 0), "header is not a JSON object but array"));
   EXPECT_TRUE(rejects(raw_file("{\"a\": 1}", 0), "tensor \"a\": entry must be an object"));
   EXPECT_TRUE(rejects(raw_file(R"({"__metadata__": {"k": 1}})", 0),

@@ -61,6 +61,18 @@ TEST(SlurmHostlist, RefusesWhatIsNotAHostList) {
     EXPECT_TRUE(r.items.empty()) << c.text;
   }
   EXPECT_FALSE(expand_hostlist(std::string(300, 'a')).ok());  // longer than a host name
+  // 100 KB of name before 65,536 numbers: refused by its length before any name is built (it
+  // used to build 1.5 GB of names and abort on bad_alloc); the message quotes 80 characters.
+  auto huge = expand_hostlist(std::string(100000, 'a') + "[1-65536]");
+  EXPECT_EQ(huge.error,
+            "a host name longer than 255 characters in '" + std::string(80, 'a') + "...'");
+  EXPECT_TRUE(huge.items.empty());
+  auto widths = expand_hostlist(std::string(251, 'a') + "[99990-99999]");
+  EXPECT_EQ(widths.error.rfind("a host name longer than 255 characters in '", 0), 0u)
+      << widths.error;  // 251 + 5 digits is one too many
+  auto fits = expand_hostlist(std::string(250, 'a') + "[99990-99999]");
+  EXPECT_TRUE(fits.ok()) << fits.error;
+  EXPECT_EQ(fits.items.size(), 10u);
 }
 
 TEST(SlurmHostlist, PerNodeCounts) {

@@ -318,12 +318,24 @@ std::vector<BadCase> bad_cases() {
        "m.safetensors",
        "m.safetensors",
        "header is not valid JSON"},
+      {"nesting 100,000 levels deep",
+       {{"m.safetensors",
+         raw_file("{\"t\":" + std::string(100000, '[') + std::string(100000, ']') + "}")}},
+       "m.safetensors",
+       "m.safetensors",
+       "header nests arrays and objects more than 64 levels deep"},
       {"unknown dtype",
        {{"m.safetensors",
          raw_file(R"({"x":{"dtype":"F128","shape":[2],"data_offsets":[0,8]}})", one_f32)}},
        "m.safetensors",
        "m.safetensors",
        "tensor \"x\": unknown dtype \"F128\""},
+      {"a terminal escape in a tensor name",
+       {{"m.safetensors",
+         raw_file(R"({"x\u001b[2J":{"dtype":"F128","shape":[2],"data_offsets":[0,8]}})", one_f32)}},
+       "m.safetensors",
+       "m.safetensors",
+       "tensor \"x\\x1b[2J\": unknown dtype \"F128\""},
       {"offsets past the data",
        {{"m.safetensors",
          raw_file(R"({"x":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", one_f32)}},
@@ -502,6 +514,25 @@ TEST(MergeWeights, WritesOneModelFileWhenEverythingFits) {
     files.push_back(e.path().filename().string());
   EXPECT_EQ(files, std::vector<std::string>{"model.safetensors"});
   EXPECT_EQ(tensors_in(tmp.path() / "out/model.safetensors").size(), 4u);
+}
+
+// A link planted at the temp name ("<out>.tmp" beside the output, in a folder others can write)
+// is not written through: the file it points to keeps its bytes, and the merge writes its own.
+TEST(MergeWeights, ALinkPlantedAtTheTempNameIsNotWrittenThrough) {
+  TempDir tmp;
+  write_two_shards(tmp.path() / "ckpt");
+  write_file(tmp / "precious.txt", "the victim's file");
+  fs::create_directories(tmp.path() / "out");
+  fs::create_symlink(tmp.path() / "precious.txt", tmp.path() / "out/model.safetensors.tmp");
+  MergeWeightsOptions o;
+  o.input = tmp / "ckpt";
+  o.output = tmp / "out";
+  o.max_shard_size = parse_size("1GB");
+  Outcome r = run_merge(o);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(read_file(tmp / "precious.txt"), "the victim's file");
+  EXPECT_EQ(tensors_in(tmp.path() / "out/model.safetensors").size(), 4u);
+  EXPECT_FALSE(fs::exists(fs::symlink_status(tmp.path() / "out/model.safetensors.tmp")));
 }
 
 TEST(MergeWeights, RefusesToReplaceAnOutputWithoutForce) {
