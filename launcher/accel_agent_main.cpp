@@ -17,6 +17,7 @@
 #include "accel_version.h"
 #include "agent/common/clock.h"
 #include "agent/common/file_limit.h"
+#include "agent/common/safe_file.h"
 #include "agent/common/stop_signals.h"
 #include "agent/common/systemd_notify.h"
 #include "agent/common/temp_dir.h"
@@ -68,7 +69,8 @@ int main(int argc, char** argv) {
                "With --serve-coordinator: run no workers here");
   std::string state_dir;
   app.add_option("--state-dir", state_dir,
-                 "Folder for the workers' error files (default: a temporary one)")
+                 "Folder for the workers' error files and progress pages, private to this user "
+                 "(default: $TMPDIR/accel-agent-<uid>-<node id>)")
       ->type_name("DIR");
   try {
     app.parse(argc, argv);
@@ -120,6 +122,7 @@ int main(int argc, char** argv) {
     std::string listen = serve.find(':') == std::string::npos ? "0.0.0.0:" + serve : serve;
     auto options = accel::node::server_options(cfg, listen, *auth);
     for (const auto& w : accel::coordinator::exposure_warnings(options)) logger->warn("{}", w);
+    options.on_warning = [logger](const std::string& w) { logger->warn("{}", w); };
     auto started = accel::coordinator::CoordinatorServer::start(std::move(options), clock);
     if (!started) return fail("--serve-coordinator " + serve + ": " + started.message(), 1);
     server = std::move(*started);
@@ -138,14 +141,18 @@ int main(int argc, char** argv) {
     auto client = accel::rpc::CoordinatorClient::create(target, auth->token, auth->tls);
     if (!client) return fail(client.message());
     auto opts = accel::node::make_agent_options(cfg, env, target);
-    if (!state_dir.empty()) {
-      opts.state_dir = state_dir;
-    } else {
-      opts.state_dir = accel::temp_root() + "/accel-agent-" + opts.node_id;
+    // Why per user and private: the folder holds the workers' error files and progress pages;
+    // one another user made first (in /tmp, at a name anyone can predict) would let them plant
+    // links there that the agent then writes through, or removes through at start-up.
+    opts.state_dir = !state_dir.empty() ? state_dir
+                                        : accel::temp_root() + "/accel-agent-" +
+                                              std::to_string(::geteuid()) + "-" + opts.node_id;
+    if (auto why = accel::make_private_dir(opts.state_dir, /*follow_link=*/!state_dir.empty());
+        !why.empty()) {
+      return fail((state_dir.empty() ? "the state folder " : "--state-dir ") + opts.state_dir +
+                      ": " + why + (state_dir.empty() ? " (or give --state-dir)" : ""),
+                  1);
     }
-    std::error_code ec;
-    fs::create_directories(opts.state_dir, ec);
-    if (ec) return fail("--state-dir " + opts.state_dir + ": " + ec.message(), 1);
     accel::node::NodeAgentHooks hooks;
     hooks.on_job_end = [&](const accel::v1::JobOutcome& o) {
       logger->info("job {} ended: {} (exit code {})", o.job_id(),

@@ -297,6 +297,7 @@ int run_multi_node(const ClusterLaunch& launch) {
     raise_file_limit();  // Why: a flood of connections must meet gRPC's limits before EMFILE
     auto options = server_options(cfg, target, *auth);
     for (const auto& w : coordinator::exposure_warnings(options)) logger()->warn("{}", w);
+    options.on_warning = [](const std::string& w) { logger()->warn("{}", w); };
     auto started = coordinator::CoordinatorServer::start(std::move(options), clock);
     if (!started) {
       return fail(cfg.origin("coordinator_port").where.empty()

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "agent/common/safe_file.h"
 #include "agent/supervisor/line_sink.h"
 
 namespace accel::launcher {
@@ -31,8 +32,8 @@ int write_config(const std::string& path, const std::string& text, bool force) {
   fs::path target(path);
   if (target.has_parent_path()) fs::create_directories(target.parent_path(), ec);
   if (ec) return fail("cannot create " + target.parent_path().string() + ": " + ec.message(), 1);
-  std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  std::string tmp;
+  int fd = create_temp_beside(path, 0644, tmp);
   if (fd < 0) return fail("cannot write " + tmp + ": " + std::strerror(errno), 1);
   bool ok = supervisor::write_all(fd, text) && ::fsync(fd) == 0;
   int saved = errno;

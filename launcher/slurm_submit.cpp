@@ -10,11 +10,12 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <sstream>
 
 #include "accel_version.h"
+#include "agent/common/safe_file.h"
+#include "agent/supervisor/line_sink.h"
 
 extern char** environ;  // NOLINT: POSIX
 
@@ -120,11 +121,11 @@ int slurm_submit(const LaunchCommand& cmd, const config::ClusterConfig& cfg,
   std::string path = cmd.slurm_script.empty() ? "accel-" + name + ".sbatch" : cmd.slurm_script;
   std::string text = sbatch_script(cmd, cfg, program_argv, where);
   {
-    std::string tmp = path + ".tmp";
-    std::ofstream out(tmp, std::ios::trunc);
-    out << text;
-    out.close();
-    if (!out || ::chmod(tmp.c_str(), 0755) != 0 || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::string tmp;
+    int fd = create_temp_beside(path, 0755, tmp);
+    bool ok = fd >= 0 && supervisor::write_all(fd, text) && ::fchmod(fd, 0755) == 0;
+    if (fd >= 0) ::close(fd);
+    if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
       std::cerr << "accel-launch: cannot write the batch script " << path << ": "
                 << std::strerror(errno) << "\n";
       std::remove(tmp.c_str());

@@ -162,6 +162,7 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
   grpc::ServerUnaryReactor* answer_or_park(grpc::CallbackServerContext* ctx, F f) {
     auto* reactor = ctx->DefaultReactor();
     if (!rpc::token_matches(*ctx, s_.options_.token)) {
+      s_.note_refused(ctx->peer());
       reactor->Finish(unauthenticated());
       return reactor;
     }
@@ -323,6 +324,26 @@ void CoordinatorServer::collect_ready(std::vector<std::function<void()>>& finish
   auto ready =
       polls_.collect(core_, core_.take_changes(), std::chrono::steady_clock::now(), expire);
   for (auto& f : ready) finish.push_back(std::move(f));
+}
+
+void CoordinatorServer::note_refused(const std::string& peer) {
+  if (!options_.on_warning) return;
+  std::string text;
+  {
+    std::lock_guard lock(refused_mu_);
+    ++refused_;
+    auto now = std::chrono::steady_clock::now();
+    // Why at most every 10 s: a client retrying with a wrong token must not flood the log.
+    if (refused_told_ != std::chrono::steady_clock::time_point{} &&
+        now - refused_told_ < std::chrono::seconds(10))
+      return;
+    text = "refused " + std::to_string(refused_) +
+           " call(s) with a wrong or missing token; the last from " + peer.substr(0, 100) +
+           " (a node or launcher with another token, or someone probing the port)";
+    refused_ = 0;
+    refused_told_ = now;
+  }
+  options_.on_warning(text);
 }
 
 void CoordinatorServer::wake() {

@@ -53,6 +53,9 @@ struct ServerOptions {
   ConnectionLimits limits;
   std::chrono::milliseconds tick{100};
   std::chrono::milliseconds max_wait{30'000};  // bound on a long poll's wait_ms
+  // Told of calls refused for a wrong or missing token (who sent the last, how many), at most
+  // once per 10 s; from gRPC's threads. Unset: not told.
+  std::function<void(const std::string&)> on_warning;
 };
 
 // The token length below which exposure_warnings() warns.
@@ -103,6 +106,12 @@ class CoordinatorServer {
 
   ServerOptions options_;
   const Clock& clock_;
+  // Calls refused for their token since the last warning, and when that was (guarded by
+  // refused_mu_).
+  void note_refused(const std::string& peer);
+  std::mutex refused_mu_;
+  uint64_t refused_ = 0;
+  std::chrono::steady_clock::time_point refused_told_{};
   std::mutex mu_;  // guards core_, polls_, stopping_
   CoordinatorCore core_;
   LongPolls polls_;

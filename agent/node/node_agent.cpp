@@ -217,11 +217,12 @@ void NodeAgent::remove_leftover_rounds() {
   int removed = 0;
   for (const auto& job : fs::directory_iterator(options_.state_dir, ec)) {
     std::error_code ec2;
-    if (!job.is_directory(ec2)) continue;
+    // Why symlink_status: a link planted here must not lead the sweep into someone's folders.
+    if (!fs::is_directory(job.symlink_status(ec2))) continue;
     bool ours = true;
     for (const auto& round : fs::directory_iterator(job.path(), ec2)) {
       auto name = round.path().filename().string();
-      ours = ours && round.is_directory(ec2) && name.rfind("attempt_", 0) == 0;
+      ours = ours && fs::is_directory(round.symlink_status(ec2)) && name.rfind("attempt_", 0) == 0;
     }
     if (!ours || ec2) continue;
     int lock = lock_if_unused(job.path());

@@ -12,6 +12,7 @@
 #include <filesystem>
 
 #include "agent/common/clock.h"
+#include "agent/common/safe_file.h"
 #include "contract/progress_page.h"
 
 namespace accel::supervisor {
@@ -53,7 +54,8 @@ std::string page_file_path(const std::string& dir, int rank) {
 }
 
 bool create_page_file(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // Why fresh: a link planted at the page's name must not be truncated through.
+  int fd = create_fresh(path, 0600);
   if (fd < 0) return false;
   bool ok = ::ftruncate(fd, static_cast<off_t>(progress::kFileBytes)) == 0;
   ::close(fd);

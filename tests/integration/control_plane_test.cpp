@@ -7,6 +7,8 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <sstream>
@@ -396,6 +398,10 @@ TEST(ControlPlane, WrongTokenIsRejectedAndNothingRuns) {
   EXPECT_NE(a.err.find("refused this node: UNAUTHENTICATED"), std::string::npos) << a.err;
   EXPECT_TRUE(markers(c.worker_dir()).empty());
   EXPECT_EQ(c.status().find("intruder"), std::string::npos);
+  EXPECT_NE(
+      c.daemon_logs().find("call(s) with a wrong or missing token; the last from ipv4:127.0.0.1:"),
+      std::string::npos)
+      << c.daemon_logs();
 }
 
 // Anyone who reaches the port, without the token: 1,100 connections that send half of the HTTP/2
@@ -565,6 +571,105 @@ TEST(ControlPlane, EveryNodeRunsAccelLaunchAndTrainsTogether) {
     return at == std::string::npos ? std::string("?") : out.substr(at, 24);
   };
   EXPECT_EQ(final_loss(r0.out), final_loss(r1.out));
+}
+
+}  // namespace
+}  // namespace accel::testing
+
+namespace accel::testing {
+namespace {
+
+// A second Unix user for the length of a test (root only): created with useradd, removed with
+// userdel however the test ends.
+struct OtherUser {
+  std::string name;
+  uid_t uid = 0;
+  OtherUser() {
+    name = "accelprobe" + std::to_string(::getpid() % 100000);
+    if (std::system(
+            ("useradd --no-create-home --shell /usr/sbin/nologin " + name + " >/dev/null 2>&1")
+                .c_str()) != 0)
+      name.clear();
+    if (!name.empty()) uid = static_cast<uid_t>(std::stoul(capture("id -u " + name)));
+  }
+  ~OtherUser() {
+    if (!name.empty()) std::system(("userdel " + name + " >/dev/null 2>&1").c_str());
+  }
+  // Runs `script` with sh as this user; its exit status.
+  int run(const std::string& script) const {
+    return std::system(("runuser -u " + name + " -- sh -c '" + script + "'").c_str());
+  }
+  static std::string capture(const std::string& cmd) {
+    std::string out;
+    FILE* p = ::popen(cmd.c_str(), "r");
+    if (p == nullptr) return "0";
+    char buf[64];
+    while (std::fgets(buf, sizeof buf, p) != nullptr) out += buf;
+    ::pclose(p);
+    return out.empty() ? "0" : out;
+  }
+};
+
+// Another user of the machine gets at the agent's state folder first, at the name the agent
+// will use ($TMPDIR/accel-agent-<uid>-<node id>, predictable), to plant links in it that the
+// agent would write or remove through: the agent refuses that folder and says why, whether the
+// other user owns it, made it a link into the victim's files, or left one of the victim's
+// world-writable; the linked folder is not touched. A folder the agent makes itself is 0700.
+TEST(ControlPlane, AStateFolderAnotherUserCouldControlIsRefused) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to add a second user";
+  OtherUser b;
+  ASSERT_FALSE(b.name.empty()) << "useradd failed";
+  TempDir dir;
+  fs::permissions(dir.path(),
+                  fs::perms::owner_all | fs::perms::others_exec | fs::perms::group_exec);
+  const fs::path tmp = dir.path() / "tmp";
+  fs::create_directories(tmp);
+  fs::permissions(tmp, fs::perms::all | fs::perms::sticky_bit);  // like /tmp
+  const std::string uid = std::to_string(::geteuid());
+  auto start = [&](const std::string& node) {
+    Launched agent(dir, ACCEL_AGENT_BIN,
+                   {"--coordinator", "127.0.0.1:1", "--node-id", node, "--stop-timeout", "1s"},
+                   {{"ACCEL_TOKEN", "t0ken-of-the-victim"}, {"TMPDIR", tmp.string()}},
+                   "agent_" + node);
+    return agent.wait(15s);
+  };
+  const std::string prefix = (tmp / ("accel-agent-" + uid + "-")).string();
+
+  // B made the folder (mode 0777, so that the victim could write into it).
+  ASSERT_EQ(b.run("mkdir -m 0777 " + prefix + "owned"), 0);
+  auto r = start("owned");
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("the state folder " + prefix + "owned: it belongs to user id " +
+                       std::to_string(b.uid) + ", not to this user (" + uid + ")"),
+            std::string::npos)
+      << r.err;
+
+  // B made it a link into the victim's files, shaped like round folders the sweep removes.
+  fs::create_directories(dir.path() / "victim" / "data" / "attempt_0");
+  ASSERT_EQ(b.run("ln -s " + (dir.path() / "victim").string() + " " + prefix + "linked"), 0);
+  r = start("linked");
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("the state folder " + prefix + "linked: it is a symbolic link"),
+            std::string::npos)
+      << r.err;
+  EXPECT_TRUE(fs::exists(dir.path() / "victim" / "data" / "attempt_0"));
+
+  // The victim's own folder, but writable by everyone.
+  fs::create_directories(prefix + "open");
+  fs::permissions(prefix + "open", fs::perms::all);
+  r = start("open");
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("it is writable by group or others (mode 0777)"), std::string::npos)
+      << r.err;
+
+  // Nothing there: the agent makes it, private, and runs (it waits for its coordinator).
+  Launched fine(dir, ACCEL_AGENT_BIN,
+                {"--coordinator", "127.0.0.1:1", "--node-id", "fresh", "--stop-timeout", "1s"},
+                {{"ACCEL_TOKEN", "t0ken-of-the-victim"}, {"TMPDIR", tmp.string()}}, "agent_fresh");
+  ASSERT_TRUE(wait_until([&] { return fs::exists(prefix + "fresh"); }, 10s)) << fine.err_so_far();
+  EXPECT_EQ(fs::status(prefix + "fresh").permissions() & fs::perms::all, fs::perms::owner_all);
+  fine.signal(SIGTERM);
+  EXPECT_FALSE(fine.wait(15s).timed_out);
 }
 
 }  // namespace

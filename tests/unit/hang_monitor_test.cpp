@@ -2,6 +2,14 @@
 #include "agent/supervisor/hang_monitor.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+
+#include "contract/progress_page.h"
 
 namespace accel::supervisor {
 namespace {
@@ -74,6 +82,31 @@ TEST(HangRule, HeartbeatCatchesACpuHangButNotALongCollective) {
   auto waiting = page(0, 4, 100);
   waiting.in_flight = op(3, "allreduce", 100, 0);
   EXPECT_FALSE(detect_hang({waiting}, 111 * kSec, opts(10, 0), "n"));
+}
+
+}  // namespace
+}  // namespace accel::supervisor
+
+namespace accel::supervisor {
+namespace {
+
+// A progress page's name planted as a link to another file (the victim's): the page is made
+// anew in its place; the file the link pointed to keeps its bytes (it used to be truncated to
+// 4096 zero bytes).
+TEST(ProgressPageFile, APlantedLinkIsReplacedNotTruncatedThrough) {
+  std::string dir = ::testing::TempDir() + "/page_link_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string victim = dir + "/precious.txt";
+  std::ofstream(victim) << "the victim's file";
+  const std::string page = page_file_path(dir, 0);
+  std::filesystem::create_symlink(victim, page);
+  ASSERT_TRUE(create_page_file(page));
+  std::ifstream in(victim);
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_EQ(text, "the victim's file");
+  EXPECT_FALSE(std::filesystem::is_symlink(page));
+  EXPECT_EQ(std::filesystem::file_size(page), progress::kFileBytes);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
