@@ -12,6 +12,7 @@
 #include <filesystem>
 
 #include "agent/common/clock.h"
+#include "agent/common/file_limit.h"
 #include "agent/common/stop_signals.h"
 #include "agent/common/temp_dir.h"
 #include "agent/node/local_coordinator.h"
@@ -56,6 +57,9 @@ bool worth_showing(const std::string& message) { return message.rfind("restartin
 }  // namespace
 
 int run_local(const LocalLaunch& launch) {
+  // Why: the rendezvous store takes a descriptor per worker connection (two per rank), and the
+  // workers' pipes more; the default soft limit (1024) is reached by a few hundred connections.
+  raise_file_limit();
   const auto& cfg = launch.cfg;
   boost::asio::io_context io;
   SystemClock clock;

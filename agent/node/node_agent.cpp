@@ -581,7 +581,15 @@ std::unique_ptr<store::StoreServer> NodeAgent::open_store(int port, std::string&
   for (const std::string& host : hosts) {
     so.host = host;
     auto server = store::StoreServer::listen(io_, so);
-    if (server) return std::move(*server);
+    if (server) {
+      // Why said: the store has no token; every interface is more than the node's address.
+      if (host != hosts.front()) {
+        log(LogLevel::kWarn, "the rendezvous store could not listen on " + hosts.front() + " (" +
+                                 why + "); it listens on every interface (" + host +
+                                 ") instead: give the node an address of its own (--node-address)");
+      }
+      return std::move(*server);
+    }
     why = server.message();
   }
   return nullptr;

@@ -39,9 +39,11 @@ std::string shown(std::string_view key) {
 // Reads fields from the front of a request; `ok()` turns false when the bytes run out (then
 // `wanted` is how many the request needs at least) or a field breaks a limit (then `error`).
 struct StoreCore::Reader {
-  Reader(std::string_view bytes, const StoreLimits& l) : in(bytes), limits(l) {}
+  Reader(std::string_view bytes, const StoreLimits& l, size_t request_budget)
+      : in(bytes), limits(l), budget(request_budget) {}
   std::string_view in;
   const StoreLimits& limits;
+  size_t budget;  // bytes this request may take in all (what the store's limit leaves)
   size_t pos = 0;
   size_t wanted = 0;
   std::string error;
@@ -71,6 +73,16 @@ struct StoreCore::Reader {
               std::to_string(limit);
       return {};
     }
+    // Why before the bytes arrive: an unfinished request is buffered until it is whole; its
+    // declared sizes must fit what the store may still hold, or a client could make the server
+    // buffer without bound.
+    if (pos + n > budget) {
+      error = "a request of at least " + std::to_string(pos + n) +
+              " bytes: with it the store would be over its limit of " +
+              std::to_string(limits.max_total_bytes) +
+              " bytes (keys, values and unfinished requests together)";
+      return {};
+    }
     if (!need(n)) return {};
     std::string s(in.substr(pos, n));
     pos += n;
@@ -86,15 +98,6 @@ struct StoreCore::Reader {
     }
     return ok() ? n : 0;
   }
-  // A count, then that many keys (WAIT, CHECK, MULTI_GET).
-  std::vector<std::string> keys() {
-    std::vector<std::string> out(count());
-    for (auto& k : out) {
-      if (!ok()) break;
-      k = key();
-    }
-    return out;
-  }
 };
 
 StoreCore::StoreCore(StoreLimits limits) : limits_(limits) {}
@@ -106,19 +109,45 @@ StoreCore::ConnId StoreCore::open() {
 }
 
 void StoreCore::close(ConnId conn) {
-  for (auto it = waiting_.begin(); it != waiting_.end();) {
-    std::erase(it->second, conn);
-    it = it->second.empty() ? waiting_.erase(it) : std::next(it);
+  auto it = conns_.find(conn);
+  if (it != conns_.end()) {
+    drop_waits(conn, it->second);
+    reserve(it->second, 0);
+    conns_.erase(it);
   }
-  conns_.erase(conn);
   std::erase(ready_, conn);
+}
+
+void StoreCore::drop_waits(ConnId id, Conn& conn) {
+  // Why only its own keys: scanning every waiting key on each close or CANCEL_WAIT made a
+  // million waits cost seconds per call.
+  for (const auto& key : conn.waits) {
+    auto w = waiting_.find(key);
+    if (w == waiting_.end()) continue;
+    waits_ -= std::erase(w->second, id);
+    if (w->second.empty()) waiting_.erase(w);
+  }
+  conn.waits.clear();
+  conn.awaited = 0;
+}
+
+void StoreCore::reserve(Conn& conn, size_t bytes) {
+  reserved_bytes_ = reserved_bytes_ - conn.reserved + bytes;
+  conn.reserved = bytes;
 }
 
 void StoreCore::clear() {
   data_.clear();
   waiting_.clear();
   stored_bytes_ = 0;
-  for (auto& [id, c] : conns_) c.awaited = 0;
+  waits_ = 0;
+  reserved_bytes_ = 0;
+  for (auto& [id, c] : conns_) {
+    c.awaited = 0;
+    c.waits.clear();
+    c.partial = {};
+    c.reserved = 0;
+  }
 }
 
 std::vector<StoreCore::ConnId> StoreCore::take_ready() { return std::exchange(ready_, {}); }
@@ -208,11 +237,15 @@ void StoreCore::wake(const std::string& key) {
   if (it == waiting_.end()) return;
   std::vector<ConnId> waiters = std::move(it->second);
   waiting_.erase(it);
+  waits_ -= waiters.size();
   const char stop = static_cast<char>(kStopWaiting);
   for (ConnId w : waiters) {
     auto c = conns_.find(w);
     if (c == conns_.end() || c->second.awaited == 0) continue;
-    if (--c->second.awaited == 0) reply(w, c->second, std::string_view(&stop, 1));
+    if (--c->second.awaited == 0) {
+      c->second.waits.clear();
+      reply(w, c->second, std::string_view(&stop, 1));
+    }
   }
 }
 
@@ -236,10 +269,43 @@ std::optional<std::string> StoreCore::feed(ConnId id, std::string& in) {
   return std::nullopt;
 }
 
+// Reads the count and then the keys (with values: key-value pairs) of a multi-key request into
+// `p`, going on from where an earlier call stopped. True when every key has been read; false when
+// the bytes ran out (r.wanted) or a field broke a limit (r.error).
+bool StoreCore::read_multi(Reader& r, Partial& p, bool with_values) {
+  if (p.pos == 0) {
+    p.count = r.count();
+    if (!r.ok()) return false;
+    p.keys.reserve(p.count);
+    if (with_values) p.values.reserve(p.count);
+    p.pos = r.pos;
+  } else {
+    r.pos = p.pos;
+  }
+  while (p.keys.size() < p.count) {
+    std::string k = r.key();
+    std::string v;
+    if (with_values) v = r.value();
+    if (!r.ok()) {
+      // Why the rest counts: each key still to come is at least its 8-byte length (and a value's):
+      // asking for that much saves reading the request again for every few bytes that arrive.
+      if (r.wanted != 0) r.wanted += (p.count - p.keys.size() - 1) * (with_values ? 16 : 8);
+      return false;
+    }
+    p.keys.push_back(std::move(k));
+    if (with_values) p.values.push_back(std::move(v));
+    p.pos = r.pos;
+  }
+  return true;
+}
+
 size_t StoreCore::serve_one(ConnId id, Conn& conn, std::string_view in, std::string& error) {
-  Reader r(in, limits_);
+  const size_t others = reserved_bytes_ - conn.reserved;
+  const size_t used = stored_bytes_ + others;
+  Reader r(in, limits_, limits_.max_total_bytes > used ? limits_.max_total_bytes - used : 0);
   auto incomplete = [&]() -> size_t {
     conn.wanted = r.wanted;
+    reserve(conn, r.wanted);
     return 0;
   };
   if (conn.dialect == Dialect::kUnknown) {
@@ -336,17 +402,17 @@ size_t StoreCore::serve_one(ConnId id, Conn& conn, std::string_view in, std::str
         const std::string& v = pos->second;
         size_t b = 0;
         while (b < v.size() && std::isspace(static_cast<unsigned char>(v[b]))) ++b;
-        if (b < v.size() && v[b] == '+') ++b;
+        const bool plus = b < v.size() && v[b] == '+';
+        if (plus) ++b;
         std::int64_t current = 0;
         auto [ptr, ec] = std::from_chars(v.data() + b, v.data() + v.size(), current);
-        if (ec != std::errc()) {
+        if (ec != std::errc() || (plus && v[b] == '-')) {  // "+-5": std::stoll refuses it too
           error = "ADD to " + shown(key) + ", whose value is not a number";
           break;
         }
-        if (__builtin_add_overflow(current, delta, &sum)) {
-          error = "ADD to " + shown(key) + " overflows a 64-bit integer";
-          break;
-        }
+        // As c10d's server (two's complement): past the largest int64 it wraps around.
+        sum = static_cast<std::int64_t>(static_cast<std::uint64_t>(current) +
+                                        static_cast<std::uint64_t>(delta));
       }
       std::string text = std::to_string(sum);
       if (!fits(key.size(), pos == data_.end() ? 0 : pos->second.size(), text.size(),
@@ -360,8 +426,8 @@ size_t StoreCore::serve_one(ConnId id, Conn& conn, std::string_view in, std::str
     }
     case Op::kCheck:
     case Op::kWait: {
-      std::vector<std::string> keys = r.keys();
-      if (!r.ok()) break;
+      if (!read_multi(r, conn.partial, false)) break;
+      std::vector<std::string> keys = std::move(conn.partial.keys);
       std::vector<std::string> missing;
       for (auto& k : keys) {
         if (!data_.contains(k)) missing.push_back(std::move(k));
@@ -371,18 +437,23 @@ size_t StoreCore::serve_one(ConnId id, Conn& conn, std::string_view in, std::str
       } else if (missing.empty()) {
         append_le<std::uint8_t>(out, kStopWaiting);
       } else {
+        if (waits_ + missing.size() > limits_.max_waits) {
+          error = "WAIT for " + std::to_string(missing.size()) + " keys while " +
+                  std::to_string(waits_) + " are awaited, over the limit of " +
+                  std::to_string(limits_.max_waits);
+          break;
+        }
+        drop_waits(id, conn);  // a client waits for one request at a time
         // Why no dedup: c10d counts each named key once per naming, and so does its client.
         for (auto& k : missing) waiting_[k].push_back(id);
+        waits_ += missing.size();
         conn.awaited = missing.size();
+        conn.waits = std::move(missing);
       }
       break;
     }
     case Op::kCancelWait: {
-      for (auto w = waiting_.begin(); w != waiting_.end();) {
-        std::erase(w->second, id);
-        w = w->second.empty() ? waiting_.erase(w) : std::next(w);
-      }
-      conn.awaited = 0;
+      drop_waits(id, conn);
       append_le<std::uint8_t>(out, kWaitCanceled);
       break;
     }
@@ -396,28 +467,25 @@ size_t StoreCore::serve_one(ConnId id, Conn& conn, std::string_view in, std::str
       break;
     }
     case Op::kMultiGet: {
-      std::vector<std::string> keys = r.keys();
-      if (!r.ok()) break;
+      if (!read_multi(r, conn.partial, false)) break;
+      std::vector<std::string> keys = std::move(conn.partial.keys);
       for (const auto& k : keys) {
         if (!append_value(out, k, "MULTI_GET", error)) break;
       }
       break;
     }
     case Op::kMultiSet: {
-      size_t n = r.count();
-      std::vector<std::pair<std::string, std::string>> kvs;
-      for (size_t i = 0; i < n && r.ok(); ++i) {
-        std::string k = r.key();
-        std::string v = r.value();
-        kvs.emplace_back(std::move(k), std::move(v));
-      }
-      if (!r.ok()) break;
-      for (auto& [k, v] : kvs) {
-        auto old = data_.find(k);
+      if (!read_multi(r, conn.partial, true)) break;
+      auto& keys = conn.partial.keys;
+      auto& values = conn.partial.values;
+      for (size_t i = 0; i < keys.size(); ++i) {
+        auto old = data_.find(keys[i]);
         bool new_key = old == data_.end();
-        if (!fits(k.size(), new_key ? 0 : old->second.size(), v.size(), new_key, error)) break;
-        put(k, std::move(v));
-        wake(k);
+        if (!fits(keys[i].size(), new_key ? 0 : old->second.size(), values[i].size(), new_key,
+                  error))
+          break;
+        put(keys[i], std::move(values[i]));
+        wake(keys[i]);
       }
       break;
     }
@@ -434,8 +502,13 @@ size_t StoreCore::serve_one(ConnId id, Conn& conn, std::string_view in, std::str
       break;
   }
   if (!r.error.empty() && error.empty()) error = r.error;
-  if (!error.empty()) return 0;
+  if (!error.empty()) {
+    conn.partial = {};
+    return 0;
+  }
   if (r.wanted != 0) return incomplete();
+  conn.partial = {};
+  reserve(conn, 0);
   if (!out.empty()) reply(id, conn, out);
   conn.wanted = 1;
   return r.pos;

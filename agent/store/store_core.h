@@ -34,11 +34,14 @@
 namespace accel::store {
 
 struct StoreLimits {
-  size_t max_key_bytes = 64 * 1024;
+  // 64 KiB of the program's key, plus the prefixes clients add ("/", PrefixStore's "name/").
+  size_t max_key_bytes = 64 * 1024 + 1024;
   size_t max_value_bytes = 64 * 1024 * 1024;
-  size_t max_keys_per_request = 16 * 1024;        // WAIT, CHECK, MULTI_GET, MULTI_SET
-  size_t max_total_bytes = 1024UL * 1024 * 1024;  // keys plus values held
+  size_t max_keys_per_request = 16 * 1024;  // WAIT, CHECK, MULTI_GET, MULTI_SET
+  // Keys plus values held, plus the requests buffered unfinished on every connection.
+  size_t max_total_bytes = 1024UL * 1024 * 1024;
   size_t max_keys = 1024 * 1024;
+  size_t max_waits = 1024 * 1024;  // keys named by pending WAITs, all connections together
 };
 
 enum class Dialect { kUnknown, kLegacy, kValidated };
@@ -70,10 +73,21 @@ class StoreCore {
   [[nodiscard]] size_t bytes_wanted(ConnId conn) const;
 
  private:
+  // A multi-key request (CHECK, WAIT, MULTI_GET, MULTI_SET) read in part: the fields read so far
+  // and where they end, so that the next bytes continue it instead of reading it from the start
+  // again (linear, not quadratic, in the request's size).
+  struct Partial {
+    size_t pos = 0;  // 0: none
+    size_t count = 0;
+    std::vector<std::string> keys, values;
+  };
   struct Conn {
     Dialect dialect = Dialect::kUnknown;
-    size_t awaited = 0;  // keys of a pending WAIT not yet set
-    size_t wanted = 1;   // bytes the front request needs, as far as known
+    size_t awaited = 0;   // keys of a pending WAIT not yet set
+    size_t wanted = 1;    // bytes the front request needs, as far as known
+    size_t reserved = 0;  // of max_total_bytes: what this connection's unfinished request holds
+    std::vector<std::string> waits;  // the keys its pending WAIT named (index into waiting_)
+    Partial partial;
     std::string out;
   };
   enum class Op {
@@ -97,6 +111,7 @@ class StoreCore {
   };
   struct Reader;
 
+  static bool read_multi(Reader& r, Partial& p, bool with_values);
   // One request from `in` at offset 0: the bytes it took, 0 when incomplete.
   size_t serve_one(ConnId id, Conn& conn, std::string_view in, std::string& error);
   static Op decode(Dialect d, std::uint8_t byte);
@@ -107,6 +122,10 @@ class StoreCore {
   bool erase(const std::string& key);
   void wake(const std::string& key);
   void reply(ConnId id, Conn& conn, std::string_view bytes);
+  // Forgets the keys `conn` waits for (CANCEL_WAIT, close).
+  void drop_waits(ConnId id, Conn& conn);
+  // Sets what `conn`'s unfinished request holds of the store's bytes.
+  void reserve(Conn& conn, size_t bytes);
   [[nodiscard]] bool fits(size_t key_bytes, size_t old_value_bytes, size_t new_value_bytes,
                           bool new_key, std::string& error) const;
 
@@ -117,6 +136,8 @@ class StoreCore {
   std::unordered_map<std::string, std::vector<ConnId>> waiting_;  // key -> connections waiting
   std::vector<ConnId> ready_;
   size_t stored_bytes_ = 0;
+  size_t reserved_bytes_ = 0;  // sum of Conn::reserved
+  size_t waits_ = 0;           // sum of Conn::waits' sizes
 };
 
 }  // namespace accel::store

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
 #include <deque>
 #include <unordered_map>
@@ -16,7 +17,9 @@ using tcp = asio::ip::tcp;
 
 namespace {
 constexpr size_t kReadChunk = 64 * 1024;
-constexpr size_t kMaxUnsent = 64 * 1024 * 1024;
+// Why 64 KiB over the largest value: the reply to a GET of a value at the limit (its 8-byte length
+// and 64 MiB) must fit, or a stored value could never be read.
+constexpr size_t kMaxUnsent = 64 * 1024 * 1024 + 64 * 1024;
 }  // namespace
 
 struct StoreServer::Impl : std::enable_shared_from_this<StoreServer::Impl> {
@@ -36,6 +39,7 @@ struct StoreServer::Impl : std::enable_shared_from_this<StoreServer::Impl> {
   asio::io_context& io;
   StoreServerOptions options;
   tcp::acceptor acceptor;
+  asio::steady_timer retry{io};  // accept() again after an error
   StoreCore core;
   std::unordered_map<StoreCore::ConnId, std::unique_ptr<Client>> clients;
   // Why one buffer for every client: reads happen in on_readable, one at a time on the io
@@ -56,9 +60,22 @@ struct StoreServer::Impl : std::enable_shared_from_this<StoreServer::Impl> {
     acceptor.async_accept(
         [self = shared_from_this()](const boost::system::error_code& ec, tcp::socket s) {
           if (self->closed) return;
-          if (!ec) self->adopt(std::move(s));
-          // Why go on after an error: EMFILE and friends pass; the listener must not die of them.
-          self->accept();
+          if (!ec) {
+            self->adopt(std::move(s));
+            self->accept();
+            return;
+          }
+          // Why go on after an error, and why after a pause: EMFILE and friends pass, and the
+          // listener must not die of them; accepting again at once would spin at 100% CPU on a
+          // connection the kernel keeps offering while no descriptor is free.
+          self->warn("cannot accept a connection: " + ec.message() +
+                     (ec == asio::error::no_descriptors
+                          ? " (the open-file limit; raise it with ulimit -n)"
+                          : ""));
+          self->retry.expires_after(std::chrono::milliseconds(100));
+          self->retry.async_wait([self](const boost::system::error_code& wait_ec) {
+            if (!wait_ec && !self->closed) self->accept();
+          });
         });
   }
 
@@ -187,6 +204,7 @@ struct StoreServer::Impl : std::enable_shared_from_this<StoreServer::Impl> {
   void close() {
     closed = true;
     boost::system::error_code ignored;
+    retry.cancel();
     acceptor.close(ignored);
     for (auto& [id, c] : clients) c->socket.close(ignored);
     clients.clear();
