@@ -1,15 +1,21 @@
 // accel-agent: the per-node daemon (systemd, Slurm). Registers with a coordinator, runs the
 // workers of the jobs it is given, and keeps them alive; optionally hosts the coordinator.
+#include <grp.h>
+#include <linux/capability.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <iostream>
@@ -48,6 +54,32 @@ Examples:
 Then submit from anywhere: accel-launch --coordinator 10.0.0.1:29400 -n 4 --nodes 2 ./train
 SIGTERM or Ctrl-C stop the workers and the agent; SIGHUP is ignored. Docs: docs/operations.md.
 )";
+
+}  // namespace
+
+namespace {
+
+// Once the token (and TLS keys) are read, the workers, which inherit this process's groups and
+// capabilities, must not be able to read them again. The systemd unit lets only the supplementary
+// group accel-token read /etc/accel/token and gives the agent CAP_SETGID for this one call: the
+// supplementary groups go, then every capability. Run as root (a test, a node without the unit),
+// nothing is dropped: root's workers could read the file anyway. Returns why it failed, or "".
+std::string drop_token_access() {
+  if (::geteuid() == 0) return "";
+  gid_t groups[64];
+  const int n = ::getgroups(64, groups);
+  if (n > 0 && ::setgroups(0, nullptr) != 0) {
+    if (errno != EPERM)
+      return std::string("cannot drop the supplementary groups: ") + std::strerror(errno);
+    // Without CAP_SETGID (not started by the unit): the groups stay, as before.
+  }
+  ::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3] = {};
+  if (::syscall(SYS_capset, &header, data) != 0)
+    return std::string("cannot drop the capabilities: ") + std::strerror(errno);
+  return "";
+}
 
 }  // namespace
 
@@ -102,6 +134,7 @@ int main(int argc, char** argv) {
   auto auth = accel::node::control_plane_auth(cfg, env);
   if (!auth) return fail(auth.message());
   accel::rpc::forget_token_in_environment();
+  if (auto why = drop_token_access(); !why.empty()) return fail(why, 1);
   env.erase("ACCEL_TOKEN");
   accel::SystemdNotifier systemd;  // reads NOTIFY_SOCKET before the workers' environment drops it
   for (const char* var : accel::SystemdNotifier::kVariables) env.erase(var);

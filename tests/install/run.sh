@@ -62,7 +62,16 @@ check_installed() {
     timeout 60 systemd-analyze verify "$P/lib/systemd/system/accel-agent.service" ||
       fail "$tag: systemd-analyze verify refuses the installed unit"
     echo "systemd-analyze verify: the installed unit is valid"
+    local exposure
+    exposure=$(timeout 60 systemd-analyze security --offline=true \
+      "$P/lib/systemd/system/accel-agent.service" 2>&1 | sed -n 's/.*Overall exposure level for .*: \([0-9.]*\) .*/\1/p')
+    [[ -n "$exposure" ]] || fail "$tag: systemd-analyze security printed no exposure level"
+    awk -v e="$exposure" 'BEGIN { exit !(e <= 4.0) }' ||
+      fail "$tag: systemd-analyze security rates the installed unit $exposure, above 4.0"
+    echo "systemd-analyze security: the installed unit's exposure is $exposure (at most 4.0)"
   fi
+  grep -q "^ExecStart=$P/bin/accel-agent " "$P/share/accel/configs/systemd/accel-agent.service" ||
+    fail "$tag: the unit among the installed examples does not run the installed agent"
 
   echo "== $tag: pkg-config"
   local flags inc_ok=0 lib_ok=0

@@ -4,7 +4,8 @@
 # /etc/accel/agent.yaml and the token), and only this test's units on its unit path. Checks:
 #  1. `systemctl start accel-agent` returns once the agent is registered (Type=notify, READY=1),
 #     and `systemctl show` has its STATUS= line;
-#  2. a job submitted to the coordinator runs on it, as the `accel` user;
+#  2. a job submitted to the coordinator runs on it, as the `accel` user, and cannot read the token
+#     (only the unit's accel-token group can; the agent drops it before any worker starts);
 #  3. a wedged agent (SIGSTOP) is killed by the watchdog and restarted (Restart=on-failure);
 #  4. `systemctl stop accel-agent` stops it cleanly.
 # The unit is the repository's, with ExecStart's binary where this build has it and a drop-in
@@ -65,11 +66,19 @@ else
   echo "accel:x:$id:$id:accel agent:/var/lib/accel-agent:/usr/sbin/nologin" >>"$W/etc/passwd"
   echo "accel:x:$id:" >>"$W/etc/group"
 fi
+# The group that alone may read the token (the unit's SupplementaryGroups=).
+if getent group accel-token >/dev/null; then
+  token_gid=$(getent group accel-token | cut -d: -f3)
+else
+  token_gid=$((id - 1))
+  while getent group "$token_gid" >/dev/null; do token_gid=$((token_gid - 1)); done
+  echo "accel-token:x:$token_gid:" >>"$W/etc/group"
+fi
 port=$((29500 + RANDOM % 400))
 token=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
 mkdir -p "$W/etc/accel"
 printf '%s\n' "$token" >"$W/etc/accel/token"
-chown "root:$id" "$W/etc/accel/token"
+chown "root:$token_gid" "$W/etc/accel/token"
 chmod 0640 "$W/etc/accel/token"
 printf 'coordinator: 127.0.0.1:%s\ntoken_file: /etc/accel/token\n' "$port" >"$W/etc/accel/agent.yaml"
 
@@ -116,6 +125,11 @@ out=$(ACCEL_TOKEN=$token timeout 60 "$bin/accel-launch" -q --coordinator "127.0.
   /bin/sh -c 'echo "rank $RANK runs as $(id -un)"' 2>&1) || fail "the job failed: $out"
 echo "$out"
 grep -q "rank 0 runs as accel" <<<"$out" || fail "no output from the job"
+out=$(ACCEL_TOKEN=$token timeout 60 "$bin/accel-launch" -q --coordinator "127.0.0.1:$port" -n 1 -- \
+  /bin/sh -c 'if cat /etc/accel/token >/dev/null 2>&1; then echo "token READ"; else echo "token DENIED"; fi' 2>&1) ||
+  fail "the job failed: $out"
+echo "$out"
+grep -q "token DENIED" <<<"$out" || fail "a worker could read /etc/accel/token"
 
 echo "== 3. a wedged agent is restarted by the watchdog"
 nsenter -t "$ns_pid" -m -p kill -STOP "$pid1"  # pids from systemctl are the namespace's
