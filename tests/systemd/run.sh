@@ -86,7 +86,9 @@ mkdir -p "$W/units/accel-agent.service.d"
 sed "s|/usr/local/bin/accel-agent|$bin/accel-agent|" "$root/configs/systemd/accel-agent.service" \
   >"$W/units/accel-agent.service"
 grep -q "ExecStart=$bin/accel-agent" "$W/units/accel-agent.service" || fail "ExecStart not found"
-printf '[Service]\nWatchdogSec=3\n' >"$W/units/accel-agent.service.d/test.conf"
+# Why BindReadOnlyPaths: the unit's /tmp is private (PrivateTmp=yes), and a build under /tmp (a CI
+# clone) would not be there for systemd to exec.
+printf '[Service]\nWatchdogSec=3\nBindReadOnlyPaths=%s\n' "$bin" >"$W/units/accel-agent.service.d/test.conf"
 printf '[Unit]\nDescription=accel systemd test\n' >"$W/units/accel-test.target"
 # Empty stand-ins for the targets a service is ordered against by default (no machine services
 # start in the namespace).
