@@ -8,5 +8,7 @@
 #include "accel/logging.h"
 #include "accel/mixed_precision.h"
 #include "accel/model_io.h"
+#include "accel/prepared_model.h"
+#include "accel/schedulers.h"
 #include "accel/seed.h"
 #include "accel/state.h"
