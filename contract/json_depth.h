@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 #include <string_view>
 
 namespace accel::contract {
@@ -33,6 +34,13 @@ inline bool json_nesting_exceeds(std::string_view text, int limit = kMaxJsonDept
     }
   }
   return false;
+}
+
+// What to say of `text` when it nests too deep ("nests arrays and objects more than 64 levels
+// deep"), or "" when it does not.
+inline std::string json_nesting_problem(std::string_view text) {
+  if (!json_nesting_exceeds(text)) return "";
+  return "nests arrays and objects more than " + std::to_string(kMaxJsonDepth) + " levels deep";
 }
 
 }  // namespace accel::contract

@@ -66,9 +66,8 @@ namespace {
 // nothing is dropped: root's workers could read the file anyway. Returns why it failed, or "".
 std::string drop_token_access() {
   if (::geteuid() == 0) return "";
-  gid_t groups[64];
-  const int n = ::getgroups(64, groups);
-  if (n > 0 && ::setgroups(0, nullptr) != 0) {
+  // Why getgroups(0): it counts them however many there are (a buffer could be too small).
+  if (::getgroups(0, nullptr) > 0 && ::setgroups(0, nullptr) != 0) {
     if (errno != EPERM)
       return std::string("cannot drop the supplementary groups: ") + std::strerror(errno);
     // Without CAP_SETGID (not started by the unit): the groups stay, as before.

@@ -123,12 +123,15 @@ int slurm_submit(const LaunchCommand& cmd, const config::ClusterConfig& cfg,
   {
     std::string tmp;
     int fd = create_temp_beside(path, 0755, tmp);
-    bool ok = fd >= 0 && supervisor::write_all(fd, text) && ::fchmod(fd, 0755) == 0;
+    bool ok = fd >= 0 && supervisor::write_all(fd, text) && ::fchmod(fd, 0755) == 0 &&
+              std::rename(tmp.c_str(), path.c_str()) == 0;
+    const int saved = errno;
     if (fd >= 0) ::close(fd);
-    if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    if (!ok) {
       std::cerr << "accel-launch: cannot write the batch script " << path << ": "
-                << std::strerror(errno) << "\n";
-      std::remove(tmp.c_str());
+                << std::strerror(saved) << "\n";
+      // Why only when made: a name create_temp_beside could not take is someone else's file.
+      if (fd >= 0) ::unlink(tmp.c_str());
       return 1;
     }
   }

@@ -177,11 +177,8 @@ Json parse_header_json(const std::string& text, const std::string& where) {
       twice = parsed.get<std::string>();
     return true;
   };
-  if (contract::json_nesting_exceeds(text))
-    bad(where, "header " +
-                   std::string("nests arrays and objects more than " +
-                               std::to_string(contract::kMaxJsonDepth) + " levels deep") +
-                   "; not a safetensors file");
+  if (auto deep = contract::json_nesting_problem(text); !deep.empty())
+    bad(where, "header " + deep + "; not a safetensors file");
   Json header;
   try {
     header = Json::parse(text, note_key);
@@ -317,10 +314,8 @@ struct Model {
 std::map<std::string, std::string> read_weight_map(const std::string& index) {
   Json j;
   const std::string text = read_small_file(index);
-  if (contract::json_nesting_exceeds(text))
-    bad(index, std::string("nests arrays and objects more than " +
-                           std::to_string(contract::kMaxJsonDepth) + " levels deep") +
-                   "; not a safetensors index");
+  if (auto deep = contract::json_nesting_problem(text); !deep.empty())
+    bad(index, deep + "; not a safetensors index");
   try {
     j = Json::parse(text);
   } catch (const nlohmann::json::exception& e) {

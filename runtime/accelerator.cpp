@@ -341,8 +341,9 @@ void Accelerator::register_model(torch::nn::Module& model) {
   if (!impl_->prepared_.count(&model)) impl_->models_.push_back(&model);
   impl_->prepared_[&model] = true;
   if (!use_distributed()) return;
+  const std::vector<torch::Tensor> params = unique_parameters(model);
   std::vector<torch::Tensor> trainable;
-  for (auto& p : unique_parameters(model)) {
+  for (const auto& p : params) {
     if (p.requires_grad()) trainable.push_back(p);
   }
   GradSyncOptions opts;
@@ -354,7 +355,7 @@ void Accelerator::register_model(torch::nn::Module& model) {
   // The rest of rank 0's model: buffers, and (as DDP) the frozen parameters, which would otherwise
   // stay as each rank initialised them (set_seed(n, device_specific)).
   std::vector<torch::Tensor> rest = model.buffers();
-  for (auto& p : unique_parameters(model)) {
+  for (const auto& p : params) {
     if (!p.requires_grad()) rest.push_back(p);
   }
   for (auto& t : rest) state_->comm().broadcast(t, 0);

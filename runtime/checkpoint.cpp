@@ -856,11 +856,8 @@ std::vector<LoaderState> saved_positions(const safetensors::Decoded& d, const fs
   std::vector<LoaderState> out;
   auto it = d.metadata.find("loaders");
   if (it == d.metadata.end()) CheckpointReader::fail(where, "has no \"loaders\" metadata");
-  if (contract::json_nesting_exceeds(it->second))
-    CheckpointReader::fail(
-        where, "has \"loaders\" metadata that " +
-                   std::string("nests arrays and objects more than " +
-                               std::to_string(contract::kMaxJsonDepth) + " levels deep"));
+  if (auto deep = contract::json_nesting_problem(it->second); !deep.empty())
+    CheckpointReader::fail(where, "has \"loaders\" metadata that " + deep);
   try {
     for (const auto& p : json::parse(it->second))
       out.push_back({p.at("epoch").get<int64_t>(), p.at("batches").get<uint64_t>()});
@@ -925,10 +922,8 @@ fs::path Accelerator::load_from(const fs::path& source, bool verify_checksums) {
   for (std::size_t i = 0; i < impl_->schedulers_.size(); ++i) {
     auto name = indexed("scheduler", i, ".json");
     const std::string text(ckpt.read(name).view());
-    if (contract::json_nesting_exceeds(text))
-      CheckpointReader::fail(source / name,
-                             std::string("nests arrays and objects more than " +
-                                         std::to_string(contract::kMaxJsonDepth) + " levels deep"));
+    if (auto deep = contract::json_nesting_problem(text); !deep.empty())
+      CheckpointReader::fail(source / name, deep);
     try {
       scheduler_steps.push_back(json::parse(text).at("steps").get<int64_t>());
     } catch (const json::exception& e) {
@@ -1317,8 +1312,7 @@ void Accelerator::stop_after_checkpoint(int signal) {
   bool have = done == impl_->last_auto_save_ && !impl_->last_auto_save_dir_.empty();
   if (have) {
     std::string ok =
-        is_main_process() && fs::is_regular_file(impl_->last_auto_save_dir_ / "manifest.json") ? "1"
-                                                                                               : "";
+        is_main_process() && fs::is_regular_file(impl_->last_auto_save_dir_ / kManifest) ? "1" : "";
     if (use_distributed()) ok = broadcast_object(ok);
     have = !ok.empty();
   }

@@ -26,10 +26,8 @@ bool is_plain_file_name(const std::string& name) {
 CheckedManifest parse_manifest(std::string_view text, const std::filesystem::path& path) {
   CheckedManifest out;
   json& m = out.manifest;
-  if (contract::json_nesting_exceeds(text))
-    fail(path, std::string("nests arrays and objects more than " +
-                           std::to_string(contract::kMaxJsonDepth) + " levels deep") +
-                   "; not an accel checkpoint manifest");
+  if (auto deep = contract::json_nesting_problem(text); !deep.empty())
+    fail(path, deep + "; not an accel checkpoint manifest");
   try {
     m = json::parse(text);
   } catch (const json::exception& e) {

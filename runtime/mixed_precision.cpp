@@ -209,10 +209,8 @@ std::string GradScaler::state_dict() const {
 }
 
 void GradScaler::load_state_dict(const std::string& json, const std::string& where) {
-  if (contract::json_nesting_exceeds(json)) {
-    throw CheckpointError("accel: " + where + ": " + "nests arrays and objects more than " +
-                          std::to_string(contract::kMaxJsonDepth) + " levels deep");
-  }
+  if (auto deep = contract::json_nesting_problem(json); !deep.empty())
+    throw CheckpointError("accel: " + where + ": " + deep);
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(json);

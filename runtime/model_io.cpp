@@ -39,10 +39,8 @@ Source find_files(const fs::path& path) {
     Source s;
     try {
       const std::string text = ckpt::checkpoint_fs().read_file(index);
-      if (contract::json_nesting_exceeds(text))
-        fail(index, std::string("nests arrays and objects more than " +
-                                std::to_string(contract::kMaxJsonDepth) + " levels deep") +
-                        "; not a safetensors index");
+      if (auto deep = contract::json_nesting_problem(text); !deep.empty())
+        fail(index, deep + "; not a safetensors index");
       json j = json::parse(text);
       std::set<std::string> files;
       for (const auto& [name, file] : j.at("weight_map").items()) {

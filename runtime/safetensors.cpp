@@ -269,11 +269,8 @@ OrderedJson parse_header(std::string_view bytes, const std::string& where) {
   if (n > bytes.size() - 8)
     fail(where, "header length " + std::to_string(n) + " runs past the end of the file (" +
                     std::to_string(bytes.size()) + " bytes); truncated or not a safetensors file");
-  if (contract::json_nesting_exceeds(bytes.substr(8, n)))
-    fail(where, "header " +
-                    std::string("nests arrays and objects more than " +
-                                std::to_string(contract::kMaxJsonDepth) + " levels deep") +
-                    "; not a safetensors file");
+  if (auto deep = contract::json_nesting_problem(bytes.substr(8, n)); !deep.empty())
+    fail(where, "header " + deep + "; not a safetensors file");
   OrderedJson header;
   try {
     header = OrderedJson::parse(bytes.substr(8, n));

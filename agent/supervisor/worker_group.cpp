@@ -182,32 +182,13 @@ void escalate(const std::shared_ptr<State>& st) {
   });
 }
 
-// The shared-memory names a reaped worker left in /dev/shm (contract::kShmSegmentPrefix): its pid
-// is free now, so nothing can still be setting them up. Only plain files of this user, never
-// through a link.
-void remove_shm_segments_of(pid_t pid) {
-  const std::string prefix = std::string(contract::kShmSegmentPrefix) + std::to_string(pid) + "-";
-  DIR* dir = ::opendir("/dev/shm");
-  if (dir == nullptr) return;
-  while (const dirent* e = ::readdir(dir)) {
-    if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) != 0) continue;
-    struct stat st {};
-    if (::fstatat(::dirfd(dir), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
-    if (S_ISREG(st.st_mode) && st.st_uid == ::geteuid()) ::unlinkat(::dirfd(dir), e->d_name, 0);
-  }
-  ::closedir(dir);
-}
-
-// Names accel-<pid>-... in /dev/shm of this user whose process is gone, left when nobody reaped
-// it (the launcher or agent SIGKILLed with its workers). Why the age: a process of another pid
-// namespace sharing /dev/shm (containers with --ipc=host) is "gone" seen from here; its names
-// live for a moment only (unlinked once every rank has mapped them), so an old one is not in use.
-void sweep_dead_shm_segments() {
-  constexpr time_t kMinAgeSeconds = 60;
+// Removes this user's names accel-<pid>-... in /dev/shm (contract::kShmSegmentPrefix) for which
+// `doomed(pid, st)` holds: plain files only, never through a link.
+template <class F>
+void remove_shm_names(F doomed) {
   const std::size_t prefix = std::strlen(contract::kShmSegmentPrefix);
   DIR* dir = ::opendir("/dev/shm");
   if (dir == nullptr) return;
-  const time_t now = ::time(nullptr);
   while (const dirent* e = ::readdir(dir)) {
     if (std::strncmp(e->d_name, contract::kShmSegmentPrefix, prefix) != 0) continue;
     const char* digits = e->d_name + prefix;
@@ -217,12 +198,27 @@ void sweep_dead_shm_segments() {
     if (end == digits || *end != '-' || errno != 0 || pid <= 0 || pid > INT32_MAX) continue;
     struct stat st {};
     if (::fstatat(::dirfd(dir), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
-    if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || now - st.st_mtime < kMinAgeSeconds)
-      continue;
-    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
-    ::unlinkat(::dirfd(dir), e->d_name, 0);
+    if (S_ISREG(st.st_mode) && st.st_uid == ::geteuid() && doomed(static_cast<pid_t>(pid), st))
+      ::unlinkat(::dirfd(dir), e->d_name, 0);
   }
   ::closedir(dir);
+}
+
+// The names a reaped worker left: its pid is free now, so nothing can still be setting them up.
+void remove_shm_segments_of(pid_t worker) {
+  remove_shm_names([worker](pid_t pid, const struct stat&) { return pid == worker; });
+}
+
+// The names of processes that are gone, left when nobody reaped them (the launcher or agent
+// SIGKILLed with its workers). Why the age: a process of another pid namespace sharing /dev/shm
+// (containers with --ipc=host) is "gone" seen from here; its names live for a moment only
+// (unlinked once every rank has mapped them), so an old one is not in use.
+void sweep_dead_shm_segments() {
+  constexpr time_t kMinAgeSeconds = 60;
+  const time_t now = ::time(nullptr);
+  remove_shm_names([now](pid_t pid, const struct stat& st) {
+    return now - st.st_mtime >= kMinAgeSeconds && ::kill(pid, 0) != 0 && errno == ESRCH;
+  });
 }
 
 void on_pidfd_readable(const std::shared_ptr<State>& st, Worker* w) {

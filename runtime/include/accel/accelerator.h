@@ -609,12 +609,12 @@ class Accelerator {
   static const torch::nn::Module* module_of(const PreparedModel<M>& m) {
     return m.get();
   }
-  // How prepared models' calls run (mixed precision), shared by all of them.
-  std::shared_ptr<const ForwardPrecision> forward_precision() const;
   template <class M>
   requires detail::ModuleHolderType<M>
   static const torch::nn::Module* module_of(const M& m) { return m.ptr().get(); }
   static const torch::nn::Module* module_of(const torch::nn::Module& m) { return &m; }
+  // How prepared models' calls run (mixed precision), shared by all of them.
+  std::shared_ptr<const ForwardPrecision> forward_precision() const;
 
   void register_model(torch::nn::Module& model);
   // load_state of `source`; without verify_checksums only file sizes are checked.
