@@ -79,7 +79,7 @@ int config_validate(const std::string& file) {
   std::vector<std::string> warnings;
   if (Status s = config::load_yaml_file(cfg, file, &warnings); !s) return fail(s.message());
   if (Status s = config::validate(cfg); !s) return fail(s.message());
-  for (const auto& w : warnings) std::cout << "warning: " << w << "\n";
+  for (const auto& w : warnings) std::cerr << "warning: " << w << "\n";
   std::cout << file << ": valid (" << cfg.origins.size() << " key"
             << (cfg.origins.size() == 1 ? "" : "s") << " set, " << warnings.size() << " ignored)\n";
   return 0;
@@ -116,7 +116,7 @@ int config_import(const std::string& hf_file, const config::EnvMap& env,
   std::string header = "# accel configuration imported from " + hf_file + "\n";
   for (const auto& w : warnings) {
     header += "# ignored: " + w + "\n";
-    std::cout << "warning: " << w << "\n";
+    std::cerr << "warning: " << w << "\n";
   }
   std::string out = target_path(env, path);
   if (out.empty()) return fail("no default location (HOME is not set): give --config-file PATH");

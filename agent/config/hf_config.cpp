@@ -3,6 +3,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <cctype>
 #include <map>
 #include <optional>
 
@@ -38,6 +39,31 @@ const std::map<std::string, std::string, std::less<>>& ignored_keys() {
       {"fp8_config", "fp8 is not one of accel's precisions"},
   };
   return kIgnored;
+}
+
+// An ignored key at the value HF's `accelerate config` writes when the feature is not used
+// (null, false, 'no', [], {}, a section of such values, or the key's own default): it changes
+// nothing, so it is ignored without a word.
+bool at_hf_default(const std::string& key, const YAML::Node& value) {
+  if (!value || value.IsNull()) return true;
+  if (value.IsSequence()) return value.size() == 0;
+  if (value.IsMap()) {
+    for (const auto& item : value) {
+      if (!at_hf_default(item.first.as<std::string>(""), item.second)) return false;
+    }
+    return true;
+  }
+  std::string v = value.Scalar();
+  for (auto& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  // Keys whose default is a value of its own (same_network: false asks for something).
+  static const std::map<std::string, std::string, std::less<>> kDefaults = {
+      {"gpu_ids", "all"},
+      {"same_network", "true"},
+      {"rdzv_backend", "static"},
+      {"main_training_function", "main"},
+  };
+  if (auto it = kDefaults.find(key); it != kDefaults.end()) return it->second == v;
+  return v.empty() || v == "false" || v == "no" || v == "none" || v == "null" || v == "~";
 }
 
 // Sections of features accel does not have: a non-empty one is an error.
@@ -88,7 +114,8 @@ Status load_hf_root(ClusterConfig& cfg, const YAML::Node& root, const std::strin
                            " is not supported by accel" + hf_note);
     }
     if (auto it = ignored_keys().find(key); it != ignored_keys().end()) {
-      warnings.push_back(where + ": " + key + " is ignored: " + it->second);
+      if (!at_hf_default(key, value))
+        warnings.push_back(where + ": " + key + " is ignored: " + it->second);
       continue;
     }
     if (key == "compute_environment") {

@@ -593,8 +593,9 @@ void CoordinatorCore::desync_report(const Job& job, int64_t round, pb::Failure& 
 void CoordinatorCore::summarize(Job& job) {
   const std::string& why = job.end_why;
   if (job.state == pb::JOB_STATE_FAILED) {
-    job.summary = format_failure_summary(job.id, job.failures, job.last_failed_round,
-                                         root_cause(job, job.last_failed_round));
+    job.summary = format_failure_summary(
+        job.id, job.failures, job.last_failed_round, root_cause(job, job.last_failed_round),
+        job.spec.argv().empty() ? std::string() : job.spec.argv(0));
     job.summary = "accel: job " + job.id + " FAILED with exit code " +
                   std::to_string(job.exit_code) + (why.empty() ? "" : ": " + why) + "\n" +
                   job.summary;
@@ -1158,7 +1159,7 @@ std::string describe_failure(const pb::Failure& f) {
 
 std::string format_failure_summary(const std::string& job_id,
                                    const std::vector<pb::Failure>& failures, int64_t last_round,
-                                   std::optional<size_t> root) {
+                                   std::optional<size_t> root, const std::string& program) {
   // Why the check: a job can fail with no failure of its own (no node joined before join_timeout);
   // then the caller's reason is the whole story, not an empty table of "round -1".
   const bool any_in_last =
@@ -1188,7 +1189,7 @@ std::string format_failure_summary(const std::string& job_id,
     } else {
       for (const auto& line : f.stderr_tail()) out += "      stderr| " + line + "\n";
     }
-    if (auto hint = exit_hint({f.stderr_tail().begin(), f.stderr_tail().end()}))
+    if (auto hint = exit_hint({f.stderr_tail().begin(), f.stderr_tail().end()}, program))
       out += "      " + *hint + "\n";
   }
   // Root causes of earlier rounds.

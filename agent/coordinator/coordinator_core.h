@@ -201,9 +201,10 @@ class CoordinatorCore {
 
 // The failure table of a job's last failed round (root cause first, marked) and the root
 // causes of earlier rounds; what launchers print when a job fails.
+// `program`: the job's argv[0] (the Python interpreter for a .py script), for the hints.
 std::string format_failure_summary(const std::string& job_id,
                                    const std::vector<pb::Failure>& failures, int64_t last_round,
-                                   std::optional<size_t> root);
+                                   std::optional<size_t> root, const std::string& program = {});
 // "rank 3 on node-a (pid 812): SIGKILL (signal 9)", "node node-b lost: ..."
 std::string describe_failure(const pb::Failure& f);
 // The shell's convention: exit code, or 128 + signal; 1 for a lost node or a hang.

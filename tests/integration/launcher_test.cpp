@@ -580,7 +580,7 @@ TEST(Launcher, AnHfAccelerateConfigFileLaunchesUnchanged) {
   TempDir dir;
   std::ofstream(dir / "default_config.yaml") << "compute_environment: LOCAL_MACHINE\n"
                                                 "distributed_type: MULTI_CPU\n"
-                                                "downcast_bf16: 'no'\n"
+                                                "downcast_bf16: 'yes'\n"
                                                 "machine_rank: 0\n"
                                                 "main_training_function: main\n"
                                                 "mixed_precision: 'no'\n"
@@ -643,11 +643,15 @@ TEST(AccelConfig, DefaultValidateImportAndShow) {
                                                 "distributed_type: MULTI_CPU\n"
                                                 "num_machines: 1\n"
                                                 "num_processes: 2\n"
-                                                "rdzv_backend: static\n";
+                                                "rdzv_backend: c10d\n"
+                                                "same_network: true\n";
   const std::string imported = dir / "imported.yaml";
   auto imp = accel({"config", "import", dir / "default_config.yaml", "--config-file", imported});
   ASSERT_EQ(imp.exit_code, 0) << imp.err;
-  EXPECT_NE(imp.out.find("rdzv_backend is ignored"), std::string::npos) << imp.out;
+  // Warnings go to stderr; a key at HF's default (same_network: true) is not one.
+  EXPECT_NE(imp.err.find("rdzv_backend is ignored"), std::string::npos) << imp.err;
+  EXPECT_EQ(imp.out.find("ignored"), std::string::npos) << imp.out;
+  EXPECT_EQ(imp.err.find("same_network"), std::string::npos) << imp.err;
   std::string text = read_file(imported);
   EXPECT_NE(text.find("num_processes: 2\n"), std::string::npos) << text;
   EXPECT_NE(text.find("use_cpu: true\n"), std::string::npos) << text;
@@ -719,6 +723,24 @@ TEST(Launcher, PythonTorchDistributedAllReduce) {
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("[rank 0] rank 0/2 allreduce=3"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("[rank 1] rank 1/2 allreduce=3"), std::string::npos) << r.out;
+}
+
+// A script run by an interpreter without torch (the first python3 on PATH is often not the
+// virtualenv's) ends with a summary that names the interpreter and PYTHON_EXEC.
+TEST(Launcher, APythonWithoutTorchGetsAHintNamingTheInterpreterAndPythonExec) {
+  TempDir dir;
+  std::ofstream(dir / "train.py")
+      << "import sys\n"
+         "sys.path = [p for p in sys.path if 'packages' not in p]  # a Python without torch\n"
+         "import torch\n";
+  auto r =
+      run_launcher(dir, {"-n", "1", dir / "train.py"}, 60s, {{"PYTHON_EXEC", "/usr/bin/python3"}});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("ModuleNotFoundError: No module named 'torch'"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("hint: the worker's Python, /usr/bin/python3, has no torch. accel-launch "
+                       "runs a .py script with $PYTHON_EXEC, else the first python3 on PATH;"),
+            std::string::npos)
+      << r.err;
 }
 
 TEST(Launcher, HungRankGetsADesyncReportAndTheGroupRestarts) {
