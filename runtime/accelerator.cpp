@@ -196,8 +196,8 @@ Accelerator::Accelerator(AcceleratorOptions options)
   }
   setup_project();
   impl_->tracking_ = std::make_unique<detail::Tracking>();
-  if (options_.log_with) {
-    impl_->tracking_->kinds = tracking::parse_log_with(*options_.log_with, "option log_with");
+  if (!options_.log_with.empty()) {
+    impl_->tracking_->kinds = tracking::parse_log_with(options_.log_with, "option log_with");
   } else if (e.log_with) {
     impl_->tracking_->kinds = tracking::parse_log_with({*e.log_with}, contract::kLogWith);
   }
@@ -336,9 +336,21 @@ std::vector<std::string> dedupe_parameters(torch::optim::Optimizer& optimizer) {
 }  // namespace
 
 void Accelerator::register_model(torch::nn::Module& model) {
-  check_not_started("prepare() of a model");
   if (options_.device_placement) model.to(device());
-  if (!impl_->prepared_.count(&model)) impl_->models_.push_back(&model);
+  if (!impl_->prepared_.count(&model)) {
+    // Why a late model is left out of the checkpoints: automatic resume restored the objects
+    // prepared before training started, and a restarted run resumes before it reaches this
+    // prepare() again; a checkpoint holding it would not match that run. HF allows preparing
+    // an evaluation model mid-training.
+    if (impl_->training_started_ && automatic_resume_on()) {
+      log::info("accel: a model prepared after training started (" +
+                std::to_string(unique_parameters(model).size()) +
+                " parameter tensors) is not in the automatic checkpoints: they restore the "
+                "objects prepared before training, when a restarted run resumes");
+    } else {
+      impl_->models_.push_back(&model);
+    }
+  }
   impl_->prepared_[&model] = true;
   if (!use_distributed()) return;
   const std::vector<torch::Tensor> params = unique_parameters(model);

@@ -1,4 +1,5 @@
 // Accelerator's experiment tracking: init_trackers, log, end_training (docs/tracking.md).
+#include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
 
@@ -48,19 +49,25 @@ void Accelerator::open_trackers() {
   if (!t.trackers || t.trackers->is_open()) return;
   std::string note = t.trackers->open(t.resume);
   if (!note.empty()) log::info(note);
-  for (const auto& r : t.pending) t.trackers->log(r.values, r.step, r.wall_time);
+  for (const auto& r : t.pending) t.trackers->log(r.values, r.step, r.wall_time, r.only);
   t.pending.clear();
 }
 
 void Accelerator::log(const std::map<std::string, double>& values, std::optional<int64_t> step) {
+  log_to({}, values, step);
+}
+
+void Accelerator::log_to(const std::string& only, const std::map<std::string, double>& values,
+                         std::optional<int64_t> step) {
   auto& t = *impl_->tracking_;
-  if (t.bar) t.last_values = values;
+  if (t.bar && only.empty()) t.last_values = values;
   if (!t.trackers) return;
   tracking::check_value_names(values);
   detail::Tracking::Record r{
       {values.begin(), values.end()},
       step.value_or(completed_steps()),
-      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()};
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(),
+      only};
   // Without automatic resume nothing later decides where the files stand (a load_state() by hand
   // comes before logging, as in HF's order, and cuts them back if not).
   if (!t.trackers->is_open() && (impl_->training_started_ || !automatic_resume_on())) {
@@ -70,7 +77,36 @@ void Accelerator::log(const std::map<std::string, double>& values, std::optional
     t.pending.push_back(std::move(r));
     return;
   }
-  t.trackers->log(r.values, r.step, r.wall_time);
+  t.trackers->log(r.values, r.step, r.wall_time, r.only);
+}
+
+Tracker Accelerator::get_tracker(const std::string& name) {
+  const auto& kinds = impl_->tracking_->kinds;
+  if (std::find(kinds.begin(), kinds.end(), name) == kinds.end()) {
+    std::string on;
+    for (const auto& k : kinds) on += (on.empty() ? "" : ", ") + k;
+    throw UsageError(
+        "accel: get_tracker(\"" + name + "\"): not a tracker of this run (" +
+        (on.empty() ? std::string("none is on: set log_with or --log-with") : "on: " + on) + ")");
+  }
+  return Tracker(this, name);
+}
+
+fs::path Accelerator::project_dir() const {
+  return impl_->project_.project_dir ? fs::path(*impl_->project_.project_dir) : fs::path();
+}
+
+fs::path Accelerator::logging_dir() const {
+  return impl_->project_.logging_dir ? fs::path(*impl_->project_.logging_dir) : fs::path();
+}
+
+void Tracker::log(const std::map<std::string, double>& values, std::optional<int64_t> step) {
+  acc_->log_to(name_, values, step);
+}
+
+fs::path Tracker::file() const {
+  const auto& t = *acc_->impl_->tracking_;
+  return t.trackers ? t.trackers->file_of(name_) : fs::path();
 }
 
 void Accelerator::end_training() {

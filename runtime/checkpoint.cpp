@@ -450,6 +450,12 @@ void Accelerator::setup_project() {
       impl_->project_.total_limit = kDefaultLauncherTotalLimit;
     }
   }
+  // Why only when the launcher gives a folder: that is a job asking to be resumable; a folder in
+  // code alone is HF's project_dir, which never resumes by itself.
+  if (!impl_->project_.automatic_resume) {
+    impl_->project_.automatic_resume =
+        env::worker_env().checkpoint_dir.has_value() || env::worker_env().project_dir.has_value();
+  }
   bool has_dir = impl_->project_.project_dir && !impl_->project_.project_dir->empty();
   if (!impl_->project_.automatic_checkpoint_naming)
     impl_->project_.automatic_checkpoint_naming = has_dir;
@@ -1160,7 +1166,7 @@ std::vector<std::string> run_differences(
 }  // namespace
 
 bool Accelerator::automatic_resume_on() const {
-  return impl_->project_.automatic_resume && *impl_->project_.automatic_checkpoint_naming;
+  return *impl_->project_.automatic_resume && *impl_->project_.automatic_checkpoint_naming;
 }
 
 void Accelerator::check_not_started(const char* what) const {
@@ -1171,7 +1177,9 @@ void Accelerator::check_not_started(const char* what) const {
       "backward() or save_state()): automatic resume happens there and restores only the "
       "objects prepared and registered by then, so after a restart this one would start fresh "
       "or the checkpoint would not match. prepare() and register_for_checkpointing() every "
-      "object before the training loop");
+      "object before the training loop (models alone may be prepared later, and are then not "
+      "checkpointed), or turn automatic resume off (ProjectConfiguration::automatic_resume = "
+      "false) and load_state() by hand");
 }
 
 void Accelerator::maybe_resume(bool forward_done) {

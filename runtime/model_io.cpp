@@ -2,12 +2,14 @@
 #include "accel/model_io.h"
 
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
+#include "accel/accelerator.h"
 #include "accel/error.h"
 #include "contract/json_depth.h"
 #include "runtime/checkpoint_io.h"
@@ -130,6 +132,51 @@ LoadedKeys load_model(torch::nn::Module& model, const fs::path& path, bool stric
     if (it != saved.end()) tensor.copy_(it->second);
   }
   return keys;
+}
+
+// --- Accelerator::save / load (HF's save(obj, f), torch.load) -------------------------------
+
+void Accelerator::save_file(const fs::path& path,
+                            const std::function<void(const std::string& temp)>& write) {
+  if (path.empty() || !path.has_filename()) {
+    throw UsageError("accel: save(value, \"" + path.string() + "\"): the path names no file");
+  }
+  // Why a name with this process's pid beside the target: rename(2) is atomic only within one
+  // file system, and no other writer uses the same name.
+  const fs::path temp =
+      path.parent_path() / ("." + path.filename().string() + ".tmp-" + std::to_string(::getpid()));
+  try {
+    if (!path.parent_path().empty()) fs::create_directories(path.parent_path());
+    write(temp.string());
+    fs::rename(temp, path);
+  } catch (const c10::Error& e) {
+    std::error_code ec;
+    fs::remove(temp, ec);
+    throw CheckpointError("accel: save to " + path.string() + ": " + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    std::error_code ec;
+    fs::remove(temp, ec);
+    throw CheckpointError("accel: save to " + path.string() + ": " + e.what());
+  }
+}
+
+void Accelerator::load_file(const fs::path& path,
+                            const std::function<void(const std::string& file)>& read) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) {
+    throw CheckpointError("accel: load from " + path.string() + ": " +
+                          (fs::exists(path, ec) ? "not a file" : "no such file"));
+  }
+  try {
+    read(path.string());
+  } catch (const c10::Error& e) {
+    throw CheckpointError("accel: load from " + path.string() +
+                          ": it does not hold what is loaded into (" + e.what_without_backtrace() +
+                          ")");
+  } catch (const std::exception& e) {
+    throw CheckpointError("accel: load from " + path.string() +
+                          ": it does not hold what is loaded into (" + e.what() + ")");
+  }
 }
 
 }  // namespace accel

@@ -288,8 +288,9 @@ void check_value_names(const std::map<std::string, double>& values) {
 }
 
 void Trackers::log(const std::vector<std::pair<std::string, double>>& values, int64_t step,
-                   double wall_time) {
+                   double wall_time, const std::string& only) {
   for (auto& f : files_) {
+    if (!only.empty() && f->kind != only) continue;
     if (f->kind == "jsonl") {
       nlohmann::ordered_json line = {{"step", step}, {"wall_time", wall_time}};
       for (const auto& [name, v] : values) line[name] = v;  // NaN and inf become null
@@ -316,6 +317,13 @@ void Trackers::log(const std::vector<std::pair<std::string, double>>& values, in
 #endif
     }
   }
+}
+
+fs::path Trackers::file_of(const std::string& kind) const {
+  for (const auto& f : files_) {
+    if (f->kind == kind) return f->path;
+  }
+  return {};
 }
 
 Position Trackers::position() const {

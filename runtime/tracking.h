@@ -57,8 +57,11 @@ class Trackers {
   std::string open(const std::optional<Position>& resume);
   bool is_open() const { return open_; }
   // One record per tracker (write(2) each). UsageError for the reserved names step/wall_time.
+  // `only`: the one tracker kind to write (Accelerator::get_tracker); empty: all of them.
   void log(const std::vector<std::pair<std::string, double>>& values, int64_t step,
-           double wall_time);
+           double wall_time, const std::string& only = {});
+  // The file tracker `kind` writes; empty before open() or when it is not on.
+  std::filesystem::path file_of(const std::string& kind) const;
   Position position() const;
   const std::filesystem::path& dir() const { return dir_; }
   const std::string& run() const { return run_; }
@@ -84,6 +87,7 @@ struct Tracking {
     std::vector<std::pair<std::string, double>> values;
     int64_t step;
     double wall_time;
+    std::string only;  // one tracker kind (get_tracker), or empty for all
   };
   std::vector<std::string> kinds;                // from log_with / ACCEL_LOG_WITH
   bool initialized = false;                      // init_trackers ran (on any process)

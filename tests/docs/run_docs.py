@@ -10,6 +10,9 @@ marker, an HTML comment on the line directly before its opening fence:
   <!-- doc: file NAME -->                               write the block to NAME before later blocks run
   <!-- doc: example -->                                 shown, not run (placeholders, root, Slurm, GPUs, slow)
 
+C++ blocks carry `<!-- doc: cpp program|fragment|declarations -->` instead: tests/docs/cpp_blocks.py
+compiles them.
+
 The blocks of one page run in order in one fresh sandbox folder (symlinks to the checkout's
 top-level entries, `build` pointing at --build-dir; HOME=<sandbox>/home), with
 PATH=<build>/bin:/usr/bin:/bin and LC_ALL=C. Output (stdout and stderr merged) is compared
@@ -38,7 +41,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKED_INFOS = {"", "sh", "bash", "console", "shell", "text"}
-KINDS = {"run", "output", "transcript", "file", "example"}
+KINDS = {"run", "output", "transcript", "file", "example", "cpp"}
 MARKER_RE = re.compile(r"^\s*<!--\s*doc:\s*(.*?)\s*-->\s*$")
 FENCE_RE = re.compile(r"^( *)(`{3,}|~{3,})(.*)$")
 GROUP_RE = re.compile(r"^\[(rank \d+|accel-launch|[A-Za-z0-9._-]+:\d+)\](?: |$)")
@@ -92,6 +95,8 @@ def parse_marker(text, where):
         raise DocError(f"{where}: unknown doc marker '{text}' (one of: {', '.join(sorted(KINDS))})")
     kind, opts = words[0], {}
     rest = words[1:]
+    if kind == "cpp":  # C++ blocks: compiled by tests/docs/cpp_blocks.py, not run here
+        return kind, {"words": rest}
     if kind == "file":
         if len(rest) != 1:
             raise DocError(f"{where}: '<!-- doc: file NAME -->' takes one file name")

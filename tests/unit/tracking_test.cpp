@@ -319,6 +319,7 @@ TEST(ResumePoint, ABackwardBeforeAnyLoaderIsRefusedWhenThereIsACheckpointToLoad)
   auto backward_first = [&] {
     AcceleratorOptions o;
     o.project.project_dir = tmp.path().string();
+    o.project.automatic_resume = true;
     Accelerator acc(o);
     auto model = torch::nn::Linear(3, 1);
     auto opt =
@@ -335,35 +336,69 @@ TEST(ResumePoint, ABackwardBeforeAnyLoaderIsRefusedWhenThereIsACheckpointToLoad)
       << what;
 }
 
-TEST(ResumePoint, PrepareAfterTrainingStartedIsRefusedOnTheFirstRun) {
+// HF allows preparing an evaluation model mid-training: under automatic resume it is prepared
+// but left out of the checkpoints (a restarted run resumes before reaching that prepare()), so
+// they still match; another late object is refused, with the fix in the message.
+TEST(ResumePoint, ALateModelIsPreparedButNotCheckpointedAndALateOptimizerIsRefused) {
   TempDir tmp;
-  AcceleratorOptions o;
-  o.project.project_dir = tmp.path().string();
-  Accelerator acc(o);
-  DataLoader loader(std::make_shared<TensorDataset>(torch::randn({4, 3}), torch::randn({4, 1})),
-                    {.batch_size = 2});
-  auto dl = acc.prepare(loader);
-  auto model = torch::nn::Linear(3, 1);
-  acc.prepare(model);  // before training: fine
-  (void)dl.epoch();    // training starts here
-  auto what = error_of([&] { acc.prepare(torch::nn::Linear(3, 1)); });
-  EXPECT_NE(what.find("accel: prepare() of a model after training started"), std::string::npos)
-      << what;
-  EXPECT_NE(what.find("before the training loop"), std::string::npos) << what;
-  struct Counter {
-    std::string state_dict() const { return "0"; }
-    void load_state_dict(const std::string&) {}
+  auto run = [&] {
+    AcceleratorOptions o;
+    o.project.project_dir = tmp.path().string();
+    o.project.automatic_resume = true;
+    Accelerator acc(o);
+    DataLoader loader(std::make_shared<TensorDataset>(torch::randn({4, 3}), torch::randn({4, 1})),
+                      {.batch_size = 2});
+    auto dl = acc.prepare(loader);
+    auto model = torch::nn::Linear(3, 1);
+    acc.prepare(model);  // before training: checkpointed
+    (void)dl.epoch();    // training starts here
+    auto eval_model = acc.prepare(torch::nn::Linear(3, 2));
+    EXPECT_EQ(eval_model->forward(torch::ones({1, 3})).size(1), 2);
+    auto what = error_of([&] {
+      acc.prepare(
+          std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(0.1)));
+    });
+    EXPECT_NE(what.find("accel: prepare() of an optimizer after training started"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("automatic_resume = false"), std::string::npos) << what;
+    return acc.save_state();
   };
-  EXPECT_NE(error_of([&] {
-              acc.register_for_checkpointing(std::make_shared<Counter>());
-            }).find("register_for_checkpointing() after training started"),
-            std::string::npos);
-  // Without a checkpoint folder nothing resumes, so any order is fine.
-  Accelerator plain;
-  auto pdl = plain.prepare(
-      DataLoader(std::make_shared<TensorDataset>(torch::randn({4, 3}), torch::randn({4, 1})), {}));
-  (void)pdl.epoch();
-  plain.prepare(torch::nn::Linear(3, 1));
+  auto first = run();
+  auto manifest = json::parse(read_file(first / "manifest.json"));
+  EXPECT_EQ(manifest["contents"]["models"], 1) << manifest.dump();
+  auto second = run();  // resumes from the first one: the late model does not break the match
+  EXPECT_NE(first, second);
+}
+
+// A project_dir set in code alone is HF's: checkpoints go there, and nothing resumes by itself;
+// automatic_resume = true (or a folder from the launcher) asks for it.
+TEST(ResumePoint, AProjectDirInCodeDoesNotResumeUnlessAsked) {
+  TempDir tmp;
+  auto steps_after_start = [&](std::optional<bool> automatic_resume) {
+    AcceleratorOptions o;
+    o.project.project_dir = tmp.path().string();
+    o.project.automatic_resume = automatic_resume;
+    Accelerator acc(o);
+    auto model = torch::nn::Linear(3, 1);
+    auto opt =
+        std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(0.1));
+    DataLoader loader(std::make_shared<TensorDataset>(torch::randn({4, 3}), torch::randn({4, 1})),
+                      {.batch_size = 2});
+    auto [m, o2, dl] = acc.prepare(model, opt, loader);
+    int64_t at_start = -1;
+    for (auto& batch : dl) {
+      if (at_start < 0) at_start = acc.completed_steps();
+      acc.backward(torch::mse_loss(m(batch.input), batch.target));
+      o2.step();
+      o2.zero_grad();
+    }
+    acc.save_state();
+    return at_start;
+  };
+  EXPECT_EQ(steps_after_start(std::nullopt), 0);
+  EXPECT_EQ(steps_after_start(std::nullopt), 0) << "a project_dir in code alone resumed";
+  EXPECT_EQ(steps_after_start(true), 2) << "automatic_resume = true did not resume";
 }
 
 // --- progress, logging ---------------------------------------------------------------------------
@@ -611,6 +646,87 @@ TEST(OptimizerHandle, SteppingTheOriginalOptimizerIsAnErrorNamingTheFix) {
                       "prepared optimizer"),
             std::string::npos)
       << what;
+}
+
+}  // namespace
+}  // namespace accel
+
+namespace accel {
+namespace {
+
+// --- what an HF port calls: get_tracker, save/load, the folders, module holders ---------------
+
+TEST(HfNames, GetTrackerWritesToThatTrackerAloneAndNamesTheOnesThatAreOn) {
+  TempDir tmp;
+  AcceleratorOptions o{.log_with = {"jsonl", "csv"}};
+  o.project.logging_dir = tmp.path().string();
+  Accelerator acc(o);
+  EXPECT_EQ(acc.logging_dir(), tmp.path());
+  EXPECT_TRUE(acc.project_dir().empty());
+  acc.init_trackers("run");
+  auto jsonl = acc.get_tracker("jsonl");
+  jsonl.log({{"only_jsonl", 1.5}}, 7);
+  acc.log({{"both", 2.0}}, 8);
+  EXPECT_EQ(jsonl.file(), tmp.path() / "run" / "metrics.jsonl");
+  auto lines = read_file(tmp.path() / "run" / "metrics.jsonl");
+  EXPECT_NE(lines.find("\"only_jsonl\":1.5"), std::string::npos) << lines;
+  EXPECT_NE(lines.find("\"both\":2.0"), std::string::npos) << lines;
+  auto csv = read_file(tmp.path() / "run" / "metrics.csv");
+  EXPECT_EQ(csv.find("only_jsonl"), std::string::npos) << csv;
+  EXPECT_NE(csv.find("both"), std::string::npos) << csv;
+  EXPECT_EQ(error_of([&] { acc.get_tracker("tensorboard"); }),
+            "accel: get_tracker(\"tensorboard\"): not a tracker of this run (on: jsonl, csv)");
+}
+
+TEST(HfNames, LogWithTakesOneStringAListOrAll) {
+  TempDir tmp;
+  for (TrackerNames names : {TrackerNames("csv,jsonl"), TrackerNames{"csv", "jsonl"}}) {
+    AcceleratorOptions o{.log_with = names};
+    o.project.logging_dir = tmp.path().string();
+    Accelerator acc(o);
+    EXPECT_NO_THROW(acc.get_tracker("csv"));
+    EXPECT_NO_THROW(acc.get_tracker("jsonl"));
+  }
+  Accelerator none({.log_with = "none"});
+  EXPECT_NE(error_of([&] { none.get_tracker("csv"); }).find("none is on"), std::string::npos);
+}
+
+TEST(HfNames, SaveWritesWholeFilesAndLoadReadsThemBackIntoAnyModelHandle) {
+  TempDir tmp;
+  Accelerator acc;
+  auto model = torch::nn::Linear(3, 2);
+  auto m = acc.prepare(model);
+  acc.save(m, tmp.path() / "sub" / "model.pt");
+  acc.save(torch::arange(5), tmp.path() / "t.pt");
+  auto fresh = torch::nn::Linear(3, 2);
+  acc.load(fresh, tmp.path() / "sub" / "model.pt");
+  EXPECT_TRUE(fresh->weight.equal(model->weight));
+  torch::Tensor t;
+  acc.load(t, tmp.path() / "t.pt");
+  EXPECT_TRUE(t.equal(torch::arange(5)));
+  for (const auto& e : fs::directory_iterator(tmp.path() / "sub"))
+    EXPECT_EQ(e.path().filename(), "model.pt") << "a temporary file was left";
+  EXPECT_EQ(error_of([&] { acc.load(t, tmp.path() / "missing.pt"); }),
+            "accel: load from " + (tmp.path() / "missing.pt").string() + ": no such file");
+  write_file(tmp.path() / "junk.pt", "not a torch file");
+  auto what = error_of([&] { acc.load(fresh, tmp.path() / "junk.pt"); });
+  EXPECT_EQ(what.rfind("accel: load from " + (tmp.path() / "junk.pt").string() +
+                           ": it does not hold what is loaded into (",
+                       0),
+            0u)
+      << what;
+  EXPECT_TRUE(fresh->weight.equal(model->weight)) << "a failed load changed the model";
+
+  // save_model, get_state_dict and load_model take the holder, the pointer and the prepared model.
+  acc.save_model(model, tmp.path() / "st");
+  acc.save_model(m, tmp.path() / "st2");
+  acc.save_model(model.ptr(), tmp.path() / "st3");
+  EXPECT_EQ(acc.get_state_dict(model).size(), 2u);
+  EXPECT_EQ(acc.get_state_dict(m).size(), 2u);
+  auto other = torch::nn::Linear(3, 2);
+  load_model(other, tmp.path() / "st2");
+  EXPECT_TRUE(other->weight.equal(model->weight));
+  EXPECT_TRUE(load_checkpoint_in_model(other, tmp.path() / "st").missing.empty());
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <torch/nn/pimpl.h>
 #include <torch/optim/optimizer.h>
 #include <torch/optim/schedulers/lr_scheduler.h>
+#include <torch/serialize.h>
 #include <torch/serialize/archive.h>
 
 #include <chrono>
@@ -16,6 +17,7 @@
 #include <exception>
 #include <filesystem>
 #include <functional>
+#include <initializer_list>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -62,14 +64,18 @@ struct ProjectConfiguration {
   // --async-checkpoints), else false.
   std::optional<bool> async_checkpoints{};
   // With automatic naming, the newest complete checkpoint is loaded when training starts, so a
-  // restarted job continues where it was: the first time a prepared loader is iterated or asked
+  // restarted job continues where it was. Unset: on when the folder came from the launcher
+  // (ACCEL_CHECKPOINT_DIR or ACCEL_PROJECT_DIR: accel-launch --checkpoint-dir or --project-dir),
+  // off for a project_dir set in code alone (HF never resumes by itself); true turns it on
+  // there. It happens the first time a prepared loader is iterated or asked
   // its epoch() or state(), or at the first backward() or save_state(), whichever comes first
   // (every rank gets there: the first of those calls is a collective). A backward() that comes
   // first while there is a checkpoint to load throws UsageError (the forward pass already used
-  // the weights). Objects are matched by prepare order; prepare() or
-  // register_for_checkpointing() after that point throws UsageError on the first run already,
-  // since a restarted run could not restore them.
-  bool automatic_resume = true;
+  // the weights). Objects are matched by prepare order. A model prepared after that point (an
+  // evaluation copy) is not in the checkpoints; prepare() of another object or
+  // register_for_checkpointing() after it throws UsageError on the first run already, since a
+  // restarted run could not restore it.
+  std::optional<bool> automatic_resume{};
   // Automatic resume refuses a checkpoint saved by another run (other dataset sizes, model
   // parameters or optimizers) and names the difference; true resumes from it anyway.
   // Unset: ACCEL_RESUME=force (accel-launch --resume force), else false.
@@ -93,6 +99,36 @@ struct SaveStateOptions {
   bool async = false;
 };
 
+// Tracker names as HF's log_with takes them: one string ("all", "tensorboard,jsonl") or a list
+// ({"tensorboard", "jsonl"}); empty means unset. Not an optional: std::optional of a list cannot
+// be initialized from a braced list of names.
+struct TrackerNames : std::vector<std::string> {
+  TrackerNames() = default;
+  TrackerNames(const char* names) : std::vector<std::string>{std::string(names)} {}
+  TrackerNames(std::string names) : std::vector<std::string>{std::move(names)} {}
+  TrackerNames(std::initializer_list<std::string> names) : std::vector<std::string>(names) {}
+  TrackerNames(std::vector<std::string> names) : std::vector<std::string>(std::move(names)) {}
+};
+
+class Accelerator;
+
+// HF's get_tracker(name): one of the run's experiment trackers ("tensorboard", "jsonl", "csv").
+struct Tracker {
+  // A record in this tracker alone, as Accelerator::log writes one in all of them (main process
+  // only; a no-op elsewhere).
+  void log(const std::map<std::string, double>& values, std::optional<int64_t> step = {});
+  // The file it writes, to add what log() cannot (main process, once the trackers are open:
+  // after init_trackers and the start of training or the first log()); empty elsewhere.
+  std::filesystem::path file() const;
+  const std::string& name() const { return name_; }
+
+ private:
+  friend class Accelerator;
+  Tracker(Accelerator* acc, std::string name) : acc_(acc), name_(std::move(name)) {}
+  Accelerator* acc_;
+  std::string name_;
+};
+
 struct AcceleratorOptions {
   // Unset: ACCEL_MIXED_PRECISION / ACCELERATE_MIXED_PRECISION, else "no".
   std::optional<std::string> mixed_precision{};
@@ -114,8 +150,9 @@ struct AcceleratorOptions {
   std::optional<GradScalerOptions> grad_scaler{};
   ProjectConfiguration project{};
   // Experiment trackers (docs/tracking.md): "tensorboard", "jsonl", "csv" or "all"; several as
-  // items or separated by commas. Unset: ACCEL_LOG_WITH (accel-launch --log-with), else none.
-  std::optional<std::vector<std::string>> log_with{};
+  // items or separated by commas ("none": none). Empty: ACCEL_LOG_WITH (accel-launch --log-with),
+  // else none.
+  TrackerNames log_with{};
   // A progress display of each prepared loader's passes on the main process (a bar on a
   // terminal, a line every 30 s otherwise) with the values last given to log(). Unset:
   // ACCEL_PROGRESS (on or off), else on.
@@ -406,6 +443,11 @@ class Accelerator {
                   const SaveModelOptions& options = {}) {
     save_model(*model, dir, options);
   }
+  template <class C>
+  void save_model(const torch::nn::ModuleHolder<C>& model, const std::filesystem::path& dir,
+                  const SaveModelOptions& options = {}) {
+    save_model(*model, dir, options);
+  }
   // HF's get_state_dict: the model's parameters then buffers, by qualified name (detached; they
   // share storage with the model), as save_model writes them.
   std::vector<std::pair<std::string, torch::Tensor>> get_state_dict(
@@ -418,6 +460,11 @@ class Accelerator {
   template <class M>
   std::vector<std::pair<std::string, torch::Tensor>> get_state_dict(
       const PreparedModel<M>& model) const {
+    return get_state_dict(*model);
+  }
+  template <class C>
+  std::vector<std::pair<std::string, torch::Tensor>> get_state_dict(
+      const torch::nn::ModuleHolder<C>& model) const {
     return get_state_dict(*model);
   }
   // HF's register_save_state_pre_hook / register_load_state_pre_hook: `hook(models, dir)` runs
@@ -437,6 +484,38 @@ class Accelerator {
     return loader.skip_first_batches(n);
   }
   const ProjectConfiguration& project_configuration() const;
+  // HF's project_dir and logging_dir: the folders in effect (set in code, else the launcher's);
+  // empty when there is none.
+  std::filesystem::path project_dir() const;
+  std::filesystem::path logging_dir() const;
+  // HF's save(obj, f): torch::save of `value` (a tensor, tensors, a module, an optimizer, a
+  // prepared model) to `path`, on the main process only (not a collective). Written to a
+  // temporary name beside `path`, then renamed over it, so a reader never sees half a file.
+  // CheckpointError naming the file when it cannot be written.
+  template <class T>
+  void save(const T& value, const std::filesystem::path& path) {
+    if (!is_main_process()) return;
+    save_file(path, [&](const std::string& temp) {
+      if constexpr (detail::is_prepared_model_v<T>) {
+        torch::save(value.ptr(), temp);
+      } else {
+        torch::save(value, temp);
+      }
+    });
+  }
+  // torch::load of `path` into `value`, on the process that calls it. CheckpointError naming
+  // the file when it is missing or does not hold a `value`.
+  template <class T>
+  void load(T& value, const std::filesystem::path& path) {
+    load_file(path, [&](const std::string& file) {
+      if constexpr (detail::is_prepared_model_v<T>) {
+        auto model = value.ptr();
+        torch::load(model, file);
+      } else {
+        torch::load(value, file);
+      }
+    });
+  }
 
   // Global gradient norm of `parameters` clipped to max_norm; returns the norm before clipping.
   double clip_grad_norm_(const std::vector<torch::Tensor>& parameters, double max_norm,
@@ -464,6 +543,9 @@ class Accelerator {
   // without trackers, a no-op. A run resumed from a checkpoint first cuts the files back to what
   // they held at that checkpoint, so no step appears twice.
   void log(const std::map<std::string, double>& values, std::optional<int64_t> step = {});
+  // HF's get_tracker: the tracker `name` of log_with. UsageError naming the trackers that are on
+  // when it is not one of them.
+  Tracker get_tracker(const std::string& name);
   // HF's end_training: waits for a background save (the main process throws CheckpointError if
   // it failed; not a collective) and closes the trackers' files (the destructor does both).
   void end_training();
@@ -619,6 +701,13 @@ class Accelerator {
   void register_model(torch::nn::Module& model);
   // load_state of `source`; without verify_checksums only file sizes are checked.
   std::filesystem::path load_from(const std::filesystem::path& source, bool verify_checksums);
+  friend struct Tracker;
+  void log_to(const std::string& only, const std::map<std::string, double>& values,
+              std::optional<int64_t> step);
+  void save_file(const std::filesystem::path& path,
+                 const std::function<void(const std::string& temp)>& write);
+  void load_file(const std::filesystem::path& path,
+                 const std::function<void(const std::string& file)>& read);
   // Automatic resume, once, when training starts (ProjectConfiguration::automatic_resume);
   // then the trackers open (they wait for it to know whether to continue their files).
   // forward_done: called from backward(), after a forward pass used the current weights.

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
 
 #include <filesystem>
 #include <memory>
@@ -38,6 +39,11 @@ LoadedKeys load_model(const PreparedModel<M>& model, const std::filesystem::path
                       bool strict = true) {
   return load_model(*model, path, strict);
 }
+template <class C>
+LoadedKeys load_model(const torch::nn::ModuleHolder<C>& model, const std::filesystem::path& path,
+                      bool strict = true) {
+  return load_model(*model.ptr(), path, strict);
+}
 
 // HF's load_checkpoint_in_model: load_model, not strict unless asked.
 inline LoadedKeys load_checkpoint_in_model(torch::nn::Module& model,
@@ -53,6 +59,11 @@ template <class M>
 LoadedKeys load_checkpoint_in_model(const PreparedModel<M>& model,
                                     const std::filesystem::path& path, bool strict = false) {
   return load_model(*model, path, strict);
+}
+template <class C>
+LoadedKeys load_checkpoint_in_model(const torch::nn::ModuleHolder<C>& model,
+                                    const std::filesystem::path& path, bool strict = false) {
+  return load_model(*model.ptr(), path, strict);
 }
 
 }  // namespace accel

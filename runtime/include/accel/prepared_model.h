@@ -131,4 +131,11 @@ class PreparedModel {
   std::shared_ptr<const ForwardPrecision> precision_;
 };
 
+namespace detail {
+template <class T>
+inline constexpr bool is_prepared_model_v = false;
+template <class M>
+inline constexpr bool is_prepared_model_v<PreparedModel<M>> = true;
+}  // namespace detail
+
 }  // namespace accel
