@@ -214,7 +214,7 @@ void ask_multi_node(Asker& ask, config::ClusterConfig& cfg, bool& make_token) {
                             true);
   }
   bool tls = !cfg.tls_cert.empty() || !cfg.tls_ca.empty();
-  if (ask.yes_no("Encrypt the control plane with TLS?", tls)) {
+  if (ask.yes_no("Use your own TLS certificates (no: one derived from the token)?", tls)) {
     auto file_note = [&](const std::string& path) {
       if (!path.empty() && !fs::exists(path, ec)) {
         ask.out() << "  note: " << path

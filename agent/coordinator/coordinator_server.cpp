@@ -15,36 +15,6 @@ namespace accel::coordinator {
 
 namespace {
 
-// Why: gRPC 1.51's listener gives up for good when accept4 fails (EMFILE/ENFILE: a connection
-// flood ran the process out of descriptors); it only logs "Failed accept4". This hook counts
-// those lines (and prints every line as gRPC would) so the ticker can rebuild the listener.
-std::atomic<uint64_t> g_accept_failures{0};
-
-void log_hook(gpr_log_func_args* args) {
-  if (args->severity == GPR_LOG_SEVERITY_ERROR && args->message != nullptr &&
-      std::strncmp(args->message, "Failed accept4", 14) == 0) {
-    g_accept_failures.fetch_add(1);
-  }
-  const char* file = args->file != nullptr ? std::strrchr(args->file, '/') : nullptr;
-  std::fprintf(stderr, "%s %s:%d] %s\n", gpr_log_severity_string(args->severity),
-               file != nullptr ? file + 1 : (args->file != nullptr ? args->file : "?"), args->line,
-               args->message != nullptr ? args->message : "");
-}
-
-std::once_flag g_log_hook_once;
-
-// "host:port" -> host, without IPv6 brackets.
-std::string host_of(const std::string& address) {
-  auto host = address.substr(0, address.rfind(':'));
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
-    host = host.substr(1, host.size() - 2);
-  return host;
-}
-
-bool is_loopback(const std::string& host) {
-  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
-}
-
 grpc::Status to_grpc(const RpcStatus& s) {
   switch (s.code) {
     case Code::kOk:
@@ -192,18 +162,16 @@ CoordinatorServer::CoordinatorServer(ServerOptions options, const Clock& clock)
 
 std::vector<std::string> exposure_warnings(const ServerOptions& options) {
   std::vector<std::string> out;
-  const auto host = host_of(options.listen_address);
-  if (!options.tls.server_tls() && !is_loopback(host)) {
-    out.push_back(
-        "the coordinator serves " + options.listen_address +
-        " in plaintext: anyone who can see its traffic can read the token and act as any node. "
-        "Give it tls_cert and tls_key (and tls_ca for client certificates), or bind a loopback "
-        "or private address only");
-  }
+  // Why the length matters more without tls_cert: the TLS certificate is derived from the token
+  // and shown to anyone who connects, so a short token can be guessed offline from it.
   if (options.token.size() < kMinTokenBytes) {
     out.push_back("the token is " + std::to_string(options.token.size()) +
                   " bytes long; use at least " + std::to_string(kMinTokenBytes) +
-                  " random bytes (openssl rand -hex 32)");
+                  " random bytes (openssl rand -hex 32)" +
+                  (options.tls.server_tls()
+                       ? std::string()
+                       : ": the TLS certificate derived from it lets anyone who reaches the "
+                         "port try guesses offline"));
   }
   return out;
 }
@@ -211,10 +179,11 @@ std::vector<std::string> exposure_warnings(const ServerOptions& options) {
 Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::start(ServerOptions options,
                                                                     const Clock& clock) {
   if (options.token.empty()) return Status::error("the coordinator needs a token");
-  if (auto creds = rpc::server_credentials(options.tls); !creds) return creds.status();
-  std::call_once(g_log_hook_once, [] { gpr_set_log_function(log_hook); });
+  if (auto creds = rpc::server_credentials(options.tls, options.token); !creds)
+    return creds.status();
+  rpc::install_grpc_log_hook();
   std::unique_ptr<CoordinatorServer> self(new CoordinatorServer(std::move(options), clock));
-  self->accept_failures_seen_ = g_accept_failures.load();
+  self->accept_failures_seen_ = rpc::grpc_accept_failures();
   if (!self->listen(self->options_.listen_address)) {
     return Status::error("cannot listen on " + self->options_.listen_address +
                          " (the port is in use, or the address is not one of this host's)");
@@ -224,7 +193,7 @@ Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::start(ServerOption
 }
 
 bool CoordinatorServer::listen(const std::string& address) {
-  auto creds = rpc::server_credentials(options_.tls);
+  auto creds = rpc::server_credentials(options_.tls, options_.token);
   if (!creds) return false;
   const auto& lim = options_.limits;
   auto service = std::make_unique<Service>(*this);
@@ -361,7 +330,10 @@ void CoordinatorServer::ticker() {
   while (!stopping_) {
     tick_cv_.wait_for(lock, options_.tick);
     if (stopping_) break;
-    uint64_t failures = g_accept_failures.load();
+    // Why: gRPC 1.51's listener gives up for good when accept4 fails (EMFILE/ENFILE: a
+    // connection flood ran the process out of descriptors); it only logs "Failed accept4",
+    // which rpc::install_grpc_log_hook counts.
+    uint64_t failures = rpc::grpc_accept_failures();
     bool retry =
         listener_down_ && std::chrono::steady_clock::now() - last_try >= std::chrono::seconds(1);
     if (failures != accept_failures_seen_ || retry) {

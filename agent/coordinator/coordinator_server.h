@@ -61,8 +61,8 @@ struct ServerOptions {
 // The token length below which exposure_warnings() warns.
 inline constexpr std::size_t kMinTokenBytes = 16;
 
-// What is risky about serving with `options`, one sentence each: plaintext on an address other
-// hosts reach (anyone on the path reads the token), a token shorter than kMinTokenBytes.
+// What is risky about serving with `options`, one sentence each: a token shorter than
+// kMinTokenBytes (guessable; offline, from the token's TLS certificate, when no tls_cert is set).
 std::vector<std::string> exposure_warnings(const ServerOptions& options);
 
 class CoordinatorServer {

@@ -21,8 +21,10 @@ Result<ControlPlaneAuth> control_plane_auth(const config::ClusterConfig& cfg,
   if (!token) return located(token.message());
   ControlPlaneAuth auth{*token, {.cert = cfg.tls_cert, .key = cfg.tls_key, .ca = cfg.tls_ca}};
   // Read the PEM files now, so a bad one is an error before anything starts.
-  if (auto server = rpc::server_credentials(auth.tls); !server) return located(server.message());
-  if (auto client = rpc::channel_credentials(auth.tls); !client) return located(client.message());
+  if (auto server = rpc::server_credentials(auth.tls, auth.token); !server)
+    return located(server.message());
+  if (auto client = rpc::channel_credentials(auth.tls, auth.token); !client)
+    return located(client.message());
   return auth;
 }
 

@@ -17,10 +17,35 @@ Result<std::shared_ptr<CoordinatorClient>> CoordinatorClient::create(const std::
   if (target.empty() || target.find(':') == std::string::npos) {
     return Status::error("coordinator address '" + target + "' must be HOST:PORT");
   }
-  auto channel = make_channel(target, tls);
+  auto channel = make_channel(target, tls, token);
   if (!channel) return channel.status();
-  return std::shared_ptr<CoordinatorClient>(
-      new CoordinatorClient(target, std::move(token), *channel));
+  auto client =
+      std::shared_ptr<CoordinatorClient>(new CoordinatorClient(target, std::move(token), *channel));
+  client->token_tls_ = uses_token_tls(tls);
+  client->refused_before_ = server_certificates_refused();
+  return client;
+}
+
+grpc::Status CoordinatorClient::translate(const grpc::Status& status) const {
+  return translate_status(status, target_, token_tls_, refused_before_);
+}
+
+grpc::Status CoordinatorClient::translate_status(const grpc::Status& status,
+                                                 const std::string& target, bool token_tls,
+                                                 uint64_t refused_before) {
+  // Why: with the token's certificate, a server that does not hold the token fails the TLS
+  // handshake, and gRPC reports only "failed to connect" (UNAVAILABLE), which callers retry
+  // for minutes. It is a wrong server, not an absent one; nothing was sent to it.
+  if (status.error_code() != grpc::StatusCode::UNAVAILABLE ||
+      server_certificates_refused() == refused_before) {
+    return status;
+  }
+  return {grpc::StatusCode::UNAUTHENTICATED,
+          "the server at " + target + " failed the TLS handshake " +
+              (token_tls ? "that proves it holds this job's token"
+                         : "(its certificate is not signed by tls_ca)") +
+              ", so it was sent nothing: another program holds that port, or the coordinator "
+              "runs with another token or TLS setting"};
 }
 
 template <class Req, class Resp, class Invoke>
@@ -36,10 +61,13 @@ void CoordinatorClient::call(Invoke invoke, const Req& req, std::chrono::millise
   c->req = req;
   c->done = std::move(done);
   prepare_context(c->ctx, token_, timeout);
-  invoke(stub_->async(), &c->ctx, &c->req, &c->resp, [c](grpc::Status status) {
-    CallStatus st{static_cast<CallCode>(status.error_code()), status.error_message()};
-    c->done(st, c->resp);
-  });
+  invoke(stub_->async(), &c->ctx, &c->req, &c->resp,
+         [c, target = target_, token_tls = token_tls_,
+          refused_before = refused_before_](grpc::Status status) {
+           status = translate_status(status, target, token_tls, refused_before);
+           CallStatus st{static_cast<CallCode>(status.error_code()), status.error_message()};
+           c->done(st, c->resp);
+         });
 }
 
 void CoordinatorClient::register_node(const pb::RegisterNodeRequest& req,
@@ -81,27 +109,27 @@ grpc::Status CoordinatorClient::submit_job(const pb::SubmitJobRequest& req,
                                            std::chrono::milliseconds timeout) {
   grpc::ClientContext ctx;
   prepare_context(ctx, token_, timeout);
-  return stub_->SubmitJob(&ctx, req, resp);
+  return translate(stub_->SubmitJob(&ctx, req, resp));
 }
 grpc::Status CoordinatorClient::watch_job(const pb::WatchJobRequest& req,
                                           pb::WatchJobResponse* resp,
                                           std::chrono::milliseconds timeout) {
   grpc::ClientContext ctx;
   prepare_context(ctx, token_, timeout);
-  return stub_->WatchJob(&ctx, req, resp);
+  return translate(stub_->WatchJob(&ctx, req, resp));
 }
 grpc::Status CoordinatorClient::cancel_job(const pb::CancelJobRequest& req,
                                            std::chrono::milliseconds timeout) {
   grpc::ClientContext ctx;
   prepare_context(ctx, token_, timeout);
   pb::CancelJobResponse resp;
-  return stub_->CancelJob(&ctx, req, &resp);
+  return translate(stub_->CancelJob(&ctx, req, &resp));
 }
 grpc::Status CoordinatorClient::get_status(pb::GetStatusResponse* resp,
                                            std::chrono::milliseconds timeout) {
   grpc::ClientContext ctx;
   prepare_context(ctx, token_, timeout);
-  return stub_->GetStatus(&ctx, pb::GetStatusRequest{}, resp);
+  return translate(stub_->GetStatus(&ctx, pb::GetStatusRequest{}, resp));
 }
 
 }  // namespace accel::rpc

@@ -54,11 +54,17 @@ class CoordinatorClient final : public CoordinatorApi {
 
   template <class Req, class Resp, class Invoke>
   void call(Invoke invoke, const Req& req, std::chrono::milliseconds timeout, Done<Resp> done);
+  // UNAVAILABLE after this process refused a server's certificate -> UNAUTHENTICATED, saying so.
+  grpc::Status translate(const grpc::Status& status) const;
+  static grpc::Status translate_status(const grpc::Status& status, const std::string& target,
+                                       bool token_tls, uint64_t refused_before);
 
   std::string target_;
   std::string token_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<pb::Coordinator::Stub> stub_;
+  bool token_tls_ = true;        // the server is trusted by the token's certificate
+  uint64_t refused_before_ = 0;  // server_certificates_refused() when this client was made
 };
 
 }  // namespace accel::rpc

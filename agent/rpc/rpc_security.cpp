@@ -2,15 +2,20 @@
 #include "agent/rpc/rpc_security.h"
 
 #include <grpc/grpc.h>
+#include <grpc/support/log.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 #include <string_view>
 
 #include "agent/rpc/coordinator_api.h"
+#include "agent/rpc/token_tls.h"
 
 namespace accel::rpc {
 
@@ -56,13 +61,18 @@ Result<std::string> load_token(const std::string& token_file, const char* env_va
   return token;
 }
 
-Result<std::shared_ptr<grpc::ServerCredentials>> server_credentials(const TlsFiles& tls) {
+Result<std::shared_ptr<grpc::ServerCredentials>> server_credentials(const TlsFiles& tls,
+                                                                    const std::string& token) {
   if (!tls.server_tls()) {
     if (!tls.cert.empty())
       return Status::error("tls_cert " + tls.cert + " has no tls_key: TLS needs both");
     if (!tls.key.empty())
       return Status::error("tls_key " + tls.key + " has no tls_cert: TLS needs both");
-    return grpc::InsecureServerCredentials();
+    auto derived = token_tls(token);
+    if (!derived) return derived.status();
+    grpc::SslServerCredentialsOptions opts(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+    opts.pem_key_cert_pairs.push_back({derived->key_pem, derived->cert_pem});
+    return grpc::SslServerCredentials(opts);
   }
   auto cert = read_pem(tls.cert, "tls_cert");
   if (!cert) return cert.status();
@@ -80,9 +90,17 @@ Result<std::shared_ptr<grpc::ServerCredentials>> server_credentials(const TlsFil
   return grpc::SslServerCredentials(opts);
 }
 
-Result<std::shared_ptr<grpc::ChannelCredentials>> channel_credentials(const TlsFiles& tls) {
-  if (!tls.client_tls()) return grpc::InsecureChannelCredentials();
+Result<std::shared_ptr<grpc::ChannelCredentials>> channel_credentials(const TlsFiles& tls,
+                                                                      const std::string& token) {
   grpc::SslCredentialsOptions opts;
+  if (uses_token_tls(tls)) {
+    // Why the token's certificate as the only root: a server proves it holds the token by
+    // completing the handshake with that certificate's key; nothing else is trusted.
+    auto derived = token_tls(token);
+    if (!derived) return derived.status();
+    opts.pem_root_certs = derived->cert_pem;
+    return grpc::SslCredentials(opts);
+  }
   auto ca = read_pem(tls.ca, "tls_ca");
   if (!ca) return ca.status();
   opts.pem_root_certs = *ca;
@@ -97,11 +115,49 @@ Result<std::shared_ptr<grpc::ChannelCredentials>> channel_credentials(const TlsF
   return grpc::SslCredentials(opts);
 }
 
+namespace {
+
+std::atomic<uint64_t> g_accept_failures{0};
+std::atomic<uint64_t> g_certificates_refused{0};
+
+void log_hook(gpr_log_func_args* args) {
+  const char* message = args->message != nullptr ? args->message : "";
+  if (args->severity == GPR_LOG_SEVERITY_ERROR) {
+    if (std::strncmp(message, "Failed accept4", 14) == 0) g_accept_failures.fetch_add(1);
+    // Why not printed: the call that needed the connection fails, and its caller says why in
+    // words (CoordinatorClient turns it into UNAUTHENTICATED); gRPC would repeat this line on
+    // every reconnection attempt.
+    // "wrong version number": the server answered the ClientHello with something not TLS (a
+    // plaintext server); "certificate verify failed": its certificate is not the trusted one.
+    if (std::strstr(message, "Handshake failed") != nullptr &&
+        (std::strstr(message, "certificate verify failed") != nullptr ||
+         std::strstr(message, "wrong version number") != nullptr)) {
+      g_certificates_refused.fetch_add(1);
+      return;
+    }
+  }
+  const char* file = args->file != nullptr ? std::strrchr(args->file, '/') : nullptr;
+  std::fprintf(stderr, "%s %s:%d] %s\n", gpr_log_severity_string(args->severity),
+               file != nullptr ? file + 1 : (args->file != nullptr ? args->file : "?"), args->line,
+               message);
+}
+
+}  // namespace
+
+void install_grpc_log_hook() {
+  static std::once_flag once;
+  std::call_once(once, [] { gpr_set_log_function(log_hook); });
+}
+
+uint64_t grpc_accept_failures() { return g_accept_failures.load(); }
+uint64_t server_certificates_refused() { return g_certificates_refused.load(); }
+
 void prepare_grpc_process() {
   constexpr const char* kBackupPoll = "GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS";
   bool ours = std::getenv(kBackupPoll) == nullptr;
   if (ours) ::setenv(kBackupPoll, "100", 0);
   grpc_init();  // reads the variable; never shut down (the processes end with _Exit)
+  install_grpc_log_hook();
   if (ours) ::unsetenv(kBackupPoll);
 }
 
@@ -116,11 +172,14 @@ void forget_token_in_environment() {
   ::unsetenv("ACCEL_TOKEN");
 }
 
-Result<std::shared_ptr<grpc::Channel>> make_channel(const std::string& target,
-                                                    const TlsFiles& tls) {
-  auto creds = channel_credentials(tls);
+Result<std::shared_ptr<grpc::Channel>> make_channel(const std::string& target, const TlsFiles& tls,
+                                                    const std::string& token) {
+  install_grpc_log_hook();
+  auto creds = channel_credentials(tls, token);
   if (!creds) return creds.status();
   grpc::ChannelArguments args;
+  // The token's certificate names kTokenTlsName, whatever host serves it.
+  if (uses_token_tls(tls)) args.SetSslTargetNameOverride(kTokenTlsName);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 2000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);

@@ -1,5 +1,8 @@
 // How every accel gRPC endpoint is secured: a shared token sent as "authorization: Bearer
-// <token>" metadata on every call, and optional TLS (server cert/key, CA for mutual TLS).
+// <token>" metadata on every call, always over TLS: the site's certificates when it configures
+// them (server cert/key, a CA for clients to verify it with, the CA on the server for mutual
+// TLS), else a certificate derived from the token (token_tls.h), which only a token holder can
+// serve, so a client never sends the token to a server that does not already hold it.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -38,11 +41,29 @@ void forget_token_in_environment();
 // Empty tokens are refused: the control plane never runs open.
 Result<std::string> load_token(const std::string& token_file, const char* env_value);
 
-Result<std::shared_ptr<grpc::ServerCredentials>> server_credentials(const TlsFiles& tls);
-Result<std::shared_ptr<grpc::ChannelCredentials>> channel_credentials(const TlsFiles& tls);
+// The server's TLS: `tls`'s certificate when set, else the token's.
+Result<std::shared_ptr<grpc::ServerCredentials>> server_credentials(const TlsFiles& tls,
+                                                                    const std::string& token);
+// The client's TLS: verify the server with `tls.ca` when set, else accept only the token's
+// certificate (uses_token_tls).
+Result<std::shared_ptr<grpc::ChannelCredentials>> channel_credentials(const TlsFiles& tls,
+                                                                      const std::string& token);
+inline bool uses_token_tls(const TlsFiles& tls) { return !tls.client_tls(); }
 
 // A channel to `target` ("host:port") with keepalive pings so a dead peer is noticed in seconds.
-Result<std::shared_ptr<grpc::Channel>> make_channel(const std::string& target, const TlsFiles& tls);
+Result<std::shared_ptr<grpc::Channel>> make_channel(const std::string& target, const TlsFiles& tls,
+                                                    const std::string& token);
+
+// gRPC's log lines pass through accel's hook from the first call of this (prepare_grpc_process
+// and every endpoint call it): it counts the events below and prints every other line as gRPC
+// would. A refused server certificate is not printed: the call that failed says it.
+void install_grpc_log_hook();
+// "Failed accept4" lines so far: gRPC's listener may have stopped accepting (EMFILE).
+uint64_t grpc_accept_failures();
+// TLS handshakes this process gave up as a client because the server's certificate was not the
+// one it trusts (for the token's certificate: the server does not hold the token) or the server
+// did not speak TLS.
+uint64_t server_certificates_refused();
 
 // Puts the token on a client call and bounds it.
 void prepare_context(grpc::ClientContext& ctx, const std::string& token,

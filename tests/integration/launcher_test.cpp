@@ -1,8 +1,12 @@
 // accel-launch end to end: real binary, real worker processes, real signals.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 
+#include <atomic>
 #include <ctime>
 #include <regex>
 #include <set>
@@ -741,6 +745,93 @@ TEST(Launcher, APythonWithoutTorchGetsAHintNamingTheInterpreterAndPythonExec) {
                        "runs a .py script with $PYTHON_EXEC, else the first python3 on PATH;"),
             std::string::npos)
       << r.err;
+}
+
+// Another user takes the coordinator's port first (a toy HTTP/2 server that records what it is
+// sent, as the attack did), or runs accel there with a token of their own. The victim's launcher
+// must send neither the token nor anything replayable, and stop at once, saying why: the control
+// plane always runs over TLS, with a certificate only a token holder can present.
+TEST(Launcher, ASquatterOnTheCoordinatorPortIsSentNothingAndTheLauncherStopsAtOnce) {
+  TempDir dir;
+  const std::string token = "victim-token-0123456789abcdef";
+  int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(listener, 16), 0);
+  socklen_t len = sizeof addr;
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+  const int port = ntohs(addr.sin_port);
+  std::string received;
+  std::atomic<bool> stop{false};
+  std::thread squatter([&] {
+    while (!stop) {
+      pollfd p{listener, POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0) continue;
+      int c = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+      if (c < 0) continue;
+      const char settings[] = {0, 0, 0, 4, 0, 0, 0, 0, 0};  // an HTTP/2 SETTINGS frame
+      (void)!::write(c, settings, sizeof settings);
+      char buf[4096];
+      for (;;) {
+        pollfd q{c, POLLIN, 0};
+        if (::poll(&q, 1, 1000) <= 0) break;
+        ssize_t n = ::read(c, buf, sizeof buf);
+        if (n <= 0) break;
+        received.append(buf, static_cast<size_t>(n));
+      }
+      ::close(c);
+    }
+  });
+  auto victim = run_launcher(dir,
+                             {"--nodes", "2", "--machine-rank", "1", "--main-process-ip",
+                              "127.0.0.1", "--coordinator-port", std::to_string(port), "/bin/true"},
+                             60s, {{"ACCEL_TOKEN", token}});
+  stop = true;
+  squatter.join();
+  ::close(listener);
+  EXPECT_EQ(victim.exit_code, 125) << victim.err;
+  EXPECT_LT(victim.elapsed, 10s) << "the launcher kept retrying a server that failed the proof";
+  EXPECT_NE(victim.err.find("failed the TLS handshake that proves it holds this job's token, so "
+                            "it was sent nothing"),
+            std::string::npos)
+      << victim.err;
+  ASSERT_FALSE(received.empty()) << "the launcher never reached the squatter";
+  EXPECT_EQ(static_cast<unsigned char>(received[0]), 0x16) << "not a TLS handshake record";
+  EXPECT_EQ(received.find(token), std::string::npos) << "the token was sent in the clear";
+  EXPECT_EQ(received.find("authorization"), std::string::npos);
+
+  // A squatter that runs accel with a token of its own: its TLS certificate is not the victim's.
+  const int port2 = free_port();
+  Launched impostor(
+      dir, ACCEL_LAUNCH_BIN,
+      {"--nodes", "2", "--machine-rank", "0", "--main-process-ip", "127.0.0.1",
+       "--coordinator-port", std::to_string(port2), "--join-timeout", "30s", "/bin/true"},
+      {{"ACCEL_TOKEN", "impostor-token-0123456789abcdef"}}, "impostor");
+  ASSERT_TRUE(wait_until(
+      [&] {
+        return (impostor.err_so_far() + impostor.out_so_far()).find("coordinator listening") !=
+               std::string::npos;
+      },
+      20s))
+      << impostor.err_so_far();
+  auto victim2 =
+      run_launcher(dir,
+                   {"--nodes", "2", "--machine-rank", "1", "--main-process-ip", "127.0.0.1",
+                    "--coordinator-port", std::to_string(port2), "/bin/true"},
+                   60s, {{"ACCEL_TOKEN", token}});
+  EXPECT_EQ(victim2.exit_code, 125) << victim2.err;
+  EXPECT_LT(victim2.elapsed, 10s);
+  EXPECT_NE(victim2.err.find("failed the TLS handshake that proves it holds this job's token"),
+            std::string::npos)
+      << victim2.err;
+  impostor.signal(SIGTERM);
+  auto imp = impostor.wait(20s);
+  EXPECT_EQ((imp.out + imp.err).find("succeeded"), std::string::npos)
+      << "the impostor's job got its second node:\n"
+      << imp.err;
 }
 
 TEST(Launcher, HungRankGetsADesyncReportAndTheGroupRestarts) {

@@ -207,7 +207,7 @@ TEST(AccelConfigWizard, SeveralMachinesWithAGeneratedToken) {
   t.type(token);
   EXPECT_SCREEN(t, "Generate a random token there");
   t.type("y");
-  EXPECT_SCREEN(t, "Encrypt the control plane with TLS? [y/N]: ");
+  EXPECT_SCREEN(t, "Use your own TLS certificates (no: one derived from the token)? [y/N]: ");
   t.type("n");
   // processes, precision, checkpoint folder (none), restarts, two timeouts (and CPU-only where
   // there are GPUs): the defaults
