@@ -244,7 +244,7 @@ std::string to_hex(uint64_t value) {
 
 WrittenFile CheckpointFs::write_stream(const fs::path& path,
                                        const std::function<void(const Sink&)>& produce) {
-  constexpr int kFlags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
+  constexpr int kFlags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW;
   Fd f{::open(path.c_str(), kFlags | O_DIRECT, 0644)};
   bool direct = f.fd >= 0;
   // Why: tmpfs (before Linux 6.6) and some FUSE file systems refuse O_DIRECT at open; they get

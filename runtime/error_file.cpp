@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -68,7 +69,7 @@ std::string demangle(const char* name) {
 void on_fatal_signal(int sig) {
   // Async-signal-safe: open/write/close, then die of the same signal.
   if (g_path[0] != '\0') {
-    int fd = ::open(g_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = ::open(g_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd >= 0) {
       const char* name = sig == SIGSEGV  ? "SIGSEGV"
                          : sig == SIGBUS ? "SIGBUS"
@@ -101,13 +102,22 @@ void write_error_file(const std::string& path, const std::string& message, const
   j[contract::error_file::kStack] = stack;
   j[contract::error_file::kTime] = static_cast<long long>(std::time(nullptr));
   if (const char* rank = std::getenv(contract::kRank)) j[contract::error_file::kRank] = rank;
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
-    if (!out) return;
+  // Why O_EXCL | O_NOFOLLOW and the pid: the temp name must be a new file of ours, never a
+  // link planted beside the error file.
+  std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  ::unlink(tmp.c_str());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) return;
+  const std::string text = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  std::size_t done = 0;
+  while (done < text.size()) {
+    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<std::size_t>(n);
   }
-  std::rename(tmp.c_str(), path.c_str());
+  ::close(fd);
+  if (done != text.size() || std::rename(tmp.c_str(), path.c_str()) != 0) ::unlink(tmp.c_str());
 }
 
 void install_error_handlers() {

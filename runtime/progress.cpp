@@ -20,7 +20,7 @@ Page* open_page() {
   const env::WorkerEnv& e = env::worker_env();
   if (e.progress_file.empty()) return nullptr;
   const char* path = e.progress_file.c_str();
-  int fd = ::open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  int fd = ::open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0) {
     std::fprintf(
         stderr,

@@ -145,7 +145,7 @@ struct Trackers::File {
     if (fd >= 0) ::close(fd);
   }
   void open_at(std::optional<uint64_t> cut) {
-    fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd < 0) fail_io(path, "cannot open", errno);
     if (cut && ::ftruncate(fd, static_cast<off_t>(*cut)) != 0)
       fail_io(path, "cannot cut back", errno);
@@ -269,7 +269,8 @@ std::string Trackers::open(const std::optional<Position>& resume) {
   {
     File config;
     config.path = dir_ / "config.json";
-    config.fd = ::open(config.path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    config.fd =
+        ::open(config.path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (config.fd < 0) fail_io(config.path, "cannot open", errno);
     config.append(config_json_ + "\n");
   }

@@ -273,9 +273,15 @@ Status spawn(const std::shared_ptr<State>& st, Worker& w) {
   const WorkerSpec& spec = w.spec;
   if (spec.argv.empty()) return Status::error("empty command line");
   if (!spec.log_path.empty()) {
-    w.log_fd = ::open(spec.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    // Why O_NOFOLLOW: log_dir may be shared (a project folder); a link planted at a rank's log
+    // name must not make the agent truncate the file it points to.
+    w.log_fd =
+        ::open(spec.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (w.log_fd < 0) {
-      return Status::error("cannot open log file " + spec.log_path + ": " + std::strerror(errno));
+      int err = errno;
+      return Status::error("cannot open log file " + spec.log_path + ": " +
+                           (err == ELOOP ? std::string("it is a symbolic link (refused)")
+                                         : std::string(std::strerror(err))));
     }
   }
   auto log_failed = std::make_shared<bool>(false);  // shared by the rank's two streams

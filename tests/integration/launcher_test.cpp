@@ -5,8 +5,10 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 
 #include <atomic>
+#include <cstring>
 #include <ctime>
 #include <regex>
 #include <set>
@@ -517,6 +519,17 @@ TEST(Launcher, LogDirAndTee) {
                                     sh("echo out; echo err >&2")));
   EXPECT_NE(tee.out.find("[rank 0] out"), std::string::npos);
   EXPECT_EQ(tee.err.find("[rank 0] err"), std::string::npos);
+  // A log folder others can write (a shared project folder): a link planted at a rank's log name
+  // is refused, and the file it points to is left as it was.
+  fs::create_directories(logs + "/lj3/attempt_0");
+  std::ofstream(dir / "precious.txt") << "keep me\n";
+  fs::create_symlink(dir / "precious.txt", logs + "/lj3/attempt_0/rank_0.log");
+  auto planted = run_launcher(
+      dir, with({"-n", "1", "--log-dir", logs, "--job-id", "lj3"}, sh("echo overwritten")));
+  EXPECT_NE(planted.exit_code, 0) << planted.err;
+  EXPECT_NE(planted.err.find("rank_0.log: it is a symbolic link (refused)"), std::string::npos)
+      << planted.err;
+  EXPECT_EQ(read_file(dir / "precious.txt"), "keep me\n");
 }
 
 TEST(Launcher, BadConfigAndFlagsAreClearErrors) {
@@ -563,7 +576,10 @@ TEST(Launcher, AFullLogDiskIsReportedAndTheConsoleKeepsEveryLine) {
   TempDir dir;
   auto attempt = dir.path() / "logs" / "full-job" / "attempt_0";
   fs::create_directories(attempt);
-  fs::create_symlink("/dev/full", attempt / "rank_0.log");
+  // The disk that is full: /dev/full's device (char 1,7) at the log's name. Why not a link to
+  // it: log files are never opened through a link.
+  if (::mknod((attempt / "rank_0.log").c_str(), S_IFCHR | 0666, makedev(1, 7)) != 0)
+    GTEST_SKIP() << "mknod of /dev/full's device needs root: " << std::strerror(errno);
   auto r = run_launcher(
       dir, {"-n", "1", "--log-dir", (dir.path() / "logs").string(), "--job-id", "full-job",
             "/bin/sh", "-c", "i=0; while [ $i -lt 1000 ]; do echo line $i; i=$((i+1)); done"});

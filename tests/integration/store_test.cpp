@@ -3,11 +3,16 @@
 // restart that must not see the failed attempt's keys.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
+#include <atomic>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
+#include <cstring>
 #include <thread>
 
 #include "agent/store/store_server.h"
@@ -21,8 +26,8 @@ constexpr const char* kPython = "/usr/bin/python3";
 // A StoreServer on its own io thread, as the launcher runs it.
 class ServedStore {
  public:
-  ServedStore() {
-    auto server = store::StoreServer::listen(io_, {});
+  explicit ServedStore(store::StoreServerOptions options = {}) {
+    auto server = store::StoreServer::listen(io_, std::move(options));
     EXPECT_TRUE(server) << server.message();
     if (server) server_ = std::move(*server);
     port_ = server_ ? server_->port() : 0;
@@ -158,4 +163,189 @@ print(f"attempt {attempt} rank {dist.get_rank()}: empty store", flush=True)
 }
 
 }  // namespace
+// --- a store under abuse, with a well-behaved job beside it --------------------------------------
+
+// c10d's legacy wire format, as torch 1.13's clients send it (tests/unit/store_test.cpp has the
+// captured frames).
+std::string u8(std::uint8_t v) { return std::string(1, static_cast<char>(v)); }
+std::string u64(std::uint64_t v) {
+  std::string s(8, '\0');
+  std::memcpy(s.data(), &v, 8);
+  return s;
+}
+std::string str(const std::string& s) { return u64(s.size()) + s; }
+constexpr std::uint8_t kSet = 0, kGet = 2, kAdd = 3, kWait = 5, kMultiGet = 10, kMultiSet = 11;
+
+// A blocking client connection (reads bounded by 10 s).
+class Raw {
+ public:
+  explicit Raw(int port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    ok_ = fd_ >= 0 && ::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    int one = 1;  // as torch's client: no Nagle delay between a request's pieces
+    if (ok_) ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  }
+  ~Raw() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Raw(const Raw&) = delete;
+  Raw& operator=(const Raw&) = delete;
+  bool ok() const { return ok_; }
+  // False once the server closed the connection (or it never opened).
+  bool send(const std::string& bytes) {
+    size_t done = 0;
+    while (ok_ && done < bytes.size()) {
+      ssize_t n = ::send(fd_, bytes.data() + done, bytes.size() - done, MSG_NOSIGNAL);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0)
+        ok_ = false;
+      else
+        done += static_cast<size_t>(n);
+    }
+    return ok_;
+  }
+  std::string recv(size_t n) {
+    std::string out;
+    while (out.size() < n) {
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, 10'000) <= 0) break;
+      char buf[4096];
+      ssize_t got = ::read(fd_, buf, std::min(sizeof buf, n - out.size()));
+      if (got <= 0) break;
+      out.append(buf, static_cast<size_t>(got));
+    }
+    return out;
+  }
+
+ private:
+  int fd_ = -1;
+  bool ok_ = false;
+};
+
+// A 2-rank rendezvous as torch's TCPStore clients run one: ADD a counter, SET each rank's
+// address, WAIT for both, GET both. Its wall time; a very long one when the store misbehaves.
+std::chrono::milliseconds rendezvous(int port, int round) {
+  auto start = std::chrono::steady_clock::now();
+  Raw c(port);
+  const std::string tag = "/rdzv" + std::to_string(round) + "/";
+  bool ok = c.send(u8(kAdd) + str(tag + "init") + u64(1)) && c.recv(8).size() == 8;
+  ok = ok && c.send(u8(kSet) + str(tag + "rank_0") + str("10.0.0.1:29500")) &&
+       c.send(u8(kSet) + str(tag + "rank_1") + str("10.0.0.2:29500"));
+  ok = ok && c.send(u8(kWait) + u64(2) + str(tag + "rank_0") + str(tag + "rank_1")) &&
+       c.recv(1) == u8(0);
+  ok = ok && c.send(u8(kGet) + str(tag + "rank_1")) && c.recv(8 + 14) == str("10.0.0.2:29500");
+  auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::steady_clock::now() - start);
+  return ok ? took : std::chrono::milliseconds(999'999);
+}
+
+// The slowest of 5 rendezvous.
+std::chrono::milliseconds worst_rendezvous(int port, int& round) {
+  std::chrono::milliseconds worst{0};
+  for (int i = 0; i < 5; ++i) worst = std::max(worst, rendezvous(port, round++));
+  return worst;
+}
+
+long rss_mb() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6)) / 1024;
+  }
+  return -1;
+}
+
+// Each attack of a local user on MASTER_PORT (no token, as torchrun's), while a job beside it
+// rendezvous: it must stay fast (it took tens of seconds before the store bounded and indexed
+// its work), and the store's memory must stay within its bound.
+TEST(Store, AWellBehavedRendezvousStaysFastUnderEachAttack) {
+  rlimit lim{};
+  ::getrlimit(RLIMIT_NOFILE, &lim);
+  if (lim.rlim_max < 1400) GTEST_SKIP() << "the test needs 1400 descriptors";
+  rlimit raised{lim.rlim_max, lim.rlim_max};
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &raised), 0);
+  store::StoreServerOptions options;
+  options.limits.max_total_bytes = 256UL << 20;  // the 1 GiB bound, scaled to the test
+  options.warn = [](const std::string&) {};      // the disconnections are expected
+  ServedStore served(options);
+  const int port = served.port();
+  int round = 0;
+  const auto quiet = worst_rendezvous(port, round);
+  constexpr auto kBound = 500ms;  // the target is ~100 ms; CI runs other tests beside
+  std::map<std::string, std::chrono::milliseconds> during;
+
+  // (a) Unfinished MULTI_SETs that declare 60 MiB values and stop part-way: 8 of them would
+  // hold 480 MiB; the store counts what they declare against its bound before buffering.
+  {
+    const long before = rss_mb();
+    std::vector<std::unique_ptr<Raw>> conns;
+    const std::string chunk(1 << 20, 'x');
+    for (int i = 0; i < 8; ++i) {
+      auto c = std::make_unique<Raw>(port);
+      c->send(u8(kMultiSet) + u64(1) + str("/big" + std::to_string(i)) + u64(60UL << 20));
+      for (int mb = 0; mb < 40 && c->send(chunk); ++mb) {
+      }
+      conns.push_back(std::move(c));
+    }
+    during["unfinished 60 MiB MULTI_SETs"] = worst_rendezvous(port, round);
+    const long grown = rss_mb() - before;
+    EXPECT_LT(grown, 300) << "the store buffered " << grown << " MB of unfinished requests";
+  }
+  // (b) A MULTI_GET of 16,384 keys of 1,000 bytes (16 MB), sent in 64 KiB pieces while the job
+  // rendezvous: each piece must cost its own bytes, not a re-read from the request's start.
+  {
+    std::string request = u8(kMultiGet) + u64(16384);
+    for (int k = 0; k < 16384; ++k)
+      request += str(std::string(992, 'k') + std::to_string(10000000 + k));
+    Raw c(port);
+    std::atomic<bool> done{false};
+    std::thread sender([&] {
+      for (size_t at = 0; at < request.size() && c.send(request.substr(at, 64 << 10));
+           at += 64 << 10) {
+      }
+      done = true;
+    });
+    std::chrono::milliseconds worst{0};
+    while (!done) worst = std::max(worst, rendezvous(port, round++));
+    sender.join();
+    during["a 16 MB MULTI_GET in pieces"] = std::max(worst, worst_rendezvous(port, round));
+  }
+  // (c) WAITs for a million keys that never come, from 62 connections; then all of them close
+  // (each close forgets its waits: indexed, not a scan of every wait).
+  {
+    std::vector<std::unique_ptr<Raw>> conns;
+    for (int i = 0; i < 62; ++i) {
+      std::string wait = u8(kWait) + u64(16384);
+      for (int k = 0; k < 16384; ++k)
+        wait += str("/never/" + std::to_string(i) + "/" + std::to_string(k));
+      auto c = std::make_unique<Raw>(port);
+      c->send(wait);
+      conns.push_back(std::move(c));
+    }
+    during["WAITs on a million keys"] = worst_rendezvous(port, round);
+    conns.clear();
+    during["those million waits' connections closing"] = worst_rendezvous(port, round);
+  }
+  // (d) 1,100 idle connections (past a default soft limit of 1,024 descriptors).
+  {
+    std::vector<std::unique_ptr<Raw>> conns;
+    for (int i = 0; i < 1100; ++i) conns.push_back(std::make_unique<Raw>(port));
+    during["1,100 idle connections"] = worst_rendezvous(port, round);
+  }
+  std::cerr << "rendezvous, slowest of 5: quiet " << quiet.count() << " ms";
+  for (const auto& [attack, took] : during)
+    std::cerr << "; " << attack << " " << took.count() << " ms";
+  std::cerr << "\n";
+  for (const auto& [attack, took] : during) {
+    // Why more for a million waits: registering and forgetting them is about a million hash
+    // insertions and erasures in the store's one loop (0.6-0.75 s on a 2-vCPU VM; 67 s before
+    // waits were indexed per connection); the job waits for that work once.
+    const bool million = attack.find("million") != std::string::npos;
+    EXPECT_LT(took, million ? 3 * kBound : kBound) << "during " << attack;
+  }
+}
+
 }  // namespace accel::testing
