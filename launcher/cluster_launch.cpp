@@ -288,6 +288,18 @@ int run_submit(const ClusterLaunch& launch) {
 int run_multi_node(const ClusterLaunch& launch) {
   const auto& cfg = launch.cfg;
   const std::string target = cfg.main_process_ip + ":" + std::to_string(cfg.coordinator_port);
+  // Why at once: a name that resolves to loopback left the other nodes retrying "connection
+  // refused" for the whole join_timeout, with no word about loopback.
+  if (cfg.nodes.max > 1) {
+    for (const auto& [key, value] :
+         {std::pair<std::string, std::string>{"main_process_ip", cfg.main_process_ip},
+          {"node_address", cfg.node_address}}) {
+      std::string problem = node::loopback_name_problem(value, key);
+      if (problem.empty()) continue;
+      const auto& where = cfg.origin(key).where;
+      return fail(where.empty() ? problem : where + ": " + problem, kExitUsage);
+    }
+  }
   auto auth = control_plane_auth(cfg, launch.env);
   if (!auth) return fail(auth.message(), kExitUsage);
   rpc::forget_token_in_environment();

@@ -28,47 +28,11 @@ namespace fs = std::filesystem;
 using supervisor::LogLevel;
 using namespace std::chrono_literals;
 
-std::string local_hostname() {
-  char buf[256] = {};
-  if (::gethostname(buf, sizeof buf - 1) != 0) return "localhost";
-  return buf;
-}
-
 std::string default_node_id(const std::string& hostname) {
   std::random_device rd;
   char suffix[8];
   std::snprintf(suffix, sizeof suffix, "%04x", rd() & 0xffffu);
   return hostname + "-" + std::to_string(::getpid()) + "-" + suffix;
-}
-
-std::string route_address_to(const std::string& target) {
-  auto colon = target.rfind(':');
-  std::string host = target.substr(0, colon);
-  std::string port = colon == std::string::npos ? "29400" : target.substr(colon + 1);
-  if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_DGRAM;
-  addrinfo* res = nullptr;
-  if (::getaddrinfo(host.c_str(), port.c_str(), &hints, &res) != 0 || res == nullptr) {
-    return local_hostname();
-  }
-  std::string out = local_hostname();
-  int fd = ::socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
-    sockaddr_storage local{};
-    socklen_t len = sizeof local;
-    char text[INET6_ADDRSTRLEN] = {};
-    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
-      const void* addr =
-          local.ss_family == AF_INET
-              ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
-              : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
-      if (::inet_ntop(local.ss_family, addr, text, sizeof text) != nullptr) out = text;
-    }
-  }
-  if (fd >= 0) ::close(fd);
-  ::freeaddrinfo(res);
-  return out;
 }
 
 namespace {
@@ -639,6 +603,15 @@ void NodeAgent::start_group(const pb::Instruction& ins) {
                   .master_addr = a.master_addr(),
                   .master_port = a.master_port()};
   ao.base_env = options_.base_env;
+  if (!options_.local) {
+    // Why: gloo (and NCCL's sockets) pick their interface from the host name, which Debian maps
+    // to 127.0.1.1: ranks on other hosts then cannot connect. The interface of the address this
+    // node registered with is the one the others reach. The user's own setting wins.
+    const std::string ifname = interface_of_address(options_.address);
+    for (const char* var : {"GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"}) {
+      if (!ifname.empty() && !ao.base_env.count(var)) ao.base_env[var] = ifname;
+    }
+  }
   if (!options_.state_dir.empty()) {
     act.error_dir = supervisor::Attempt::folder(options_.state_dir, ins.job_id(), ins.round());
     act.keep_folder = options_.keep_round_folders;

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "agent/common/defaults.h"
+#include "agent/node/node_address.h"
 #include "agent/rpc/coordinator_api.h"
 #include "agent/store/store_server.h"
 #include "agent/supervisor/attempt.h"
@@ -183,9 +184,5 @@ class NodeAgent {
 
 // "<hostname>-<pid>-<4 hex>": unique per agent process.
 std::string default_node_id(const std::string& hostname);
-// The local address the kernel would use to reach `target` ("host:port"): what other nodes
-// can most likely reach this one at. Falls back to the hostname.
-std::string route_address_to(const std::string& target);
-std::string local_hostname();
 
 }  // namespace accel::node

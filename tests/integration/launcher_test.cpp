@@ -850,6 +850,66 @@ TEST(Launcher, ASquatterOnTheCoordinatorPortIsSentNothingAndTheLauncherStopsAtOn
       << imp.err;
 }
 
+// Debian's /etc/hosts maps the host's own name to 127.0.1.1: a main_process_ip given as that
+// name left the other nodes retrying "connection refused" for the whole join_timeout. Each
+// launcher now refuses it at once, naming loopback and the fix. /etc/hosts is replaced inside a
+// mount namespace of the launcher's own (root only; skipped elsewhere).
+TEST(Launcher, AMainAddressWhoseNameResolvesToLoopbackIsRefusedAtOnce) {
+  if (std::system("unshare -m true >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "cannot make a mount namespace here (needs root)";
+  TempDir dir;
+  write_file(dir / "hosts", "127.0.0.1 localhost\n127.0.1.1 h1\n");
+  const std::string port = std::to_string(free_port());
+  for (const char* rank : {"0", "1"}) {
+    Launched l(dir, "/usr/bin/unshare",
+               {"-m", "/bin/sh", "-c", "mount --bind \"$0\" /etc/hosts && exec \"$@\"",
+                dir / "hosts", ACCEL_LAUNCH_BIN, "--nodes", "2", "--machine-rank", rank,
+                "--main-process-ip", "h1", "--coordinator-port", port, "/bin/true"},
+               {{"ACCEL_TOKEN", "loopback-test-token-0123456789"}}, std::string("rank") + rank);
+    auto r = l.wait(30s);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_LT(r.elapsed, 5s);
+    EXPECT_NE(r.err.find("main_process_ip h1 resolves to 127.0.1.1, a loopback address: the other "
+                         "machines cannot reach this one there"),
+              std::string::npos)
+        << r.err;
+  }
+}
+
+// Each node's workers get GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME: the interface of the address
+// the node registered with (gloo would otherwise pick it from the host name); a value the user
+// set stays.
+TEST(Launcher, EveryNodesWorkersGetTheInterfaceOfTheNodesAddress) {
+  TempDir dir;
+  const std::string port = std::to_string(free_port());
+  const std::map<std::string, std::string> token = {
+      {"ACCEL_TOKEN", "ifname-test-token-0123456789"}};
+  auto args = [&](const char* rank) {
+    return std::vector<std::string>{"--nodes",
+                                    "2",
+                                    "--machine-rank",
+                                    rank,
+                                    "--main-process-ip",
+                                    "127.0.0.1",
+                                    "--coordinator-port",
+                                    port,
+                                    "--",
+                                    "/bin/sh",
+                                    "-c",
+                                    "echo \"gloo=$GLOO_SOCKET_IFNAME nccl=$NCCL_SOCKET_IFNAME\""};
+  };
+  Launched node0(dir, ACCEL_LAUNCH_BIN, args("0"), token, "node0");
+  auto env1 = token;
+  env1["GLOO_SOCKET_IFNAME"] = "mine0";
+  Launched node1(dir, ACCEL_LAUNCH_BIN, args("1"), env1, "node1");
+  auto r0 = node0.wait(60s);
+  auto r1 = node1.wait(60s);
+  ASSERT_EQ(r0.exit_code, 0) << r0.err;
+  ASSERT_EQ(r1.exit_code, 0) << r1.err;
+  EXPECT_NE(r0.out.find("gloo=lo nccl=lo"), std::string::npos) << r0.out;
+  EXPECT_NE(r1.out.find("gloo=mine0 nccl=lo"), std::string::npos) << r1.out;
+}
+
 TEST(Launcher, HungRankGetsADesyncReportAndTheGroupRestarts) {
   TempDir dir;
   RunResult r = run_launcher(

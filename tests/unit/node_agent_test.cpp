@@ -407,4 +407,18 @@ TEST(LocalCoordinatorTest, ARestartedLocalJobKeepsItsPortAndSucceeds) {
 }
 
 }  // namespace
+// --- addresses ----------------------------------------------------------------------------
+
+TEST(NodeAddress, LoopbackLiteralsAndLocalhostAreMeantAndTheLoopbackInterfaceIsFound) {
+  EXPECT_EQ(loopback_name_problem("127.0.0.1", "main_process_ip"), "");
+  EXPECT_EQ(loopback_name_problem("127.0.1.1", "main_process_ip"), "");
+  EXPECT_EQ(loopback_name_problem("::1", "main_process_ip"), "");
+  EXPECT_EQ(loopback_name_problem("localhost", "main_process_ip"), "");
+  EXPECT_EQ(loopback_name_problem("", "main_process_ip"), "");
+  EXPECT_EQ(loopback_name_problem("no-such-host.invalid", "main_process_ip"), "")
+      << "a name that does not resolve is left to the connection's own error";
+  EXPECT_EQ(interface_of_address("127.0.0.1"), "lo");
+  EXPECT_EQ(interface_of_address("192.0.2.77"), "") << "TEST-NET-1 is no interface's";
+}
+
 }  // namespace accel::node
