@@ -83,6 +83,64 @@ int status(const accel::config::ClusterConfig& cfg, const accel::supervisor::Env
   return 0;
 }
 
+// `accel logs JOB [--follow]`: the job's events from its coordinator, from the first it keeps
+// (its output when the job forwards it, as accel-launch --coordinator's jobs do; the
+// coordinator's messages and failures). Without --follow it stops at the last one; with
+// --follow it waits for the job's end and exits with the job's code.
+int logs(const accel::config::ClusterConfig& cfg, const accel::supervisor::EnvMap& env,
+         const std::string& job_id, bool follow) {
+  namespace pb = accel::v1;
+  using accel::coordinator::limits::printable;
+  if (cfg.coordinator.empty()) {
+    return fail(
+        "accel logs needs the coordinator: --coordinator HOST:PORT or coordinator: in the config");
+  }
+  auto client = accel::node::connect(cfg, env, cfg.coordinator);
+  if (!client) return fail(client.message());
+  uint64_t after = 0;
+  for (;;) {
+    pb::WatchJobRequest req;
+    req.set_job_id(job_id);
+    req.set_after_seq(after);
+    req.set_wait_ms(follow ? 1000 : 0);
+    pb::WatchJobResponse resp;
+    grpc::Status st = (*client)->watch_job(req, &resp, std::chrono::seconds(10));
+    if (!st.ok()) {
+      return fail("job " + job_id + " at " + cfg.coordinator + ": " + accel::rpc::describe(st), 1);
+    }
+    if (resp.dropped() > 0) {
+      std::fprintf(stderr, "accel: %llu earlier events of job %s are no longer kept\n",
+                   static_cast<unsigned long long>(resp.dropped()), job_id.c_str());
+    }
+    for (const auto& ev : resp.events()) {
+      after = ev.seq();
+      switch (ev.what_case()) {
+        case pb::JobEvent::kLog: {
+          const auto& l = ev.log();
+          std::fprintf(l.stderr() ? stderr : stdout, "[%s:%d] %s\n",
+                       printable(l.hostname()).c_str(), l.rank(), printable(l.text()).c_str());
+          break;
+        }
+        case pb::JobEvent::kMessage:
+          std::fprintf(stderr, "accel: %s\n", printable(ev.message()).c_str());
+          break;
+        case pb::JobEvent::kFailure:
+          std::fprintf(stderr, "accel: %s\n",
+                       printable(accel::coordinator::describe_failure(ev.failure())).c_str());
+          break;
+        default:
+          break;
+      }
+    }
+    std::fflush(stdout);
+    if (resp.done()) {
+      if (!resp.outcome().summary().empty()) std::fputs(resp.outcome().summary().c_str(), stderr);
+      return follow ? resp.outcome().exit_code() : 0;
+    }
+    if (!follow && resp.events().empty()) return 0;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -95,6 +153,17 @@ int main(int argc, char** argv) {
   accel::config::KeyFlags keys(*st, accel::config::kStatusFlag);
   std::string config_file;
   st->add_option("--config", config_file, "YAML config file")->type_name("FILE");
+
+  auto* logs_cmd = app.add_subcommand(
+      "logs", "A job's output, messages and failures, as its coordinator keeps them");
+  accel::config::KeyFlags logs_keys(*logs_cmd, accel::config::kStatusFlag);
+  std::string logs_job;
+  bool logs_follow = false;
+  logs_cmd->add_option("JOB", logs_job, "The job id (accel status lists them)")->required();
+  logs_cmd->add_flag("-f,--follow", logs_follow,
+                     "Wait for more until the job ends, then exit with its exit code");
+  std::string logs_config;
+  logs_cmd->add_option("--config", logs_config, "YAML config file")->type_name("FILE");
 
   auto* cfg_cmd = app.add_subcommand(
       "config",
@@ -226,11 +295,13 @@ int main(int argc, char** argv) {
 
   accel::config::ConfigSources sources;
   if (!config_file.empty()) sources.config_file = config_file;
+  if (logs_cmd->parsed() && !logs_config.empty()) sources.config_file = logs_config;
   sources.env = accel::config::environment_snapshot();
-  sources.flags = keys.typed();
+  sources.flags = logs_cmd->parsed() ? logs_keys.typed() : keys.typed();
   auto resolved = accel::config::resolve_config(sources);
   if (!resolved) return fail(resolved.message());
   accel::supervisor::EnvMap env(sources.env.begin(), sources.env.end());
   if (st->parsed()) return status(resolved->config, env);
+  if (logs_cmd->parsed()) return logs(resolved->config, env, logs_job, logs_follow);
   return 0;
 }

@@ -11,6 +11,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <csignal>
+#include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <thread>
@@ -64,6 +65,14 @@ supervisor::JobLogger job_logger(const std::string& who) {
   };
 }
 
+// "1.5 s", "30 s", "2 min".
+std::string seconds(std::chrono::milliseconds d) {
+  if (d >= 120s) return std::to_string(d.count() / 60000) + " min";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g s", static_cast<double>(d.count()) / 1000.0);
+  return buf;
+}
+
 int fail(const std::string& message, int code = kExitStartFailed) {
   supervisor::write_all(STDERR_FILENO, "accel-launch: error: " + message + "\n");
   return code;
@@ -83,6 +92,7 @@ class JobWatcher {
     std::string coordinator;
     bool in_trouble = false;
     std::chrono::steady_clock::time_point trouble_since{};
+    std::chrono::steady_clock::time_point last_said{};
     std::string last_error;
     while (!stop_) {
       pb::WatchJobRequest req;
@@ -100,8 +110,24 @@ class JobWatcher {
         if (!in_trouble) {
           in_trouble = true;
           trouble_since = now;
-          logger()->warn("lost the coordinator at {} ({}); waiting up to {} ms for it",
-                         client_->target(), rpc::describe(st), patience_.count());
+          last_said = now;
+          logger()->warn(
+              "lost the coordinator at {} ({}); {}", client_->target(), rpc::describe(st),
+              follow_mode_ ? "job " + job_id_ +
+                                 " keeps running on its nodes meanwhile; following it "
+                                 "again when the coordinator answers" +
+                                 (patience_.count() > 0 ? " (for up to " + seconds(patience_) + ")"
+                                                        : std::string())
+                           : "waiting up to " + seconds(patience_) + " for it");
+        } else if (follow_mode_ && now - last_said >= 30s) {
+          // Why every 30 s: a user watching a silent terminal must know the job is not lost.
+          last_said = now;
+          logger()->warn(
+              "still no answer from the coordinator at {} after {} ({}); job {} may "
+              "still be running",
+              client_->target(),
+              seconds(std::chrono::duration_cast<std::chrono::milliseconds>(now - trouble_since)),
+              rpc::describe(st), job_id_);
         }
         if (st.error_code() == grpc::StatusCode::NOT_FOUND && resubmit_ &&
             now - trouble_since > resubmit_after_) {
@@ -115,7 +141,18 @@ class JobWatcher {
             continue;
           }
         }
-        if (now - trouble_since > patience_) {
+        if (follow_mode_ && patience_.count() > 0 && now - trouble_since > patience_) {
+          return fail("stopped following job " + job_id_ + ": no answer from the coordinator at " +
+                          client_->target() + " for " + seconds(patience_) +
+                          " (follow_timeout; last: " + rpc::describe(st) +
+                          "). The job may still be running: `accel logs " + job_id_ +
+                          " --follow --coordinator " + client_->target() +
+                          "` prints its output and waits for its end, `accel status "
+                          "--coordinator " +
+                          client_->target() + "` shows it",
+                      kExitStillRunning);
+        }
+        if (!follow_mode_ && now - trouble_since > patience_) {
           return fail("gave up following job " + job_id_ + ": the coordinator at " +
                           client_->target() + " says " + rpc::describe(st),
                       kExitControlPlane);
@@ -150,6 +187,12 @@ class JobWatcher {
   }
 
   void stop() { stop_ = true; }
+  // A job this launcher submitted (mode 3): follow it for `timeout` without an answer (0:
+  // forever), saying so every 30 s; then exit kExitStillRunning, saying how to follow it again.
+  void follow_for(std::chrono::milliseconds timeout) {
+    follow_mode_ = true;
+    patience_ = timeout;
+  }
   // Called once when the job stays unknown for `after` (a restarted coordinator that no agent
   // could tell about it: it was still waiting for nodes); returns whether it was submitted again.
   void on_lost_job(std::chrono::milliseconds after, std::function<bool()> resubmit) {
@@ -184,6 +227,7 @@ class JobWatcher {
   std::shared_ptr<rpc::CoordinatorClient> client_;
   std::string job_id_;
   std::chrono::milliseconds patience_;
+  bool follow_mode_ = false;
   std::atomic<bool> stop_{false};
   pb::JobOutcome outcome_;
   std::chrono::milliseconds resubmit_after_{0};
@@ -240,8 +284,8 @@ int run_submit(const ClusterLaunch& launch) {
           ? std::to_string(launch.cfg.nodes.min)
           : std::to_string(launch.cfg.nodes.min) + "-" + std::to_string(launch.cfg.nodes.max));
 
-  JobWatcher watcher(*client, job_id,
-                     std::max<std::chrono::milliseconds>(60s, 6 * launch.cfg.lease_timeout));
+  JobWatcher watcher(*client, job_id, launch.cfg.follow_timeout);
+  watcher.follow_for(launch.cfg.follow_timeout);
   req.set_job_id(job_id);
   watcher.on_lost_job(2 * launch.cfg.lease_timeout, [&, c = *client] {
     pb::SubmitJobResponse again;

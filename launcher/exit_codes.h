@@ -13,6 +13,9 @@ inline constexpr int kExitStartFailed = 1;
 // The control plane failed: the coordinator could not be reached, refused our token, gave up
 // on this node or lost the job. As `env` and `timeout` use 125 for their own failures.
 inline constexpr int kExitControlPlane = 125;
+// accel-launch --coordinator stopped following a job whose end it could not learn (the
+// coordinator did not answer for follow_timeout): the job may still be running.
+inline constexpr int kExitStillRunning = 124;
 // The program, script or Python interpreter cannot be found.
 inline constexpr int kExitNotFound = 127;
 

@@ -703,6 +703,15 @@ const std::vector<KeySpec>& all_keys() {
        .flags = "--heartbeat-timeout",
        .metavar = "DURATION",
        .tools = kLaunch},
+      {.name = "follow_timeout",
+       .accepts = "a duration such as 30m, or 0 (forever)",
+       .help = "accel-launch --coordinator: how long to keep following a job while the "
+               "coordinator does not answer; then exit 124 (the job may still be running).",
+       .set = set_duration<&C::follow_timeout>,
+       .get = get_duration<&C::follow_timeout>,
+       .flags = "--follow-timeout",
+       .metavar = "DURATION",
+       .tools = kLaunch},
   };
   return kKeys;
 }

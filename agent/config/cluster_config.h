@@ -83,6 +83,8 @@ struct ClusterConfig {
   std::chrono::milliseconds hang_timeout{600'000};  // a collective in flight this long: hang; 0 off
   // no progress outside collectives: hang; 0 off
   std::chrono::milliseconds heartbeat_timeout{1'800'000};
+  // accel-launch --coordinator: keep following a job this long without an answer; 0: forever
+  std::chrono::milliseconds follow_timeout{1'800'000};
 
   // Keyed by config key; a key absent here still has its default.
   std::map<std::string, Origin, std::less<>> origins;

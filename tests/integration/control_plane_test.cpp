@@ -7,11 +7,14 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <sstream>
+#include <thread>
 
 #include "tests/integration/harness.h"
 
@@ -397,6 +400,84 @@ TEST(ControlPlane, MutualTlsJobRunsAndAPlaintextClientIsTurnedAway) {
   EXPECT_EQ(p.exit_code, 125) << p.err;  // the control plane failed
   EXPECT_NE(p.err.find("cannot submit the job to the coordinator"), std::string::npos) << p.err;
   EXPECT_EQ(markers(c.worker_dir()).size(), 2u);
+}
+
+// The coordinator stops answering (SIGSTOP: as a partition, its connections stay open) while a
+// job runs; the workers end during the outage. The launcher must keep following, say that the
+// job may still be running, and print the job's end once the coordinator answers again.
+TEST(ControlPlane, ALauncherFollowsAJobThroughACoordinatorOutageToItsEnd) {
+  TempDir dir;
+  Cluster c(dir, "30s");  // a lease longer than the outage: the nodes are not lost
+  Launched& coordinator = c.serve("coordinator", /*coordinator_only=*/true);
+  c.agent("node-a");
+  c.agent("node-b");
+  const std::string go = (dir.path() / "go").string();
+  auto launch = c.submit({"--nodes", "2", "-n", "1"}, {"--until-file", go, "--print-lines", "2"});
+  ASSERT_TRUE(wait_until(
+      [&] {
+        auto out = launch->out_so_far();
+        return out.find("line 0 1") != std::string::npos &&
+               out.find("line 1 1") != std::string::npos;
+      },
+      60s))
+      << launch->err_so_far() << c.daemon_logs();
+  coordinator.signal(SIGSTOP);
+  std::this_thread::sleep_for(8s);  // the launcher's 6 s call times out meanwhile
+  std::ofstream(go) << "";          // the workers end during the outage
+  std::this_thread::sleep_for(1s);
+  coordinator.signal(SIGCONT);
+  RunResult r = launch->wait(60s);
+  EXPECT_EQ(r.exit_code, 0) << r.err << c.daemon_logs();
+  EXPECT_NE(r.err.find("keeps running on its nodes meanwhile; following it again when the "
+                       "coordinator answers"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("is back"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("succeeded"), std::string::npos) << r.err;
+}
+
+// With a short follow_timeout the launcher stops following (exit 124: the job may still be
+// running) and says how to follow again; `accel logs JOB --follow` then prints the job's output
+// and exits with the job's code once the coordinator is back.
+TEST(ControlPlane, ALauncherThatStopsFollowingSaysHowAndAccelLogsFollowsTheJobToItsEnd) {
+  TempDir dir;
+  Cluster c(dir, "30s");
+  Launched& coordinator = c.serve("coordinator", /*coordinator_only=*/true);
+  c.agent("node-a");
+  c.agent("node-b");
+  const std::string go = (dir.path() / "go").string();
+  auto launch =
+      c.submit({"--nodes", "2", "-n", "1", "--job-id", "outage", "--follow-timeout", "2s"},
+               {"--until-file", go, "--print-lines", "2"});
+  ASSERT_TRUE(
+      wait_until([&] { return launch->out_so_far().find("line 1 1") != std::string::npos; }, 60s))
+      << launch->err_so_far() << c.daemon_logs();
+  coordinator.signal(SIGSTOP);
+  RunResult r = launch->wait(30s);
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 124) << r.err;
+  EXPECT_NE(r.err.find("stopped following job outage: no answer from the coordinator at " +
+                       c.target() + " for 2 s (follow_timeout"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("The job may still be running: `accel logs outage --follow --coordinator " +
+                       c.target() + "`"),
+            std::string::npos)
+      << r.err;
+  std::ofstream(go) << "";
+  coordinator.signal(SIGCONT);
+  Launched logs(dir, ACCEL_BIN, {"logs", "outage", "--follow", "--coordinator", c.target()},
+                {{"ACCEL_TOKEN", kToken}}, "logs");
+  RunResult l = logs.wait(60s);
+  EXPECT_EQ(l.exit_code, 0) << l.err;
+  EXPECT_NE(l.out.find("line 0 1"), std::string::npos) << l.out;
+  EXPECT_NE(l.out.find("line 1 1"), std::string::npos) << l.out;
+  Launched unknown(dir, ACCEL_BIN, {"logs", "no-such-job", "--coordinator", c.target()},
+                   {{"ACCEL_TOKEN", kToken}}, "logs_unknown");
+  RunResult u = unknown.wait(30s);
+  EXPECT_EQ(u.exit_code, 1);
+  EXPECT_NE(u.err.find("job no-such-job at " + c.target() + ": NOT_FOUND"), std::string::npos)
+      << u.err;
 }
 
 TEST(ControlPlane, WrongTokenIsRejectedAndNothingRuns) {
