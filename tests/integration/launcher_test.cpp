@@ -403,11 +403,12 @@ std::set<std::string> documented_exit_codes() {
 }
 
 // Every row of docs/launch.md's exit-code table, each in the way a user meets it (SIGINT and
-// SIGTERM: CtrlCStopsEveryWorker, SigtermStopsEveryWorker; SIGUSR1 just above).
+// SIGTERM: CtrlCStopsEveryWorker, SigtermStopsEveryWorker; SIGUSR1 just above; 124, a
+// coordinator that stops answering: ControlPlane.ALauncherThatStopsFollowingSaysHow...).
 TEST(Launcher, EveryRowOfTheExitCodeTable) {
   EXPECT_EQ(documented_exit_codes(),
             (std::set<std::string>{"`0`", "worker's code", "`130` / `143`", "`138`", "`2`", "`127`",
-                                   "`1`", "`125`"}));
+                                   "`1`", "`125`", "`124`"}));
   TempDir dir;
   auto code = [&](const std::vector<std::string>& args,
                   const std::map<std::string, std::string>& env = {}) {
