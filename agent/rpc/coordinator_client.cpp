@@ -22,22 +22,24 @@ Result<std::shared_ptr<CoordinatorClient>> CoordinatorClient::create(const std::
   auto client =
       std::shared_ptr<CoordinatorClient>(new CoordinatorClient(target, std::move(token), *channel));
   client->token_tls_ = uses_token_tls(tls);
-  client->refused_before_ = server_certificates_refused();
+  client->refused_seen_->store(server_certificates_refused());
   return client;
 }
 
 grpc::Status CoordinatorClient::translate(const grpc::Status& status) const {
-  return translate_status(status, target_, token_tls_, refused_before_);
+  return translate_status(status, target_, token_tls_, *refused_seen_);
 }
 
 grpc::Status CoordinatorClient::translate_status(const grpc::Status& status,
                                                  const std::string& target, bool token_tls,
-                                                 uint64_t refused_before) {
+                                                 std::atomic<uint64_t>& refused_seen) {
   // Why: with the token's certificate, a server that does not hold the token fails the TLS
   // handshake, and gRPC reports only "failed to connect" (UNAVAILABLE), which callers retry
-  // for minutes. It is a wrong server, not an absent one; nothing was sent to it.
-  if (status.error_code() != grpc::StatusCode::UNAVAILABLE ||
-      server_certificates_refused() == refused_before) {
+  // for minutes. It is a wrong server, not an absent one; nothing was sent to it. Why reset on
+  // success: a refusal before the last call that got through is history, not this failure.
+  const uint64_t refused = server_certificates_refused();
+  if (status.ok()) refused_seen.store(refused);
+  if (status.error_code() != grpc::StatusCode::UNAVAILABLE || refused == refused_seen.load()) {
     return status;
   }
   return {grpc::StatusCode::UNAUTHENTICATED,
@@ -63,8 +65,8 @@ void CoordinatorClient::call(Invoke invoke, const Req& req, std::chrono::millise
   prepare_context(c->ctx, token_, timeout);
   invoke(stub_->async(), &c->ctx, &c->req, &c->resp,
          [c, target = target_, token_tls = token_tls_,
-          refused_before = refused_before_](grpc::Status status) {
-           status = translate_status(status, target, token_tls, refused_before);
+          refused_seen = refused_seen_](grpc::Status status) {
+           status = translate_status(status, target, token_tls, *refused_seen);
            CallStatus st{static_cast<CallCode>(status.error_code()), status.error_message()};
            c->done(st, c->resp);
          });

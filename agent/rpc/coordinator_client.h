@@ -6,6 +6,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -57,14 +58,16 @@ class CoordinatorClient final : public CoordinatorApi {
   // UNAVAILABLE after this process refused a server's certificate -> UNAUTHENTICATED, saying so.
   grpc::Status translate(const grpc::Status& status) const;
   static grpc::Status translate_status(const grpc::Status& status, const std::string& target,
-                                       bool token_tls, uint64_t refused_before);
+                                       bool token_tls, std::atomic<uint64_t>& refused_seen);
 
   std::string target_;
   std::string token_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<pb::Coordinator::Stub> stub_;
-  bool token_tls_ = true;        // the server is trusted by the token's certificate
-  uint64_t refused_before_ = 0;  // server_certificates_refused() when this client was made
+  bool token_tls_ = true;  // the server is trusted by the token's certificate
+  // server_certificates_refused() at this client's creation or last successful call (shared
+  // with its calls in flight, which may outlive it)
+  std::shared_ptr<std::atomic<uint64_t>> refused_seen_ = std::make_shared<std::atomic<uint64_t>>(0);
 };
 
 }  // namespace accel::rpc
