@@ -23,8 +23,10 @@ struct JobSpec {
   std::chrono::milliseconds stop_timeout{0};  // SIGTERM -> SIGKILL grace
   std::chrono::milliseconds heartbeat_timeout{0};
   std::chrono::milliseconds hang_timeout{0};  // a collective in flight this long: hung; 0 off
-  bool forward_logs = false;                  // send the workers' output to the coordinator
-  int master_port = 0;                        // 0: chosen per attempt
+  // A node that cannot reach another of the round this long: a network failure; 0 off.
+  std::chrono::milliseconds network_timeout{0};
+  bool forward_logs = false;  // send the workers' output to the coordinator
+  int master_port = 0;        // 0: chosen per attempt
   // The settings every worker receives from the configuration (config::worker_settings):
   // variable -> value, "" unsets the variable.
   std::map<std::string, std::string> worker_settings;

@@ -694,6 +694,16 @@ const std::vector<KeySpec>& all_keys() {
        .flags = "--hang-timeout",
        .metavar = "DURATION",
        .tools = kLaunch},
+      {.name = "network_timeout",
+       .accepts = "a duration such as 10s, or 0 (off)",
+       .help = "Multi-node jobs: a node that cannot reach another node of the job for this long "
+               "reports a network failure naming both and stops its workers (not counted against "
+               "max_restarts); a new round starts once the nodes reach each other.",
+       .set = set_duration<&C::network_timeout>,
+       .get = get_duration<&C::network_timeout>,
+       .flags = "--network-timeout",
+       .metavar = "DURATION",
+       .tools = kLaunch},
       {.name = "heartbeat_timeout",
        .accepts = "a duration such as 30m, or 0 (off)",
        .help = "Stop the group when a libaccel worker shows no progress (no batch, no "

@@ -81,6 +81,8 @@ struct ClusterConfig {
   std::chrono::milliseconds join_timeout{300'000};  // a round without min nodes fails the job
   std::chrono::milliseconds last_call{30'000};      // with min nodes, wait this long for more
   std::chrono::milliseconds hang_timeout{600'000};  // a collective in flight this long: hang; 0 off
+  std::chrono::milliseconds network_timeout{
+      10'000};  // a peer unreachable this long: failure; 0 off
   // no progress outside collectives: hang; 0 off
   std::chrono::milliseconds heartbeat_timeout{1'800'000};
   // accel-launch --coordinator: keep following a job this long without an answer; 0: forever

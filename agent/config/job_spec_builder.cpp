@@ -55,6 +55,7 @@ Result<JobSpec> make_job_spec(const ClusterConfig& cfg, std::vector<std::string>
   spec.stop_timeout = cfg.stop_timeout;
   spec.heartbeat_timeout = cfg.heartbeat_timeout;
   spec.hang_timeout = cfg.hang_timeout;
+  spec.network_timeout = cfg.network_timeout;
   spec.master_port = cfg.main_process_port;
   ClusterConfig absolute_cfg = cfg;
   auto checkpoint_dir = absolute(cfg, "checkpoint_dir", cfg.checkpoint_dir);

@@ -150,6 +150,32 @@ void CoordinatorCore::mark_job_nodes(const Job& job) {
 
 // ---------------------------------------------------------------------------- instructions
 
+void CoordinatorCore::add_peers(const Job& job, int rank, pb::Assignment* a) const {
+  const int n = static_cast<int>(job.members.size());
+  // Why neighbours and not everyone: each node probes a bounded number of peers however large
+  // the job; a partition anywhere separates some pair of ring neighbours. Node rank 0 hosts the
+  // store every worker needs.
+  std::vector<int> ranks = {0};
+  for (int d = 1; d <= limits::kProbeNeighbours && d < n; ++d) {
+    ranks.push_back((rank + d) % n);
+    ranks.push_back((rank - d + n) % n);
+  }
+  std::sort(ranks.begin(), ranks.end());
+  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+  for (int r : ranks) {
+    if (r == rank) continue;
+    const std::string& id = job.members[static_cast<size_t>(r)];
+    auto it = nodes_.find(id);
+    if (it == nodes_.end() || it->second.info.probe_port() == 0) continue;
+    auto* p = a->add_peers();
+    p->set_node_rank(r);
+    p->set_node_id(id);
+    p->set_hostname(it->second.info.hostname());
+    p->set_address(it->second.info.address());
+    p->set_probe_port(it->second.info.probe_port());
+  }
+}
+
 pb::Instruction CoordinatorCore::instruction_for(const std::string& node_id,
                                                  const Node& node) const {
   pb::Instruction ins;
@@ -186,6 +212,7 @@ pb::Instruction CoordinatorCore::instruction_for(const std::string& node_id,
           a->set_master_addr(job.master_addr);
           a->set_master_port(job.master_port);
           a->set_restart_count(job.restart_count);
+          if (job.spec.network_timeout_ms() > 0) add_peers(job, rank, a);
           return ins;
         }
       } else if (job.state == pb::JOB_STATE_RENDEZVOUS && node.joined_round == job.round &&
@@ -809,6 +836,10 @@ RpcStatus CoordinatorCore::report_group(const pb::ReportGroupRequest& req) {
                 "MASTER_PORT " + std::to_string(job.master_port) +
                     " was taken before rank 0 could bind it; new round with a new port",
                 /*counted=*/false);
+      } else if (cause.kind() == pb::Failure::KIND_NETWORK && !cause.before_start()) {
+        // Why not counted: the program did nothing wrong, and the next round starts only once
+        // its nodes reach each other (a partition that outlasts join_timeout then counts).
+        restart(job, describe_failure(cause), /*counted=*/false);
       } else if (job.restart_count < job.spec.max_restarts()) {
         restart(job, describe_failure(cause), /*counted=*/true);
       } else {
@@ -1122,87 +1153,6 @@ void CoordinatorCore::tick() {
 CoordinatorCore::Changes CoordinatorCore::take_changes() {
   Changes out = std::move(changes_);
   changes_ = Changes{};
-  return out;
-}
-
-// ------------------------------------------------------------------------------- reports
-
-int32_t failure_status_code(const pb::Failure& f) {
-  if (f.kind() == pb::Failure::KIND_EXIT) return f.signal() != 0 ? 128 + f.signal() : f.exit_code();
-  return 1;
-}
-
-std::string describe_failure(const pb::Failure& f) {
-  std::string where = f.hostname().empty() ? f.node_id() : f.hostname();
-  switch (f.kind()) {
-    case pb::Failure::KIND_NODE_LOST:
-      return "node " + f.node_id() + " lost: " + f.message();
-    case pb::Failure::KIND_HANG:
-      return "rank " + std::to_string(f.rank()) + " on " + where + " hung: " + f.message();
-    case pb::Failure::KIND_SPAWN:
-      return "rank " + std::to_string(f.rank()) + " on " + where +
-             " could not start: " + f.message();
-    default:
-      break;
-  }
-  std::string what = "exit code " + std::to_string(f.exit_code());
-  if (f.signal() != 0) {
-    const char* abbrev = ::sigabbrev_np(f.signal());
-    what = (abbrev ? "SIG" + std::string(abbrev) + " (signal " : "(signal ") +
-           std::to_string(f.signal()) + ")";
-  }
-  std::string out = "rank " + std::to_string(f.rank()) + " on " + where + " (pid " +
-                    std::to_string(f.pid()) + ") failed: " + what;
-  if (!f.message().empty()) out += ": " + f.message();
-  return out;
-}
-
-std::string format_failure_summary(const std::string& job_id,
-                                   const std::vector<pb::Failure>& failures, int64_t last_round,
-                                   std::optional<size_t> root, const std::string& program) {
-  // Why the check: a job can fail with no failure of its own (no node joined before join_timeout);
-  // then the caller's reason is the whole story, not an empty table of "round -1".
-  const bool any_in_last =
-      last_round >= 0 && std::any_of(failures.begin(), failures.end(),
-                                     [&](const pb::Failure& f) { return f.round() == last_round; });
-  std::string out = !any_in_last ? std::string()
-                                 : "accel: failures of job " + job_id + ", round " +
-                                       std::to_string(last_round) +
-                                       " (root cause = the earliest, marked *):\n";
-  for (size_t i = 0; i < failures.size() && any_in_last; ++i) {
-    const auto& f = failures[i];
-    if (f.round() != last_round) continue;
-    bool is_root = root && *root == i;
-    out += std::string(is_root ? "* " : "  ") + clock_time(f.time_unix_ms()) + "  " +
-           describe_failure(f) + "\n";
-    if (!is_root) continue;
-    if (!f.report().empty()) out += f.report() + (f.report().back() == '\n' ? "" : "\n");
-    if (!f.stack().empty()) {  // it says what stderr's tail would repeat: its last lines
-      std::vector<std::string> lines;
-      std::istringstream in(f.stack());
-      for (std::string line; std::getline(in, line);) {
-        if (!line.empty()) lines.push_back(line.substr(0, 500));
-      }
-      for (size_t l = lines.size() > 6 ? lines.size() - 6 : 0; l < lines.size(); ++l) {
-        out += "      stack| " + lines[l] + "\n";
-      }
-    } else {
-      for (const auto& line : f.stderr_tail()) out += "      stderr| " + line + "\n";
-    }
-    if (auto hint = exit_hint({f.stderr_tail().begin(), f.stderr_tail().end()}, program))
-      out += "      " + *hint + "\n";
-  }
-  // Root causes of earlier rounds.
-  std::map<int64_t, const pb::Failure*> earlier;
-  for (const auto& f : failures) {
-    if (any_in_last && f.round() >= last_round) continue;
-    auto& slot = earlier[f.round()];
-    if (slot == nullptr || f.time_unix_ms() < slot->time_unix_ms()) slot = &f;
-  }
-  for (const auto& [round, f] : earlier) {
-    out += "  earlier: round " + std::to_string(round) + " at " + clock_time(f->time_unix_ms()) +
-           ": " + describe_failure(*f) + "\n";
-  }
   return out;
 }
 

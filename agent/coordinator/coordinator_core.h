@@ -25,6 +25,7 @@
 #include "accel/v1/coordinator.pb.h"
 #include "agent/common/clock.h"
 #include "agent/common/defaults.h"
+#include "agent/coordinator/failure_summary.h"
 
 namespace accel::coordinator {
 
@@ -192,6 +193,9 @@ class CoordinatorCore {
   void mark_job_nodes(const Job& job);
 
   const Clock& clock_;
+  // The peers node rank `rank` of `job` probes (Assignment.peers).
+  void add_peers(const Job& job, int rank, pb::Assignment* a) const;
+
   CoordinatorOptions options_;
   std::map<std::string, Node> nodes_;
   std::map<std::string, Job> jobs_;
@@ -199,16 +203,6 @@ class CoordinatorCore {
   Changes changes_;
 };
 
-// The failure table of a job's last failed round (root cause first, marked) and the root
-// causes of earlier rounds; what launchers print when a job fails.
-// `program`: the job's argv[0] (the Python interpreter for a .py script), for the hints.
-std::string format_failure_summary(const std::string& job_id,
-                                   const std::vector<pb::Failure>& failures, int64_t last_round,
-                                   std::optional<size_t> root, const std::string& program = {});
-// "rank 3 on node-a (pid 812): SIGKILL (signal 9)", "node node-b lost: ..."
-std::string describe_failure(const pb::Failure& f);
-// The shell's convention: exit code, or 128 + signal; 1 for a lost node or a hang.
-int32_t failure_status_code(const pb::Failure& f);
 std::string job_state_name(pb::JobState s);
 
 }  // namespace accel::coordinator

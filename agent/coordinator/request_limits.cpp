@@ -41,6 +41,8 @@ std::string check(const pb::RegisterNodeRequest& req) {
   }
   if (req.only_job_id().size() > kMaxIdBytes)
     return "only_job_id is longer than " + std::to_string(kMaxIdBytes) + " bytes";
+  if (req.probe_port() < 0 || req.probe_port() > 65535)
+    return "probe_port " + std::to_string(req.probe_port()) + " is not a port";
   if (req.has_current() && !req.current().job_id().empty()) {
     const auto& cur = req.current();
     if (cur.job_id().size() > kMaxIdBytes)
@@ -54,6 +56,10 @@ std::string check(const pb::RegisterNodeRequest& req) {
       return "current work of job " + cur.job_id() + " has an impossible assignment (node rank " +
              std::to_string(a.node_rank()) + " of " + std::to_string(a.num_nodes()) +
              ", max_nodes " + std::to_string(cur.spec().max_nodes()) + ")";
+    }
+    if (a.peers_size() > 2 * kProbeNeighbours + 1) {
+      return "current work of job " + cur.job_id() + " lists " + std::to_string(a.peers_size()) +
+             " peers; the most is " + std::to_string(2 * kProbeNeighbours + 1);
     }
     if (!a.master_addr().empty() && !host_like(a.master_addr())) {
       return "current work of job " + cur.job_id() + ": master_addr " + shown(a.master_addr()) +
@@ -77,6 +83,10 @@ std::string check(const pb::JobSpec& s) {
            ", got " + std::to_string(s.min_nodes()) + ":" + std::to_string(s.max_nodes());
   }
   if (s.tee() < 0 || s.tee() > 3) return "tee must be 0..3, got " + std::to_string(s.tee());
+  if (s.network_timeout_ms() < 0) {
+    return "network_timeout_ms must be >= 0 (0: off), got " +
+           std::to_string(s.network_timeout_ms());
+  }
   for (const auto& [name, value] : s.worker_settings()) {
     // Why only ACCEL_*: a setting must not pass for one of the contract's per-worker variables
     // (RANK, MASTER_PORT, ...), which the agent sets itself.

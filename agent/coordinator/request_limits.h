@@ -30,9 +30,11 @@ inline constexpr std::size_t kMaxLinesPerPush = 10'000;   // one PushLogs call
 inline constexpr std::size_t kMaxProgressBytes = 64;      // RankProgress strings ("allreduce #812")
 inline constexpr std::size_t kMaxRegisteredNodes = 8192;  // nodes kept, live and lost
 inline constexpr std::size_t kMaxJobs = 1024;             // jobs kept, running and ended
-inline constexpr std::size_t kStatusJobs = 100;           // GetStatus lists the most recent ones
-inline constexpr std::size_t kStatusArgvBytes = 1024;     // of each listed job's command line
-inline constexpr std::size_t kCutMarkerBytes = 32;        // what cut_text appends at most
+// Peers a node probes: this many on each side in node-rank order, and node rank 0.
+inline constexpr int kProbeNeighbours = 8;
+inline constexpr std::size_t kStatusJobs = 100;        // GetStatus lists the most recent ones
+inline constexpr std::size_t kStatusArgvBytes = 1024;  // of each listed job's command line
+inline constexpr std::size_t kCutMarkerBytes = 32;     // what cut_text appends at most
 
 // Failures kept per node and round: one per local rank, and one for the node itself.
 std::size_t max_failures_per_node_round(const pb::JobSpec& spec);

@@ -16,6 +16,7 @@
 #include <random>
 #include <thread>
 
+#include "agent/common/clock.h"
 #include "agent/coordinator/request_limits.h"
 #include "agent/rpc/job_spec_proto.h"
 #include "agent/supervisor/hang_monitor.h"
@@ -61,6 +62,13 @@ struct NodeAgent::Active {
   // workers).
   std::unique_ptr<store::StoreServer> store;
   std::unique_ptr<supervisor::Attempt> attempt;  // null once its workers are stopped
+  // Probes of the round's peers (network_timeout on, other nodes); before the workers start,
+  // `pending` is the instruction that starts them once every peer answered.
+  std::unique_ptr<PeerWatch> peers;
+  std::optional<pb::Instruction> pending;
+  std::chrono::steady_clock::time_point waiting_since{};
+  std::chrono::steady_clock::time_point last_wait_line{};
+  bool network_reported = false;
   std::string error_dir;     // <state_dir>/<job>/attempt_<round>: error files, progress pages
   int job_folder_lock = -1;  // <state_dir>/<job>, flock()ed shared while this round lives
   bool all_succeeded = false;
@@ -168,6 +176,13 @@ void NodeAgent::post_completion(const std::shared_ptr<Gate>& gate, asio::io_cont
 
 void NodeAgent::start() {
   remove_leftover_rounds();
+  if (!options_.local) {
+    std::string why;
+    probe_listener_ = ProbeListener::open(io_, options_.address, why);
+    if (!probe_listener_) {
+      log(LogLevel::kWarn, why + "; the other nodes cannot check that they reach this one");
+    }
+  }
   do_register();
 }
 
@@ -266,6 +281,7 @@ void NodeAgent::do_register() {
   req.set_address(options_.address);
   req.set_machine_rank(options_.machine_rank);
   req.set_only_job_id(options_.only_job_id);
+  if (probe_listener_) req.set_probe_port(probe_listener_->port());
   if (active_) {
     auto* cur = req.mutable_current();
     cur->set_job_id(active_->job_id);
@@ -591,6 +607,87 @@ void NodeAgent::start_group(const pb::Instruction& ins) {
     }
   }
 
+  const auto network_timeout = std::chrono::milliseconds(ins.spec().network_timeout_ms());
+  if (!options_.local && network_timeout.count() > 0 && a.peers_size() > 0) {
+    std::vector<PeerTarget> targets;
+    for (const auto& p : a.peers()) {
+      targets.push_back({p.node_rank(), p.node_id(), p.hostname(), p.address(), p.probe_port()});
+    }
+    const uint64_t gen = act.generation;
+    act.peers =
+        std::make_unique<PeerWatch>(io_, std::move(targets), probe_interval(network_timeout),
+                                    [this, gen] { on_probe_round(gen); });
+    // Why wait: workers started while a peer cannot be reached would only fail at the store or
+    // in their first collective, and burn a restart on the network.
+    act.pending = ins;
+    act.waiting_since = act.last_wait_line = std::chrono::steady_clock::now();
+    act.peers->start();
+    return;
+  }
+  spawn_workers(ins);
+}
+
+void NodeAgent::on_probe_round(uint64_t generation) {
+  if (!active_ || active_->generation != generation || !active_->peers) return;
+  Active& act = *active_;
+  const auto now = std::chrono::steady_clock::now();
+  const auto network_timeout = std::chrono::milliseconds(act.spec.network_timeout_ms());
+  const std::string round = "job " + act.job_id + " round " + std::to_string(act.round);
+  if (act.pending) {
+    if (act.peers->all_answered()) {
+      if (now - act.waiting_since > std::chrono::seconds(1)) {
+        log(LogLevel::kInfo, round + ": every node answers again; starting the workers");
+      }
+      pb::Instruction ins = std::move(*act.pending);
+      act.pending.reset();
+      spawn_workers(ins);
+      return;
+    }
+    const auto silences = act.peers->silent_for(std::chrono::milliseconds(0));
+    const std::string what = describe_silences(options_.hostname, silences);
+    if (now - act.waiting_since >= std::chrono::milliseconds(act.spec.join_timeout_ms())) {
+      act.pending.reset();
+      act.peers.reset();
+      log(LogLevel::kError,
+          round + ": network: " + what + "; giving up after join_timeout, telling the coordinator");
+      pb::Failure f;
+      f.set_kind(pb::Failure::KIND_NETWORK);
+      f.set_rank(-1);
+      f.set_local_rank(-1);
+      f.set_before_start(true);
+      f.set_message(what);
+      fail_round(std::move(f));
+      return;
+    }
+    if (now - act.last_wait_line >= std::chrono::seconds(10)) {
+      act.last_wait_line = now;
+      log(LogLevel::kWarn,
+          round + ": waiting to reach every node before starting the workers: " + what);
+    }
+    return;
+  }
+  if (act.network_reported || act.all_succeeded || !act.running()) return;
+  const auto silences = act.peers->silent_for(network_timeout);
+  if (silences.empty()) return;
+  act.network_reported = true;
+  pb::Failure f;
+  f.set_kind(pb::Failure::KIND_NETWORK);
+  f.set_rank(-1);
+  f.set_local_rank(-1);
+  f.set_message(describe_silences(options_.hostname, silences));
+  int64_t since = silences.front().since_unix_ms;
+  for (const auto& s : silences) since = std::min(since, s.since_unix_ms);
+  // Why the time of the last answer: it is when the partition began, before anything it caused.
+  f.set_time_unix_ms(since);
+  log(LogLevel::kError, "network: " + f.message() + " (network_timeout " +
+                            seconds_text(static_cast<double>(network_timeout.count()) / 1000.0) +
+                            "); " + stopping_others());
+  fail_round(std::move(f));
+}
+
+void NodeAgent::spawn_workers(const pb::Instruction& ins) {
+  const pb::Assignment& a = ins.assignment();
+  Active& act = *active_;
   supervisor::AttemptOptions ao;
   ao.placement = {.job_id = ins.job_id(),
                   .attempt = static_cast<int>(ins.round()),

@@ -27,6 +27,7 @@
 
 #include "agent/common/defaults.h"
 #include "agent/node/node_address.h"
+#include "agent/node/peer_probe.h"
 #include "agent/rpc/coordinator_api.h"
 #include "agent/store/store_server.h"
 #include "agent/supervisor/attempt.h"
@@ -101,6 +102,11 @@ class NodeAgent {
   void reconcile();
   void stop_active(int signal);
   void start_group(const pb::Instruction& ins);
+  // Spawns the active round's workers (start_group, once the peers answered).
+  void spawn_workers(const pb::Instruction& ins);
+  // After each round of peer probes: start the workers once every peer answered (or fail the
+  // round after join_timeout); while they run, report a peer silent for network_timeout.
+  void on_probe_round(uint64_t generation);
   void join(const pb::Instruction& ins);
   // A rendezvous store on this node's address (or any address when that fails) and `port`
   // (0: any); null when neither can be bound (`why` says so).
@@ -151,6 +157,7 @@ class NodeAgent {
   int failures_in_a_row_ = 0;
   std::chrono::steady_clock::time_point last_unreachable_log_{};
 
+  std::unique_ptr<ProbeListener> probe_listener_;  // other nodes' probes of this one
   std::unique_ptr<Active> active_;
   std::unique_ptr<Active> retired_;  // the last round, its workers gone, until the next one runs
   // The store bound when joining a round (any node may become node rank 0); see join().

@@ -18,6 +18,7 @@ v1::JobSpec to_proto(const JobSpec& spec) {
   p.set_stop_timeout_ms(spec.stop_timeout.count());
   p.set_heartbeat_timeout_ms(spec.heartbeat_timeout.count());
   p.set_hang_collective_timeout_ms(spec.hang_timeout.count());
+  p.set_network_timeout_ms(spec.network_timeout.count());
   p.set_forward_logs(spec.forward_logs);
   p.set_master_port(spec.master_port);
   for (const auto& [k, v] : spec.worker_settings) (*p.mutable_worker_settings())[k] = v;
@@ -42,6 +43,7 @@ JobSpec from_proto(const v1::JobSpec& p) {
   spec.stop_timeout = milliseconds(p.stop_timeout_ms());
   spec.heartbeat_timeout = milliseconds(p.heartbeat_timeout_ms());
   spec.hang_timeout = milliseconds(p.hang_collective_timeout_ms());
+  spec.network_timeout = milliseconds(p.network_timeout_ms());
   spec.forward_logs = p.forward_logs();
   spec.master_port = p.master_port();
   spec.worker_settings.insert(p.worker_settings().begin(), p.worker_settings().end());

@@ -1876,3 +1876,123 @@ TEST(CoordinatorCore, TakeChangesReportsWhatChanged) {
 
 }  // namespace
 }  // namespace accel::coordinator
+
+namespace accel::coordinator {
+namespace {
+
+// Registers `ids` with probe ports (7000 + index), submits `job` and has every node join.
+void start_probed_job(Harness& h, const std::string& job, const pb::JobSpec& spec,
+                      const std::vector<std::string>& ids) {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    auto req = Harness::node_req(ids[i]);
+    req.set_probe_port(7000 + static_cast<int>(i));
+    ASSERT_TRUE(h.register_req(req).is_ok()) << ids[i];
+  }
+  ASSERT_TRUE(h.submit(job, spec).is_ok());
+  h.join_all(job, ids);
+  ASSERT_EQ(h.core.job_state(job), pb::JOB_STATE_RUNNING);
+}
+
+pb::Failure network_failure(int64_t time_ms, bool before_start = false) {
+  pb::Failure f;
+  f.set_kind(pb::Failure::KIND_NETWORK);
+  f.set_rank(-1);
+  f.set_local_rank(-1);
+  f.set_message("host-b cannot reach host-c (c.cluster.internal) since 13:50:13.007 (for 10.2 s)");
+  f.set_time_unix_ms(time_ms);
+  f.set_before_start(before_start);
+  return f;
+}
+
+TEST(CoordinatorPeers, EachNodeIsToldItsNeighboursAndNodeZeroWithTheirProbePorts) {
+  Harness h;
+  auto spec = make_spec(3, 3);
+  spec.set_network_timeout_ms(10'000);
+  start_probed_job(h, "j", spec, {"a", "b", "c"});
+  Ins b = h.ins("b");
+  ASSERT_EQ(b.action(), Ins::ACTION_RUN);
+  ASSERT_EQ(b.assignment().peers_size(), 2);
+  std::set<std::string> seen;
+  for (const auto& p : b.assignment().peers()) {
+    seen.insert(p.node_id());
+    EXPECT_EQ(p.hostname(), host_of(p.node_id()));
+    EXPECT_EQ(p.address(), addr_of(p.node_id()));
+    EXPECT_EQ(p.probe_port(), p.node_id() == "a" ? 7000 : 7002);
+    EXPECT_EQ(p.node_rank(), p.node_id() == "a" ? 0 : 2);
+  }
+  EXPECT_EQ(seen, (std::set<std::string>{"a", "c"}));
+
+  // Off: no peers, and no probing.
+  Harness off;
+  auto quiet = make_spec(2, 2);
+  quiet.set_network_timeout_ms(0);
+  start_probed_job(off, "k", quiet, {"a", "b"});
+  EXPECT_EQ(off.ins("a").assignment().peers_size(), 0);
+}
+
+TEST(CoordinatorPeers, ALargeJobsNodesProbeABoundedNumberOfPeers) {
+  Harness h;
+  auto spec = make_spec(40, 40, 1);
+  spec.set_network_timeout_ms(10'000);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 40; ++i) ids.push_back("n" + std::to_string(100 + i));
+  start_probed_job(h, "j", spec, ids);
+  for (const auto& id : {"n100", "n120", "n139"}) {
+    Ins in = h.ins(id);
+    EXPECT_LE(in.assignment().peers_size(), 2 * limits::kProbeNeighbours + 1) << id;
+    bool has_zero = false;
+    for (const auto& p : in.assignment().peers()) {
+      EXPECT_NE(p.node_id(), id);
+      has_zero = has_zero || p.node_rank() == 0;
+    }
+    EXPECT_EQ(has_zero, std::string(id) != "n100") << id;
+  }
+  EXPECT_EQ(h.ins("n120").assignment().peers_size(), 2 * limits::kProbeNeighbours + 1);
+}
+
+TEST(CoordinatorPeers, APartitionWhileRunningRestartsUncountedAndIsTheRootCause) {
+  Harness h;
+  auto spec = make_spec(3, 3);
+  spec.set_network_timeout_ms(10'000);
+  spec.set_max_restarts(0);
+  start_probed_job(h, "j", spec, {"a", "b", "c"});
+  const int64_t t = h.clock.unix_ms();
+  ASSERT_TRUE(h.report("b", "j", 0, Rep::EVENT_FAILED, {network_failure(t)}).is_ok());
+  auto j = h.job("j");
+  EXPECT_EQ(j->state(), pb::JOB_STATE_RENDEZVOUS);
+  EXPECT_EQ(j->restart_count(), 0);  // no restarts allowed, and yet a new round
+  auto w = h.watch("j", 0);
+  EXPECT_TRUE(has_message(w, "restarting: network: host-b cannot reach host-c"));
+  EXPECT_TRUE(has_message(w, "not counted against max_restarts"));
+
+  // A partition that kept the next round's nodes apart for join_timeout counts: none are left.
+  h.join_all("j", {"a", "b", "c"});
+  ASSERT_TRUE(
+      h.report("b", "j", 1, Rep::EVENT_FAILED, {network_failure(t + 60'000, true)}).is_ok());
+  j = h.job("j");
+  EXPECT_EQ(j->state(), pb::JOB_STATE_FAILED);
+  EXPECT_EQ(j->exit_code(), 1);
+  pb::Instruction told = h.ins("a");
+  const std::string& summary = told.last_job().summary();
+  EXPECT_NE(marked_line(summary).find("network: host-b cannot reach host-c"), std::string::npos)
+      << summary;
+  EXPECT_NE(summary.find("before the round's workers started"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("earlier: round 0"), std::string::npos) << summary;
+}
+
+TEST(CoordinatorLimits, ProbePortsAndPeerListsAreChecked) {
+  Harness h;
+  auto req = Harness::node_req("a");
+  req.set_probe_port(70000);
+  EXPECT_EQ(h.register_req(req).code, Code::kInvalidArgument);
+  req.set_probe_port(-1);
+  EXPECT_EQ(h.register_req(req).code, Code::kInvalidArgument);
+  auto spec = make_spec(1, 1);
+  spec.set_network_timeout_ms(-5);
+  auto st = h.submit("j", spec);
+  EXPECT_EQ(st.code, Code::kInvalidArgument);
+  EXPECT_NE(st.message.find("network_timeout_ms"), std::string::npos) << st.message;
+}
+
+}  // namespace
+}  // namespace accel::coordinator

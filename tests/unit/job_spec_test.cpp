@@ -238,6 +238,7 @@ TEST(JobSpecProto, EveryFieldIsMappedBothWays) {
   spec.stop_timeout = milliseconds(7);
   spec.heartbeat_timeout = milliseconds(8);
   spec.hang_timeout = milliseconds(9);
+  spec.network_timeout = milliseconds(10);
   spec.forward_logs = true;
   spec.master_port = 29500;
   spec.worker_settings = {{"ACCEL_MIXED_PRECISION", "bf16"}};
@@ -260,6 +261,7 @@ TEST(JobSpecProto, EveryFieldIsMappedBothWays) {
   EXPECT_EQ(rpc::to_proto(back).SerializeAsString(), p.SerializeAsString());
   EXPECT_EQ(back.worker_settings, spec.worker_settings);
   EXPECT_EQ(back.hang_timeout, spec.hang_timeout);
+  EXPECT_EQ(back.network_timeout, spec.network_timeout);
 }
 
 TEST(JobSpecProto, TheCoordinatorTakesOnlyAccelWorkerSettings) {
