@@ -14,6 +14,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -62,6 +63,31 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(bool single_node) {
   // Why: all ranks on one machine talk over loopback; hostname resolution may point elsewhere.
   if (single_node) return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
   return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+// "accel: rank 2 could not connect to the other 3 rank(s) after 1.5 s (collective_timeout 40s):
+// <gloo's error>" and, across machines, what to set when gloo took an address the others cannot
+// reach. Why the time taken: gloo's own message names the whole timeout, even for a connection
+// refused at once.
+std::string connect_failure(const std::string& whom, std::chrono::steady_clock::time_point start,
+                            std::chrono::milliseconds timeout, bool several_machines,
+                            const char* what) {
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  char after[32];
+  std::snprintf(after, sizeof after, "%.1f s", took);
+  std::string out = "could not connect to " + whom + " after " + after + " (collective_timeout " +
+                    format_duration(timeout) + "): " + what;
+  if (several_machines) {
+    const auto& ifname = env::worker_env().gloo_socket_ifname;
+    out += ifname ? "\nhint: gloo used interface " + *ifname +
+                        " (GLOO_SOCKET_IFNAME); check that the other machines reach this one "
+                        "there"
+                  : "\nhint: gloo chose its interface from the host name (often 127.0.1.1 in "
+                    "/etc/hosts, which no other machine reaches); set GLOO_SOCKET_IFNAME to the "
+                    "interface the other machines reach (accel-launch sets it on every node)";
+  }
+  return out;
 }
 
 // Why: PyTorch 2.x's ProcessGroupNCCL expects destroy_process_group() (its shutdown()) before
@@ -198,6 +224,8 @@ State::State(const StateOptions& options) {
 #endif
   if (!choice.note.empty() && rank_ == 0) log::info(choice.note);
   c10::intrusive_ptr<CollectiveGroup> group;
+  const auto connect_start = std::chrono::steady_clock::now();
+  const bool several_machines = local_world_size_ != world_size_;
   try {
     auto pg_store = c10::make_intrusive<c10d::PrefixStore>("accel/pg", store);
 #ifdef ACCEL_WITH_NCCL
@@ -226,9 +254,10 @@ State::State(const StateOptions& options) {
       backend_ = "gloo";
     }
   } catch (const std::exception& e) {
-    throw CollectiveError("accel: rank " + std::to_string(rank_) +
-                          " could not connect to the other " + std::to_string(world_size_ - 1) +
-                          " rank(s) within " + format_duration(timeout_) + ": " + e.what());
+    throw CollectiveError(
+        "accel: rank " + std::to_string(rank_) + " " +
+        connect_failure("the other " + std::to_string(world_size_ - 1) + " rank(s)", connect_start,
+                        timeout_, several_machines, e.what()));
   }
   std::unique_ptr<ShmGroup> shm;
   std::unique_ptr<Hierarchy> hierarchy;
@@ -265,9 +294,9 @@ State::State(const StateOptions& options) {
               c10::make_intrusive<c10d::PrefixStore>("accel/pg-leaders", store), node_rank_,
               hierarchy->nodes, leaders_opts);
         } catch (const std::exception& e) {
-          throw CollectiveError("accel: rank " + std::to_string(rank_) +
-                                " could not connect to the other machines' leaders within " +
-                                format_duration(timeout_) + ": " + e.what());
+          throw CollectiveError("accel: rank " + std::to_string(rank_) + " " +
+                                connect_failure("the other machines' leaders", connect_start,
+                                                timeout_, true, e.what()));
         }
       }
     } else if (rank_ == 0) {

@@ -18,6 +18,8 @@ packages=(
   libtorch-dev libgloo-dev libopenblas0-pthread libxxhash-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev python3 python3-torch python3-numpy procps psmisc openssl
+  # the multi-host test bed's faults (tests/multihost/bed.sh: partitions, packet loss)
+  iptables
   # the independent reader of TensorBoard files in the tracking test
   python3-protobuf
   # fuzzing (fuzz/): clang with libFuzzer and the sanitizers

@@ -1,6 +1,8 @@
 // Peer probes: a listener that only accepts, and a prober that connects to each peer in rounds.
 #include "agent/node/peer_probe.h"
 
+#include <fcntl.h>
+
 #include <algorithm>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/ip/address.hpp>
@@ -44,6 +46,8 @@ std::unique_ptr<ProbeListener> ProbeListener::open(asio::io_context& io, const s
     boost::system::error_code e;
     tcp::endpoint ep(a, 0);
     l->acceptor_.open(ep.protocol(), e);
+    // Why CLOEXEC: workers are forked from this thread; none may hold the probe port.
+    if (!e) ::fcntl(l->acceptor_.native_handle(), F_SETFD, FD_CLOEXEC);
     if (!e) l->acceptor_.bind(ep, e);
     if (!e) l->acceptor_.listen(asio::socket_base::max_listen_connections, e);
     if (!e) {
@@ -164,10 +168,16 @@ void PeerWatch::run_round() {
         [this, i, probe, alive = alive_](const boost::system::error_code& ec,
                                          const tcp::resolver::results_type& results) {
           if (!*alive || probe->done) return;
-          if (ec) return probe_done(i, false);
-          asio::async_connect(
-              probe->socket, results,
-              [this, i, probe, alive](const boost::system::error_code& cec, const tcp::endpoint&) {
+          if (ec || results.empty()) return probe_done(i, false);
+          // The first address only: asio's range connect would reopen the socket without
+          // CLOEXEC (see the listener).
+          const tcp::endpoint to = results.begin()->endpoint();
+          boost::system::error_code oec;
+          probe->socket.open(to.protocol(), oec);
+          if (oec) return probe_done(i, false);
+          ::fcntl(probe->socket.native_handle(), F_SETFD, FD_CLOEXEC);
+          probe->socket.async_connect(
+              to, [this, i, probe, alive](const boost::system::error_code& cec) {
                 if (!*alive || probe->done) return;
                 // Why a refusal counts as an answer: it comes from the peer's host, so the path
                 // works (the peer's agent being gone is the coordinator's lease to find).
