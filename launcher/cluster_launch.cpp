@@ -313,7 +313,14 @@ int run_submit(const ClusterLaunch& launch) {
                      cancels == 1 ? " (again to exit at once)" : "");
       if (cancels > 1) _exit(128 + sig);
       grpc::Status cs = c->cancel_job(cancel, 5s);
-      if (!cs.ok()) logger()->error("cancel failed: {}", rpc::describe(cs));
+      // Why say what follows: the coordinator did not take the cancel (unreachable, say), so
+      // the job runs on, and this launcher keeps following it until the user leaves.
+      if (!cs.ok()) {
+        logger()->error(
+            "could not cancel job {}: {}; it may still be running, and this launcher keeps "
+            "following it ({} again leaves at once)",
+            job_id, rpc::describe(cs), supervisor::signal_name(sig));
+      }
     }
   });
   int code = watcher.run();
