@@ -13,6 +13,7 @@
 #include "runtime/accelerator_impl.h"
 #include "runtime/autocast_compat.h"
 #include "runtime/comm.h"
+#include "runtime/cpu_precision.h"
 #include "runtime/env.h"
 #include "runtime/fused_optimizer.h"
 #include "runtime/grad_sync.h"
@@ -183,6 +184,13 @@ Accelerator::Accelerator(AcceleratorOptions options)
     which = e.mixed_precision_variable;
   }
   setup_mixed_precision(which);
+  if (impl_->mixed_precision_ == "bf16" && device().is_cpu() && is_main_process()) {
+    // Why measured once, by the main process: the ranks of a job share one machine model, and
+    // the user needs one line, not one per rank.
+    const auto line =
+        cpu_precision::slow_bf16_line(cpu_precision::measure_step(), cpu_precision::cpu_model());
+    if (!line.empty()) log::warning(line);
+  }
   impl_->forward_precision_->device_type = device().type();
   impl_->forward_precision_->dtype =
       impl_->mixed_precision_ == "fp16" ? torch::kHalf : torch::kBFloat16;

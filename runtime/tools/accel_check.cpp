@@ -23,6 +23,7 @@
 
 #include "accel/accel.h"
 #include "contract/worker_contract.h"
+#include "runtime/cpu_precision.h"
 
 #if __has_include(<ATen/Version.h>)
 #include <ATen/Parallel.h>
@@ -92,6 +93,8 @@ int info() {
       blas.insert(ec ? path : real.string());
     }
   }
+  std::cout << "- bf16 on this CPU: "
+            << accel::cpu_precision::speed_text(accel::cpu_precision::measure_step()) << "\n";
   std::cout << "- BLAS loaded:";
   if (blas.empty()) std::cout << " none found in /proc/self/maps";
   for (const auto& b : blas) std::cout << " " << b;

@@ -12,6 +12,7 @@
 #include "contract/duration.h"
 #include "contract/worker_contract.h"
 #include "runtime/batch_shard.h"
+#include "runtime/cpu_precision.h"
 #include "runtime/env.h"
 #include "runtime/error_file.h"
 
@@ -586,3 +587,26 @@ TEST(Accelerator, SchedulerStepsOnlyWithTheOptimizer) {
 
 }  // namespace
 }  // namespace accel
+
+// bf16 on this CPU: the timing gives positive figures, and the line appears only when bf16 is
+// at least twice as slow as fp32.
+TEST(CpuPrecision, TheSlowBf16LineAppearsOnlyWhenBf16IsTwiceAsSlow) {
+  auto measured = accel::cpu_precision::measure_step();
+  EXPECT_GT(measured.fp32_ms, 0);
+  EXPECT_GT(measured.bf16_ms, 0);
+  EXPECT_NE(accel::cpu_precision::speed_text(measured).find("x the time of fp32's"),
+            std::string::npos);
+  accel::cpu_precision::StepSpeed fast{1.0, 0.7};
+  EXPECT_EQ(accel::cpu_precision::slow_bf16_line(fast, "Some CPU"), "");
+  EXPECT_EQ(accel::cpu_precision::slow_bf16_line({1.0, 1.9}, "Some CPU"), "");
+  accel::cpu_precision::StepSpeed slow{0.5, 8.0};
+  const std::string line = accel::cpu_precision::slow_bf16_line(slow, "Some CPU");
+  EXPECT_NE(line.find("mixed_precision bf16 is slow on this CPU (Some CPU)"), std::string::npos)
+      << line;
+  EXPECT_NE(line.find("16.0x as long as in fp32 (8.00 ms against 0.50 ms"), std::string::npos)
+      << line;
+  EXPECT_NE(line.find("mixed_precision \"no\" (fp32) is the faster choice here"), std::string::npos)
+      << line;
+  EXPECT_NE(accel::cpu_precision::speed_text(slow).find("libaccel says so at start"),
+            std::string::npos);
+}
