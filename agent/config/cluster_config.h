@@ -78,6 +78,8 @@ struct ClusterConfig {
   std::chrono::milliseconds lease_timeout{defaults::kLease};  // a node silent this long is lost
   // served coordinator: ended jobs, lost nodes kept
   std::chrono::milliseconds retention{3'600'000};
+  int coordinator_max_nodes = 8192;  // served coordinator: nodes kept, live and lost
+  int coordinator_max_jobs = 1024;   // served coordinator: jobs kept, running and ended
   std::chrono::milliseconds join_timeout{300'000};  // a round without min nodes fails the job
   std::chrono::milliseconds last_call{30'000};      // with min nodes, wait this long for more
   std::chrono::milliseconds hang_timeout{600'000};  // a collective in flight this long: hang; 0 off

@@ -280,7 +280,8 @@ RpcStatus CoordinatorCore::register_node(const pb::RegisterNodeRequest& req,
   if (it == nodes_.end() && !make_room_for_node()) {
     return RpcStatus::error(Code::kResourceExhausted,
                             "the coordinator keeps " + std::to_string(nodes_.size()) +
-                                " nodes, its most, and none of them is lost; node " +
+                                " nodes, its most (coordinator_max_nodes), and none of them is "
+                                "lost; node " +
                                 req.node_id() + " is refused");
   }
   if (it != nodes_.end() && !it->second.lost &&
@@ -669,7 +670,8 @@ RpcStatus CoordinatorCore::submit_job(const pb::SubmitJobRequest& req,
   if (!make_room_for_job()) {
     return RpcStatus::error(Code::kResourceExhausted,
                             "the coordinator keeps " + std::to_string(jobs_.size()) +
-                                " jobs, its most, and none of them has ended; try later");
+                                " jobs, its most (coordinator_max_jobs), and none of them has "
+                                "ended; try later");
   }
   Job& job = jobs_[id];
   job.id = id;
@@ -1042,7 +1044,7 @@ bool CoordinatorCore::took_part(const Job& job, const std::string& node_id) cons
 }
 
 bool CoordinatorCore::make_room_for_job() {
-  if (jobs_.size() < limits::kMaxJobs) return true;
+  if (jobs_.size() < options_.max_jobs) return true;
   auto oldest = jobs_.end();
   for (auto it = jobs_.begin(); it != jobs_.end(); ++it) {
     if (terminal(it->second) &&
@@ -1055,7 +1057,7 @@ bool CoordinatorCore::make_room_for_job() {
 }
 
 bool CoordinatorCore::make_room_for_node() {
-  if (nodes_.size() < limits::kMaxRegisteredNodes) return true;
+  if (nodes_.size() < options_.max_nodes) return true;
   auto oldest = nodes_.end();
   for (auto it = nodes_.begin(); it != nodes_.end(); ++it) {
     if (it->second.lost && (oldest == nodes_.end() || it->second.lost_at < oldest->second.lost_at))

@@ -26,6 +26,7 @@
 #include "agent/common/clock.h"
 #include "agent/common/defaults.h"
 #include "agent/coordinator/failure_summary.h"
+#include "agent/coordinator/request_limits.h"
 
 namespace accel::coordinator {
 
@@ -60,7 +61,11 @@ struct CoordinatorOptions {
   std::chrono::milliseconds watcher_grace{5'000};
   // Ended jobs and lost nodes are forgotten this long after they ended or were lost.
   std::chrono::milliseconds retention{3'600'000};
-  int max_port_retries = 3;    // MASTER_PORT taken: new round, not counted
+  int max_port_retries = 3;  // MASTER_PORT taken: new round, not counted
+  // Nodes (live and lost) and jobs (running and ended) kept; beyond them the oldest lost node or
+  // ended job is forgotten, and when there is none a registration or submission is refused.
+  std::size_t max_nodes = limits::kMaxRegisteredNodes;
+  std::size_t max_jobs = limits::kMaxJobs;
   std::string coordinator_id;  // empty: generated
 };
 

@@ -25,9 +25,10 @@ inline constexpr std::size_t kMaxTextBytes = 8u << 10;  // a failure's message, 
 inline constexpr std::size_t kMaxTailLines = 32;        // a failure's stderr tail: the last ones
 inline constexpr std::size_t kMaxTailLineBytes = 512;   // one tail line: cut
 inline constexpr std::size_t kMaxFailuresPerJob = 512;  // failures kept per job (the earliest)
-inline constexpr std::size_t kMaxLineBytes = 64u << 10;   // one log or tail line: cut
-inline constexpr std::size_t kMaxLinesPerPush = 10'000;   // one PushLogs call
-inline constexpr std::size_t kMaxProgressBytes = 64;      // RankProgress strings ("allreduce #812")
+inline constexpr std::size_t kMaxLineBytes = 64u << 10;  // one log or tail line: cut
+inline constexpr std::size_t kMaxLinesPerPush = 10'000;  // one PushLogs call
+inline constexpr std::size_t kMaxProgressBytes = 64;     // RankProgress strings ("allreduce #812")
+// Defaults of the coordinator_max_nodes and coordinator_max_jobs keys (CoordinatorOptions).
 inline constexpr std::size_t kMaxRegisteredNodes = 8192;  // nodes kept, live and lost
 inline constexpr std::size_t kMaxJobs = 1024;             // jobs kept, running and ended
 // Peers a node probes: this many on each side in node-rank order, and node rank 0.

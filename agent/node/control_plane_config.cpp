@@ -36,6 +36,8 @@ coordinator::ServerOptions server_options(const config::ClusterConfig& cfg,
   so.tls = auth.tls;
   so.core.lease = cfg.lease_timeout;
   so.core.retention = cfg.retention;
+  so.core.max_nodes = static_cast<std::size_t>(cfg.coordinator_max_nodes);
+  so.core.max_jobs = static_cast<std::size_t>(cfg.coordinator_max_jobs);
   so.core.sync_wait = std::min<std::chrono::milliseconds>(2s, cfg.lease_timeout / 4);
   return so;
 }

@@ -1996,3 +1996,35 @@ TEST(CoordinatorLimits, ProbePortsAndPeerListsAreChecked) {
 
 }  // namespace
 }  // namespace accel::coordinator
+
+namespace accel::coordinator {
+namespace {
+
+TEST(CoordinatorLimits, TheNodeAndJobCapsAreSettingsAndTheRefusalNamesThem) {
+  CoordinatorOptions o = default_options();
+  o.max_nodes = 3;
+  o.max_jobs = 2;
+  Harness h(o);
+  for (const char* id : {"a", "b", "c"}) ASSERT_TRUE(h.add_node(id).is_ok()) << id;
+  auto st = h.add_node("d");
+  EXPECT_EQ(st.code, Code::kResourceExhausted);
+  EXPECT_NE(st.message.find("keeps 3 nodes, its most (coordinator_max_nodes)"), std::string::npos)
+      << st.message;
+  // A lost node makes room.
+  h.clock.advance(kLease + milliseconds(1));
+  for (const char* id : {"a", "b"}) (void)h.sync_resp(id);
+  h.core.tick();
+  EXPECT_TRUE(h.add_node("d").is_ok());
+  EXPECT_FALSE(h.node("c").has_value());
+
+  auto spec = make_spec(1, 1);
+  ASSERT_TRUE(h.submit("j1", spec).is_ok());
+  ASSERT_TRUE(h.submit("j2", spec).is_ok());
+  st = h.submit("j3", spec);
+  EXPECT_EQ(st.code, Code::kResourceExhausted);
+  EXPECT_NE(st.message.find("keeps 2 jobs, its most (coordinator_max_jobs)"), std::string::npos)
+      << st.message;
+}
+
+}  // namespace
+}  // namespace accel::coordinator
