@@ -20,6 +20,8 @@ packages=(
   libgtest-dev libgmock-dev python3 python3-torch python3-numpy procps psmisc openssl
   # the multi-host test bed's faults (tests/multihost/bed.sh: partitions, packet loss)
   iptables
+  # bed_delay's NFQUEUE delayer (bench/multihost/nfq_delay.c; the kernel may lack netem) and ping
+  libnetfilter-queue-dev iputils-ping
   # the independent reader of TensorBoard files in the tracking test
   python3-protobuf
   # fuzzing (fuzz/): clang with libFuzzer and the sanitizers

@@ -22,7 +22,8 @@
 #   bed_wait "$BED_PID" 60         # its exit code; 124 if still running after 60 s
 #   bed_wait_log LOG 'regex' 15    # 0 once LOG has a line matching the regex, 1 after 15 s
 #   bed_partition h2 h3            # iptables DROP between h2 and h3 (both ways)
-#   bed_heal                       # every fault rule gone, every frozen host thawed
+#   bed_delay h2 50                # h2's packets reach the others 50 ms later (RTT +50 ms)
+#   bed_heal                       # every fault rule and delay gone, every frozen host thawed
 #   bed_down                       # every process of the bed killed, namespaces and files removed
 #
 # Functions (HOST is h1..hN):
@@ -56,9 +57,23 @@
 #   bed_isolate HOST [--except-port P]       partition HOST from every other host
 #   bed_loss HOST PCT [in|out|both] drop PCT % (0-100, decimals allowed) of the packets HOST
 #                                   receives and/or sends on eth0 (iptables statistic)
-#   bed_heal [HOST...]              remove the fault rules of those hosts (default: every host)
-#                                   and thaw them
-#   bed_rules HOST                  print HOST's fault rules with packet counters
+#   bed_delay HOST MS               every packet HOST sends on eth0 reaches the other hosts MS ms
+#                                   later (decimals allowed; one-way: HOST's RTT to each +MS),
+#                                   replacing an earlier delay of HOST. The kernel may have no
+#                                   sch_netem, so it is not `tc qdisc add ... netem`: on every
+#                                   other host an NFQUEUE rule (chain BED-DELAY, after INPUT's
+#                                   fault rules; queue number = HOST's index) hands HOST's packets
+#                                   to $BED_NFQ_DELAY (default: nfq_delay on PATH, else
+#                                   build/bin/nfq_delay of this checkout;
+#                                   bench/multihost/nfq_delay.c) running in that host's namespace
+#                                   (log: $BED_DIR/<receiver>/nfq_delay-from-HOST.log). Held at
+#                                   the receivers, not on HOST's egress: see bed_delay below.
+#                                   A receiver's bed_crash ends its delayers (packets then pass)
+#   bed_undelay HOST                remove HOST's delay rules, then stop its delayers (SIGTERM:
+#                                   they let the packets they hold go and log statistics)
+#   bed_heal [HOST...]              remove the fault rules and delays (bed_undelay) of those hosts
+#                                   (default: every host) and thaw them
+#   bed_rules HOST                  print HOST's fault and delay rules with packet counters
 #   bed_dropped HOST in|out         packets HOST's fault rules matched coming in / going out
 #   bed_freeze HOST / bed_thaw HOST SIGSTOP / SIGCONT every process of HOST
 #   bed_crash HOST                  SIGKILL every process of HOST (its files stay; spawn again to
@@ -70,7 +85,8 @@
 #
 # Variables: BED_PREFIX (default amh$$; set before bed_up to change), BED_ROOT (folder under
 # which BED_DIR is made; default ${TMPDIR:-/tmp}), BED_N, BED_DIR, BED_PID, BED_PIDS,
-# BED_RUN_TIMEOUT, BED_SUBNET (default 10.77.0).
+# BED_RUN_TIMEOUT, BED_SUBNET (default 10.77.0), BED_NFQ_DELAY (bed_delay's delayer),
+# BED_DELAY_PID (RECEIVER_SENDER -> that delayer's pid).
 #
 # Environment of a host's commands: this shell's, plus TMPDIR=$BED_DIR/HOST/tmp and
 # BED_HOST=HOST. Their working directory is the caller's.
@@ -85,6 +101,9 @@ BED_PIDS=()
 declare -gA BED_RC=()
 BED_DEBIAN_HOSTS=0
 BED_NETNS_DIR_MADE=0  # 1 when bed_up created /etc/netns (then bed_down removes it if empty)
+declare -gA BED_DELAY_PID=()
+BED_NFQ_DELAY=${BED_NFQ_DELAY:-}
+_BED_HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 _BED_CHAIN_SEQ=0
 
 _bed_err() { echo "bed: $*" >&2; }
@@ -410,13 +429,78 @@ bed_loss() {
   fi
 }
 
-# bed_heal [HOST...]: every fault rule removed (and frozen hosts thawed).
+# bed_delay HOST MS: HOST's packets reach the other hosts MS ms later (one-way; RTT +MS). Held
+# at each receiver's INPUT rather than at HOST's OUTPUT: a packet held on its sender's egress
+# still counts against its TCP socket (TCP small queues, which netem avoids by orphaning it), so
+# a delayed sender would keep only ~2 packets in flight and bulk transfers would crawl (measured
+# at 50 ms: one TCP stream sent 1.7 MB in 30 s held on the sender, 64 MiB in 1.5 s held at the
+# receiver).
+bed_delay() {
+  local host=$1 ms=${2:-} bin j peer key log pid i=${1#h}
+  _bed_host_ok "$host" || return 2
+  [[ "$ms" =~ ^[0-9]+(\.[0-9]+)?$ ]] || { _bed_err "bed_delay: MS must be a number, not '$ms'"; return 2; }
+  bin=${BED_NFQ_DELAY:-$(command -v nfq_delay || echo "$_BED_HERE/../../build/bin/nfq_delay")}
+  [[ -x "$bin" ]] || {
+    _bed_err "bed_delay: no delayer at $bin (set BED_NFQ_DELAY; bench/multihost/nfq_delay.c is built where libnetfilter-queue-dev is installed)"
+    return 1
+  }
+  bed_undelay "$host"
+  for ((j = 1; j <= BED_N; j++)); do
+    peer=h$j
+    [[ "$peer" == "$host" ]] && continue
+    key="${peer}_$host"
+    log="$BED_DIR/$peer/nfq_delay-from-$host.log"
+    # In the receiver's namespace (NFQUEUE queues are per namespace), queue number = the
+    # sender's index, SCHED_FIFO so that busy CPUs do not lengthen the delay; `ip netns exec`
+    # execs, so $! is the delayer.
+    ip netns exec "$(bed_ns "$peer")" "$bin" -r -q "$i" "$ms" </dev/null >"$log" 2>&1 &
+    pid=$!
+    BED_PIDS+=("$pid")
+    BED_DELAY_PID[$key]=$pid
+    if ! bed_wait_log "$log" '^nfq_delay: ready' 5; then
+      _bed_err "bed_delay: the delayer did not start on $peer: $(cat "$log")"
+      bed_undelay "$host"
+      return 1
+    fi
+    # Its own chain, jumped to from the end of INPUT: the fault rules (BED-IN, first) still drop
+    # what they drop. --queue-bypass: were the delayer gone, packets would pass undelayed.
+    if ! _bed_ipt "$peer" -n -L BED-DELAY >/dev/null 2>&1; then
+      { _bed_ipt "$peer" -N BED-DELAY && _bed_ipt "$peer" -A INPUT -j BED-DELAY; } || return 1
+    fi
+    _bed_ipt "$peer" -A BED-DELAY -i eth0 -s "$(bed_ip "$host")/32" -j NFQUEUE --queue-num "$i" \
+      --queue-bypass || { bed_undelay "$host"; return 1; }
+  done
+}
+
+# bed_undelay HOST: HOST's delay rules removed, then its delayers stopped (SIGTERM: each lets the
+# packets it holds go and logs its statistics).
+bed_undelay() {
+  local host=$1 j peer key pid
+  _bed_host_ok "$host" || return 2
+  for ((j = 1; j <= BED_N; j++)); do
+    peer=h$j
+    [[ "$peer" == "$host" ]] && continue
+    while _bed_ipt "$peer" -D BED-DELAY -i eth0 -s "$(bed_ip "$host")/32" -j NFQUEUE \
+      --queue-num "${host#h}" --queue-bypass 2>/dev/null; do :; done
+    key="${peer}_$host"
+    pid=${BED_DELAY_PID[$key]:-}
+    [[ -n "$pid" ]] || continue
+    unset "BED_DELAY_PID[$key]"
+    { kill -CONT "$pid"; kill -TERM "$pid"; } 2>/dev/null
+    bed_wait "$pid" 5
+    (($? == 124)) && bed_kill "$pid"
+  done
+  return 0
+}
+
+# bed_heal [HOST...]: every fault rule and delay removed (and frozen hosts thawed).
 bed_heal() {
   local hosts=("$@") host c
   if ((${#hosts[@]} == 0)); then
     for ((c = 1; c <= BED_N; c++)); do hosts+=("h$c"); done
   fi
   for host in "${hosts[@]}"; do
+    bed_undelay "$host"
     _bed_ipt "$host" -n -L BED-IN >/dev/null 2>&1 || { bed_thaw "$host"; continue; }
     _bed_ipt "$host" -F BED-IN
     _bed_ipt "$host" -F BED-OUT
@@ -429,7 +513,10 @@ bed_heal() {
   return 0
 }
 
-bed_rules() { _bed_ipt "$1" -n -v -L BED-IN 2>/dev/null; _bed_ipt "$1" -n -v -L BED-OUT 2>/dev/null; }
+bed_rules() {
+  local chain
+  for chain in BED-IN BED-OUT BED-DELAY; do _bed_ipt "$1" -n -v -L "$chain" 2>/dev/null; done
+}
 
 # bed_dropped HOST in|out: how many packets HOST's fault rules dropped (or sent to a sub-chain)
 # on the way in / out.
@@ -486,7 +573,8 @@ bed_crash() {
   return "$rc"
 }
 
-# bed_down: everything the bed made, gone. Safe to call more than once.
+# bed_down: everything the bed made, gone (the delayers too: they run in the hosts' namespaces).
+# Safe to call more than once.
 bed_down() {
   local i ns pid
   ((BED_N > 0)) || return 0
@@ -513,6 +601,6 @@ bed_down() {
   ip netns del "$(bed_ns sw)" 2>/dev/null
   if ((BED_NETNS_DIR_MADE)) && rmdir /etc/netns 2>/dev/null; then BED_NETNS_DIR_MADE=0; fi
   [[ -n "$BED_DIR" ]] && rm -rf "$BED_DIR"
-  BED_N=0 BED_DIR="" BED_PID="" BED_PIDS=() BED_RC=()
+  BED_N=0 BED_DIR="" BED_PID="" BED_PIDS=() BED_RC=() BED_DELAY_PID=()
   return 0
 }
