@@ -196,14 +196,12 @@ pb::Instruction CoordinatorCore::instruction_for(const std::string& node_id,
     if (it != jobs_.end() && !terminal(it->second)) {
       const Job& job = it->second;
       if (job.state == pb::JOB_STATE_RUNNING) {
-        auto pos = std::find(job.members.begin(), job.members.end(), node_id);
-        if (pos != job.members.end()) {
+        if (const int rank = job.rank_of(node_id); rank >= 0) {
           ins.set_action(pb::Instruction::ACTION_RUN);
           ins.set_job_id(job.id);
           ins.set_round(job.round);
           *ins.mutable_spec() = job.spec;
           auto* a = ins.mutable_assignment();
-          int rank = static_cast<int>(pos - job.members.begin());
           int ppn = job.spec.processes_per_node();
           a->set_node_rank(rank);
           a->set_num_nodes(static_cast<int>(job.members.size()));
@@ -216,7 +214,7 @@ pb::Instruction CoordinatorCore::instruction_for(const std::string& node_id,
           return ins;
         }
       } else if (job.state == pb::JOB_STATE_RENDEZVOUS && node.joined_round == job.round &&
-                 std::find(job.joined.begin(), job.joined.end(), node_id) != job.joined.end()) {
+                 job.joined_ids.contains(node_id)) {
         ins.set_action(pb::Instruction::ACTION_WAIT);
         ins.set_job_id(job.id);
         ins.set_round(job.round);
@@ -300,7 +298,14 @@ RpcStatus CoordinatorCore::register_node(const pb::RegisterNodeRequest& req,
   node.last_seen = clock_.now();
   bool was_lost = node.lost;
   node.lost = false;
-  changes_.all_nodes = true;  // a new node may be what an open round or an elastic job waits for
+  // Why only this node when it is new: another node's instruction does not depend on it until it
+  // joins a round (an elastic job grows at the next tick, which wakes every node). A known node
+  // registering again may have a new address or probe port, which its peers are told.
+  if (fresh || was_lost) {
+    changes_.nodes.insert(req.node_id());
+  } else {
+    changes_.all_nodes = true;
+  }
 
   const std::string running = req.has_current() ? req.current().job_id() : "";
   if (!fresh && !was_lost && !previous_job.empty() && previous_job != running) {
@@ -308,8 +313,7 @@ RpcStatus CoordinatorCore::register_node(const pb::RegisterNodeRequest& req,
     auto jt = jobs_.find(previous_job);
     if (jt != jobs_.end() && !terminal(jt->second)) {
       Job& job = jt->second;
-      bool member =
-          std::find(job.members.begin(), job.members.end(), req.node_id()) != job.members.end();
+      bool member = job.rank_of(req.node_id()) >= 0;
       node.job_id.clear();
       if (job.state == pb::JOB_STATE_RUNNING && member) {
         restart(job,
@@ -318,6 +322,7 @@ RpcStatus CoordinatorCore::register_node(const pb::RegisterNodeRequest& req,
       } else if (job.state == pb::JOB_STATE_RENDEZVOUS) {
         job.joined.erase(std::remove(job.joined.begin(), job.joined.end(), req.node_id()),
                          job.joined.end());
+        job.joined_ids.erase(req.node_id());
       }
     }
   }
@@ -340,7 +345,7 @@ void CoordinatorCore::adopt(const std::string& node_id, Node& node, const pb::Cu
     job.state = pb::JOB_STATE_RUNNING;
     job.round = work.round();
     job.restart_count = a.restart_count();
-    job.members.assign(static_cast<size_t>(a.num_nodes()), "");
+    job.set_members(std::vector<std::string>(static_cast<size_t>(a.num_nodes())));
     job.master_addr = a.master_addr();
     job.master_port = a.master_port();
     job.submitted_order = jobs_submitted_++;
@@ -359,6 +364,7 @@ void CoordinatorCore::adopt(const std::string& node_id, Node& node, const pb::Cu
   auto& slot = job.members[static_cast<size_t>(a.node_rank())];
   if (!slot.empty() && slot != node_id) return;
   slot = node_id;
+  job.member_rank[node_id] = a.node_rank();
   job.round_members[job.round] = job.members;
   node.job_id = job.id;
   node.joined_round = job.round;
@@ -422,6 +428,7 @@ void CoordinatorCore::node_lost(const std::string& node_id, Node& node, const st
     auto pos = std::find(job.joined.begin(), job.joined.end(), node_id);
     if (pos != job.joined.end()) {
       job.joined.erase(pos);
+      job.joined_ids.erase(node_id);
       if (static_cast<int>(job.joined.size()) < job.spec.min_nodes()) job.min_reached.reset();
       message(job,
               "node " + node_id + " left " + round_name(job.round) + " before it closed: " + why);
@@ -429,7 +436,7 @@ void CoordinatorCore::node_lost(const std::string& node_id, Node& node, const st
     return;
   }
   if (job.state != pb::JOB_STATE_RUNNING) return;
-  if (std::find(job.members.begin(), job.members.end(), node_id) == job.members.end()) return;
+  if (job.rank_of(node_id) < 0) return;
   pb::Failure f;
   f.set_kind(pb::Failure::KIND_NODE_LOST);
   f.set_node_id(node_id);
@@ -455,7 +462,8 @@ void CoordinatorCore::open_round(Job& job, const std::string& why) {
   ++job.round;
   job.state = pb::JOB_STATE_RENDEZVOUS;
   job.joined.clear();
-  job.members.clear();
+  job.joined_ids.clear();
+  job.set_members({});
   job.started.clear();
   job.succeeded.clear();
   job.min_reached.reset();
@@ -483,22 +491,29 @@ void CoordinatorCore::close_round(Job& job) {
     if (rb < 0) rb = INT32_MAX;
     return ra < rb;
   });
-  job.members = order;
   job.round_members[job.round] = order;
+  job.set_members(order);
   const Node& first = nodes_.at(order.front());
   job.master_addr = first.info.address();
   job.master_port = job.spec.master_port() != 0 ? job.spec.master_port() : first.joined_port;
   job.state = pb::JOB_STATE_RUNNING;
   for (auto& [id, node] : nodes_) {
-    if (node.job_id == job.id && std::find(order.begin(), order.end(), id) == order.end()) {
+    if (node.job_id == job.id && job.rank_of(id) < 0) {
       node.job_id.clear();  // joined too late or not at all: free again
     }
   }
   pb::JobEvent ev;
   ev.set_state(pb::JOB_STATE_RUNNING);
   event(job, std::move(ev));
+  // Why cut: one line of 16k node names would be an event of hundreds of KiB; accel status
+  // lists the rest.
+  constexpr size_t kNamed = 32;
   std::string names;
   for (size_t i = 0; i < order.size(); ++i) {
+    if (i == kNamed - 2 && order.size() > kNamed) {
+      names += ", ... (" + std::to_string(order.size() - kNamed + 1) + " more)";
+      i = order.size() - 1;
+    }
     names += (i ? ", " : "") + std::to_string(i) + "=" + order[i];
   }
   message(job, round_name(job.round) + " closed: " + std::to_string(order.size()) + " node" +
@@ -714,7 +729,7 @@ RpcStatus CoordinatorCore::join_round(const pb::JoinRoundRequest& req) {
                    " has at most " + std::to_string(job.spec.max_nodes()) +
                    " nodes (machine ranks 0.." + std::to_string(job.spec.max_nodes() - 1) + ")");
   }
-  if (std::find(job.joined.begin(), job.joined.end(), req.node_id()) != job.joined.end()) {
+  if (job.joined_ids.contains(req.node_id())) {
     node.joined_port = req.master_port();
     return RpcStatus::ok();  // a retried join
   }
@@ -723,6 +738,7 @@ RpcStatus CoordinatorCore::join_round(const pb::JoinRoundRequest& req) {
                         std::to_string(job.spec.max_nodes()) + " nodes)");
   }
   job.joined.push_back(req.node_id());
+  job.joined_ids.insert(req.node_id());
   node.job_id = job.id;
   node.joined_round = job.round;
   node.joined_port = req.master_port();
@@ -760,10 +776,13 @@ RpcStatus CoordinatorCore::report_group(const pb::ReportGroupRequest& req) {
                    std::to_string(req.failures_size()) + " failures; a node of job " + job.id +
                    " has at most " + std::to_string(per_round));
   }
+  // The current round through its index (every node reports it); earlier ones by a scan.
   auto members = job.round_members.find(req.round());
-  bool member = members != job.round_members.end() &&
-                std::find(members->second.begin(), members->second.end(), req.node_id()) !=
-                    members->second.end();
+  bool member = req.round() == job.round && !job.members.empty()
+                    ? job.rank_of(req.node_id()) >= 0
+                    : members != job.round_members.end() &&
+                          std::find(members->second.begin(), members->second.end(),
+                                    req.node_id()) != members->second.end();
   if (!member) {
     return precondition("node " + req.node_id() + " is not a member of " + round_name(req.round()) +
                         " of job " + job.id);
@@ -991,9 +1010,7 @@ void CoordinatorCore::get_status(pb::GetStatusResponse* resp) const {
     n->set_last_seen_ms_ago(duration_cast<milliseconds>(now - node.last_seen).count());
     auto jt = jobs_.find(node.job_id);
     if (jt != jobs_.end()) {
-      const auto& m = jt->second.members;
-      auto pos = std::find(m.begin(), m.end(), id);
-      if (pos != m.end()) n->set_node_rank(static_cast<int>(pos - m.begin()));
+      if (const int rank = jt->second.rank_of(id); rank >= 0) n->set_node_rank(rank);
     }
   }
   // The most recent jobs only, each with its command line cut: a reply stays far below the
@@ -1037,7 +1054,7 @@ void CoordinatorCore::get_status(pb::GetStatusResponse* resp) const {
 // ----------------------------------------------------------------------------------- time
 
 bool CoordinatorCore::took_part(const Job& job, const std::string& node_id) const {
-  if (std::find(job.joined.begin(), job.joined.end(), node_id) != job.joined.end()) return true;
+  if (job.joined_ids.contains(node_id)) return true;
   return std::any_of(job.round_members.begin(), job.round_members.end(), [&](const auto& rm) {
     return std::find(rm.second.begin(), rm.second.end(), node_id) != rm.second.end();
   });

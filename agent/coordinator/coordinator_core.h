@@ -20,6 +20,8 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "accel/v1/coordinator.pb.h"
@@ -141,6 +143,22 @@ class CoordinatorCore {
     std::optional<Clock::time_point> min_reached;
     std::vector<std::string> joined;   // open round, in join order
     std::vector<std::string> members;  // closed round, in node-rank order ("" = not back yet)
+    // Why indexes: every sync asks where its node is; a scan of 16k ids per sync is the
+    // coordinator's whole CPU at that size. Kept equal to `joined` and `members`.
+    std::unordered_set<std::string> joined_ids;
+    std::unordered_map<std::string, int> member_rank;
+    [[nodiscard]] int rank_of(const std::string& id) const {
+      auto it = member_rank.find(id);
+      return it == member_rank.end() ? -1 : it->second;
+    }
+    void set_members(std::vector<std::string> order) {
+      members = std::move(order);
+      member_rank.clear();
+      member_rank.reserve(members.size());
+      for (size_t i = 0; i < members.size(); ++i) {
+        if (!members[i].empty()) member_rank[members[i]] = static_cast<int>(i);
+      }
+    }
     std::map<int64_t, std::vector<std::string>> round_members;  // every closed round
     std::optional<Clock::time_point> adopt_deadline;  // adopted after a coordinator restart
     std::string master_addr;

@@ -17,7 +17,7 @@ namespace pb = ::accel::v1;
 
 inline constexpr std::size_t kMaxIdBytes = 128;    // node and job ids: [A-Za-z0-9._:-]
 inline constexpr std::size_t kMaxHostBytes = 255;  // hostname, address: printable, no spaces
-inline constexpr int kMaxNodesPerJob = 4096;       // max_nodes, num_nodes, machine_rank bound
+inline constexpr int kMaxNodesPerJob = 32768;      // max_nodes, num_nodes, machine_rank bound
 inline constexpr int kMaxProcessesPerNode = 1024;
 inline constexpr std::size_t kMaxSpecBytes = 256u
                                              << 10;     // a job spec (argv, environment) serialized

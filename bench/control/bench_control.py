@@ -107,6 +107,7 @@ def main():
     ap.add_argument("--agents", default="64,256,1024,4096")
     ap.add_argument("--build", default="build")
     ap.add_argument("--skip-torchrun", action="store_true")
+    ap.add_argument("--only-scale", action="store_true", help="run part 2 (coordinator scale) alone")
     args = ap.parse_args()
     b = os.path.abspath(os.path.join(args.build, "bin"))
     launch = f"{b}/accel-launch"
@@ -116,6 +117,9 @@ def main():
             sys.exit(f"{path} not found: run scripts/build.sh first")
     print(f"# accel control plane vs torchrun, {args.runs} runs each (medians), {os.cpu_count()} CPUs")
     print()
+    if args.only_scale:
+        coordinator_scale(b, args)
+        return
     rows = []
 
     # 1. launch and crash -> replacement
@@ -164,7 +168,15 @@ def main():
         print(f"| {what} | {who} | {ms:.1f} |")
     print()
 
-    # 2. coordinator scale
+    results = coordinator_scale(b, args)
+    agent_memory(b, launch)
+    if 1024 in results:
+        r = results[1024]["rendezvous_ms"]
+        print(f"1024-agent rendezvous: {r:.0f} ms (target < 2000 ms: {'met' if r < 2000 else 'NOT met'})")
+
+
+def coordinator_scale(b, args):
+    """Part 2: N simulated agents against a real coordinator process."""
     print("| simulated agents | register all (ms) | rendezvous (ms) | coordinator CPU, rendezvous (s) | "
           "coordinator CPU at 1 Hz heartbeats | coordinator RSS (MB) |")
     print("|---:|---:|---:|---:|---:|---:|")
@@ -172,7 +184,8 @@ def main():
     for n in [int(x) for x in args.agents.split(",")]:
         port = free_port()
         coord = subprocess.Popen([f"{b}/accel-agent", "--serve-coordinator", f"127.0.0.1:{port}", "--coordinator-only",
-                                  "-q", "--lease-timeout", "30s"], env=env(), stderr=subprocess.DEVNULL)
+                                  "-q", "--lease-timeout", "30s", "--coordinator-max-nodes", str(max(8192, n + 64))],
+                                 env=env(), stderr=subprocess.DEVNULL)
         time.sleep(0.5)
         try:
             out = subprocess.run([f"{b}/bench_coordinator", "--target", f"127.0.0.1:{port}", "--token", TOKEN,
@@ -189,8 +202,11 @@ def main():
         print(f"| {n} | {r['register_ms']:.0f} | {r['rendezvous_ms']:.0f} | {r['rendezvous_cpu_s']:.2f} | "
               f"{r['steady_cpu_pct']:.0f}% ({r['steady_syncs_per_s']:.0f} syncs/s) | {r['rss_mb']:.0f} |")
     print()
+    return results
 
-    # 3. agent memory, lost-node detection
+
+def agent_memory(b, launch):
+    """Part 3: agent memory, lost-node detection."""
     agents = Agents(b, 2, lease="10s")
     try:
         idle = rss_kb(agents.procs[1].pid)
@@ -215,9 +231,6 @@ def main():
     print(f"accel-agent RSS: idle {idle / 1024:.1f} MB, running a 2-worker job {busy / 1024:.1f} MB (target < 20 MB)")
     print(f"lost node detected {lost_s:.1f} s after kill -9 with lease_timeout 10 s (target <= lease)"
           if lost_s else "lost node NOT detected within 30 s")
-    if 1024 in results:
-        r = results[1024]["rendezvous_ms"]
-        print(f"1024-agent rendezvous: {r:.0f} ms (target < 2000 ms: {'met' if r < 2000 else 'NOT met'})")
 
 
 if __name__ == "__main__":

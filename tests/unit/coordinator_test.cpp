@@ -1837,7 +1837,14 @@ TEST(CoordinatorCore, TakeChangesReportsWhatChanged) {
   ASSERT_TRUE(h.add_node("a").is_ok());
   ASSERT_TRUE(h.add_node("b").is_ok());
   auto c = h.core.take_changes();
-  EXPECT_TRUE(c.all_nodes);  // a new node may be what a round waits for
+  // A new node changes its own instruction only: an open round waits for joins, not
+  // registrations (an elastic job grows at the next tick, which wakes everyone).
+  EXPECT_FALSE(c.all_nodes);
+  EXPECT_EQ(c.nodes, (std::set<std::string>{"a", "b"}));
+  // A known node registering again may bring a new address or probe port: its peers hear.
+  ASSERT_TRUE(h.add_node("a").is_ok());
+  c = h.core.take_changes();
+  EXPECT_TRUE(c.all_nodes);
   c = h.core.take_changes();
   EXPECT_FALSE(c.all_nodes);
   EXPECT_TRUE(c.nodes.empty());
