@@ -670,8 +670,9 @@ const std::vector<KeySpec>& all_keys() {
        .tools = kAgentFlag},
       {.name = "coordinator_max_nodes",
        .accepts = "an integer from 1 to 1000000",
-       .help = "A served coordinator keeps this many nodes, live and lost (about 2 KiB each); "
-               "then it forgets the oldest lost one, or refuses a new node when none is lost.",
+       .help = "A served coordinator keeps this many nodes, live and lost (about 25 KiB each "
+               "while connected); then it forgets the oldest lost one, or refuses a new node "
+               "when none is lost.",
        .set = set_int<&C::coordinator_max_nodes, 1, 1'000'000>,
        .get = get_int<&C::coordinator_max_nodes>,
        .flags = "--coordinator-max-nodes",
