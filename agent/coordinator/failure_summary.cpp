@@ -24,7 +24,7 @@ std::string describe_failure(const pb::Failure& f) {
       return "rank " + std::to_string(f.rank()) + " on " + where + " hung: " + f.message();
     case pb::Failure::KIND_NETWORK:
       return "network: " + f.message() +
-             (f.before_start() ? " (before the round's workers started)" : "");
+             (f.before_start() ? " (" + where + "'s workers of the round never started)" : "");
     case pb::Failure::KIND_SPAWN:
       return "rank " + std::to_string(f.rank()) + " on " + where +
              " could not start: " + f.message();

@@ -646,8 +646,9 @@ void NodeAgent::on_probe_round(uint64_t generation) {
     const auto silences = act.peers->silent_for(std::chrono::milliseconds(0));
     const std::string what = describe_silences(options_.hostname, silences);
     if (now - act.waiting_since >= std::chrono::milliseconds(act.spec.join_timeout_ms())) {
+      // Why the watch stays: this runs inside its callback. Without `pending` and without
+      // workers, its later rounds change nothing (see below) until the round is retired.
       act.pending.reset();
-      act.peers.reset();
       log(LogLevel::kError,
           round + ": network: " + what + "; giving up after join_timeout, telling the coordinator");
       pb::Failure f;

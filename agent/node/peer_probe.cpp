@@ -24,10 +24,11 @@ int64_t now_unix_ms() { return SystemClock().unix_ms(); }
 
 // ------------------------------------------------------------------------------ listener
 
-ProbeListener::ProbeListener(asio::io_context& io) : acceptor_(io) {}
+ProbeListener::ProbeListener(asio::io_context& io) : acceptor_(io), retry_(io) {}
 
 ProbeListener::~ProbeListener() {
   *alive_ = false;
+  retry_.cancel();
   boost::system::error_code ec;
   acceptor_.close(ec);
 }
@@ -67,6 +68,14 @@ std::unique_ptr<ProbeListener> ProbeListener::open(asio::io_context& io, const s
 void ProbeListener::accept() {
   acceptor_.async_accept([this, alive = alive_](boost::system::error_code ec, tcp::socket s) {
     if (!*alive || ec == asio::error::operation_aborted) return;
+    if (ec) {
+      // Why a pause: an accept that fails at once (no descriptors left) must not spin.
+      retry_.expires_after(std::chrono::milliseconds(100));
+      retry_.async_wait([this, alive](const boost::system::error_code& e) {
+        if (!e && *alive) accept();
+      });
+      return;
+    }
     // The connection itself is the answer: closed at once (s goes out of scope).
     boost::system::error_code ignored;
     s.close(ignored);

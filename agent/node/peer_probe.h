@@ -40,6 +40,7 @@ class ProbeListener {
   void accept();
 
   boost::asio::ip::tcp::acceptor acceptor_;
+  boost::asio::steady_timer retry_;
   int port_ = 0;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };

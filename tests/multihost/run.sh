@@ -13,6 +13,10 @@
 #             default network_timeout (10 s) the launchers report it within 15 s naming both
 #             hosts, the restart is not counted, the next round's nodes say they wait to reach
 #             each other and start no worker until the heal, and the model is the baseline's;
+#  lasting    the same partition, never healed, with --join-timeout 8s and --max-restarts 0: the
+#             first report restarts the job uncounted, the next round's nodes wait 8 s for each
+#             other and then fail that round, which counts: the launchers exit 1 with the
+#             summary's root cause "network: ... (hN's workers of the round never started)";
 #  loopback   Debian's `127.0.1.1 hI` in every /etc/hosts, --main-process-ip h1: node 0's launcher
 #             fails within 5 s with exit code 2, naming 127.0.1.1 / loopback and the fix (node 1,
 #             to which h1 is 10.77.0.1, gives up after its join_timeout with 125);
@@ -50,7 +54,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=tests/multihost/bed.sh
 source "$here/bed.sh"
 
-SCENARIOS=(bed baseline kill partition loopback debian outage)
+SCENARIOS=(bed baseline kill partition lasting loopback debian outage)
 (($# > 0)) && SCENARIOS=("$@")
 
 if ! why=$(bed_preflight); then
@@ -280,6 +284,21 @@ scenario_partition() {
   [[ -s "$SC/model/model.safetensors" ]] || fail "no model/model.safetensors"
   same_model "$SC/model/model.safetensors" "$REFERENCE" ||
     fail "the model differs from the baseline's ($(cmp "$SC/model/model.safetensors" "$REFERENCE" 2>&1))"
+}
+
+scenario_lasting() {
+  bed_up 3
+  start_mode2 job h1 -n 2 --max-restarts 0 --join-timeout 8s "$bin/train_classifier" \
+    --epochs 400 --train-samples 12000
+  wait_log "$SC/job-h1.log" 'all 6 workers of round 0 started' 60 "the job's start"
+  bed_partition h2 h3
+  local cut=$SECONDS
+  wait_log "$SC/job-h1.log" 'not counted against max_restarts' 20 "an uncounted restart for the partition"
+  expect_job_rcs 1 60
+  grep -qE '^\* .*network: h[23] cannot reach h[23] .*\(h[23].s workers of the round never started\)' "$SC/job-h1.log" ||
+    fail "the summary's root cause is not the partition that kept the round's workers from starting"
+  grep -q 'no restarts left (max_restarts 0)' "$SC/job-h1.log" || fail "h1 does not say no restarts were left"
+  echo "partition h2 | h3, never healed: the job failed $((SECONDS - cut)) s after the cut" >"$SC/lasting.txt"
 }
 
 scenario_loopback() {

@@ -1983,7 +1983,8 @@ TEST(CoordinatorPeers, APartitionWhileRunningRestartsUncountedAndIsTheRootCause)
   const std::string& summary = told.last_job().summary();
   EXPECT_NE(marked_line(summary).find("network: host-b cannot reach host-c"), std::string::npos)
       << summary;
-  EXPECT_NE(summary.find("before the round's workers started"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("(host-b's workers of the round never started)"), std::string::npos)
+      << summary;
   EXPECT_NE(summary.find("earlier: round 0"), std::string::npos) << summary;
 }
 
