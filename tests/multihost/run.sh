@@ -152,6 +152,16 @@ worker_pids() { bed_find_pids "$1" "^$bin/train_classifier( |\$)"; }
 
 same_model() { cmp -s "$1" "$2"; }
 
+# expect_resumed_to_reference: fail unless the restarted group resumed from a checkpoint and
+# the saved model is the baseline's, byte for byte.
+expect_resumed_to_reference() {
+  grep -qE 'resumed from .*checkpoint_[0-9]+ at step [1-9]' "$SC/job-h1.log" ||
+    fail "the restarted group did not resume from a checkpoint"
+  [[ -s "$SC/model/model.safetensors" ]] || fail "no model/model.safetensors"
+  same_model "$SC/model/model.safetensors" "$REFERENCE" ||
+    fail "the model differs from the baseline's ($(cmp "$SC/model/model.safetensors" "$REFERENCE" 2>&1))"
+}
+
 # ---- scenarios
 
 # The root namespace's interfaces, addresses and routes, one a line.
@@ -241,11 +251,7 @@ scenario_kill() {
   expect_job_rcs 0 120
   grep -qE "restarting: rank [0-9]+ on h2 \(pid $victim\) failed: SIGKILL" "$SC/job-h1.log" ||
     fail "h1's launcher does not say it restarts after rank on h2 (pid $victim) got SIGKILL"
-  grep -qE 'resumed from .*checkpoint_[0-9]+ at step [1-9]' "$SC/job-h1.log" ||
-    fail "the restarted group did not resume from a checkpoint"
-  [[ -s "$SC/model/model.safetensors" ]] || fail "no model/model.safetensors"
-  same_model "$SC/model/model.safetensors" "$REFERENCE" ||
-    fail "the model differs from the baseline's ($(cmp "$SC/model/model.safetensors" "$REFERENCE" 2>&1))"
+  expect_resumed_to_reference
 }
 
 scenario_partition() {
@@ -279,11 +285,7 @@ scenario_partition() {
   expect_job_rcs 0 120
   printf 'partition h2 | h3 for %s s: reported after %s s, waiting line after %s s; job ended %s s after the heal\n' \
     "$((healed - cut))" "$t_report" "$t_wait" "$((SECONDS - healed))" >"$SC/partition.txt"
-  grep -qE 'resumed from .*checkpoint_[0-9]+ at step [1-9]' "$SC/job-h1.log" ||
-    fail "the restarted group did not resume from a checkpoint"
-  [[ -s "$SC/model/model.safetensors" ]] || fail "no model/model.safetensors"
-  same_model "$SC/model/model.safetensors" "$REFERENCE" ||
-    fail "the model differs from the baseline's ($(cmp "$SC/model/model.safetensors" "$REFERENCE" 2>&1))"
+  expect_resumed_to_reference
 }
 
 scenario_lasting() {
