@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <mutex>
 #include <unordered_set>
 
 #include "contract/worker_contract.h"
@@ -185,11 +186,12 @@ Accelerator::Accelerator(AcceleratorOptions options)
   }
   setup_mixed_precision(which);
   if (impl_->mixed_precision_ == "bf16" && device().is_cpu() && is_main_process()) {
-    // Why measured once, by the main process: the ranks of a job share one machine model, and
-    // the user needs one line, not one per rank.
-    const auto line =
+    // Why once per process, by the main process: the ranks of a job share one machine model,
+    // and the user needs one line, not one per rank or per Accelerator.
+    static const std::string line =
         cpu_precision::slow_bf16_line(cpu_precision::measure_step(), cpu_precision::cpu_model());
-    if (!line.empty()) log::warning(line);
+    static std::once_flag said;
+    if (!line.empty()) std::call_once(said, [] { log::warning(line); });
   }
   impl_->forward_precision_->device_type = device().type();
   impl_->forward_precision_->dtype =

@@ -106,6 +106,14 @@ struct PeerWatch::Probe {
   tcp::socket socket;
   asio::steady_timer deadline;
   bool done = false;
+  // Ends the probe: its handlers still to run see `done` and do nothing.
+  void stop() {
+    done = true;
+    resolver.cancel();
+    boost::system::error_code ignored;
+    socket.close(ignored);
+    deadline.cancel();
+  }
 };
 
 PeerWatch::PeerWatch(asio::io_context& io, std::vector<PeerTarget> peers, milliseconds interval,
@@ -120,12 +128,7 @@ PeerWatch::PeerWatch(asio::io_context& io, std::vector<PeerTarget> peers, millis
 PeerWatch::~PeerWatch() {
   *alive_ = false;
   next_.cancel();
-  for (auto& p : probes_) {
-    boost::system::error_code ignored;
-    p->resolver.cancel();
-    p->socket.close(ignored);
-    p->deadline.cancel();
-  }
+  for (auto& p : probes_) p->stop();
 }
 
 void PeerWatch::start() {
@@ -137,14 +140,7 @@ void PeerWatch::start() {
 void PeerWatch::run_round() {
   const auto round_start = steady_clock::now();
   // A probe of the last round still out (its deadline not yet run) is over: its handlers see it.
-  for (auto& p : probes_) {
-    if (p->done) continue;
-    p->done = true;
-    p->resolver.cancel();
-    boost::system::error_code ignored;
-    p->socket.close(ignored);
-    p->deadline.cancel();
-  }
+  for (auto& p : probes_) p->stop();
   probes_.clear();
   pending_ = peers_.size();
   auto schedule_next = [this, round_start] {
@@ -167,9 +163,6 @@ void PeerWatch::run_round() {
     probe->deadline.async_wait(
         [this, i, probe, alive = alive_](const boost::system::error_code& ec) {
           if (ec || !*alive || probe->done) return;
-          probe->resolver.cancel();
-          boost::system::error_code ignored;
-          probe->socket.close(ignored);
           probe_done(i, false);
         });
     probe->resolver.async_resolve(
@@ -198,11 +191,7 @@ void PeerWatch::run_round() {
 }
 
 void PeerWatch::probe_done(std::size_t i, bool answered) {
-  auto& probe = probes_.at(i);
-  probe->done = true;
-  probe->deadline.cancel();
-  boost::system::error_code ignored;
-  probe->socket.close(ignored);
+  probes_.at(i)->stop();
   State& s = state_[i];
   s.answered_last = answered;
   if (answered) {
