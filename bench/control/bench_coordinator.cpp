@@ -3,7 +3,7 @@
 // to, and counts itself when told to RUN. Prints one JSON line: registration time, rendezvous
 // time (submit -> every agent told RUN) and the coordinator's CPU use and RSS.
 //   bench_coordinator --target 127.0.0.1:29400 --token T --agents 1024 --coordinator-pid PID
-//                     [--channels 16] [--steady-s 5]
+//                     [--channels 16] [--steady-s 5] [--network-timeout-ms 10000]
 #include <unistd.h>
 
 #include <atomic>
@@ -54,6 +54,7 @@ struct SimAgent : std::enable_shared_from_this<SimAgent> {
     req.set_hostname("sim");
     req.set_address("127.0.0.1");
     req.set_machine_rank(-1);
+    req.set_probe_port(20000 + index % 40000);  // never probed: the agents are simulated
     client().register_node(
         req, 30s,
         [self = shared_from_this()](const accel::rpc::CallStatus& st, pb::RegisterNodeResponse&) {
@@ -133,6 +134,8 @@ std::pair<double, long> cpu_and_rss(int pid) {
 int main(int argc, char** argv) {
   std::string target = "127.0.0.1:29400", token;
   int agents = 64, channels = 16, pid = 0, steady_s = 5;
+  // As a default job: network_timeout 10s, so every node is told its peers' probe ports.
+  long network_timeout_ms = 10'000;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--target")
@@ -147,6 +150,8 @@ int main(int argc, char** argv) {
       pid = std::atoi(v.c_str());
     else if (k == "--steady-s")
       steady_s = std::atoi(v.c_str());
+    else if (k == "--network-timeout-ms")
+      network_timeout_ms = std::atol(v.c_str());
   }
   Shared s;
   for (int c = 0; c < channels; ++c) {
@@ -187,6 +192,7 @@ int main(int argc, char** argv) {
   spec->set_last_call_ms(0);
   spec->set_stop_timeout_ms(1000);
   spec->set_master_port(29500);
+  spec->set_network_timeout_ms(network_timeout_ms);
   pb::SubmitJobResponse resp;
   auto t_submit = Clock::now();
   grpc::Status st = s.clients[0]->submit_job(req, &resp, 10s);

@@ -1929,6 +1929,23 @@ TEST(CoordinatorPeers, EachNodeIsToldItsNeighboursAndNodeZeroWithTheirProbePorts
   }
   EXPECT_EQ(seen, (std::set<std::string>{"a", "c"}));
 
+  // c's agent registers again with a new probe port (its workers still run): b is told it.
+  auto again = Harness::node_req("c");
+  again.set_probe_port(7777);
+  auto* cur = again.mutable_current();
+  cur->set_job_id("j");
+  cur->set_round(0);
+  *cur->mutable_spec() = spec;
+  cur->mutable_assignment()->set_node_rank(2);
+  cur->mutable_assignment()->set_num_nodes(3);
+  ASSERT_TRUE(h.register_req(again).is_ok());
+  int c_port = 0;
+  const Ins told = h.ins("b");
+  for (const auto& p : told.assignment().peers()) {
+    if (p.node_id() == "c") c_port = p.probe_port();
+  }
+  EXPECT_EQ(c_port, 7777);
+
   // Off: no peers, and no probing.
   Harness off;
   auto quiet = make_spec(2, 2);
