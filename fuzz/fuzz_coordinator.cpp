@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "agent/common/clock.h"
@@ -35,7 +36,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   CoordinatorOptions options;
   options.coordinator_id = "fuzz";
   options.max_event_bytes_per_job = 1u << 20;
+  options.verify_reused_instructions = true;  // a reused instruction that went stale aborts
   CoordinatorCore core(clock, options);
+  std::map<std::string, uint64_t> held;  // the instruction version each node was last sent
   for (int step = 0; step < 64 && in.remaining_bytes() > 0; ++step) {
     switch (in.ConsumeIntegralInRange<int>(0, 9)) {
       case 0: {
@@ -82,8 +85,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         pb::SyncRequest r;
         if (!parse(in, r)) break;
         r.set_node_id(id(in, "n"));
+        if (in.ConsumeBool()) {  // as an agent: the version it holds, unchanged left out
+          r.set_known_version(held[r.node_id()]);
+          r.set_omit_unchanged(true);
+        }
         pb::SyncResponse resp;
-        core.sync(r, &resp);
+        if (core.sync(r, &resp).is_ok()) held[r.node_id()] = resp.version();
         break;
       }
       case 6: {

@@ -1,14 +1,12 @@
 // The coordinator's rules: membership, rounds, restarts, failures, events.
 #include "agent/coordinator/coordinator_core.h"
 
-#include <google/protobuf/io/coded_stream.h>
-#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
-
 #include <algorithm>
 #include <cctype>
 #include <climits>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <random>
@@ -36,19 +34,6 @@ RpcStatus invalid(std::string m) { return RpcStatus::error(Code::kInvalidArgumen
 RpcStatus not_found(std::string m) { return RpcStatus::error(Code::kNotFound, std::move(m)); }
 RpcStatus precondition(std::string m) {
   return RpcStatus::error(Code::kFailedPrecondition, std::move(m));
-}
-
-// Why deterministic: map fields (JobSpec.extra_env) serialize in hash order, and protobuf seeds
-// each map's hash randomly, so two copies of one instruction can give different bytes.
-std::string stable_bytes(const google::protobuf::MessageLite& m) {
-  std::string out;
-  {
-    google::protobuf::io::StringOutputStream stream(&out);
-    google::protobuf::io::CodedOutputStream coded(&stream);
-    coded.SetSerializationDeterministic(true);
-    m.SerializeToCodedStream(&coded);
-  }
-  return out;
 }
 
 // A peer's string for an error message: printable and at most 64 bytes of it.
@@ -124,111 +109,8 @@ bool CoordinatorCore::eligible(const Node& node, const Job& job) const {
 
 void CoordinatorCore::mark_job_nodes(const Job& job) {
   for (const auto& [id, node] : nodes_) {
-    if (node.job_id == job.id || node.last_job_id == job.id) changes_.nodes.insert(id);
+    if (node.job_id == job.id || node.last_job_id == job.id) node_changed(id);
   }
-}
-
-// ---------------------------------------------------------------------------- instructions
-
-void CoordinatorCore::add_peers(const Job& job, int rank, pb::Assignment* a) const {
-  const int n = static_cast<int>(job.members.size());
-  // Why neighbours and not everyone: each node probes a bounded number of peers however large
-  // the job; a partition anywhere separates some pair of ring neighbours. Node rank 0 hosts the
-  // store every worker needs.
-  std::vector<int> ranks = {0};
-  for (int d = 1; d <= limits::kProbeNeighbours && d < n; ++d) {
-    ranks.push_back((rank + d) % n);
-    ranks.push_back((rank - d + n) % n);
-  }
-  std::sort(ranks.begin(), ranks.end());
-  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
-  for (int r : ranks) {
-    if (r == rank) continue;
-    const std::string& id = job.members[static_cast<size_t>(r)];
-    auto it = nodes_.find(id);
-    if (it == nodes_.end() || it->second.info.probe_port() == 0) continue;
-    auto* p = a->add_peers();
-    p->set_node_rank(r);
-    p->set_node_id(id);
-    p->set_hostname(it->second.info.hostname());
-    p->set_address(it->second.info.address());
-    p->set_probe_port(it->second.info.probe_port());
-  }
-}
-
-pb::Instruction CoordinatorCore::instruction_for(const std::string& node_id,
-                                                 const Node& node) const {
-  pb::Instruction ins;
-  ins.set_action(pb::Instruction::ACTION_IDLE);
-  if (!node.last_job_id.empty()) {
-    auto it = jobs_.find(node.last_job_id);
-    if (it != jobs_.end() && terminal(it->second)) {
-      auto* out = ins.mutable_last_job();
-      out->set_job_id(it->first);
-      out->set_state(it->second.state);
-      out->set_exit_code(it->second.exit_code);
-      out->set_summary(it->second.summary);
-    }
-  }
-  if (node.lost) return ins;
-  if (!node.job_id.empty()) {
-    auto it = jobs_.find(node.job_id);
-    if (it != jobs_.end() && !terminal(it->second)) {
-      const Job& job = it->second;
-      if (job.state == pb::JOB_STATE_RUNNING) {
-        if (const int rank = job.rank_of(node_id); rank >= 0) {
-          ins.set_action(pb::Instruction::ACTION_RUN);
-          ins.set_job_id(job.id);
-          ins.set_round(job.round);
-          *ins.mutable_spec() = job.spec;
-          auto* a = ins.mutable_assignment();
-          int ppn = job.spec.processes_per_node();
-          a->set_node_rank(rank);
-          a->set_num_nodes(static_cast<int>(job.members.size()));
-          a->set_rank_offset(rank * ppn);
-          a->set_world_size(static_cast<int>(job.members.size()) * ppn);
-          a->set_master_addr(job.master_addr);
-          a->set_master_port(job.master_port);
-          a->set_restart_count(job.restart_count);
-          if (job.spec.network_timeout_ms() > 0) add_peers(job, rank, a);
-          return ins;
-        }
-      } else if (job.state == pb::JOB_STATE_RENDEZVOUS && node.joined_round == job.round &&
-                 job.joined_ids.contains(node_id)) {
-        ins.set_action(pb::Instruction::ACTION_WAIT);
-        ins.set_job_id(job.id);
-        ins.set_round(job.round);
-        *ins.mutable_spec() = job.spec;
-        return ins;
-      }
-    }
-  }
-  // The oldest job with an open round this node may join.
-  const Job* best = nullptr;
-  for (const auto& [id, job] : jobs_) {
-    if (job.state != pb::JOB_STATE_RENDEZVOUS || !eligible(node, job)) continue;
-    if (static_cast<int>(job.joined.size()) >= job.spec.max_nodes()) continue;
-    if (best == nullptr || job.submitted_order < best->submitted_order) best = &job;
-  }
-  if (best != nullptr) {
-    ins.set_action(pb::Instruction::ACTION_JOIN);
-    ins.set_job_id(best->id);
-    ins.set_round(best->round);
-    *ins.mutable_spec() = best->spec;
-  }
-  return ins;
-}
-
-void CoordinatorCore::fill_sync(const std::string& node_id, Node& node, pb::SyncResponse* resp) {
-  pb::Instruction ins = instruction_for(node_id, node);
-  std::string bytes = stable_bytes(ins);
-  if (bytes != node.sent || node.version == 0) {
-    node.sent = std::move(bytes);
-    ++node.version;
-  }
-  resp->set_version(node.version);
-  if (!ins.last_job().job_id().empty()) node.told_job_id = ins.last_job().job_id();
-  *resp->mutable_instruction() = std::move(ins);
 }
 
 bool CoordinatorCore::everyone_told(const std::string& job_id) const {
@@ -282,9 +164,9 @@ RpcStatus CoordinatorCore::register_node(const pb::RegisterNodeRequest& req,
   // joins a round (an elastic job grows at the next tick, which wakes every node). A known node
   // registering again may have a new address or probe port, which its peers are told.
   if (fresh || was_lost) {
-    changes_.nodes.insert(req.node_id());
+    node_changed(req.node_id());
   } else {
-    changes_.all_nodes = true;
+    all_nodes_changed();
   }
 
   const std::string running = req.has_current() ? req.current().job_id() : "";
@@ -378,15 +260,16 @@ RpcStatus CoordinatorCore::sync(const pb::SyncRequest& req, pb::SyncResponse* re
   it->second.progress.assign(req.progress().begin(), req.progress().end());
   for (auto& p : it->second.progress) limits::cut(p);
   it->second.progress_at = clock_.now();
-  fill_sync(it->first, it->second, resp);
+  fill_sync(it->first, it->second, resp, req.omit_unchanged() ? req.known_version() : 0);
   return RpcStatus::ok();
 }
 
-RpcStatus CoordinatorCore::instruction(const std::string& node_id, pb::SyncResponse* resp) {
+RpcStatus CoordinatorCore::instruction(const std::string& node_id, pb::SyncResponse* resp,
+                                       uint64_t omit_if_version) {
   auto it = nodes_.find(node_id);
   if (it == nodes_.end() || it->second.lost)
     return not_found("node " + node_id + " is not registered");
-  fill_sync(it->first, it->second, resp);
+  fill_sync(it->first, it->second, resp, omit_if_version);
   return RpcStatus::ok();
 }
 
@@ -398,7 +281,7 @@ uint64_t CoordinatorCore::node_version(const std::string& node_id) const {
 void CoordinatorCore::node_lost(const std::string& node_id, Node& node, const std::string& why) {
   node.lost = true;
   node.lost_at = clock_.now();
-  changes_.nodes.insert(node_id);
+  node_changed(node_id);
   if (node.job_id.empty()) return;
   auto jt = jobs_.find(node.job_id);
   node.job_id.clear();
@@ -458,7 +341,7 @@ void CoordinatorCore::open_round(Job& job, const std::string& why) {
                         : std::to_string(job.spec.min_nodes()) + " to " +
                               std::to_string(job.spec.max_nodes())) +
                    " nodes");
-  changes_.all_nodes = true;
+  all_nodes_changed();
 }
 
 void CoordinatorCore::close_round(Job& job) {
@@ -503,7 +386,7 @@ void CoordinatorCore::close_round(Job& job) {
                    " MASTER_PORT=" + std::to_string(job.master_port) + ", restart " +
                    std::to_string(job.restart_count) + " of " +
                    std::to_string(job.spec.max_restarts()));
-  changes_.all_nodes = true;
+  all_nodes_changed();
 }
 
 void CoordinatorCore::restart(Job& job, const std::string& why, bool counted) {
@@ -529,17 +412,17 @@ void CoordinatorCore::end_job(Job& job, pb::JobState state, int32_t exit_code,
     if (node.job_id == job.id) {
       node.job_id.clear();
       node.last_job_id = job.id;
-      changes_.nodes.insert(id);
+      node_changed(id);
     } else if (took_part(job, id)) {
       node.last_job_id = job.id;  // it took part in an earlier round (mode 2: it waits to hear)
-      changes_.nodes.insert(id);
+      node_changed(id);
     }
   }
   if (!why.empty()) message(job, why);
   pb::JobEvent ev;
   ev.set_state(state);
   event(job, std::move(ev));
-  changes_.all_nodes = true;  // nodes it held are free for other jobs
+  all_nodes_changed();  // nodes it held are free for other jobs
 }
 
 RpcStatus CoordinatorCore::submit_job(const pb::SubmitJobRequest& req,
@@ -626,7 +509,7 @@ RpcStatus CoordinatorCore::join_round(const pb::JoinRoundRequest& req) {
   node.job_id = job.id;
   node.joined_round = job.round;
   node.joined_port = req.master_port();
-  changes_.nodes.insert(req.node_id());
+  node_changed(req.node_id());
   int n = static_cast<int>(job.joined.size());
   if (n == job.spec.min_nodes()) job.min_reached = clock_.now();
   if (n == job.spec.max_nodes()) {

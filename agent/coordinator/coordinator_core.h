@@ -69,6 +69,9 @@ struct CoordinatorOptions {
   std::size_t max_nodes = limits::kMaxRegisteredNodes;
   std::size_t max_jobs = limits::kMaxJobs;
   std::string coordinator_id;  // empty: generated
+  // Tests and fuzzers: every instruction a sync reuses is rebuilt and compared, and a mismatch
+  // (a change that did not mark the nodes it concerns) aborts the process.
+  bool verify_reused_instructions = false;
 };
 
 class CoordinatorCore {
@@ -78,8 +81,10 @@ class CoordinatorCore {
   RpcStatus register_node(const pb::RegisterNodeRequest& req, pb::RegisterNodeResponse* resp);
   // Renews the node's lease and fills its current instruction.
   RpcStatus sync(const pb::SyncRequest& req, pb::SyncResponse* resp);
-  // The node's current instruction, without renewing its lease (for parked long polls).
-  RpcStatus instruction(const std::string& node_id, pb::SyncResponse* resp);
+  // The node's current instruction, without renewing its lease (for parked long polls); left
+  // out (resp->unchanged()) when it is still version `omit_if_version` (0: never left out).
+  RpcStatus instruction(const std::string& node_id, pb::SyncResponse* resp,
+                        uint64_t omit_if_version = 0);
   RpcStatus join_round(const pb::JoinRoundRequest& req);
   RpcStatus report_group(const pb::ReportGroupRequest& req);
   RpcStatus push_logs(const pb::PushLogsRequest& req);
@@ -121,8 +126,9 @@ class CoordinatorCore {
     Clock::time_point last_seen;
     bool lost = false;
     uint64_t version = 0;
-    std::string sent;    // the serialized instruction of `version`
-    std::string job_id;  // the job this node joined or runs (empty: free)
+    std::string sent;         // the serialized instruction of `version`
+    uint64_t sent_epoch = 0;  // the core's change_epoch_ when `sent` was built
+    std::string job_id;       // the job this node joined or runs (empty: free)
     int64_t joined_round = -1;
     int32_t joined_port = 0;
     std::string last_job_id;                 // the last job it took part in
@@ -187,7 +193,18 @@ class CoordinatorCore {
   [[nodiscard]] bool busy_elsewhere(const Node& node, const Job& job) const;
   [[nodiscard]] bool eligible(const Node& node, const Job& job) const;
   [[nodiscard]] pb::Instruction instruction_for(const std::string& node_id, const Node& node) const;
-  void fill_sync(const std::string& node_id, Node& node, pb::SyncResponse* resp);
+  void fill_sync(const std::string& node_id, Node& node, pb::SyncResponse* resp,
+                 uint64_t omit_if_version);
+  // Records that instructions may have changed: the node's, or every node's. Both bump
+  // change_epoch_, which is what lets a sync with nothing changed skip building one.
+  void node_changed(const std::string& node_id) {
+    changes_.nodes.insert(node_id);
+    ++change_epoch_;
+  }
+  void all_nodes_changed() {
+    changes_.all_nodes = true;
+    ++change_epoch_;
+  }
 
   // True when `count` more events of `bytes` would push out events a live watcher has not read.
   [[nodiscard]] bool would_drop_unread(const Job& job, size_t count, size_t bytes) const;
@@ -224,6 +241,7 @@ class CoordinatorCore {
   std::map<std::string, Job> jobs_;
   uint64_t jobs_submitted_ = 0;
   Changes changes_;
+  uint64_t change_epoch_ = 1;
 };
 
 std::string job_state_name(pb::JobState s);

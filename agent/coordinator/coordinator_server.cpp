@@ -85,7 +85,8 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
       RpcStatus st = core.sync(*req, resp);
       bool unchanged = st.is_ok() && resp->version() == req->known_version();
       if (unchanged && req->wait_ms() > 0 && !s_.stopping_) {
-        s_.polls_.park_sync(req->node_id(), req->known_version(), deadline(req->wait_ms()),
+        s_.polls_.park_sync(req->node_id(), req->known_version(), req->omit_unchanged(),
+                            deadline(req->wait_ms()),
                             [reactor, resp](const RpcStatus& answer, v1::SyncResponse& fresh) {
                               if (answer.is_ok()) *resp = std::move(fresh);
                               reactor->Finish(to_grpc(answer));

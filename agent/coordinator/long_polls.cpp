@@ -23,9 +23,9 @@ std::function<void()> bind(LongPolls::Answer<Resp> answer, RpcStatus status, Res
 
 }  // namespace
 
-void LongPolls::park_sync(const std::string& node_id, uint64_t known_version, Time deadline,
-                          Answer<pb::SyncResponse> answer) {
-  syncs_[node_id].push_back({known_version, deadline, std::move(answer)});
+void LongPolls::park_sync(const std::string& node_id, uint64_t known_version, bool omit,
+                          Time deadline, Answer<pb::SyncResponse> answer) {
+  syncs_[node_id].push_back({known_version, omit, deadline, std::move(answer)});
 }
 
 void LongPolls::park_watch(const pb::WatchJobRequest& req, Time deadline,
@@ -41,7 +41,7 @@ LongPolls::Finish LongPolls::collect(CoordinatorCore& core, const CoordinatorCor
       bool late = now >= p.deadline;
       if (!changed && !late) return false;
       pb::SyncResponse fresh;
-      RpcStatus st = core.instruction(node, &fresh);
+      RpcStatus st = core.instruction(node, &fresh, p.omit ? p.known : 0);
       if (st.is_ok() && fresh.version() == p.known && !late) return false;
       finish.push_back(bind(std::move(p.answer), st, std::move(fresh)));
       return true;

@@ -25,7 +25,9 @@ class LongPolls {
   using Answer = std::function<void(const RpcStatus&, Resp&)>;
   using Finish = std::vector<std::function<void()>>;
 
-  void park_sync(const std::string& node_id, uint64_t known_version, Time deadline,
+  // `omit`: the node asked for omit_unchanged (an answer at the deadline leaves out the
+  // instruction it holds).
+  void park_sync(const std::string& node_id, uint64_t known_version, bool omit, Time deadline,
                  Answer<pb::SyncResponse> answer);
   void park_watch(const pb::WatchJobRequest& req, Time deadline,
                   Answer<pb::WatchJobResponse> answer);
@@ -45,6 +47,7 @@ class LongPolls {
  private:
   struct ParkedSync {
     uint64_t known;
+    bool omit;
     Time deadline;
     Answer<pb::SyncResponse> answer;
   };

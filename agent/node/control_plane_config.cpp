@@ -38,7 +38,11 @@ coordinator::ServerOptions server_options(const config::ClusterConfig& cfg,
   so.core.retention = cfg.retention;
   so.core.max_nodes = static_cast<std::size_t>(cfg.coordinator_max_nodes);
   so.core.max_jobs = static_cast<std::size_t>(cfg.coordinator_max_jobs);
-  so.core.sync_wait = std::min<std::chrono::milliseconds>(2s, cfg.lease_timeout / 4);
+  // Why a third of the lease: a live node's syncs then arrive at least twice within it (room for
+  // one failed call and its retry), and an idle cluster's heartbeats cost a third of what 1 Hz
+  // costs at the default lease. The cap keeps the workers' progress the coordinator holds (for
+  // desync reports) at most 10 s old.
+  so.core.sync_wait = std::min<std::chrono::milliseconds>(10s, cfg.lease_timeout / 3);
   return so;
 }
 

@@ -92,6 +92,8 @@ class NodeAgent {
   [[nodiscard]] std::string state_text() const;
 
  private:
+  // One PushLogs call carries at most this much: far under gRPC's 4 MiB message limit.
+  static constexpr size_t kMaxPushBytes = 1u << 20;
   struct Active;
 
   void remove_leftover_rounds();

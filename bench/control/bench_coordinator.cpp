@@ -1,16 +1,20 @@
 // bench_coordinator: N simulated node agents against a real coordinator process over gRPC.
-// Each registers, long-polls Sync (wait 1 s: a 1 Hz heartbeat), joins the round it is told
-// to, and counts itself when told to RUN. Prints one JSON line: registration time, rendezvous
-// time (submit -> every agent told RUN) and the coordinator's CPU use and RSS.
+// Each registers, long-polls Sync as a real agent does (the wait the coordinator tells it, the
+// instruction it holds left out of unchanged answers), joins the round it is told to, and counts
+// itself when told to RUN. Prints one JSON line: registration time, rendezvous time (submit ->
+// every agent told RUN), and the coordinator's CPU use and RSS in a steady state, first at the
+// agents' own heartbeat interval, then with every agent at 1 Hz (wait 1 s).
 //   bench_coordinator --target 127.0.0.1:29400 --token T --agents 1024 --coordinator-pid PID
 //                     [--channels 16] [--steady-s 5] [--network-timeout-ms 10000]
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <sstream>
@@ -33,6 +37,7 @@ struct Shared {
   std::atomic<int> errors{0};
   std::atomic<long> syncs{0};
   std::atomic<bool> stop{false};
+  std::atomic<long> wait_ms{0};  // the agents' long-poll wait (0 until a registration tells it)
   std::mutex mu;
   Clock::time_point all_running{};
 };
@@ -44,6 +49,7 @@ struct SimAgent : std::enable_shared_from_this<SimAgent> {
   uint64_t known = 0;
   bool joined = false;
   bool ran = false;
+  std::atomic<int> last_action{0};  // the action of the last instruction received
   accel::rpc::CoordinatorClient& client() {
     return *s->clients[static_cast<size_t>(index) % s->clients.size()];
   }
@@ -55,16 +61,18 @@ struct SimAgent : std::enable_shared_from_this<SimAgent> {
     req.set_address("127.0.0.1");
     req.set_machine_rank(-1);
     req.set_probe_port(20000 + index % 40000);  // never probed: the agents are simulated
-    client().register_node(
-        req, 30s,
-        [self = shared_from_this()](const accel::rpc::CallStatus& st, pb::RegisterNodeResponse&) {
-          if (!st.ok()) {
-            self->s->errors++;
-            return;
-          }
-          self->s->registered++;
-          self->sync();
-        });
+    client().register_node(req, 30s,
+                           [self = shared_from_this()](const accel::rpc::CallStatus& st,
+                                                       pb::RegisterNodeResponse& resp) {
+                             if (!st.ok()) {
+                               self->s->errors++;
+                               return;
+                             }
+                             long none = 0;
+                             self->s->wait_ms.compare_exchange_strong(none, resp.sync_wait_ms());
+                             self->s->registered++;
+                             self->sync();
+                           });
   }
 
   void sync() {
@@ -72,7 +80,8 @@ struct SimAgent : std::enable_shared_from_this<SimAgent> {
     pb::SyncRequest req;
     req.set_node_id(id);
     req.set_known_version(known);
-    req.set_wait_ms(1000);
+    req.set_wait_ms(s->wait_ms);
+    req.set_omit_unchanged(known != 0);
     client().sync(
         req, 30s,
         [self = shared_from_this()](const accel::rpc::CallStatus& st, pb::SyncResponse& resp) {
@@ -83,19 +92,25 @@ struct SimAgent : std::enable_shared_from_this<SimAgent> {
             self->sync();
             return;
           }
+          if (resp.unchanged()) {  // still what it holds: nothing to do
+            self->sync();
+            return;
+          }
           self->known = resp.version();
           const auto& ins = resp.instruction();
+          self->last_action = ins.action();
           if (ins.action() == pb::Instruction::ACTION_JOIN && !self->joined) {
             self->joined = true;
             pb::JoinRoundRequest j;
             j.set_node_id(self->id);
             j.set_job_id(ins.job_id());
             j.set_round(ins.round());
+            // As an agent: the join and the next sync go out together.
             self->client().join_round(
                 j, 30s, [self](const accel::rpc::CallStatus& js, pb::JoinRoundResponse&) {
                   if (!js.ok()) self->s->errors++;
-                  self->sync();
                 });
+            self->sync();
             return;
           }
           if (ins.action() == pb::Instruction::ACTION_RUN && !self->ran) {
@@ -202,7 +217,13 @@ int main(int argc, char** argv) {
   }
   while (s.running < agents && Clock::now() - t_submit < 60s) std::this_thread::sleep_for(1ms);
   if (s.running != agents) {
-    std::fprintf(stderr, "only %d of %d agents were told to run\n", s.running.load(), agents);
+    std::map<int, int> by_action;
+    for (const auto& a : sims) by_action[a->last_action]++;
+    std::string last;
+    for (auto [action, n] : by_action)
+      last += " " + pb::Instruction::Action_Name(action) + ": " + std::to_string(n);
+    std::fprintf(stderr, "only %d of %d agents were told to run (%d errors; last told:%s)\n",
+                 s.running.load(), agents, s.errors.load(), last.c_str());
     return 1;
   }
   Clock::time_point all;
@@ -210,24 +231,37 @@ int main(int argc, char** argv) {
     std::lock_guard lock(s.mu);
     all = s.all_running;
   }
+  // Steady state at the agents' own interval (after one wait, so every agent's long poll is
+  // one of the steady state), then with every agent at 1 Hz.
+  const long told_wait_ms = s.wait_ms;
+  std::this_thread::sleep_for(std::chrono::milliseconds(told_wait_ms + 200));
   auto [cpu2, rss2] = cpu_and_rss(pid);
-  // Steady state: every agent heartbeats at 1 Hz.
   long syncs_before = s.syncs;
   std::this_thread::sleep_for(std::chrono::seconds(steady_s));
   auto [cpu3, rss3] = cpu_and_rss(pid);
   long steady_syncs = s.syncs - syncs_before;
+  s.wait_ms = 1000;
+  std::this_thread::sleep_for(std::chrono::milliseconds(told_wait_ms + 200));
+  auto [cpu4, rss4] = cpu_and_rss(pid);
+  long syncs_1hz_before = s.syncs;
+  std::this_thread::sleep_for(std::chrono::seconds(steady_s));
+  auto [cpu5, rss5] = cpu_and_rss(pid);
+  long syncs_1hz = s.syncs - syncs_1hz_before;
   s.stop = true;
   auto ms = [](auto d) { return std::chrono::duration<double, std::milli>(d).count(); };
   std::printf(
       "{\"agents\": %d, \"register_ms\": %.1f, \"rendezvous_ms\": %.1f, \"register_cpu_s\": %.3f, "
-      "\"rendezvous_cpu_s\": %.3f, \"steady_cpu_pct\": %.1f, \"steady_syncs_per_s\": %.0f, "
+      "\"rendezvous_cpu_s\": %.3f, \"sync_wait_ms\": %ld, \"steady_cpu_pct\": %.1f, "
+      "\"steady_syncs_per_s\": %.0f, \"cpu_1hz_pct\": %.1f, \"syncs_1hz_per_s\": %.0f, "
       "\"rss_mb\": %.1f, \"errors\": %d}\n",
-      agents, ms(t_registered - t0), ms(all - t_submit), cpu1 - cpu0, cpu2 - cpu1,
+      agents, ms(t_registered - t0), ms(all - t_submit), cpu1 - cpu0, cpu2 - cpu1, told_wait_ms,
       100.0 * (cpu3 - cpu2) / steady_s, static_cast<double>(steady_syncs) / steady_s,
-      static_cast<double>(rss3) / 1024.0, s.errors.load());
+      100.0 * (cpu5 - cpu4) / steady_s, static_cast<double>(syncs_1hz) / steady_s,
+      static_cast<double>(std::max(rss3, rss5)) / 1024.0, s.errors.load());
   (void)rss0;
   (void)rss1;
   (void)rss2;
+  (void)rss4;
   std::fflush(stdout);
   std::_Exit(0);  // Why: thousands of long polls are still parked; no need to unwind them
 }

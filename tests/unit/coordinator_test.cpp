@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -44,6 +45,7 @@ CoordinatorOptions default_options() {
   o.lease = kLease;
   o.sync_wait = milliseconds(2'000);
   o.coordinator_id = "coord-test";
+  o.verify_reused_instructions = true;  // every reused instruction is rebuilt and compared
   return o;
 }
 
@@ -108,13 +110,20 @@ struct Harness {
   RpcStatus add_node(const std::string& id, int machine_rank = -1,
                      const std::string& only_job = "") {
     pb::RegisterNodeResponse resp;
+    held.erase(id);  // a registering agent forgets the instruction it held
     return core.register_node(node_req(id, machine_rank, only_job), &resp);
   }
 
   RpcStatus register_req(const pb::RegisterNodeRequest& req) {
     pb::RegisterNodeResponse resp;
+    held.erase(req.node_id());
     return core.register_node(req, &resp);
   }
+
+  // What each node holds, as an agent does: its syncs ask for unchanged instructions to be left
+  // out, so every test also runs the path that reuses them (checked by
+  // verify_reused_instructions).
+  std::map<std::string, pb::SyncResponse> held;
 
   RpcStatus submit(const std::string& job_id, const pb::JobSpec& spec) {
     pb::SubmitJobRequest req;
@@ -128,9 +137,22 @@ struct Harness {
   pb::SyncResponse sync_resp(const std::string& id) {
     pb::SyncRequest req;
     req.set_node_id(id);
+    auto it = held.find(id);
+    if (it != held.end()) {
+      req.set_known_version(it->second.version());
+      req.set_omit_unchanged(true);
+    }
     pb::SyncResponse resp;
     RpcStatus st = core.sync(req, &resp);
     EXPECT_TRUE(st.is_ok()) << "sync " << id << ": " << st.message;
+    if (!st.is_ok()) return resp;
+    if (resp.unchanged()) {
+      EXPECT_TRUE(it != held.end() && it->second.version() == resp.version())
+          << "sync " << id << " left out version " << resp.version() << ", which it does not hold";
+      EXPECT_FALSE(resp.has_instruction());
+      return it == held.end() ? resp : it->second;
+    }
+    held[id] = resp;
     return resp;
   }
   Ins ins(const std::string& id) { return sync_resp(id).instruction(); }
@@ -472,9 +494,12 @@ TEST(CoordinatorCore, IdleNodeJoinsWaitsAndRunsWithAssignment) {
   EXPECT_EQ(a.spec().argv(1), "train.py");
   EXPECT_FALSE(a.has_assignment());
 
+  const uint64_t before_join = h.sync_resp("a").version();
   ASSERT_TRUE(h.join("a", "j", 0, 29500).is_ok());
+  // Joined: the same JOIN again, not a new version every joined node would have to be sent.
+  EXPECT_EQ(h.sync_resp("a").version(), before_join);
   a = h.ins("a");
-  EXPECT_EQ(a.action(), Ins::ACTION_WAIT);
+  EXPECT_EQ(a.action(), Ins::ACTION_JOIN);
   EXPECT_EQ(a.job_id(), "j");
   EXPECT_EQ(a.round(), 0);
   EXPECT_EQ(h.core.job_state("j"), pb::JOB_STATE_RENDEZVOUS);
@@ -627,7 +652,7 @@ TEST(CoordinatorCore, ElasticRoundClosesOnlyAfterLastCall) {
   h.sync_resp("b");
   h.core.tick();
   EXPECT_EQ(h.core.job_state("j"), pb::JOB_STATE_RENDEZVOUS);
-  EXPECT_EQ(h.ins("a").action(), Ins::ACTION_WAIT);
+  EXPECT_EQ(h.ins("a").action(), Ins::ACTION_JOIN);  // joined, waiting for the round to close
 
   h.clock.advance(milliseconds(1));
   EXPECT_EQ(h.core.job_state("j"), pb::JOB_STATE_RENDEZVOUS);  // time alone changes nothing
@@ -745,7 +770,8 @@ TEST(CoordinatorCore, StaleOrUnknownJoinChangesNothing) {
   EXPECT_EQ(c1.action(), Ins::ACTION_JOIN);
   EXPECT_EQ(c1.round(), 1);
   EXPECT_TRUE(h.join("c", "j", 1).is_ok());
-  EXPECT_EQ(h.ins("c").action(), Ins::ACTION_WAIT);
+  EXPECT_EQ(h.ins("c").action(), Ins::ACTION_JOIN);
+  EXPECT_EQ(h.ins("c").round(), 1);
 }
 
 TEST(CoordinatorCore, ReportGroupRejectsNonMembersAndMalformedReports) {

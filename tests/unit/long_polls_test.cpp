@@ -22,7 +22,9 @@ pb::JobSpec spec() {
 }
 
 struct PollsTest : ::testing::Test {
-  PollsTest() : core(clock, CoordinatorOptions{.coordinator_id = "c"}) {}
+  PollsTest()
+      : core(clock, CoordinatorOptions{.coordinator_id = "c", .verify_reused_instructions = true}) {
+  }
 
   void add_node(const std::string& id, const std::string& only_job = "") {
     pb::RegisterNodeRequest req;
@@ -41,8 +43,8 @@ struct PollsTest : ::testing::Test {
   }
   // Parks a Sync of `id` at its current version; the answer lands in `out`.
   void park(const std::string& id, Time deadline, std::optional<pb::SyncResponse>& out,
-            RpcStatus* status = nullptr) {
-    polls.park_sync(id, version_of(id), deadline,
+            RpcStatus* status = nullptr, bool omit = false) {
+    polls.park_sync(id, version_of(id), omit, deadline,
                     [&out, status](const RpcStatus& st, pb::SyncResponse& resp) {
                       if (status != nullptr) *status = st;
                       out = resp;
@@ -94,6 +96,32 @@ TEST_F(PollsTest, AnUnchangedSyncIsAnsweredWhenItsWaitEnds) {
   ASSERT_TRUE(a);
   EXPECT_EQ(a->version(), version_of("a"));  // the same instruction again: "nothing new"
   EXPECT_EQ(polls.syncs(), 0u);
+}
+
+// A node that asked for omit_unchanged gets the version alone when its wait ends, and the whole
+// instruction when it changed while parked.
+TEST_F(PollsTest, AnAgentsUnchangedInstructionIsLeftOutAndAChangedOneSent) {
+  add_node("a", "j");
+  (void)core.take_changes();
+  std::optional<pb::SyncResponse> idle, woken;
+  park("a", t0 + milliseconds(100), idle, nullptr, /*omit=*/true);
+  EXPECT_EQ(run({}, t0 + milliseconds(100), /*expire=*/true), 1u);
+  ASSERT_TRUE(idle);
+  EXPECT_TRUE(idle->unchanged());
+  EXPECT_FALSE(idle->has_instruction());
+  EXPECT_EQ(idle->version(), version_of("a"));
+
+  park("a", later, woken, nullptr, /*omit=*/true);
+  pb::SubmitJobRequest submit;
+  submit.set_job_id("j");
+  *submit.mutable_spec() = spec();
+  pb::SubmitJobResponse resp;
+  ASSERT_TRUE(core.submit_job(submit, &resp).is_ok());
+  EXPECT_EQ(run(core.take_changes(), t0, false), 1u);
+  ASSERT_TRUE(woken);
+  EXPECT_FALSE(woken->unchanged());
+  EXPECT_EQ(woken->instruction().action(), pb::Instruction::ACTION_JOIN);
+  EXPECT_GT(woken->version(), idle->version());
 }
 
 TEST_F(PollsTest, AWatchWaitsForTheJobsNextEvents) {
