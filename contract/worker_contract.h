@@ -36,6 +36,9 @@ inline constexpr char kNcclAsyncErrorHandling[] = "TORCH_NCCL_ASYNC_ERROR_HANDLI
 // PyTorch < 2.2's name: never set by the launcher; libaccel on such a libtorch copies the new one
 inline constexpr char kNcclAsyncErrorHandlingOld[] = "NCCL_ASYNC_ERROR_HANDLING";
 inline constexpr char kOmpNumThreads[] = "OMP_NUM_THREADS";
+// Set to 1 unless the environment has it: a Python worker's output unbuffered, as torchrun's
+// `python -u` makes it, whether the program is `script.py` or `python3 script.py`.
+inline constexpr char kPythonUnbuffered[] = "PYTHONUNBUFFERED";
 
 // HF Accelerate's.
 inline constexpr char kHfMixedPrecision[] = "ACCELERATE_MIXED_PRECISION";

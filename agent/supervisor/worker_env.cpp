@@ -81,6 +81,10 @@ EnvMap build_worker_env(const EnvMap& base, const WorkerIdentity& id, const JobE
     set(c::kOmpNumThreads, "1");
   }
 
+  // Why: torchrun runs Python workers with `python -u`; a worker started as `python3 train.py`
+  // would otherwise hold its prints in an 8 KiB buffer until exit (or lose them to a SIGKILL).
+  if (!env.contains(c::kPythonUnbuffered)) set(c::kPythonUnbuffered, "1");
+
   // accel's
   set(c::kJobId, job.job_id);
   set(c::kAccelRestartCount, num(job.restart_count));

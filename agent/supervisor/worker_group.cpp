@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/close_range.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -334,6 +335,12 @@ Status spawn(const std::shared_ptr<State>& st, Worker& w) {
             ::sigemptyset(&none);
             ::sigprocmask(SIG_SETMASK, &none, nullptr);
             ::signal(SIGPIPE, SIG_DFL);
+            // Only stdin, stdout and stderr reach the program, as torchrun's workers get them
+            // (Python's close_fds): not what the launcher's caller left open (a CI runner's
+            // pipe, which a worker's leftover child would then hold open) nor the launcher's
+            // own. Why CLOEXEC rather than close: Boost.Process reports a failed exec through
+            // a pipe of its own until the exec. Linux < 5.11 lacks the flag: fds then pass.
+            ::syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC);
           },
       ec);
   if (ec) return Status::error("cannot start " + spec.argv[0] + ": " + ec.message());

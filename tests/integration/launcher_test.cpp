@@ -94,6 +94,23 @@ TEST(Launcher, WorkerEnvironmentContract) {
   EXPECT_EQ(error_files.size(), 3u);
 }
 
+// A worker gets stdin, stdout and stderr and nothing else the launcher holds or inherited (an
+// fd its caller left open without FD_CLOEXEC here), as torchrun's workers do.
+TEST(Launcher, WorkersGetOnlyTheirThreeStandardStreams) {
+  TempDir dir;
+  int leaked = ::open("/dev/null", O_RDONLY);  // no O_CLOEXEC: the launcher inherits it
+  ASSERT_GE(leaked, 3);
+  // Why `exec >` and a last `true`: a redirected command makes dash save stdout on fd 10, and
+  // a last command is exec'd in place (ls would list its own directory fd).
+  auto r = run_launcher(dir, with({"-n", "2"}, sh("exec > " + dir.path().string() +
+                                                  "/fds_$RANK; ls /proc/$$/fd; true")));
+  ::close(leaked);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(read_file(dir / ("fds_" + std::to_string(rank))), "0\n1\n2\n") << "rank " << rank;
+  }
+}
+
 TEST(Launcher, ExitCodeIsTheRootCause) {
   TempDir dir;
   auto ok = run_launcher(dir, with({"-n", "2"}, sh("exit 0")));

@@ -42,6 +42,7 @@ TEST(WorkerEnv, TorchrunHfAndAccelVariables) {
                      {"TORCHELASTIC_USE_AGENT_STORE", "True"},
                      {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"},
                      {"OMP_NUM_THREADS", "1"},
+                     {"PYTHONUNBUFFERED", "1"},
                      {"ACCELERATE_MIXED_PRECISION", "bf16"},
                      {"ACCELERATE_USE_CPU", "true"},
                      {"ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "4"},
@@ -63,10 +64,12 @@ TEST(WorkerEnv, TorchrunHfAndAccelVariables) {
 TEST(WorkerEnv, UserSettingsThatAreKept) {
   EnvMap base = {{"OMP_NUM_THREADS", "4"},
                  {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"},
+                 {"PYTHONUNBUFFERED", ""},
                  {"ACCEL_ERROR_FILE", "/stale"}};
   WorkerIdentity id{.local_world_size = 2, .world_size = 2};
   EnvMap env = build_worker_env(base, id, JobEnv{}, "");
   EXPECT_EQ(env["OMP_NUM_THREADS"], "4");
+  EXPECT_EQ(env.at("PYTHONUNBUFFERED"), "");  // set by the user (empty: buffered) is kept
   EXPECT_EQ(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "3");
   // PyTorch >= 2.2 warns in every NCCL process about the old name: never set, but passed through.
   EXPECT_FALSE(build_worker_env({}, id, JobEnv{}, "").contains("NCCL_ASYNC_ERROR_HANDLING"));
