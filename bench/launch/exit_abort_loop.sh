@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# How often HF Accelerate's test scripts fail under accel-launch (and, with --torchrun, under
-# torchrun with the workers' output through a pipe), by failure signature. It measures PyTorch's
-# Gloo abort at interpreter exit ("terminate called without an active exception"; see
-# docs/launch.md), which a launcher can make more or less likely but not remove.
+# How often HF Accelerate's test scripts fail under accel-launch and (with --torchrun) under
+# torchrun, by failure signature. It measures PyTorch's Gloo abort at interpreter exit
+# ("terminate called without an active exception"; see docs/launch.md), which a launcher can
+# make more or less likely but not remove. With --torchrun the two launchers alternate run by
+# run, so a busier or quieter stretch of the machine falls on both alike.
 #
 #   bench/launch/exit_abort_loop.sh ACCELERATE_SRC RUNS [--torchrun] [SCRIPT ...]
 #
@@ -11,6 +12,7 @@
 # Debian packages); python3-packaging, python3-psutil and python3-yaml must be installed.
 # SCRIPT defaults to test_ops.py; "test_ops.py+destroy" is test_ops.py with
 # torch.distributed.destroy_process_group() at the end of main().
+# ACCEL_LAUNCH_ARGS: extra accel-launch flags (split on spaces), for A/B runs of its options.
 set -euo pipefail
 src=$(cd "$1" && pwd) runs=$2
 shift 2
@@ -19,6 +21,7 @@ if [ "${1:-}" = "--torchrun" ]; then torchrun=1; shift; fi
 scripts=("${@:-test_ops.py}")
 here=$(cd "$(dirname "$0")/../.." && pwd)
 launch=$here/build/bin/accel-launch
+read -r -a extra <<<"${ACCEL_LAUNCH_ARGS:-}"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/stubs/huggingface_hub/utils" "$work/stubs/safetensors"
@@ -34,6 +37,35 @@ keep=${ACCEL_BENCH_KEEP:-$(mktemp -d /tmp/exit_abort_loop.XXXXXX)}  # the failed
 mkdir -p "$keep"
 dir=$src/src/accelerate/test_utils/scripts
 
+launchers=(accel-launch)
+[ "$torchrun" = 1 ] && launchers+=(torchrun)
+declare -A failed aborts
+# One run of script file $2 under launcher $1; counts its failure and keeps its output.
+run_once() {
+  local l=$1 file=$2 key=$3 rc
+  set +e
+  if [ "$l" = accel-launch ]; then
+    timeout -s KILL 300 "$launch" -n 2 "${extra[@]}" /usr/bin/python3 "$file" >"$work/out" 2>&1
+    rc=$?
+  else
+    # Why cat: accel-launch reads its workers' output through pipes; torchrun's workers write
+    # to its stdout, made a pipe here so both are measured alike.
+    # Why --redirects/--tee 9:0 (rank 9 does not exist: nothing is redirected): torch 1.13's
+    # torchrun fails without them on Python 3.11 (None.get in its argument parsing).
+    timeout -s KILL 300 /usr/bin/python3 -m torch.distributed.run --nproc_per_node 2 \
+      --redirects 9:0 --tee 9:0 --monitor_interval 0.1 "$file" 2>&1 | cat >"$work/out"
+    rc=${PIPESTATUS[0]}
+  fi
+  set -e
+  if [ "$rc" -ne 0 ]; then
+    failed[$key]=$((failed[$key] + 1))
+    cp "$work/out" "$keep/$l-${key//\//_}-${failed[$key]}.log"
+    if grep -q "terminate called without an active exception" "$work/out"; then
+      aborts[$key]=$((aborts[$key] + 1))
+    fi
+  fi
+}
+
 echo "| launcher | script | runs | failed | Gloo exit abort | other |"
 echo "|---|---|---:|---:|---:|---:|"
 for s in "${scripts[@]}"; do
@@ -42,35 +74,13 @@ for s in "${scripts[@]}"; do
     sed 's/^    test_copy_tensor_to_devices(state)$/&\n    torch.distributed.destroy_process_group()/' "$file" >"$work/destroy.py"
     file=$work/destroy.py
   fi
-  launchers=(accel-launch)
-  [ "$torchrun" = 1 ] && launchers+=(torchrun)
+  for l in "${launchers[@]}"; do failed[$l/$s]=0 aborts[$l/$s]=0; done
+  for _ in $(seq 1 "$runs"); do
+    for l in "${launchers[@]}"; do run_once "$l" "$file" "$l/$s"; done
+  done
   for l in "${launchers[@]}"; do
-    failed=0 aborts=0
-    for _ in $(seq 1 "$runs"); do
-      if [ "$l" = accel-launch ]; then
-        cmd=("$launch" -n 2 /usr/bin/python3 "$file")
-      else
-        cmd=(/usr/bin/python3 -m torch.distributed.run --nproc_per_node 2 --redirects 9:0 --tee 9:0
-             --monitor_interval 0.1 "$file")
-      fi
-      # Why cat for torchrun: accel-launch reads its workers' output through pipes; torchrun's
-      # workers write to its stdout, made a pipe here so both are measured alike.
-      set +e
-      if [ "$l" = accel-launch ]; then
-        timeout -s KILL 300 "${cmd[@]}" >"$work/out" 2>&1
-        rc=$?
-      else
-        timeout -s KILL 300 "${cmd[@]}" 2>&1 | cat >"$work/out"
-        rc=${PIPESTATUS[0]}
-      fi
-      set -e
-      if [ "$rc" -ne 0 ]; then
-        failed=$((failed + 1))
-        cp "$work/out" "$keep/$l-${s//\//_}-$failed.log"
-        grep -q "terminate called without an active exception" "$work/out" && aborts=$((aborts + 1))
-      fi
-    done
-    echo "| $l | $s | $runs | $failed | $aborts | $((failed - aborts)) |"
+    k=$l/$s
+    echo "| $l${extra[*]:+ ${extra[*]}} | $s | $runs | ${failed[$k]} | ${aborts[$k]} | $((failed[$k] - aborts[$k])) |"
   done
 done
 echo "output of the failed runs: $keep"

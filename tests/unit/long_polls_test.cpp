@@ -50,6 +50,13 @@ struct PollsTest : ::testing::Test {
                       out = resp;
                     });
   }
+  void submit(const std::string& job_id) {
+    pb::SubmitJobRequest req;
+    req.set_job_id(job_id);
+    *req.mutable_spec() = spec();
+    pb::SubmitJobResponse resp;
+    ASSERT_TRUE(core.submit_job(req, &resp).is_ok());
+  }
   size_t run(const CoordinatorCore::Changes& changes, Time now, bool expire) {
     auto finish = polls.collect(core, changes, now, expire);
     for (auto& f : finish) f();
@@ -71,11 +78,7 @@ TEST_F(PollsTest, ASyncIsAnsweredWhenItsNodesInstructionChangesAndNotBefore) {
   park("a", later, a);
   park("b", later, b);
   EXPECT_EQ(run(core.take_changes(), t0, false), 0u);  // nothing changed
-  pb::SubmitJobRequest submit;
-  submit.set_job_id("j");
-  *submit.mutable_spec() = spec();
-  pb::SubmitJobResponse resp;
-  ASSERT_TRUE(core.submit_job(submit, &resp).is_ok());
+  submit("j");
   EXPECT_EQ(run(core.take_changes(), t0, false), 1u);
   ASSERT_TRUE(a);
   EXPECT_FALSE(b);  // still parked
@@ -112,11 +115,7 @@ TEST_F(PollsTest, AnAgentsUnchangedInstructionIsLeftOutAndAChangedOneSent) {
   EXPECT_EQ(idle->version(), version_of("a"));
 
   park("a", later, woken, nullptr, /*omit=*/true);
-  pb::SubmitJobRequest submit;
-  submit.set_job_id("j");
-  *submit.mutable_spec() = spec();
-  pb::SubmitJobResponse resp;
-  ASSERT_TRUE(core.submit_job(submit, &resp).is_ok());
+  submit("j");
   EXPECT_EQ(run(core.take_changes(), t0, false), 1u);
   ASSERT_TRUE(woken);
   EXPECT_FALSE(woken->unchanged());
@@ -126,11 +125,7 @@ TEST_F(PollsTest, AnAgentsUnchangedInstructionIsLeftOutAndAChangedOneSent) {
 
 TEST_F(PollsTest, AWatchWaitsForTheJobsNextEvents) {
   add_node("a");
-  pb::SubmitJobRequest submit;
-  submit.set_job_id("j");
-  *submit.mutable_spec() = spec();
-  pb::SubmitJobResponse resp;
-  ASSERT_TRUE(core.submit_job(submit, &resp).is_ok());
+  submit("j");
   (void)core.take_changes();
   pb::WatchJobRequest req;
   req.set_job_id("j");
