@@ -355,8 +355,11 @@ void NodeAgent::on_sync(const rpc::CallStatus& status, const pb::SyncResponse& r
       return;
     }
     // Left out although this node holds another version: ask for the whole instruction.
-    log(LogLevel::kWarn, "the coordinator left out instruction version " +
-                             std::to_string(resp.version()) + ", which this node does not hold");
+    log(LogLevel::kWarn, "the coordinator at " + client_->target() +
+                             " left out instruction version " + std::to_string(resp.version()) +
+                             ", which node " + options_.node_id + " does not hold (it holds " +
+                             std::to_string(known_version_) +
+                             "); asking for the whole instruction");
     known_version_ = 0;
     have_desired_ = false;
     retry_later(backoff(), [this] { do_sync(); });

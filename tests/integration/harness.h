@@ -119,7 +119,9 @@ class Launched {
     for (char** e = environ; *e != nullptr; ++e) {
       std::string kv(*e);
       auto eq = kv.find('=');
-      if (eq != std::string::npos && kv.rfind("ACCEL_", 0) != 0)
+      // Why not PYTHONUNBUFFERED: the launcher's own default must be what a test sees.
+      if (eq != std::string::npos && kv.rfind("ACCEL_", 0) != 0 &&
+          kv.rfind("PYTHONUNBUFFERED=", 0) != 0)
         env[kv.substr(0, eq)] = kv.substr(eq + 1);
     }
     for (const auto& [k, v] : extra_env) env[k] = v;

@@ -754,6 +754,21 @@ TEST(Launcher, PrintConfigShowsOrigins) {
   EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(log_dir: "" +# default)"))) << r.out;
 }
 
+// Written as HF users write it, `python3 train.py` rather than `train.py`: a print reaches the
+// launcher when it is made, not at exit, and is not lost when the worker is killed (torchrun's
+// `python -u`; the launcher's environment here has no PYTHONUNBUFFERED).
+TEST(Launcher, APython3WorkersPrintArrivesBeforeItEnds) {
+  TempDir dir;
+  Launched l(dir, {"-n", "1", "--stop-timeout", "2s", "--", "/usr/bin/python3", "-c",
+                   "import time; print('step 1 done'); time.sleep(60)"});
+  EXPECT_TRUE(wait_until(
+      [&] { return l.out_so_far().find("[rank 0] step 1 done") != std::string::npos; }, 20s))
+      << l.out_so_far() << l.err_so_far();
+  l.signal(SIGTERM);
+  auto r = l.wait(30s);
+  EXPECT_FALSE(r.timed_out);
+}
+
 TEST(Launcher, PythonTorchDistributedAllReduce) {
   TempDir dir;
   auto r = run_launcher(dir, {"-n", "2", ACCEL_TEST_WORKERS_DIR "/allreduce.py"}, 180s,

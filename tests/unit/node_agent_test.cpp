@@ -240,6 +240,41 @@ TEST_F(NodeAgentTest, AFailingWorkerFailsTheRoundWithItsExitAndStderr) {
 // machine each start an agent of the same id). One that starts removes the round folders of
 // agents that are gone, never those of a running one (its workers' progress pages and error
 // files: without them its hang detection and failure messages go blind).
+// An answer that leaves out the instruction this node holds keeps it (the workers run on); one
+// that leaves out a version the node does not hold is a coordinator's mistake: the node says so
+// and asks for the whole instruction.
+TEST_F(NodeAgentTest, AnUnchangedAnswerKeepsTheInstructionAndAWrongOneAsksForItWhole) {
+  start();
+  join_and_run(spec_of("exec sleep 30", 1));
+  run_until([&] { return !fake_->syncs.pending.empty(); }, "the Sync after RUN");
+  pb::SyncRequest held = fake_->syncs.pending.front().req;
+  EXPECT_EQ(held.known_version(), 2u);
+  EXPECT_TRUE(held.omit_unchanged());
+  EXPECT_EQ(next_report().event(), pb::ReportGroupRequest::EVENT_STARTED);
+
+  pb::SyncResponse same;
+  same.set_version(2);
+  same.set_unchanged(true);
+  fake_->syncs.answer({}, same);
+  run_until([&] { return !fake_->syncs.pending.empty(); }, "the Sync after an unchanged answer");
+  EXPECT_EQ(fake_->syncs.pending.front().req.known_version(), 2u);
+  EXPECT_EQ(agent_->state_text().rfind("running job job-1 round 0", 0), 0u) << agent_->state_text();
+  EXPECT_TRUE(fake_->reports.pending.empty());  // the workers were not touched
+
+  pb::SyncResponse wrong;
+  wrong.set_version(7);
+  wrong.set_unchanged(true);
+  fake_->syncs.answer({}, wrong);
+  run_until([&] { return !fake_->syncs.pending.empty(); }, "the Sync after a wrong answer");
+  const pb::SyncRequest& again = fake_->syncs.pending.front().req;
+  EXPECT_EQ(again.known_version(), 0u);
+  EXPECT_FALSE(again.omit_unchanged());
+  EXPECT_NE(log_.find("the coordinator at fake:1 left out instruction version 7, which node "
+                      "node-a does not hold (it holds 2)"),
+            std::string::npos)
+      << log_;
+}
+
 TEST_F(NodeAgentTest, AStartingAgentRemovesOnlyTheRoundFoldersOfAgentsThatAreGone) {
   start();
   pb::JobSpec spec = spec_of("sleep 30", 1);
