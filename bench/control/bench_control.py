@@ -5,9 +5,10 @@
    accel-launch local mode, accel with 2 standing agents (mode 3, submit from accel-launch),
    accel with every node running accel-launch (mode 2, 2 nodes on this machine), torchrun
    --standalone, and torchrun with c10d rendezvous over 2 nodes on this machine.
-2. Coordinator scale: N simulated agents (bench_coordinator) registering, heartbeating at 1 Hz
-   and completing one rendezvous against a real coordinator process (accel-agent
-   --serve-coordinator --coordinator-only); its CPU and memory.
+2. Coordinator scale: N simulated agents (bench_coordinator) registering, completing one
+   rendezvous and heartbeating as agents do (every third of the lease), then at 1 Hz, against a
+   real coordinator process (accel-agent --serve-coordinator --coordinator-only); its CPU and
+   memory, and the 16,384-agent targets.
 3. Agent memory (RSS of an idle and of a working accel-agent) and lost-node detection time.
 
 Usage, from the repo root after scripts/build.sh:
