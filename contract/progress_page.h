@@ -8,7 +8,10 @@
 //   heartbeat_ns: CLOCK_MONOTONIC ns of the last sign of life (a collective or a batch), 0: none
 //   yet, started: collectives started so far (the next one's sequence number), ring[seq % 64]: the
 //   last 64 collectives: seq + 1 (0: empty or being written), start and end times (end 0: still in
-//   flight), bytes, op name.
+//   flight), bytes, op name; then `stats` (after the ring, so pages of older libaccel read as
+//   zeros): steps taken (the prepared optimizer's synchronizing steps) and when the last ended,
+//   the time spent blocked in collectives (CLOCK_MONOTONIC ns, cumulative), and the last
+//   checkpoint's end time, size and duration (0: none yet).
 // Writers publish an entry by storing seq + 1 last (release); readers load it first and again
 // after the fields (acquire) and drop the entry when the two differ.
 #pragma once
@@ -33,6 +36,16 @@ struct Entry {
   char op[16];
 };
 
+struct Stats {
+  std::uint64_t steps;
+  std::uint64_t last_step_ns;
+  std::uint64_t collective_wait_ns;
+  std::uint64_t checkpoint_ns;
+  std::uint64_t checkpoint_bytes;
+  std::uint64_t checkpoint_duration_ns;
+  std::uint64_t reserved[2];
+};
+
 struct Page {
   char magic[8];
   std::uint32_t version;
@@ -43,6 +56,7 @@ struct Page {
   std::uint64_t started;
   std::uint64_t reserved[4];
   Entry ring[kRingSize];
+  Stats stats;
 };
 static_assert(sizeof(Entry) == 48);
 static_assert(sizeof(Page) <= kFileBytes);

@@ -13,6 +13,7 @@
 #include "agent/common/clock.h"
 #include "agent/coordinator/coordinator_core.h"
 #include "agent/coordinator/request_limits.h"
+#include "agent/metrics/exposition.h"
 
 namespace {
 
@@ -116,6 +117,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         pb::GetStatusResponse resp;
         core.get_status(&resp);
         (void)core.take_changes();
+        // What operators load: any id, host name or message the fuzzer sent must come out
+        // escaped (no markup of its own in the page, no line break inside a sample).
+        std::string page = core.status_page(5);
+        if (page.find("<script") != std::string::npos || page.find("<img") != std::string::npos)
+          __builtin_trap();
+        accel::metrics::Exposition metrics;
+        core.write_metrics(metrics);
+        for (size_t at = 0, end; at < metrics.text().size(); at = end + 1) {
+          end = metrics.text().find('\n', at);
+          std::string line = metrics.text().substr(at, end - at);
+          if (line.empty() || (line[0] != '#' && line.rfind("accel_", 0) != 0)) __builtin_trap();
+        }
         break;
       }
     }
@@ -123,7 +136,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // 4 nodes and 4 jobs at most here: far below the bound per node and per job.
   const size_t per_node =
       2 * limits::kMaxHostBytes + 4 * limits::kMaxIdBytes +
-      limits::kMaxProcessesPerNode * (2 * (limits::kMaxProgressBytes + 32) + 16) + 4096 +
+      limits::kMaxProcessesPerNode * (2 * (limits::kMaxProgressBytes + 32) + 112) + 4096 +
       limits::kMaxSpecBytes;
   const size_t per_job = limits::kMaxSpecBytes + options.max_event_bytes_per_job + (64u << 10) +
                          limits::kMaxFailuresPerJob * (3 * limits::kMaxTextBytes + 64 * 1024);

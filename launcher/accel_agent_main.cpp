@@ -31,6 +31,7 @@
 #include "agent/config/key_flags.h"
 #include "agent/coordinator/coordinator_server.h"
 #include "agent/node/control_plane_config.h"
+#include "agent/node/metrics_endpoint.h"
 #include "agent/rpc/rpc_security.h"
 #include "agent/supervisor/line_sink.h"
 
@@ -208,6 +209,22 @@ int main(int argc, char** argv) {
     agent->start();
   }
 
+  accel::node::MetricsSources metrics_sources;
+  metrics_sources.write = [&](accel::metrics::Exposition& out) {
+    if (server) server->write_metrics(out);
+    if (agent) agent->write_metrics(out);
+  };
+  metrics_sources.page = [&](int refresh_s) {
+    return server ? server->status_page(refresh_s) : agent->status_page(refresh_s);
+  };
+  auto metrics_server = accel::node::serve_metrics(io, cfg, std::move(metrics_sources));
+  if (!metrics_server) return fail(metrics_server.message(), 1);
+  if (*metrics_server) {
+    logger->info("metrics and status page on http://{}:{}/",
+                 accel::metrics::parse_listen_address(cfg.metrics_address)->host,
+                 (*metrics_server)->port());
+  }
+
   // systemd (Type=notify): READY=1 once registered (or, coordinator only, once listening),
   // STATUS= on every change, WATCHDOG=1 from this loop: a wedged loop stops the pings and
   // WatchdogSec= restarts the agent.
@@ -247,6 +264,7 @@ int main(int argc, char** argv) {
       });
   auto guard = boost::asio::make_work_guard(io);
   io.run();
+  if (*metrics_server) (*metrics_server)->stop();
   agent.reset();
   if (server) server->shutdown();
   logger->info("stopped");

@@ -124,6 +124,9 @@ int main(int argc, char** argv) {
 
   if (cluster) {
 #if ACCEL_LAUNCH_CLUSTER
+    // Why before gRPC starts: a thread it starts with SIGTERM unblocked would take the signal
+    // and die of it, job left running, instead of the launcher cancelling it.
+    if (!cfg.coordinator.empty()) accel::launcher::block_submit_signals();
     accel::rpc::prepare_grpc_process();
     accel::launcher::ClusterLaunch launch{
         .cfg = cfg, .spec = std::move(*spec), .env = {}, .job_id = cfg.job_id};

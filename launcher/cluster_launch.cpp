@@ -23,7 +23,9 @@
 #include "agent/config/cluster_config.h"
 #include "agent/coordinator/coordinator_core.h"
 #include "agent/coordinator/coordinator_server.h"
+#include "agent/metrics/exposition.h"
 #include "agent/node/control_plane_config.h"
+#include "agent/node/metrics_endpoint.h"
 #include "agent/rpc/job_spec_proto.h"
 #include "agent/supervisor/line_sink.h"
 #include "launcher/exit_codes.h"
@@ -244,12 +246,23 @@ pb::JobSpec job_spec_proto(const ClusterLaunch& launch, bool forward_logs) {
 
 // --------------------------------------------------------------------------------- mode 3
 
-int run_submit(const ClusterLaunch& launch) {
-  // Why mask first: gRPC's threads inherit it, so only our sigwait thread sees these signals.
+namespace {
+sigset_t submit_signals() {
   sigset_t set;
   sigemptyset(&set);
   for (int s : {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2}) sigaddset(&set, s);  // SIGUSR2: ours
+  return set;
+}
+}  // namespace
+
+void block_submit_signals() {
+  sigset_t set = submit_signals();
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+int run_submit(const ClusterLaunch& launch) {
+  block_submit_signals();
+  const sigset_t set = submit_signals();
 
   auto client = connect(launch.cfg, launch.env, launch.cfg.coordinator);
   if (!client) return fail(client.message(), kExitUsage);
@@ -423,6 +436,22 @@ int run_multi_node(const ClusterLaunch& launch) {
   };
   agent = std::make_unique<node::NodeAgent>(io, *client, opts, job_logger(""), hooks);
 
+  node::MetricsSources sources;
+  sources.write = [&](metrics::Exposition& out) {
+    if (server) server->write_metrics(out);
+    agent->write_metrics(out);
+  };
+  sources.page = [&](int refresh_s) {
+    return server ? server->status_page(refresh_s) : agent->status_page(refresh_s);
+  };
+  auto metrics_server = node::serve_metrics(io, cfg, std::move(sources));
+  if (!metrics_server) return fail(metrics_server.message(), kExitUsage);
+  if (*metrics_server) {
+    logger()->info("metrics and status page on http://{}:{}/",
+                   metrics::parse_listen_address(cfg.metrics_address)->host,
+                   (*metrics_server)->port());
+  }
+
   std::unique_ptr<JobWatcher> watcher;
   std::thread watch_thread;
   if (server) {
@@ -470,6 +499,7 @@ int run_multi_node(const ClusterLaunch& launch) {
                  cfg.nodes.max, cfg.num_processes, launch.spec.argv.front(), target);
   agent->start();
   io.run();
+  if (*metrics_server) (*metrics_server)->stop();
 
   if (server) {
     // Why linger: the other nodes learn the job's end from this coordinator; give their long

@@ -27,6 +27,9 @@ struct ClusterLaunch {
 // The job as the coordinator sees it.
 v1::JobSpec job_spec_proto(const ClusterLaunch& launch, bool forward_logs);
 
+// Mode 3 takes its stop signals with sigwait on a thread of its own: they must be blocked in
+// every thread, so before anything starts one (gRPC's initialization does). Idempotent.
+void block_submit_signals();
 int run_submit(const ClusterLaunch& launch);      // mode 3
 int run_multi_node(const ClusterLaunch& launch);  // mode 2
 

@@ -15,7 +15,9 @@
 #include "agent/common/file_limit.h"
 #include "agent/common/stop_signals.h"
 #include "agent/common/temp_dir.h"
+#include "agent/metrics/exposition.h"
 #include "agent/node/local_coordinator.h"
+#include "agent/node/metrics_endpoint.h"
 #include "agent/node/node_agent.h"
 #include "agent/rpc/job_spec_proto.h"
 #include "agent/supervisor/line_sink.h"
@@ -50,9 +52,14 @@ void log_line(LogLevel level, const std::string& msg) {
 
 constexpr std::chrono::milliseconds kForever = std::chrono::hours(24 * 365 * 10);
 
-// The coordinator's lines a local user needs: why the job restarts. Round openings and closings
-// of a one-node job say nothing new, and the end comes with the summary.
-bool worth_showing(const std::string& message) { return message.rfind("restarting", 0) == 0; }
+// The coordinator's lines a local user needs: why the job restarts, and a rank that is slow or
+// stalled. Round openings and closings of a one-node job say nothing new, and the end comes with
+// the summary.
+bool worth_showing(const std::string& message) {
+  return message.rfind("restarting", 0) == 0 ||
+         message.find(" slower than the median for ") != std::string::npos ||
+         message.find(" has taken no step for ") != std::string::npos;
+}
 
 }  // namespace
 
@@ -189,11 +196,33 @@ int run_local(const LocalLaunch& launch) {
         finish(128 + cancel_signal, SIGKILL);
       },
       /*usr1_stops=*/true);
+  node::MetricsSources sources;
+  sources.write = [&](metrics::Exposition& out) {
+    coord.with_core([&](coordinator::CoordinatorCore& core) { core.write_metrics(out); });
+    if (agent) agent->write_metrics(out);
+  };
+  sources.page = [&](int refresh_s) {
+    std::string page;
+    coord.with_core(
+        [&](coordinator::CoordinatorCore& core) { page = core.status_page(refresh_s); });
+    return page;
+  };
+  auto metrics_server = node::serve_metrics(io, cfg, std::move(sources));
+  if (!metrics_server) {
+    supervisor::write_all(STDERR_FILENO, "accel-launch: error: " + metrics_server.message() + "\n");
+    return 1;
+  }
+  if (*metrics_server) {
+    logger()->info("metrics and status page on http://{}:{}/",
+                   metrics::parse_listen_address(cfg.metrics_address)->host,
+                   (*metrics_server)->port());
+  }
   logger()->info("job {}: {} x {}", launch.job_id, cfg.num_processes, launch.spec.argv.front());
   coord.start();
   agent->start();
   io.run();
   signals.cancel();
+  if (*metrics_server) (*metrics_server)->stop();
   agent.reset();
   return exit_code;
 }

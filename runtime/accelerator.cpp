@@ -20,6 +20,7 @@
 #include "runtime/grad_sync.h"
 #include "runtime/log.h"
 #include "runtime/optimizer_steps.h"
+#include "runtime/progress.h"
 #include "runtime/tracking.h"
 
 namespace accel {
@@ -97,6 +98,7 @@ void PreparedOptimizer::step() {
   if (slot.own_steps >= 0 && !slot.overflow)
     slot.own_steps = detail::own_step_count(*slot.optimizer);
   state_->set_optimizer_step_overflowed(slot.overflow);
+  progress::step_done(static_cast<std::uint64_t>(slot.steps));
 }
 
 void PreparedOptimizer::zero_grad() {

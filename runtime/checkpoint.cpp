@@ -24,6 +24,7 @@
 #include "runtime/env.h"
 #include "runtime/log.h"
 #include "runtime/optimizer_steps.h"
+#include "runtime/progress.h"
 #include "runtime/safetensors.h"
 #include "runtime/stop_request.h"
 #include "runtime/tracking.h"
@@ -615,6 +616,18 @@ void write_checkpoint(const fs::path& target, const std::vector<std::string>& ra
   }
 }
 
+// The bytes of the files under `folder` (what the progress page reports as a checkpoint's size).
+std::uint64_t folder_bytes(const fs::path& folder) {
+  std::uint64_t total = 0;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(folder, ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    std::error_code size_ec;
+    if (it->is_regular_file(size_ec)) total += it->file_size(size_ec);
+  }
+  return total;
+}
+
 // Removes the oldest complete automatic checkpoints beyond `limit`, never `just_written`.
 void rotate(const fs::path& just_written, int64_t limit) {
   auto complete = complete_checkpoints(just_written.parent_path());
@@ -642,6 +655,7 @@ fs::path Accelerator::save_state(const fs::path& dir) { return save_state(dir, {
 fs::path Accelerator::save_state(const fs::path& dir, const SaveStateOptions& options) {
   maybe_resume(/*forward_done=*/false);
   wait_for_checkpoint();  // Why: one save at a time, and its outcome known before the next
+  const std::uint64_t began = progress::monotonic_ns();
   const bool async = options.async;
   fs::path target = dir;
   bool automatic = dir.empty();
@@ -748,9 +762,10 @@ fs::path Accelerator::save_state(const fs::path& dir, const SaveStateOptions& op
       std::optional<int64_t> limit;
       if (automatic) limit = impl_->project_.total_limit;
       std::function<void()> write = [target, blobs = std::move(blobs), files = std::move(files),
-                                     manifest = std::move(manifest), limit]() mutable {
+                                     manifest = std::move(manifest), limit, began]() mutable {
         write_checkpoint(target, blobs, files, std::move(manifest));
         if (limit) rotate(target, *limit);
+        progress::checkpoint_saved(folder_bytes(target), progress::monotonic_ns() - began);
       };
       if (!async) {
         write();

@@ -187,9 +187,12 @@ void Comm::wait(Pending& pending) {
     return;
   }
   if (pending.work) {
+    auto t0 = progress::monotonic_ns();
     try {
       pending.work->wait();
+      progress::collective_waited(progress::monotonic_ns() - t0);
     } catch (const std::exception& e) {
+      progress::collective_waited(progress::monotonic_ns() - t0);
       pending.work.reset();
       pending.node_broadcast = at::Tensor();
       fail(pending, e.what());

@@ -14,7 +14,9 @@
 #include <utility>
 #include <vector>
 
+#include "contract/progress_page.h"
 #include "contract/worker_contract.h"
+#include "runtime/progress.h"
 #include "runtime/shm_group.h"
 
 namespace accel {
@@ -95,13 +97,17 @@ class Comm {
   Pending start(const char* op, std::size_t bytes);
   [[noreturn]] void fail(const Pending& pending, const std::string& cause);
   // Runs `call`; an exception from it becomes fail(): a CollectiveError naming the collective.
+  // Its time counts as time blocked in collectives (the progress page's).
   template <class F>
   void guarded(const Pending& pending, F&& call) {
+    auto t0 = progress::monotonic_ns();
     try {
       std::forward<F>(call)();
     } catch (const std::exception& e) {
+      progress::collective_waited(progress::monotonic_ns() - t0);
       fail(pending, e.what());
     }
+    progress::collective_waited(progress::monotonic_ns() - t0);
   }
   std::string desync_report(const Pending& pending);
   // The hierarchical forms (hier_ set; shared memory can carry the tensor).

@@ -85,4 +85,25 @@ void collective_finished(std::uint64_t seq) {
   store(&p->heartbeat_ns, now);
 }
 
+void collective_waited(std::uint64_t ns) {
+  if (Page* p = page()) __atomic_fetch_add(&p->stats.collective_wait_ns, ns, __ATOMIC_RELEASE);
+}
+
+void step_done(std::uint64_t steps) {
+  Page* p = page();
+  if (p == nullptr) return;
+  std::uint64_t now = monotonic_ns();
+  store(&p->stats.steps, steps);
+  store(&p->stats.last_step_ns, now);
+  store(&p->heartbeat_ns, now);
+}
+
+void checkpoint_saved(std::uint64_t bytes, std::uint64_t duration_ns) {
+  Page* p = page();
+  if (p == nullptr) return;
+  store(&p->stats.checkpoint_bytes, bytes);
+  store(&p->stats.checkpoint_duration_ns, duration_ns);
+  store(&p->stats.checkpoint_ns, monotonic_ns());
+}
+
 }  // namespace accel::progress

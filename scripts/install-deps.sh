@@ -28,6 +28,9 @@ packages=(
   clang-14 libfuzzer-14-dev
   # formatting check (scripts/check-format.sh, run by the tests)
   clang-format-14
+  # the metrics test (tests/observe/run.sh): a real Prometheus scrapes accel and headless Chromium
+  # loads its status page
+  prometheus chromium curl
 )
 
 missing=()

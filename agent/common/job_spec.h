@@ -25,6 +25,11 @@ struct JobSpec {
   std::chrono::milliseconds hang_timeout{0};  // a collective in flight this long: hung; 0 off
   // A node that cannot reach another of the round this long: a network failure; 0 off.
   std::chrono::milliseconds network_timeout{0};
+  // Straggler reports: a rank whose compute per step is this many times the median of the others'
+  // for straggler_window (0: off); a rank without a step for stall_timeout (0: off).
+  double straggler_threshold = 0;
+  std::chrono::milliseconds straggler_window{0};
+  std::chrono::milliseconds stall_timeout{0};
   bool forward_logs = false;  // send the workers' output to the coordinator
   int master_port = 0;        // 0: chosen per attempt
   // The settings every worker receives from the configuration (config::worker_settings):

@@ -87,6 +87,12 @@ struct ClusterConfig {
       10'000};  // a peer unreachable this long: failure; 0 off
   // no progress outside collectives: hang; 0 off
   std::chrono::milliseconds heartbeat_timeout{1'800'000};
+  double straggler_threshold = 2.0;                    // compute per step vs the median; 0 off
+  std::chrono::milliseconds straggler_window{60'000};  // slow this long before it is reported
+  std::chrono::milliseconds stall_timeout{300'000};    // no step this long: reported; 0 off
+  // Metrics and the status page (docs/operations.md): "PORT", "HOST:PORT"; empty: not served.
+  std::string metrics_address;
+  std::string metrics_token_file;  // a bearer token every request must carry; empty: none
   // accel-launch --coordinator: keep following a job this long without an answer; 0: forever
   std::chrono::milliseconds follow_timeout{1'800'000};
 

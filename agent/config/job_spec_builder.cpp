@@ -56,6 +56,9 @@ Result<JobSpec> make_job_spec(const ClusterConfig& cfg, std::vector<std::string>
   spec.heartbeat_timeout = cfg.heartbeat_timeout;
   spec.hang_timeout = cfg.hang_timeout;
   spec.network_timeout = cfg.network_timeout;
+  spec.straggler_threshold = cfg.straggler_threshold;
+  spec.straggler_window = cfg.straggler_window;
+  spec.stall_timeout = cfg.stall_timeout;
   spec.master_port = cfg.main_process_port;
   ClusterConfig absolute_cfg = cfg;
   auto checkpoint_dir = absolute(cfg, "checkpoint_dir", cfg.checkpoint_dir);

@@ -179,7 +179,7 @@ RpcStatus CoordinatorCore::register_node(const pb::RegisterNodeRequest& req,
       if (job.state == pb::JOB_STATE_RUNNING && member) {
         restart(job,
                 "node " + req.node_id() + " re-registered without its workers (agent restarted)",
-                /*counted=*/false);
+                /*counted=*/false, "agent_restart");
       } else if (job.state == pb::JOB_STATE_RENDEZVOUS) {
         job.joined.erase(std::remove(job.joined.begin(), job.joined.end(), req.node_id()),
                          job.joined.end());
@@ -315,7 +315,7 @@ void CoordinatorCore::node_lost(const std::string& node_id, Node& node, const st
   *ev.mutable_failure() = f;
   event(job, std::move(ev));
   // Why not counted: a lost node is a membership change (elastic shrink), as in torchelastic.
-  restart(job, "node " + node_id + " lost", /*counted=*/false);
+  restart(job, "node " + node_id + " lost", /*counted=*/false, "node_lost");
 }
 
 // ----------------------------------------------------------------------------------- jobs
@@ -331,6 +331,8 @@ void CoordinatorCore::open_round(Job& job, const std::string& why) {
   job.min_reached.reset();
   job.adopt_deadline.reset();
   job.round_opened = clock_.now();
+  job.stragglers.reset();
+  job.rate_history.clear();
   pb::JobEvent ev;
   ev.set_state(pb::JOB_STATE_RENDEZVOUS);
   event(job, std::move(ev));
@@ -388,8 +390,10 @@ void CoordinatorCore::close_round(Job& job) {
   all_nodes_changed();
 }
 
-void CoordinatorCore::restart(Job& job, const std::string& why, bool counted) {
+void CoordinatorCore::restart(Job& job, const std::string& why, bool counted,
+                              const std::string& cause) {
   if (counted) ++job.restart_count;
+  ++job.restarts_by_cause[cause];
   pb::JobEvent ev;
   ev.set_state(pb::JOB_STATE_RESTARTING);
   event(job, std::move(ev));
@@ -433,6 +437,13 @@ RpcStatus CoordinatorCore::submit_job(const pb::SubmitJobRequest& req,
   if (s.join_timeout_ms() <= 0 || s.last_call_ms() < 0 || s.stop_timeout_ms() <= 0) {
     return invalid(
         "job spec: join_timeout_ms and stop_timeout_ms must be > 0 and last_call_ms >= 0");
+  }
+  if (!(s.straggler_threshold() == 0 ||
+        (s.straggler_threshold() >= 1 && s.straggler_threshold() <= 1e6)) ||
+      s.straggler_window_ms() < 0 || s.stall_timeout_ms() < 0) {
+    return invalid(
+        "job spec: straggler_threshold must be 0 (off) or from 1 to 1e6, and straggler_window_ms "
+        "and stall_timeout_ms >= 0");
   }
   if (s.master_port() < 0 || s.master_port() > 65535) {
     return invalid("job spec: master_port " + std::to_string(s.master_port()) + " is not a port");
@@ -571,7 +582,10 @@ RpcStatus CoordinatorCore::report_group(const pb::ReportGroupRequest& req) {
     f.set_node_id(req.node_id());
     if (f.hostname().empty()) f.set_hostname(node.info.hostname());
     if (f.kind() == pb::Failure::KIND_UNSPECIFIED) f.set_kind(pb::Failure::KIND_EXIT);
-    if (f.kind() == pb::Failure::KIND_HANG) desync_report(job, req.round(), f);
+    if (f.kind() == pb::Failure::KIND_HANG) {
+      desync_report(job, req.round(), f);
+      ++job.hang_reports;
+    }
     limits::cut(f);
     job.failures.push_back(f);
     pb::JobEvent ev;
@@ -622,13 +636,13 @@ RpcStatus CoordinatorCore::report_group(const pb::ReportGroupRequest& req) {
         restart(job,
                 "MASTER_PORT " + std::to_string(job.master_port) +
                     " was taken before rank 0 could bind it; new round with a new port",
-                /*counted=*/false);
+                /*counted=*/false, "port");
       } else if (cause.kind() == pb::Failure::KIND_NETWORK && !cause.before_start()) {
         // Why not counted: the program did nothing wrong, and the next round starts only once
         // its nodes reach each other (a partition that outlasts join_timeout then counts).
-        restart(job, describe_failure(cause), /*counted=*/false);
+        restart(job, describe_failure(cause), /*counted=*/false, "network");
       } else if (job.restart_count < job.spec.max_restarts()) {
-        restart(job, describe_failure(cause), /*counted=*/true);
+        restart(job, describe_failure(cause), /*counted=*/true, failure_cause(cause));
       } else {
         end_job(job, pb::JOB_STATE_FAILED, failure_status_code(cause),
                 describe_failure(cause) + "; no restarts left (max_restarts " +
@@ -673,6 +687,7 @@ void CoordinatorCore::tick() {
   forget_expired();
   for (auto& [id, node] : nodes_) {
     if (!node.lost && now - node.last_seen > options_.lease) {
+      ++lease_misses_;
       node_lost(id, node,
                 "no heartbeat for " +
                     std::to_string(duration_cast<milliseconds>(now - node.last_seen).count()) +
@@ -708,17 +723,25 @@ void CoordinatorCore::tick() {
           job.failures.push_back(f);
           job.last_failed_round = job.round;
         }
-        restart(job, "not every node came back after the coordinator restarted", /*counted=*/false);
+        restart(job, "not every node came back after the coordinator restarted", /*counted=*/false,
+                "coordinator_restart");
         continue;
       }
       if (static_cast<int>(job.members.size()) >= job.spec.max_nodes() || job.adopt_deadline)
         continue;
       for (const auto& [nid, node] : nodes_) {
         if (node.job_id.empty() && eligible(node, job)) {
-          restart(job, "node " + nid + " is waiting to join (elastic grow)", /*counted=*/false);
+          restart(job, "node " + nid + " is waiting to join (elastic grow)", /*counted=*/false,
+                  "elastic");
           break;
         }
       }
+    }
+  }
+  if (now - observed_at_ >= std::chrono::seconds(1)) {
+    observed_at_ = now;
+    for (auto& [id, job] : jobs_) {
+      if (job.state == pb::JOB_STATE_RUNNING) observe_progress(job, now);
     }
   }
 }

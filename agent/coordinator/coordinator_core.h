@@ -29,6 +29,11 @@
 #include "agent/common/defaults.h"
 #include "agent/coordinator/failure_summary.h"
 #include "agent/coordinator/request_limits.h"
+#include "agent/coordinator/stragglers.h"
+
+namespace accel::metrics {
+class Exposition;
+}
 
 namespace accel::coordinator {
 
@@ -120,6 +125,13 @@ class CoordinatorCore {
   [[nodiscard]] size_t node_count() const { return nodes_.size(); }
   [[nodiscard]] size_t job_count() const { return jobs_.size(); }
 
+  // The core's metrics (coordinator_metrics.cpp; the names are in docs/operations.md).
+  void write_metrics(metrics::Exposition& out) const;
+  // The status page: jobs, nodes, each running job's ranks with their recent steps per second,
+  // stragglers marked, the last events and the failure summary (status_page.cpp). `refresh_s`:
+  // how often the page reloads itself.
+  [[nodiscard]] std::string status_page(int refresh_s) const;
+
  private:
   struct Node {
     pb::RegisterNodeRequest info;
@@ -187,7 +199,20 @@ class CoordinatorCore {
     std::optional<Clock::time_point> ended_at;
     std::map<std::pair<int64_t, std::string>, size_t> failures_kept;  // per (round, node)
     uint64_t failures_dropped = 0;  // beyond limits::max_failures_per_node_round
+    // Watching the ranks' speed (coordinator_metrics.cpp), and what it and the rounds counted.
+    StragglerWatch stragglers;
+    std::map<std::string, uint64_t> restarts_by_cause;  // "exit", "node_lost", ...
+    uint64_t straggler_reports = 0;
+    uint64_t stall_reports = 0;
+    uint64_t hang_reports = 0;
+    // Each rank's steps per second, one value per kHistoryStep, the newest last (the page's
+    // plots); only for the first kHistoryRanks ranks.
+    std::map<int, std::deque<float>> rate_history;
+    Clock::time_point history_at{};
   };
+  static constexpr std::chrono::seconds kHistoryStep{5};
+  static constexpr size_t kHistoryLength = 72;  // 6 minutes
+  static constexpr int kHistoryRanks = 64;
 
   [[nodiscard]] bool terminal(const Job& job) const;
   [[nodiscard]] bool busy_elsewhere(const Node& node, const Job& job) const;
@@ -210,7 +235,12 @@ class CoordinatorCore {
   [[nodiscard]] bool would_drop_unread(const Job& job, size_t count, size_t bytes) const;
   void open_round(Job& job, const std::string& why);
   void close_round(Job& job);
-  void restart(Job& job, const std::string& why, bool counted);
+  // `cause` labels the restart in metrics: exit, signal, hang, spawn, network, node_lost, port,
+  // agent_restart, coordinator_restart, elastic.
+  void restart(Job& job, const std::string& why, bool counted, const std::string& cause);
+  // Once a second from tick(): the ranks' progress into stragglers, stalls and the rate history.
+  void observe_progress(Job& job, Clock::time_point now);
+  [[nodiscard]] std::vector<RankReport> rank_reports(const Job& job, Clock::time_point now) const;
   void end_job(Job& job, pb::JobState state, int32_t exit_code, const std::string& why);
   void summarize(Job& job);
   void node_lost(const std::string& node_id, Node& node, const std::string& why);
@@ -240,6 +270,8 @@ class CoordinatorCore {
   std::map<std::string, Node> nodes_;
   std::map<std::string, Job> jobs_;
   uint64_t jobs_submitted_ = 0;
+  uint64_t lease_misses_ = 0;  // nodes lost because their lease lapsed
+  Clock::time_point observed_at_{};
   Changes changes_;
   uint64_t change_epoch_ = 1;
 };

@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "accel/v1/coordinator.grpc.pb.h"
+#include "agent/metrics/exposition.h"
 
 namespace accel::coordinator {
 
@@ -35,6 +36,26 @@ grpc::Status to_grpc(const RpcStatus& s) {
   return {grpc::StatusCode::INTERNAL, s.message};
 }
 
+const char* code_name(Code c) {
+  switch (c) {
+    case Code::kOk:
+      return "OK";
+    case Code::kInvalidArgument:
+      return "INVALID_ARGUMENT";
+    case Code::kNotFound:
+      return "NOT_FOUND";
+    case Code::kFailedPrecondition:
+      return "FAILED_PRECONDITION";
+    case Code::kAlreadyExists:
+      return "ALREADY_EXISTS";
+    case Code::kResourceExhausted:
+      return "RESOURCE_EXHAUSTED";
+    case Code::kUnavailable:
+      return "UNAVAILABLE";
+  }
+  return "UNKNOWN";
+}
+
 }  // namespace
 
 class CoordinatorServer::Service final : public v1::Coordinator::CallbackService {
@@ -44,36 +65,39 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
   grpc::ServerUnaryReactor* RegisterNode(grpc::CallbackServerContext* ctx,
                                          const v1::RegisterNodeRequest* req,
                                          v1::RegisterNodeResponse* resp) override {
-    return simple(ctx, [&](CoordinatorCore& core) { return core.register_node(*req, resp); });
+    return simple(ctx, "RegisterNode",
+                  [&](CoordinatorCore& core) { return core.register_node(*req, resp); });
   }
   grpc::ServerUnaryReactor* JoinRound(grpc::CallbackServerContext* ctx,
                                       const v1::JoinRoundRequest* req,
                                       v1::JoinRoundResponse*) override {
-    return simple(ctx, [&](CoordinatorCore& core) { return core.join_round(*req); });
+    return simple(ctx, "JoinRound", [&](CoordinatorCore& core) { return core.join_round(*req); });
   }
   grpc::ServerUnaryReactor* ReportGroup(grpc::CallbackServerContext* ctx,
                                         const v1::ReportGroupRequest* req,
                                         v1::ReportGroupResponse*) override {
-    return simple(ctx, [&](CoordinatorCore& core) { return core.report_group(*req); });
+    return simple(ctx, "ReportGroup",
+                  [&](CoordinatorCore& core) { return core.report_group(*req); });
   }
   grpc::ServerUnaryReactor* PushLogs(grpc::CallbackServerContext* ctx,
                                      const v1::PushLogsRequest* req,
                                      v1::PushLogsResponse*) override {
-    return simple(ctx, [&](CoordinatorCore& core) { return core.push_logs(*req); });
+    return simple(ctx, "PushLogs", [&](CoordinatorCore& core) { return core.push_logs(*req); });
   }
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* ctx,
                                       const v1::SubmitJobRequest* req,
                                       v1::SubmitJobResponse* resp) override {
-    return simple(ctx, [&](CoordinatorCore& core) { return core.submit_job(*req, resp); });
+    return simple(ctx, "SubmitJob",
+                  [&](CoordinatorCore& core) { return core.submit_job(*req, resp); });
   }
   grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* ctx,
                                       const v1::CancelJobRequest* req,
                                       v1::CancelJobResponse*) override {
-    return simple(ctx, [&](CoordinatorCore& core) { return core.cancel_job(*req); });
+    return simple(ctx, "CancelJob", [&](CoordinatorCore& core) { return core.cancel_job(*req); });
   }
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx, const v1::GetStatusRequest*,
                                       v1::GetStatusResponse* resp) override {
-    return simple(ctx, [&](CoordinatorCore& core) {
+    return simple(ctx, "GetStatus", [&](CoordinatorCore& core) {
       core.get_status(resp);
       return RpcStatus::ok();
     });
@@ -81,38 +105,41 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
 
   grpc::ServerUnaryReactor* Sync(grpc::CallbackServerContext* ctx, const v1::SyncRequest* req,
                                  v1::SyncResponse* resp) override {
-    return answer_or_park(ctx, [&](CoordinatorCore& core, grpc::ServerUnaryReactor* reactor) {
-      RpcStatus st = core.sync(*req, resp);
-      bool unchanged = st.is_ok() && resp->version() == req->known_version();
-      if (unchanged && req->wait_ms() > 0 && !s_.stopping_) {
-        s_.polls_.park_sync(req->node_id(), req->known_version(), req->omit_unchanged(),
-                            deadline(req->wait_ms()),
-                            [reactor, resp](const RpcStatus& answer, v1::SyncResponse& fresh) {
-                              if (answer.is_ok()) *resp = std::move(fresh);
-                              reactor->Finish(to_grpc(answer));
-                            });
-        return std::optional<RpcStatus>();
-      }
-      return std::optional<RpcStatus>(st);
-    });
+    return answer_or_park(
+        ctx, "Sync", [&](CoordinatorCore& core, grpc::ServerUnaryReactor* reactor) {
+          RpcStatus st = core.sync(*req, resp);
+          bool unchanged = st.is_ok() && resp->version() == req->known_version();
+          if (unchanged && req->wait_ms() > 0 && !s_.stopping_) {
+            s_.polls_.park_sync(req->node_id(), req->known_version(), req->omit_unchanged(),
+                                deadline(req->wait_ms()),
+                                [reactor, resp](const RpcStatus& answer, v1::SyncResponse& fresh) {
+                                  if (answer.is_ok()) *resp = std::move(fresh);
+                                  reactor->Finish(to_grpc(answer));
+                                });
+            return std::optional<RpcStatus>();
+          }
+          return std::optional<RpcStatus>(st);
+        });
   }
 
   grpc::ServerUnaryReactor* WatchJob(grpc::CallbackServerContext* ctx,
                                      const v1::WatchJobRequest* req,
                                      v1::WatchJobResponse* resp) override {
-    return answer_or_park(ctx, [&](CoordinatorCore& core, grpc::ServerUnaryReactor* reactor) {
-      RpcStatus st = core.watch_job(*req, resp);
-      bool nothing = st.is_ok() && resp->events().empty() && !resp->done();
-      if (nothing && req->wait_ms() > 0 && !s_.stopping_) {
-        s_.polls_.park_watch(*req, deadline(req->wait_ms()),
-                             [reactor, resp](const RpcStatus& answer, v1::WatchJobResponse& fresh) {
-                               *resp = std::move(fresh);
-                               reactor->Finish(to_grpc(answer));
-                             });
-        return std::optional<RpcStatus>();
-      }
-      return std::optional<RpcStatus>(st);
-    });
+    return answer_or_park(
+        ctx, "WatchJob", [&](CoordinatorCore& core, grpc::ServerUnaryReactor* reactor) {
+          RpcStatus st = core.watch_job(*req, resp);
+          bool nothing = st.is_ok() && resp->events().empty() && !resp->done();
+          if (nothing && req->wait_ms() > 0 && !s_.stopping_) {
+            s_.polls_.park_watch(
+                *req, deadline(req->wait_ms()),
+                [reactor, resp](const RpcStatus& answer, v1::WatchJobResponse& fresh) {
+                  *resp = std::move(fresh);
+                  reactor->Finish(to_grpc(answer));
+                });
+            return std::optional<RpcStatus>();
+          }
+          return std::optional<RpcStatus>(st);
+        });
   }
 
  private:
@@ -129,11 +156,16 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
 
   // Checks the token, runs `f` on the core under the lock and answers with its status; when
   // `f` returns none it has parked the reactor, which collect_ready answers later.
+  // `method` names the call in the metrics, which count it with its outcome (a parked call as
+  // "PARKED") and time it up to its answer or its parking: the coordinator's work, not the wait.
   template <class F>
-  grpc::ServerUnaryReactor* answer_or_park(grpc::CallbackServerContext* ctx, F f) {
+  grpc::ServerUnaryReactor* answer_or_park(grpc::CallbackServerContext* ctx, const char* method,
+                                           F f) {
+    auto began = std::chrono::steady_clock::now();
     auto* reactor = ctx->DefaultReactor();
     if (!rpc::token_matches(*ctx, s_.options_.token)) {
       s_.note_refused(ctx->peer());
+      s_.note_call(method, "UNAUTHENTICATED", began);
       reactor->Finish(unauthenticated());
       return reactor;
     }
@@ -141,16 +173,20 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
     {
       std::lock_guard lock(s_.mu_);
       st = f(s_.core_, reactor);
-      if (!st) return reactor;
     }
+    if (!st) {
+      s_.note_call(method, "PARKED", began);
+      return reactor;
+    }
+    s_.note_call(method, code_name(st->code), began);
     s_.wake();
     reactor->Finish(to_grpc(*st));
     return reactor;
   }
 
   template <class F>
-  grpc::ServerUnaryReactor* simple(grpc::CallbackServerContext* ctx, F f) {
-    return answer_or_park(ctx, [&](CoordinatorCore& core, grpc::ServerUnaryReactor*) {
+  grpc::ServerUnaryReactor* simple(grpc::CallbackServerContext* ctx, const char* method, F f) {
+    return answer_or_park(ctx, method, [&](CoordinatorCore& core, grpc::ServerUnaryReactor*) {
       return std::optional<RpcStatus>(f(core));
     });
   }
@@ -294,6 +330,52 @@ void CoordinatorServer::collect_ready(std::vector<std::function<void()>>& finish
   auto ready =
       polls_.collect(core_, core_.take_changes(), std::chrono::steady_clock::now(), expire);
   for (auto& f : ready) finish.push_back(std::move(f));
+}
+
+void CoordinatorServer::note_call(const char* method, const char* code,
+                                  std::chrono::steady_clock::time_point began) {
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+  std::lock_guard lock(stats_mu_);
+  ++calls_[{method, code}];
+  auto it = latency_.find(method);
+  if (it == latency_.end()) it = latency_.emplace(method, metrics::Histogram::latency()).first;
+  it->second.observe(seconds);
+}
+
+void CoordinatorServer::write_metrics(metrics::Exposition& out) {
+  using metrics::Type;
+  size_t parked_syncs = 0, parked_watches = 0;
+  {
+    std::lock_guard lock(mu_);
+    core_.write_metrics(out);
+    parked_syncs = polls_.syncs();
+    parked_watches = polls_.watches();
+  }
+  out.family("accel_coordinator_parked_calls", Type::kGauge,
+             "Long polls waiting for a change: agents' syncs and launchers' job watches.");
+  out.sample("accel_coordinator_parked_calls", {{"method", "Sync"}},
+             static_cast<double>(parked_syncs));
+  out.sample("accel_coordinator_parked_calls", {{"method", "WatchJob"}},
+             static_cast<double>(parked_watches));
+  out.single("accel_coordinator_listener_rebuilds_total", Type::kCounter,
+             "Times the gRPC listener was rebuilt after it stopped accepting.",
+             static_cast<double>(rebuilds_.load()));
+  std::lock_guard lock(stats_mu_);
+  out.family("accel_coordinator_rpcs_total", Type::kCounter,
+             "Calls handled by method and outcome (PARKED: a long poll that waits for a change; "
+             "UNAUTHENTICATED: a wrong or missing token).");
+  for (const auto& [key, n] : calls_)
+    out.sample("accel_coordinator_rpcs_total", {{"method", key.first}, {"code", key.second}},
+               static_cast<double>(n));
+  out.family("accel_coordinator_rpc_duration_seconds", Type::kHistogram,
+             "Time to handle a call, up to its answer or its parking (not the long poll's wait).");
+  for (const auto& [method, h] : latency_)
+    h.write(out, "accel_coordinator_rpc_duration_seconds", {{"method", method}});
+}
+
+std::string CoordinatorServer::status_page(int refresh_s) {
+  std::lock_guard lock(mu_);
+  return core_.status_page(refresh_s);
 }
 
 void CoordinatorServer::note_refused(const std::string& peer) {

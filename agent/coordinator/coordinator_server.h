@@ -25,6 +25,7 @@
 #include "agent/common/status.h"
 #include "agent/coordinator/coordinator_core.h"
 #include "agent/coordinator/long_polls.h"
+#include "agent/metrics/exposition.h"
 #include "agent/rpc/rpc_security.h"
 
 namespace accel::coordinator {
@@ -84,6 +85,12 @@ class CoordinatorServer {
   // that hosts the coordinator submits and watches without a network hop.
   void with_core(const std::function<void(CoordinatorCore&)>& f);
 
+  // The core's metrics with the server's own: calls by method and outcome, their handling time,
+  // parked long polls (any thread).
+  void write_metrics(metrics::Exposition& out);
+  // The core's status page (any thread).
+  std::string status_page(int refresh_s);
+
   class Service;  // the gRPC adapter (coordinator_server.cpp)
 
  private:
@@ -109,6 +116,11 @@ class CoordinatorServer {
   // Calls refused for their token since the last warning, and when that was (guarded by
   // refused_mu_).
   void note_refused(const std::string& peer);
+  // A handled call, for the metrics (any thread; takes stats_mu_).
+  void note_call(const char* method, const char* code, std::chrono::steady_clock::time_point began);
+  std::mutex stats_mu_;  // guards calls_ and latency_
+  std::map<std::pair<std::string, std::string>, uint64_t> calls_;
+  std::map<std::string, metrics::Histogram> latency_;
   std::mutex refused_mu_;
   uint64_t refused_ = 0;
   std::chrono::steady_clock::time_point refused_told_{};

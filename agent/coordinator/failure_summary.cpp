@@ -15,6 +15,21 @@ int32_t failure_status_code(const pb::Failure& f) {
   return 1;
 }
 
+std::string failure_cause(const pb::Failure& f) {
+  switch (f.kind()) {
+    case pb::Failure::KIND_NODE_LOST:
+      return "node_lost";
+    case pb::Failure::KIND_HANG:
+      return "hang";
+    case pb::Failure::KIND_NETWORK:
+      return "network";
+    case pb::Failure::KIND_SPAWN:
+      return "spawn";
+    default:
+      return f.signal() != 0 ? "signal" : "exit";
+  }
+}
+
 std::string describe_failure(const pb::Failure& f) {
   std::string where = f.hostname().empty() ? f.node_id() : f.hostname();
   switch (f.kind()) {

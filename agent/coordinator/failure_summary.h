@@ -25,5 +25,7 @@ std::string format_failure_summary(const std::string& job_id,
 std::string describe_failure(const pb::Failure& f);
 // The shell's convention: exit code, or 128 + signal; 1 for a lost node, a hang, a network failure.
 int32_t failure_status_code(const pb::Failure& f);
+// The failure's kind as a metric label: exit, signal, hang, node_lost, spawn, network.
+std::string failure_cause(const pb::Failure& f);
 
 }  // namespace accel::coordinator

@@ -2,6 +2,7 @@
 #include "agent/coordinator/request_limits.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 namespace accel::coordinator::limits {
@@ -133,6 +134,16 @@ void cut(pb::LogLine& line) {
 void cut(pb::RankProgress& p) {
   p.set_in_flight(cut_text(p.in_flight(), kMaxProgressBytes));
   p.set_last_finished(cut_text(p.last_finished(), kMaxProgressBytes));
+  // Why: a rate that is not a finite non-negative number would poison every median and ratio
+  // computed from it; such a rank counts as unmeasured.
+  auto sane = [](double v) { return std::isfinite(v) && v >= 0 && v < 1e12; };
+  if (!sane(p.steps_per_second()) || !sane(p.compute_seconds_per_step()) ||
+      !sane(p.wait_seconds_per_step())) {
+    p.set_has_rate(false);
+    p.set_steps_per_second(0);
+    p.set_compute_seconds_per_step(0);
+    p.set_wait_seconds_per_step(0);
+  }
 }
 
 std::string printable(std::string_view text) {

@@ -18,6 +18,7 @@
 
 #include "agent/common/clock.h"
 #include "agent/coordinator/request_limits.h"
+#include "agent/node/node_agent_active.h"
 #include "agent/node/round_folders.h"
 #include "agent/rpc/job_spec_proto.h"
 #include "agent/supervisor/hang_monitor.h"
@@ -46,47 +47,6 @@ int64_t now_unix_ms() {
 }
 
 }  // namespace
-
-// One job round's local workers.
-struct NodeAgent::Active {
-  uint64_t generation = 0;
-  std::string job_id;
-  int64_t round = 0;
-  pb::JobSpec spec;
-  pb::Assignment assignment;
-  // Node rank 0 only: the round's rendezvous store (declared before attempt: it outlives the
-  // workers).
-  std::unique_ptr<store::StoreServer> store;
-  std::unique_ptr<supervisor::Attempt> attempt;  // null once its workers are stopped
-  // Probes of the round's peers (network_timeout on, other nodes); before the workers start,
-  // `pending` is the instruction that starts them once every peer answered.
-  std::unique_ptr<PeerWatch> peers;
-  std::optional<pb::Instruction> pending;
-  std::chrono::steady_clock::time_point waiting_since{};
-  std::chrono::steady_clock::time_point last_wait_line{};
-  bool network_reported = false;
-  std::string error_dir;     // <state_dir>/<job>/attempt_<round>: error files, progress pages
-  int job_folder_lock = -1;  // <state_dir>/<job>, flock()ed shared while this round lives
-  bool all_succeeded = false;
-  bool keep_folder = false;  // the round folder is also the user's log folder
-
-  [[nodiscard]] bool running() const { return attempt && attempt->running() > 0; }
-
-  Active() = default;
-  Active(const Active&) = delete;
-  Active& operator=(const Active&) = delete;
-  // Why: a standing agent runs job after job; each round's folder is read while its workers
-  // exit and is garbage once the round is over (the job's folder too, once empty).
-  ~Active() {
-    attempt.reset();
-    if (!error_dir.empty() && !keep_folder) {
-      std::error_code ec;
-      fs::remove_all(error_dir, ec);
-      fs::remove(fs::path(error_dir).parent_path(), ec);  // only when empty
-    }
-    if (job_folder_lock >= 0) ::close(job_folder_lock);
-  }
-};
 
 NodeAgent::NodeAgent(asio::io_context& io, std::shared_ptr<rpc::CoordinatorApi> client,
                      NodeAgentOptions options, supervisor::JobLogger log, NodeAgentHooks hooks)
@@ -277,6 +237,7 @@ void NodeAgent::coordinator_unreachable(const rpc::CallStatus& status) {
     return;
   }
   if (running && !stopping_ && now - *unreachable_since_ > lease_) {
+    ++coordinator_lost_;
     log(LogLevel::kError, "no contact with the coordinator for longer than the lease (" +
                               std::to_string(lease_.count()) +
                               " ms): stopping the workers, peers may be gone");
@@ -299,27 +260,7 @@ void NodeAgent::do_sync() {
   req.set_known_version(known_version_);
   req.set_wait_ms(sync_wait_.count());
   req.set_omit_unchanged(have_desired_);
-  const supervisor::HangWatch* watch =
-      active_ && active_->attempt ? active_->attempt->hang_watch() : nullptr;
-  if (watch != nullptr) {
-    auto now = watch->latest_ns();
-    auto ms = [now](std::uint64_t t) {
-      return static_cast<int64_t>(now > t ? (now - t) / 1'000'000 : 0);
-    };
-    for (const auto& v : watch->latest()) {
-      if (!v.valid) continue;
-      auto* p = req.add_progress();
-      p->set_rank(v.rank);
-      p->set_started(v.started);
-      if (v.in_flight) {
-        p->set_in_flight(v.in_flight->op + " #" + std::to_string(v.in_flight->seq));
-        p->set_in_flight_ms(ms(v.in_flight->start_ns));
-      }
-      if (v.last_finished)
-        p->set_last_finished(v.last_finished->op + " #" + std::to_string(v.last_finished->seq));
-      p->set_heartbeat_age_ms(v.heartbeat_ns == 0 ? -1 : ms(v.heartbeat_ns));
-    }
-  }
+  fill_progress(req);
   client_->sync(
       req, sync_wait_ + options_.rpc_timeout,
       [this, gate = alive_, io = &io_](const rpc::CallStatus& st, pb::SyncResponse& resp) {
@@ -684,6 +625,7 @@ void NodeAgent::spawn_workers(const pb::Instruction& ins) {
           coordinator::limits::cut_text(std::string(line), coordinator::limits::kMaxLineBytes));
       log_buffer_bytes_ += l.ByteSizeLong();
       log_buffer_.push_back(std::move(l));
+      ++lines_forwarded_;
       if (log_buffer_.size() >= 500 || log_buffer_bytes_ >= kMaxPushBytes) {
         flush_logs();
       } else if (!log_timer_armed_) {
@@ -724,6 +666,7 @@ void NodeAgent::spawn_workers(const pb::Instruction& ins) {
     fail_round(std::move(f));
     return;
   }
+  ++groups_started_;
   report_event(pb::ReportGroupRequest::EVENT_STARTED);
 }
 
@@ -747,6 +690,7 @@ void NodeAgent::on_failure(uint64_t generation, const supervisor::AttemptFailure
   if (!active_ || active_->generation != generation) return;
   pb::Failure f;
   if (failure.hang) {
+    ++hangs_seen_;
     const supervisor::Hang& hang = *failure.hang;
     f.set_kind(pb::Failure::KIND_HANG);
     f.set_rank(hang.rank);

@@ -33,6 +33,10 @@
 #include "agent/supervisor/attempt.h"
 #include "agent/supervisor/worker_group.h"
 
+namespace accel::metrics {
+class Exposition;
+}
+
 namespace accel::node {
 
 namespace pb = ::accel::v1;
@@ -90,6 +94,11 @@ class NodeAgent {
   [[nodiscard]] bool registered() const { return registered_; }
   // One line for people (systemd's STATUS=): "idle", "running job J round R (ranks a-b)", ...
   [[nodiscard]] std::string state_text() const;
+  // This node's metrics: its workers, their ranks' progress, memory and CPU, its forwarding and
+  // its store (node_agent_metrics.cpp; the names are in docs/operations.md).
+  void write_metrics(metrics::Exposition& out) const;
+  // A page of this node's workers (an agent without a coordinator serves it at /).
+  [[nodiscard]] std::string status_page(int refresh_s) const;
 
  private:
   // One PushLogs call carries at most this much: far under gRPC's 4 MiB message limit.
@@ -99,6 +108,8 @@ class NodeAgent {
   void remove_leftover_rounds();
   void do_register();
   void do_sync();
+  // The workers' progress as the coordinator wants it in a sync (node_agent_metrics.cpp).
+  void fill_progress(pb::SyncRequest& req) const;
   void on_sync(const rpc::CallStatus& status, const pb::SyncResponse& resp);
   void coordinator_unreachable(const rpc::CallStatus& status);
   void reconcile();
@@ -187,6 +198,11 @@ class NodeAgent {
   std::deque<Outgoing> outbox_;
   bool sending_ = false;
   uint64_t lines_not_forwarded_ = 0;  // pushes the coordinator refused for good
+  // Counted for the metrics (node_agent_metrics.cpp).
+  uint64_t lines_forwarded_ = 0;   // handed to the outbox
+  uint64_t groups_started_ = 0;    // worker groups spawned
+  uint64_t coordinator_lost_ = 0;  // times the coordinator was silent past the lease
+  uint64_t hangs_seen_ = 0;
   boost::asio::steady_timer log_timer_;
   bool log_timer_armed_ = false;
 };

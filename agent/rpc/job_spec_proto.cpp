@@ -19,6 +19,9 @@ v1::JobSpec to_proto(const JobSpec& spec) {
   p.set_heartbeat_timeout_ms(spec.heartbeat_timeout.count());
   p.set_hang_collective_timeout_ms(spec.hang_timeout.count());
   p.set_network_timeout_ms(spec.network_timeout.count());
+  p.set_straggler_threshold(spec.straggler_threshold);
+  p.set_straggler_window_ms(spec.straggler_window.count());
+  p.set_stall_timeout_ms(spec.stall_timeout.count());
   p.set_forward_logs(spec.forward_logs);
   p.set_master_port(spec.master_port);
   for (const auto& [k, v] : spec.worker_settings) (*p.mutable_worker_settings())[k] = v;
@@ -44,6 +47,9 @@ JobSpec from_proto(const v1::JobSpec& p) {
   spec.heartbeat_timeout = milliseconds(p.heartbeat_timeout_ms());
   spec.hang_timeout = milliseconds(p.hang_collective_timeout_ms());
   spec.network_timeout = milliseconds(p.network_timeout_ms());
+  spec.straggler_threshold = p.straggler_threshold();
+  spec.straggler_window = milliseconds(p.straggler_window_ms());
+  spec.stall_timeout = milliseconds(p.stall_timeout_ms());
   spec.forward_logs = p.forward_logs();
   spec.master_port = p.master_port();
   spec.worker_settings.insert(p.worker_settings().begin(), p.worker_settings().end());

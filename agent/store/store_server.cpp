@@ -47,6 +47,7 @@ struct StoreServer::Impl : std::enable_shared_from_this<StoreServer::Impl> {
   std::vector<char> buffer = std::vector<char>(kReadChunk);
   size_t warnings = 0;
   bool closed = false;
+  StoreServer::Traffic traffic;
 
   void warn(const std::string& what) {
     ++warnings;
@@ -80,6 +81,7 @@ struct StoreServer::Impl : std::enable_shared_from_this<StoreServer::Impl> {
   }
 
   void adopt(tcp::socket s) {
+    ++traffic.connections;
     if (clients.size() >= options.max_connections) {
       warn("refused a connection: " + std::to_string(clients.size()) + " clients already");
       boost::system::error_code ignored;
@@ -134,6 +136,7 @@ struct StoreServer::Impl : std::enable_shared_from_this<StoreServer::Impl> {
     boost::system::error_code read_ec = ec;
     size_t n = 0;
     if (!read_ec) n = c.socket.read_some(asio::buffer(buffer), read_ec);  // non-blocking
+    if (!read_ec) traffic.received_bytes += n;
     if (read_ec == asio::error::would_block || read_ec == asio::error::try_again) {
       read(id);
       return;
@@ -188,6 +191,7 @@ struct StoreServer::Impl : std::enable_shared_from_this<StoreServer::Impl> {
                           return;
                         }
                         client.unsent -= client.out.front().size();
+                        self->traffic.sent_bytes += client.out.front().size();
                         client.out.pop_front();
                         self->write(id);
                         self->read(id);
@@ -263,6 +267,7 @@ Result<std::unique_ptr<StoreServer>> StoreServer::listen(asio::io_context& io,
 int StoreServer::port() const { return impl_->acceptor.local_endpoint().port(); }
 void StoreServer::reset() { impl_->reset(); }
 size_t StoreServer::connections() const { return impl_->clients.size(); }
+const StoreServer::Traffic& StoreServer::traffic() const { return impl_->traffic; }
 const StoreCore& StoreServer::core() const { return impl_->core; }
 
 }  // namespace accel::store

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <boost/asio/io_context.hpp>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -42,6 +43,13 @@ class StoreServer {
   // process of the last one still sends can reach it.
   void reset();
   [[nodiscard]] size_t connections() const;
+  // What the store has carried since it was bound (reset() keeps the counts).
+  struct Traffic {
+    uint64_t connections = 0;  // accepted, refused ones included
+    uint64_t received_bytes = 0;
+    uint64_t sent_bytes = 0;
+  };
+  [[nodiscard]] const Traffic& traffic() const;
   [[nodiscard]] const StoreCore& core() const;
 
   struct Impl;

@@ -58,7 +58,9 @@ Status Attempt::start() {
   HangOptions hang;
   hang.heartbeat_timeout = spec_.heartbeat_timeout;
   hang.collective_timeout = spec_.hang_timeout;
-  if (hang.enabled()) plan.progress_dir = options_.error_dir;
+  // Why always: the pages also give the step rates that metrics and straggler reports use.
+  hang.observe = true;
+  plan.progress_dir = options_.error_dir;
   plan.host = options_.host;
   std::vector<WorkerSpec> specs = make_worker_specs(plan);
   std::vector<std::pair<int, std::string>> pages;

@@ -86,11 +86,15 @@ class Attempt {
   [[nodiscard]] bool stopping() const { return stopping_; }
   [[nodiscard]] bool failed() const { return failed_; }
   [[nodiscard]] std::vector<pid_t> pids() const;
+  // (rank, pid) of each worker still running.
+  [[nodiscard]] std::vector<std::pair<int, pid_t>> running_workers() const {
+    return group_ ? group_->running_workers() : std::vector<std::pair<int, pid_t>>{};
+  }
   [[nodiscard]] size_t running() const { return group_ ? group_->running() : 0; }
   [[nodiscard]] const Placement& placement() const { return options_.placement; }
   [[nodiscard]] const std::string& error_dir() const { return options_.error_dir; }
-  // The workers' progress pages as of the hang watch's last check; null when hangs are not
-  // watched.
+  // The workers' progress pages as of the watch's last check, with their step rates; null when
+  // the attempt has no folder for pages.
   [[nodiscard]] const HangWatch* hang_watch() const { return hang_watch_.get(); }
   // "<root>/<job>/attempt_<k>"
   static std::string folder(const std::string& root, const std::string& job_id, int attempt);

@@ -36,6 +36,12 @@ PageView parse_page(std::string_view bytes, int rank) {
   v.valid = true;
   v.heartbeat_ns = progress::load(&page.heartbeat_ns);
   v.started = progress::load(&page.started);
+  v.steps = progress::load(&page.stats.steps);
+  v.last_step_ns = progress::load(&page.stats.last_step_ns);
+  v.collective_wait_ns = progress::load(&page.stats.collective_wait_ns);
+  v.checkpoint_ns = progress::load(&page.stats.checkpoint_ns);
+  v.checkpoint_bytes = progress::load(&page.stats.checkpoint_bytes);
+  v.checkpoint_duration_ns = progress::load(&page.stats.checkpoint_duration_ns);
   for (const auto& slot : page.ring) {
     progress::Entry e{};
     if (!progress::read_entry(slot, e)) continue;
@@ -189,6 +195,7 @@ HangWatch::~HangWatch() {
 }
 
 void HangWatch::forget(int rank) {
+  rates_.forget(rank);
   for (size_t i = 0; i < pages_.size(); ++i) {
     if (pages_[i].first != rank) continue;
     pages_.erase(pages_.begin() + static_cast<long>(i));
@@ -206,7 +213,7 @@ void HangWatch::arm() {
   timer_.async_wait([this, alive = alive_](const boost::system::error_code& ec) {
     if (ec || !*alive) return;
     check();
-    if (!fired_) arm();
+    arm();
   });
 }
 
@@ -226,6 +233,10 @@ void HangWatch::check() {
     views.push_back(parse_page(maps_[i]->read(), pages_[i].first));
   latest_ = views;
   latest_ns_ = progress::monotonic_ns();
+  for (const auto& v : views) {
+    if (v.valid) rates_.add(v.rank, latest_ns_, v.steps, v.collective_wait_ns);
+  }
+  if (fired_) return;
   if (auto hang = detect_hang(views, latest_ns_, options_, host_)) {
     fired_ = true;
     on_hang_(*hang);

@@ -16,14 +16,17 @@
 #include <string_view>
 #include <vector>
 
+#include "agent/supervisor/step_rates.h"
+
 namespace accel::supervisor {
 
 struct HangOptions {
   std::chrono::milliseconds heartbeat_timeout{0};   // 0: off
   std::chrono::milliseconds collective_timeout{0};  // 0: off
   std::chrono::milliseconds interval{1000};         // how often the pages are read
+  bool observe = false;  // read the pages even with both timeouts off (step rates, metrics)
   [[nodiscard]] bool enabled() const {
-    return heartbeat_timeout.count() > 0 || collective_timeout.count() > 0;
+    return observe || heartbeat_timeout.count() > 0 || collective_timeout.count() > 0;
   }
 };
 
@@ -42,6 +45,13 @@ struct PageView {
   };
   std::optional<Op> in_flight;      // the oldest collective not finished
   std::optional<Op> last_finished;  // the newest finished one
+  // The page's stats (contract/progress_page.h); 0 when the worker has none yet.
+  std::uint64_t steps = 0;
+  std::uint64_t last_step_ns = 0;
+  std::uint64_t collective_wait_ns = 0;
+  std::uint64_t checkpoint_ns = 0;
+  std::uint64_t checkpoint_bytes = 0;
+  std::uint64_t checkpoint_duration_ns = 0;
 };
 
 struct Hang {
@@ -77,6 +87,8 @@ class HangWatch {
   // The pages as of the last check, and when that was (CLOCK_MONOTONIC ns).
   [[nodiscard]] const std::vector<PageView>& latest() const { return latest_; }
   [[nodiscard]] std::uint64_t latest_ns() const { return latest_ns_; }
+  // Each rank's step rate over the last StepRates::kWindow of checks.
+  [[nodiscard]] const StepRates& rates() const { return rates_; }
 
  private:
   struct Mapping;
@@ -94,6 +106,7 @@ class HangWatch {
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
   std::vector<PageView> latest_;
   std::uint64_t latest_ns_ = 0;
+  StepRates rates_;
 };
 
 }  // namespace accel::supervisor

@@ -445,6 +445,13 @@ void WorkerGroup::stop(int signal, StopHandler done) {
 
 size_t WorkerGroup::running() const { return state_->running(); }
 
+std::vector<std::pair<int, pid_t>> WorkerGroup::running_workers() const {
+  std::vector<std::pair<int, pid_t>> out;
+  for (const auto& w : state_->workers)
+    if (!w->exited) out.emplace_back(w->spec.rank, w->pid);
+  return out;
+}
+
 std::vector<pid_t> WorkerGroup::pids() const {
   std::vector<pid_t> out;
   for (const auto& w : state_->workers) out.push_back(w->pid);

@@ -102,6 +102,8 @@ class WorkerGroup {
 
   [[nodiscard]] size_t running() const;
   [[nodiscard]] std::vector<pid_t> pids() const;
+  // (rank, pid) of each worker that has not exited.
+  [[nodiscard]] std::vector<std::pair<int, pid_t>> running_workers() const;
 
   struct State;  // defined in worker_group.cpp
 

@@ -619,6 +619,25 @@ TEST(ControlPlane, AStandingAgentHidesItsTokenAndCleansItsStateFolder) {
   expect_no_orphans(c.worker_dir());
 }
 
+// SIGTERM (systemd, Slurm, a CI runner's timeout) to a launcher that submitted to standing
+// agents cancels the job: gRPC's threads start with the stop signals blocked, so none of them
+// takes the signal and dies of it with the job left running.
+TEST(ControlPlane, SigtermToASubmittingLauncherCancelsTheJob) {
+  TempDir dir;
+  Cluster c(dir);
+  c.serve("node-a");
+  auto launch = c.submit({"--nodes", "1", "-n", "1"}, {"--run-ms", "60000"});
+  ASSERT_TRUE(wait_until([&] { return markers(c.worker_dir()).size() == 1; }, 30s))
+      << launch->err_so_far() << c.daemon_logs();
+  launch->signal(SIGTERM);
+  RunResult r = launch->wait(30s);
+  EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.err;
+  EXPECT_NE(r.err.find("received SIGTERM: cancelling job"), std::string::npos) << r.err;
+  ASSERT_TRUE(wait_until([&] { return c.status().find("CANCELLED") != std::string::npos; }, 20s))
+      << c.status();
+  expect_no_orphans(c.worker_dir());
+}
+
 TEST(ControlPlane, CtrlCOnAnyNodeCancelsTheJobEverywhere) {
   TempDir dir;
   fs::create_directories(dir.path() / "w");

@@ -1799,6 +1799,16 @@ TEST(CoordinatorLimits, StoredBytesStayWithinThePerNodeAndPerJobBound) {
     auto* p = sync.add_progress();
     p->set_in_flight(std::string(10'000, 'p'));
     p->set_last_finished(std::string(10'000, 'q'));
+    p->set_rank(-1);  // the longest varint
+    p->set_started(~0ull);
+    p->set_in_flight_ms(-1);
+    p->set_heartbeat_age_ms(-1);
+    p->set_steps(~0ull);
+    p->set_step_age_ms(-1);
+    p->set_steps_per_second(1e11);
+    p->set_compute_seconds_per_step(1e11);
+    p->set_wait_seconds_per_step(1e11);
+    p->set_has_rate(true);
   }
   pb::SyncResponse resp;
   ASSERT_TRUE(h.core.sync(sync, &resp).is_ok());
@@ -1810,7 +1820,7 @@ TEST(CoordinatorLimits, StoredBytesStayWithinThePerNodeAndPerJobBound) {
   // 2 nodes, 1 job: per node info + progress, per job spec + events + failures.
   const size_t per_node =
       2 * limits::kMaxHostBytes + 4 * limits::kMaxIdBytes +
-      limits::kMaxProcessesPerNode * (2 * (limits::kMaxProgressBytes + 32) + 16) + 4096;
+      limits::kMaxProcessesPerNode * (2 * (limits::kMaxProgressBytes + 32) + 112) + 4096;
   const size_t per_job = limits::kMaxSpecBytes + default_options().max_event_bytes_per_job + 4096;
   EXPECT_LT(h.core.stored_bytes(), 2 * per_node + per_job);
 }

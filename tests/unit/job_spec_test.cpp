@@ -239,6 +239,9 @@ TEST(JobSpecProto, EveryFieldIsMappedBothWays) {
   spec.heartbeat_timeout = milliseconds(8);
   spec.hang_timeout = milliseconds(9);
   spec.network_timeout = milliseconds(10);
+  spec.straggler_threshold = 2.5;
+  spec.straggler_window = milliseconds(11);
+  spec.stall_timeout = milliseconds(12);
   spec.forward_logs = true;
   spec.master_port = 29500;
   spec.worker_settings = {{"ACCEL_MIXED_PRECISION", "bf16"}};

@@ -1,0 +1,106 @@
+// The listener's routes and the process metrics.
+#include "agent/node/metrics_endpoint.h"
+
+#include <dirent.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+
+namespace accel::node {
+
+using metrics::Type;
+
+namespace {
+
+constexpr int kPageRefreshSeconds = 5;
+
+// The first line of `path`, without its line end; an error names the file.
+Result<std::string> read_token(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  if (!in || !std::getline(in, line))
+    return Status::error("cannot read the metrics token file " + path);
+  while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
+  if (line.empty()) return Status::error("the metrics token file " + path + " is empty");
+  return line;
+}
+
+}  // namespace
+
+void write_process_metrics(metrics::Exposition& out) {
+  std::ifstream in("/proc/self/stat");
+  std::string stat;
+  std::getline(in, stat);
+  auto close = stat.rfind(')');
+  double utime = 0, stime = 0, start_ticks = 0, rss_pages = 0;
+  if (close != std::string::npos) {
+    std::istringstream fields(stat.substr(close + 2));
+    std::string f;
+    for (int i = 3; i <= 24 && fields >> f; ++i) {
+      if (i == 14) utime = std::stod(f);
+      if (i == 15) stime = std::stod(f);
+      if (i == 22) start_ticks = std::stod(f);
+      if (i == 24) rss_pages = std::stod(f);
+    }
+  }
+  double ticks = static_cast<double>(::sysconf(_SC_CLK_TCK));
+  out.single("process_resident_memory_bytes", Type::kGauge, "Resident memory size in bytes.",
+             rss_pages * static_cast<double>(::sysconf(_SC_PAGESIZE)));
+  out.single("process_cpu_seconds_total", Type::kCounter,
+             "Total user and system CPU time spent in seconds.", (utime + stime) / ticks);
+  double boot = 0;
+  std::ifstream proc_stat("/proc/stat");
+  for (std::string line; std::getline(proc_stat, line);) {
+    if (line.rfind("btime ", 0) == 0) boot = std::stod(line.substr(6));
+  }
+  out.single("process_start_time_seconds", Type::kGauge,
+             "Start time of the process since unix epoch in seconds.", boot + start_ticks / ticks);
+  double fds = 0;
+  if (DIR* d = ::opendir("/proc/self/fd")) {
+    while (::readdir(d) != nullptr) ++fds;
+    ::closedir(d);
+    fds -= 3;  // ".", ".." and the directory's own descriptor
+  }
+  out.single("process_open_fds", Type::kGauge, "Number of open file descriptors.", fds);
+}
+
+Result<std::unique_ptr<metrics::HttpServer>> serve_metrics(boost::asio::io_context& io,
+                                                           const config::ClusterConfig& cfg,
+                                                           MetricsSources sources) {
+  if (cfg.metrics_address.empty()) return std::unique_ptr<metrics::HttpServer>();
+  auto located = [&cfg](const std::string& key, const std::string& message) {
+    const auto& where = cfg.origin(key).where;
+    return Status::error((where.empty() ? key : where) + ": " + message);
+  };
+  metrics::HttpServerOptions options;
+  options.address = cfg.metrics_address;
+  if (!cfg.metrics_token_file.empty()) {
+    auto token = read_token(cfg.metrics_token_file);
+    if (!token) return located("metrics_token_file", token.message());
+    options.token = *token;
+  }
+  auto handler = [sources = std::move(sources)](const metrics::HttpRequest& req) {
+    metrics::HttpResponse r;
+    if (req.path == "/metrics") {
+      metrics::Exposition out;
+      if (sources.write) sources.write(out);
+      write_process_metrics(out);
+      r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+      r.body = out.take();
+    } else if (req.path == "/" && sources.page) {
+      r.content_type = "text/html; charset=utf-8";
+      r.body = sources.page(kPageRefreshSeconds);
+    } else {
+      r.status = 404;
+      r.body = "not found: this server has /metrics and /\n";
+    }
+    return r;
+  };
+  auto server = metrics::HttpServer::start(io, std::move(options), std::move(handler));
+  if (!server) return located("metrics_address", server.message());
+  return std::move(*server);
+}
+
+}  // namespace accel::node

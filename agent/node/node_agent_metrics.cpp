@@ -1,0 +1,224 @@
+// What a node agent says about its workers: the progress it sends with each sync, its metrics
+// and its page. Read from the progress pages (as of the watch's last read, once a second) and
+// from /proc at the moment of the scrape.
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "agent/metrics/exposition.h"
+#include "agent/metrics/html.h"
+#include "agent/node/node_agent_active.h"
+#include "agent/supervisor/hang_monitor.h"
+
+namespace accel::node {
+
+using metrics::Type;
+
+namespace {
+
+// A process's resident memory (bytes) and CPU time (user + system, seconds) from
+// /proc/<pid>/stat; false when it is gone.
+bool read_usage(pid_t pid, double& rss_bytes, double& cpu_seconds) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  if (!std::getline(in, stat)) return false;
+  // Why from the last ')': the command name (field 2) may hold spaces and parentheses.
+  auto close = stat.rfind(')');
+  if (close == std::string::npos) return false;
+  std::istringstream fields(stat.substr(close + 2));
+  std::string f;
+  double utime = 0, stime = 0, rss_pages = 0;
+  // Fields 3.. : state(3) ... utime(14) stime(15) ... rss(24).
+  for (int i = 3; i <= 24 && fields >> f; ++i) {
+    if (i == 14) utime = std::stod(f);
+    if (i == 15) stime = std::stod(f);
+    if (i == 24) rss_pages = std::stod(f);
+  }
+  static const double ticks = static_cast<double>(::sysconf(_SC_CLK_TCK));
+  static const double page = static_cast<double>(::sysconf(_SC_PAGESIZE));
+  cpu_seconds = (utime + stime) / ticks;
+  rss_bytes = rss_pages * page;
+  return true;
+}
+
+double seconds_between(std::uint64_t later_ns, std::uint64_t earlier_ns) {
+  return later_ns > earlier_ns ? static_cast<double>(later_ns - earlier_ns) / 1e9 : 0;
+}
+
+}  // namespace
+
+void NodeAgent::fill_progress(pb::SyncRequest& req) const {
+  const supervisor::HangWatch* watch =
+      active_ && active_->attempt ? active_->attempt->hang_watch() : nullptr;
+  if (watch == nullptr) return;
+  auto now = watch->latest_ns();
+  auto ms = [now](std::uint64_t t) {
+    return static_cast<int64_t>(now > t ? (now - t) / 1'000'000 : 0);
+  };
+  for (const auto& v : watch->latest()) {
+    if (!v.valid) continue;
+    auto* p = req.add_progress();
+    p->set_rank(v.rank);
+    p->set_started(v.started);
+    if (v.in_flight) {
+      p->set_in_flight(v.in_flight->op + " #" + std::to_string(v.in_flight->seq));
+      p->set_in_flight_ms(ms(v.in_flight->start_ns));
+    }
+    if (v.last_finished)
+      p->set_last_finished(v.last_finished->op + " #" + std::to_string(v.last_finished->seq));
+    p->set_heartbeat_age_ms(v.heartbeat_ns == 0 ? -1 : ms(v.heartbeat_ns));
+    p->set_steps(v.steps);
+    p->set_step_age_ms(v.last_step_ns == 0 ? -1 : ms(v.last_step_ns));
+    if (auto r = watch->rates().rate(v.rank)) {
+      p->set_has_rate(true);
+      p->set_steps_per_second(r->steps_per_second);
+      p->set_compute_seconds_per_step(r->compute_seconds_per_step);
+      p->set_wait_seconds_per_step(r->wait_seconds_per_step);
+    }
+  }
+}
+
+void NodeAgent::write_metrics(metrics::Exposition& out) const {
+  const std::string& node = options_.node_id;
+  out.family("accel_agent_registered", Type::kGauge,
+             "1 while the agent is registered with its coordinator.");
+  out.sample("accel_agent_registered", {{"node", node}}, registered_ ? 1 : 0);
+  out.family("accel_agent_worker_groups_started_total", Type::kCounter,
+             "Worker groups this agent spawned (one per round it ran).");
+  out.sample("accel_agent_worker_groups_started_total", {{"node", node}},
+             static_cast<double>(groups_started_));
+  out.family("accel_agent_coordinator_lost_total", Type::kCounter,
+             "Times the coordinator was silent past the lease while workers ran (they were "
+             "stopped).");
+  out.sample("accel_agent_coordinator_lost_total", {{"node", node}},
+             static_cast<double>(coordinator_lost_));
+  out.family("accel_agent_hang_reports_total", Type::kCounter,
+             "Hangs this agent detected in its workers' progress pages.");
+  out.sample("accel_agent_hang_reports_total", {{"node", node}}, static_cast<double>(hangs_seen_));
+  out.family("accel_agent_log_lines_forwarded_total", Type::kCounter,
+             "Worker output lines handed to the coordinator for watching launchers.");
+  out.sample("accel_agent_log_lines_forwarded_total", {{"node", node}},
+             static_cast<double>(lines_forwarded_));
+  out.family("accel_agent_log_lines_dropped_total", Type::kCounter,
+             "Forwarded lines the coordinator refused for good (they are in the rank logs).");
+  out.sample("accel_agent_log_lines_dropped_total", {{"node", node}},
+             static_cast<double>(lines_not_forwarded_));
+
+  const supervisor::Attempt* attempt = active_ ? active_->attempt.get() : nullptr;
+  auto workers = attempt ? attempt->running_workers() : std::vector<std::pair<int, pid_t>>{};
+  out.family("accel_agent_workers", Type::kGauge,
+             "This node's worker processes: running, or stopping (being stopped by the agent).");
+  bool stopping = attempt && attempt->stopping();
+  out.sample("accel_agent_workers", {{"node", node}, {"state", "running"}},
+             stopping ? 0 : static_cast<double>(workers.size()));
+  out.sample("accel_agent_workers", {{"node", node}, {"state", "stopping"}},
+             stopping ? static_cast<double>(workers.size()) : 0);
+
+  // The store this node serves, when it is a job's node rank 0.
+  store::StoreServer::Traffic traffic;
+  double connections = 0;
+  for (const auto* s :
+       {active_ ? active_->store.get() : nullptr, job_store_.get(), reserved_store_.get()}) {
+    if (s == nullptr) continue;
+    connections += static_cast<double>(s->connections());
+    traffic.connections += s->traffic().connections;
+    traffic.received_bytes += s->traffic().received_bytes;
+    traffic.sent_bytes += s->traffic().sent_bytes;
+  }
+  out.single("accel_store_connections", Type::kGauge,
+             "Open connections to the rendezvous store this node serves.", connections);
+  out.single("accel_store_connections_total", Type::kCounter,
+             "Connections the store accepted (the current stores' lifetime).",
+             static_cast<double>(traffic.connections));
+  out.single("accel_store_received_bytes_total", Type::kCounter,
+             "Bytes the store received from workers.", static_cast<double>(traffic.received_bytes));
+  out.single("accel_store_sent_bytes_total", Type::kCounter, "Bytes the store sent to workers.",
+             static_cast<double>(traffic.sent_bytes));
+
+  // Per rank: the progress pages, then /proc.
+  const char* rank_families[][3] = {
+      {"accel_rank_step", "gauge",
+       "The rank's step count (libaccel's synchronizing optimizer "
+       "steps; a resumed run continues its count)."},
+      {"accel_rank_steps_per_second", "gauge", "Steps per second over the last ~20 s."},
+      {"accel_rank_seconds_since_step", "gauge", "Seconds since the rank's last step."},
+      {"accel_rank_compute_seconds_per_step", "gauge",
+       "Wall time per step outside collectives over the last ~20 s."},
+      {"accel_rank_collective_wait_seconds_total", "counter",
+       "Time the rank spent blocked in collectives."},
+      {"accel_rank_collectives_total", "counter", "Collectives the rank started."},
+      {"accel_rank_heartbeat_age_seconds", "gauge",
+       "Seconds since the rank's last sign of life (a batch, a collective, a step)."},
+      {"accel_rank_checkpoint_age_seconds", "gauge",
+       "Seconds since the rank's last complete checkpoint (rank 0 writes them)."},
+      {"accel_rank_checkpoint_bytes", "gauge", "Size of the last complete checkpoint."},
+      {"accel_rank_checkpoint_duration_seconds", "gauge",
+       "How long the last checkpoint took, from save_state() to its files in place."},
+      {"accel_worker_resident_memory_bytes", "gauge", "The worker process's resident memory."},
+      {"accel_worker_cpu_seconds_total", "counter", "The worker process's CPU time."},
+  };
+  struct Sample {
+    metrics::Labels labels;
+    double values[12];
+    bool present[12];
+  };
+  std::vector<Sample> samples;
+  const supervisor::HangWatch* watch = attempt ? attempt->hang_watch() : nullptr;
+  std::string job = active_ ? active_->job_id : "";
+  if (watch != nullptr) {
+    auto now = watch->latest_ns();
+    for (const auto& v : watch->latest()) {
+      if (!v.valid) continue;
+      Sample s{{{"job_id", job}, {"rank", std::to_string(v.rank)}, {"node", node}}, {}, {}};
+      auto set = [&s](int i, double value) {
+        s.values[i] = value;
+        s.present[i] = true;
+      };
+      set(0, static_cast<double>(v.steps));
+      auto rate = watch->rates().rate(v.rank);
+      if (rate) {
+        set(1, rate->steps_per_second);
+        set(3, rate->compute_seconds_per_step);
+      }
+      if (v.last_step_ns != 0) set(2, seconds_between(now, v.last_step_ns));
+      set(4, static_cast<double>(v.collective_wait_ns) / 1e9);
+      set(5, static_cast<double>(v.started));
+      if (v.heartbeat_ns != 0) set(6, seconds_between(now, v.heartbeat_ns));
+      if (v.checkpoint_ns != 0) {
+        set(7, seconds_between(now, v.checkpoint_ns));
+        set(8, static_cast<double>(v.checkpoint_bytes));
+        set(9, static_cast<double>(v.checkpoint_duration_ns) / 1e9);
+      }
+      for (const auto& [rank, pid] : workers) {
+        double rss = 0, cpu = 0;
+        if (rank == v.rank && read_usage(pid, rss, cpu)) {
+          set(10, rss);
+          set(11, cpu);
+        }
+      }
+      samples.push_back(std::move(s));
+    }
+  }
+  for (int i = 0; i < 12; ++i) {
+    out.family(rank_families[i][0],
+               std::string_view(rank_families[i][1]) == "counter" ? Type::kCounter : Type::kGauge,
+               rank_families[i][2]);
+    for (const auto& s : samples)
+      if (s.present[i]) out.sample(rank_families[i][0], s.labels, s.values[i]);
+  }
+}
+
+std::string NodeAgent::status_page(int refresh_s) const {
+  metrics::Exposition m;
+  write_metrics(m);
+  std::string h = metrics::page_head("accel: node " + options_.node_id, refresh_s);
+  h += "<h1>accel node <code>" + metrics::html_escape(options_.node_id) + "</code></h1>\n<p>" +
+       metrics::html_escape(state_text()) +
+       "; <a href=\"/metrics\">metrics</a> (the coordinator's page shows the whole job)</p>\n";
+  h += "<pre class=\"metrics\">" + metrics::html_escape(m.text()) + "</pre>\n</body></html>\n";
+  return h;
+}
+
+}  // namespace accel::node
