@@ -11,8 +11,13 @@
    memory, and the 16,384-agent targets.
 3. Agent memory (RSS of an idle and of a working accel-agent) and lost-node detection time.
 
+With --metrics every accel process serves /metrics and its status page (metrics_address), and
+part 2 scrapes the coordinator's /metrics and / once a second while the agents run: the same
+figures with an operator watching.
+
 Usage, from the repo root after scripts/build.sh:
     python3 bench/control/bench_control.py [--runs 5] [--agents 64,256,1024,4096] [--build build]
+        [--metrics]
 """
 import argparse
 import json
@@ -21,12 +26,15 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "launch"))
 from bench_launch import PYTHON, median_of  # noqa: E402  (shared with the local launch benchmark)
 
 TOKEN = "bench-token"
+METRICS = False  # --metrics: every accel process serves /metrics (a free port each)
 
 
 def free_port():
@@ -38,6 +46,8 @@ def free_port():
 def env(**extra):
     e = {k: v for k, v in os.environ.items() if not k.startswith("ACCEL_")}
     e["ACCEL_TOKEN"] = TOKEN
+    if METRICS:
+        e["ACCEL_METRICS_ADDRESS"] = "127.0.0.1:0"
     e.update(extra)
     return e
 
@@ -109,14 +119,19 @@ def main():
     ap.add_argument("--build", default="build")
     ap.add_argument("--skip-torchrun", action="store_true")
     ap.add_argument("--only-scale", action="store_true", help="run part 2 (coordinator scale) alone")
+    ap.add_argument("--metrics", action="store_true",
+                    help="serve /metrics from every accel process and scrape the coordinator at 1 Hz")
     args = ap.parse_args()
+    global METRICS
+    METRICS = args.metrics
     b = os.path.abspath(os.path.join(args.build, "bin"))
     launch = f"{b}/accel-launch"
     crash = f"{b}/bench_crash_worker"
     for path in (launch, crash, f"{b}/accel-agent", f"{b}/bench_coordinator"):
         if not os.access(path, os.X_OK):
             sys.exit(f"{path} not found: run scripts/build.sh first")
-    print(f"# accel control plane vs torchrun, {args.runs} runs each (medians), {os.cpu_count()} CPUs")
+    print(f"# accel control plane vs torchrun, {args.runs} runs each (medians), {os.cpu_count()} CPUs"
+          + (", metrics served (the coordinator scraped at 1 Hz)" if METRICS else ""))
     print()
     if args.only_scale:
         scale_targets(coordinator_scale(b, args))
@@ -193,19 +208,48 @@ def coordinator_scale(b, args):
           "coordinator RSS (MB) |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     results = {}
+    notes = []
     for n in [int(x) for x in args.agents.split(",")]:
         port = free_port()
+        extra = []
+        if METRICS:
+            metrics_port = free_port()
+            extra = ["--metrics-address", f"127.0.0.1:{metrics_port}"]
         coord = subprocess.Popen([f"{b}/accel-agent", "--serve-coordinator", f"127.0.0.1:{port}", "--coordinator-only",
-                                  "-q", "--coordinator-max-nodes", str(max(8192, n + 64))],
+                                  "-q", "--coordinator-max-nodes", str(max(8192, n + 64))] + extra,
                                  env=env(), stderr=subprocess.DEVNULL)
         time.sleep(0.5)
+        done = threading.Event()
+        scrapes = []
+
+        def scrape():
+            # Why both: Prometheus asks for /metrics, a person watching the page for /.
+            while not done.wait(1.0):
+                t0 = time.perf_counter()
+                for path in ("/metrics", "/"):
+                    try:
+                        urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}{path}", timeout=5).read()
+                    except OSError as e:
+                        scrapes.append(f"error: {e}")
+                scrapes.append(time.perf_counter() - t0)
+        scraper = threading.Thread(target=scrape) if METRICS else None
+        if scraper:
+            scraper.start()
         try:
             out = subprocess.run([f"{b}/bench_coordinator", "--target", f"127.0.0.1:{port}", "--token", TOKEN,
                                   "--agents", str(n), "--coordinator-pid", str(coord.pid), "--steady-s", "5"],
                                  capture_output=True, text=True, timeout=300)
         finally:
+            done.set()
+            if scraper:
+                scraper.join()
             coord.terminate()
             coord.wait(timeout=20)
+        if METRICS:
+            times = [s for s in scrapes if not isinstance(s, str)]
+            errors = [s for s in scrapes if isinstance(s, str)]
+            notes.append(f"{n} agents: {len(times)} scrapes of the coordinator's /metrics and /, the slowest "
+                         f"{1e3 * max(times, default=0):.0f} ms, {len(errors)} errors {errors[:1]}")
         if out.returncode != 0:
             print(f"| {n} | failed: {out.stderr.strip()[-200:]} | | | | | |")
             continue
@@ -216,6 +260,10 @@ def coordinator_scale(b, args):
               f"{r['sync_wait_ms'] / 1000:.1f} s) | {r['cpu_1hz_pct']:.0f}% ({r['syncs_1hz_per_s']:.0f} syncs/s) | "
               f"{r['rss_mb']:.0f} |")
     print()
+    for note in notes:
+        print(note)
+    if notes:
+        print()
     return results
 
 

@@ -239,7 +239,9 @@ TEST_P(Soak, ATwoNodeJobSurvivesRandomKillsWithTheWeightsOfAnUninterruptedRun) {
     EXPECT_TRUE(shm_before.contains(e)) << "/dev/shm/" << e << " left behind";
 }
 
-INSTANTIATE_TEST_SUITE_P(Seeds, Soak, ::testing::Values(1u, 2u, 3u));
+// Why two seeds: each drives at least 10 random faults (about 100 s); two keep the soak within
+// CI's 40 minutes on 2 cores. More: --gtest_repeat with other seeds, or add them here.
+INSTANTIATE_TEST_SUITE_P(Seeds, Soak, ::testing::Values(1u, 2u));
 
 }  // namespace
 }  // namespace accel::testing

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <chrono>
@@ -381,6 +382,136 @@ TEST(Stragglers, Median) {
   EXPECT_EQ(coordinator::median({}), 0);
   EXPECT_EQ(coordinator::median({3, 1, 2}), 2);
   EXPECT_EQ(coordinator::median({4, 1, 3, 2}), 2.5);
+}
+
+// ============================================================================ the coordinator
+
+// A 2-node job through the core: the agents' syncs carry their ranks' progress; time passes.
+struct CoreJob {
+  FakeClock clock;
+  coordinator::CoordinatorCore core{clock, [] {
+                                      coordinator::CoordinatorOptions o;
+                                      o.coordinator_id = "coord-test";
+                                      o.verify_reused_instructions = true;
+                                      return o;
+                                    }()};
+  explicit CoreJob(const std::string& hostile_host) {
+    for (const char* id : {"a", "b"}) {
+      pb::RegisterNodeRequest r;
+      r.set_node_id(id);
+      r.set_hostname(std::string(id) == "b" ? hostile_host : "host-a");
+      r.set_address(std::string(id) + ".internal");
+      r.set_machine_rank(-1);
+      pb::RegisterNodeResponse resp;
+      EXPECT_TRUE(core.register_node(r, &resp).is_ok());
+    }
+    pb::SubmitJobRequest submit;
+    submit.set_job_id("j");
+    auto* s = submit.mutable_spec();
+    s->add_argv("/bin/train");
+    s->set_processes_per_node(1);
+    s->set_min_nodes(2);
+    s->set_max_nodes(2);
+    s->set_max_restarts(1);
+    s->set_join_timeout_ms(60'000);
+    s->set_last_call_ms(0);
+    s->set_stop_timeout_ms(5'000);
+    s->set_straggler_threshold(2);
+    s->set_straggler_window_ms(10'000);
+    pb::SubmitJobResponse sr;
+    EXPECT_TRUE(core.submit_job(submit, &sr).is_ok());
+    for (const char* id : {"a", "b"}) {
+      sync(id, {});
+      pb::JoinRoundRequest j;
+      j.set_node_id(id);
+      j.set_job_id("j");
+      j.set_round(0);
+      EXPECT_TRUE(core.join_round(j).is_ok());
+    }
+    EXPECT_EQ(core.job_state("j"), pb::JOB_STATE_RUNNING);
+  }
+  void sync(const std::string& id, const std::vector<pb::RankProgress>& progress) {
+    pb::SyncRequest req;
+    req.set_node_id(id);
+    for (const auto& p : progress) *req.add_progress() = p;
+    pb::SyncResponse resp;
+    EXPECT_TRUE(core.sync(req, &resp).is_ok());
+  }
+  std::string metrics() {
+    metrics::Exposition out;
+    core.write_metrics(out);
+    return out.take();
+  }
+  std::vector<std::string> messages() {
+    pb::WatchJobRequest w;
+    w.set_job_id("j");
+    pb::WatchJobResponse resp;
+    EXPECT_TRUE(core.watch_job(w, &resp).is_ok());
+    std::vector<std::string> out;
+    for (const auto& e : resp.events())
+      if (e.has_message()) out.push_back(e.message());
+    return out;
+  }
+};
+
+TEST(CoordinatorObserve, AStragglerIsAnEventAMetricAndAMarkOnTheEscapedPage) {
+  CoreJob job("<script>alert(1)</script>");
+  for (int t = 0; t <= 12; ++t) {
+    job.sync("a", {rank(0, 0.1, 0.3)});
+    job.sync("b", {rank(1, 0.35, 0.02)});
+    job.clock.advance(1s);
+    job.core.tick();
+  }
+  auto msgs = job.messages();
+  auto it = std::find_if(msgs.begin(), msgs.end(), [](const std::string& m) {
+    return m.find("slower than the median") != std::string::npos;
+  });
+  ASSERT_NE(it, msgs.end());
+  EXPECT_EQ(it->rfind("rank 1 on node b is 3.5x slower than the median for ", 0), 0u) << *it;
+  std::string m = job.metrics();
+  EXPECT_NE(m.find("accel_rank_straggler{job_id=\"j\",rank=\"1\",node=\"b\"} 1\n"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("accel_job_straggler_reports_total{job_id=\"j\"} 1\n"), std::string::npos);
+  EXPECT_NE(m.find("accel_coordinator_jobs{state=\"running\"} 1\n"), std::string::npos);
+  EXPECT_NE(m.find("accel_coordinator_nodes{state=\"busy\"} 2\n"), std::string::npos);
+  EXPECT_NE(m.find("accel_job_steps_per_second{job_id=\"j\",stat=\"median\"}"), std::string::npos);
+  std::string page = job.core.status_page(5);
+  EXPECT_NE(page.find("<tr class=\"rank straggler\" data-rank=\"1\" data-node=\"b\">"),
+            std::string::npos);
+  EXPECT_NE(page.find("<tr class=\"rank\" data-rank=\"0\" data-node=\"a\">"), std::string::npos);
+  EXPECT_EQ(page.find("<script"), std::string::npos);
+  EXPECT_NE(page.find("&lt;script&gt;alert(1)&lt;/script&gt;"), std::string::npos);
+  EXPECT_NE(page.find("<meta http-equiv=\"refresh\" content=\"5\">"), std::string::npos);
+  EXPECT_EQ(page.find("http://"), std::string::npos) << "the page must load nothing from elsewhere";
+}
+
+TEST(CoordinatorObserve, RestartsAreCountedByCauseAndEveryUsualCauseStartsAtZero) {
+  CoreJob job("host-b");
+  std::string before = job.metrics();
+  for (const char* cause : {"exit", "signal", "hang", "node_lost", "network"}) {
+    EXPECT_NE(before.find("accel_job_restarts_total{job_id=\"j\",cause=\"" + std::string(cause) +
+                          "\"} 0\n"),
+              std::string::npos)
+        << cause;
+  }
+  pb::ReportGroupRequest rep;
+  rep.set_node_id("a");
+  rep.set_job_id("j");
+  rep.set_round(0);
+  rep.set_event(pb::ReportGroupRequest::EVENT_FAILED);
+  auto* f = rep.add_failures();
+  f->set_kind(pb::Failure::KIND_EXIT);
+  f->set_rank(0);
+  f->set_signal(9);
+  f->set_time_unix_ms(job.clock.unix_ms());
+  ASSERT_TRUE(job.core.report_group(rep).is_ok());
+  std::string after = job.metrics();
+  EXPECT_NE(after.find("accel_job_restarts_total{job_id=\"j\",cause=\"signal\"} 1\n"),
+            std::string::npos)
+      << after;
+  EXPECT_NE(after.find("accel_job_rounds_total{job_id=\"j\"} 2\n"), std::string::npos);
+  EXPECT_NE(after.find("accel_job_restarts_counted{job_id=\"j\"} 1\n"), std::string::npos);
 }
 
 }  // namespace
