@@ -134,6 +134,9 @@ int main(int argc, char** argv) {
   auto auth = accel::node::control_plane_auth(cfg, env);
   if (!auth) return fail(auth.message());
   accel::rpc::forget_token_in_environment();
+  // Why before the groups are dropped: the unit may give the file to a group, as the token's.
+  auto metrics_token = accel::node::metrics_token(cfg);
+  if (!metrics_token) return fail(metrics_token.message());
   if (auto why = drop_token_access(); !why.empty()) return fail(why, 1);
   env.erase("ACCEL_TOKEN");
   accel::SystemdNotifier systemd;  // reads NOTIFY_SOCKET before the workers' environment drops it
@@ -217,7 +220,8 @@ int main(int argc, char** argv) {
   metrics_sources.page = [&](int refresh_s) {
     return server ? server->status_page(refresh_s) : agent->status_page(refresh_s);
   };
-  auto metrics_server = accel::node::serve_metrics(io, cfg, std::move(metrics_sources));
+  auto metrics_server =
+      accel::node::serve_metrics(io, cfg, std::move(metrics_sources), *metrics_token);
   if (!metrics_server) return fail(metrics_server.message(), 1);
   if (*metrics_server) {
     logger->info("metrics and status page on http://{}:{}/",

@@ -66,21 +66,34 @@ void write_process_metrics(metrics::Exposition& out) {
   out.single("process_open_fds", Type::kGauge, "Number of open file descriptors.", fds);
 }
 
+namespace {
+Status located(const config::ClusterConfig& cfg, const std::string& key,
+               const std::string& message) {
+  const auto& where = cfg.origin(key).where;
+  return Status::error((where.empty() ? key : where) + ": " + message);
+}
+}  // namespace
+
+Result<std::string> metrics_token(const config::ClusterConfig& cfg) {
+  if (cfg.metrics_token_file.empty()) return std::string();
+  auto token = read_token(cfg.metrics_token_file);
+  if (!token) return located(cfg, "metrics_token_file", token.message());
+  return *token;
+}
+
 Result<std::unique_ptr<metrics::HttpServer>> serve_metrics(boost::asio::io_context& io,
                                                            const config::ClusterConfig& cfg,
-                                                           MetricsSources sources) {
+                                                           MetricsSources sources,
+                                                           std::optional<std::string> token) {
   if (cfg.metrics_address.empty()) return std::unique_ptr<metrics::HttpServer>();
-  auto located = [&cfg](const std::string& key, const std::string& message) {
-    const auto& where = cfg.origin(key).where;
-    return Status::error((where.empty() ? key : where) + ": " + message);
-  };
   metrics::HttpServerOptions options;
   options.address = cfg.metrics_address;
-  if (!cfg.metrics_token_file.empty()) {
-    auto token = read_token(cfg.metrics_token_file);
-    if (!token) return located("metrics_token_file", token.message());
-    options.token = *token;
+  if (!token) {
+    auto read = metrics_token(cfg);
+    if (!read) return read.status();
+    token = *read;
   }
+  options.token = *token;
   auto handler = [sources = std::move(sources)](const metrics::HttpRequest& req) {
     metrics::HttpResponse r;
     if (req.path == "/metrics") {
@@ -99,7 +112,7 @@ Result<std::unique_ptr<metrics::HttpServer>> serve_metrics(boost::asio::io_conte
     return r;
   };
   auto server = metrics::HttpServer::start(io, std::move(options), std::move(handler));
-  if (!server) return located("metrics_address", server.message());
+  if (!server) return located(cfg, "metrics_address", server.message());
   return std::move(*server);
 }
 

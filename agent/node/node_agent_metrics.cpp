@@ -167,39 +167,44 @@ void NodeAgent::write_metrics(metrics::Exposition& out) const {
   std::vector<Sample> samples;
   const supervisor::HangWatch* watch = attempt ? attempt->hang_watch() : nullptr;
   std::string job = active_ ? active_->job_id : "";
+  auto sample_for = [&](int rank) -> Sample& {
+    for (auto& s : samples)
+      if (s.labels[1].second == std::to_string(rank)) return s;
+    samples.push_back({{{"job_id", job}, {"rank", std::to_string(rank)}, {"node", node}}, {}, {}});
+    return samples.back();
+  };
+  auto set = [](Sample& s, int i, double value) {
+    s.values[i] = value;
+    s.present[i] = true;
+  };
   if (watch != nullptr) {
     auto now = watch->latest_ns();
     for (const auto& v : watch->latest()) {
       if (!v.valid) continue;
-      Sample s{{{"job_id", job}, {"rank", std::to_string(v.rank)}, {"node", node}}, {}, {}};
-      auto set = [&s](int i, double value) {
-        s.values[i] = value;
-        s.present[i] = true;
-      };
-      set(0, static_cast<double>(v.steps));
-      auto rate = watch->rates().rate(v.rank);
-      if (rate) {
-        set(1, rate->steps_per_second);
-        set(3, rate->compute_seconds_per_step);
+      Sample& s = sample_for(v.rank);
+      set(s, 0, static_cast<double>(v.steps));
+      if (auto rate = watch->rates().rate(v.rank)) {
+        set(s, 1, rate->steps_per_second);
+        set(s, 3, rate->compute_seconds_per_step);
       }
-      if (v.last_step_ns != 0) set(2, seconds_between(now, v.last_step_ns));
-      set(4, static_cast<double>(v.collective_wait_ns) / 1e9);
-      set(5, static_cast<double>(v.started));
-      if (v.heartbeat_ns != 0) set(6, seconds_between(now, v.heartbeat_ns));
+      if (v.last_step_ns != 0) set(s, 2, seconds_between(now, v.last_step_ns));
+      set(s, 4, static_cast<double>(v.collective_wait_ns) / 1e9);
+      set(s, 5, static_cast<double>(v.started));
+      if (v.heartbeat_ns != 0) set(s, 6, seconds_between(now, v.heartbeat_ns));
       if (v.checkpoint_ns != 0) {
-        set(7, seconds_between(now, v.checkpoint_ns));
-        set(8, static_cast<double>(v.checkpoint_bytes));
-        set(9, static_cast<double>(v.checkpoint_duration_ns) / 1e9);
+        set(s, 7, seconds_between(now, v.checkpoint_ns));
+        set(s, 8, static_cast<double>(v.checkpoint_bytes));
+        set(s, 9, static_cast<double>(v.checkpoint_duration_ns) / 1e9);
       }
-      for (const auto& [rank, pid] : workers) {
-        double rss = 0, cpu = 0;
-        if (rank == v.rank && read_usage(pid, rss, cpu)) {
-          set(10, rss);
-          set(11, cpu);
-        }
-      }
-      samples.push_back(std::move(s));
     }
+  }
+  // Every running worker's memory and CPU, libaccel or not.
+  for (const auto& [rank, pid] : workers) {
+    double rss = 0, cpu = 0;
+    if (!read_usage(pid, rss, cpu)) continue;
+    Sample& s = sample_for(rank);
+    set(s, 10, rss);
+    set(s, 11, cpu);
   }
   for (int i = 0; i < 12; ++i) {
     out.family(rank_families[i][0],

@@ -29,8 +29,8 @@
 # is about 2.5x, not the 10x of the stops alone: the other rank's waiting for it counts partly as
 # its compute (not all of it is inside the collectives' timed waits).
 # Every wait is bounded; every process the test starts runs under `timeout` (none outlives the
-# test's ctest TIMEOUT even if the test is SIGKILLed) and is stopped by its pid on exit. About a
-# minute on 2 cores, 15-20 s of it waiting for the straggler report.
+# test's ctest TIMEOUT even if the test is SIGKILLed) and is stopped by its pid on exit. About
+# 30 s on 2 cores (up to a minute on slower ones), 10-20 s of it waiting for the straggler report.
 #   tests/observe/run.sh BIN_DIR      (exit 77: no prometheus, promtool or chromium: skipped)
 #   OBSERVE_KEEP=1 tests/observe/run.sh BIN_DIR    keeps the work folder (logs, pages, metrics)
 set -euo pipefail
