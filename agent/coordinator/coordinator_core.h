@@ -277,5 +277,7 @@ class CoordinatorCore {
 };
 
 std::string job_state_name(pb::JobState s);
+// The same in lower case ("running"): metric labels and the status page.
+std::string job_state_label(pb::JobState s);
 
 }  // namespace accel::coordinator

@@ -13,17 +13,12 @@ using metrics::Type;
 using std::chrono::duration_cast;
 using std::chrono::milliseconds;
 
-namespace {
-
-// "running" for JOB_STATE_RUNNING: label values in Prometheus' lower case.
-std::string state_label(pb::JobState s) {
+std::string job_state_label(pb::JobState s) {
   std::string name = job_state_name(s);
   std::transform(name.begin(), name.end(), name.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   return name;
 }
-
-}  // namespace
 
 std::vector<RankReport> CoordinatorCore::rank_reports(const Job& job, Clock::time_point now) const {
   std::vector<RankReport> out;
@@ -68,7 +63,7 @@ void CoordinatorCore::write_metrics(metrics::Exposition& out) const {
   for (auto s : states) {
     auto n = std::count_if(jobs_.begin(), jobs_.end(),
                            [s](const auto& j) { return j.second.state == s; });
-    out.sample("accel_coordinator_jobs", {{"state", state_label(s)}}, static_cast<double>(n));
+    out.sample("accel_coordinator_jobs", {{"state", job_state_label(s)}}, static_cast<double>(n));
   }
   double idle = 0, busy = 0, lost = 0;
   for (const auto& [id, node] : nodes_) {

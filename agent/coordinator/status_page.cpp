@@ -1,7 +1,6 @@
 // The coordinator's status page (CoordinatorCore::status_page): one HTML document, rebuilt on
 // each request from what the core keeps; bounded whatever the cluster's size.
 #include <algorithm>
-#include <cctype>
 #include <cstdio>
 
 #include "agent/coordinator/coordinator_core.h"
@@ -19,13 +18,6 @@ constexpr size_t kPageNodes = 500;  // node rows; the rest are counted
 constexpr int kPageRanks = 256;     // rank rows per job; stragglers always shown
 constexpr size_t kPageJobs = 20;    // job sections: running ones first, then the latest
 constexpr size_t kPageEvents = 20;  // the last messages per job
-
-std::string lower_state(pb::JobState s) {
-  std::string name = job_state_name(s);
-  std::transform(name.begin(), name.end(), name.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return name;
-}
 
 std::string num(double v, int digits) {
   char buf[32];
@@ -59,7 +51,7 @@ std::string CoordinatorCore::status_page(int refresh_s) const {
        "<th>restarts</th><th>nodes</th><th>ranks</th><th>steps/s (median)</th>"
        "<th>stragglers</th><th>submitted by</th></tr>\n";
   for (const Job* j : jobs) {
-    std::string state = lower_state(j->state);
+    std::string state = job_state_label(j->state);
     std::vector<double> rates;
     if (j->state == pb::JOB_STATE_RUNNING) {
       for (const auto& r : rank_reports(*j, now))
@@ -113,7 +105,7 @@ std::string CoordinatorCore::status_page(int refresh_s) const {
   for (const Job* j : detail) {
     const std::string jid = html_escape(j->id);
     h += "<section class=\"job-detail\" id=\"job-" + jid + "\" data-job=\"" + jid + "\"><h2>Job " +
-         jid + " <small>" + lower_state(j->state) + ", round " +
+         jid + " <small>" + job_state_label(j->state) + ", round " +
          std::to_string(std::max<int64_t>(j->round, 0)) + "</small></h2>\n";
     if (j->state == pb::JOB_STATE_RUNNING) {
       auto reports = rank_reports(*j, now);

@@ -4,9 +4,9 @@
 #include <dirent.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <fstream>
-#include <sstream>
+
+#include "agent/metrics/proc_stat.h"
 
 namespace accel::node {
 
@@ -30,33 +30,19 @@ Result<std::string> read_token(const std::string& path) {
 }  // namespace
 
 void write_process_metrics(metrics::Exposition& out) {
-  std::ifstream in("/proc/self/stat");
-  std::string stat;
-  std::getline(in, stat);
-  auto close = stat.rfind(')');
-  double utime = 0, stime = 0, start_ticks = 0, rss_pages = 0;
-  if (close != std::string::npos) {
-    std::istringstream fields(stat.substr(close + 2));
-    std::string f;
-    for (int i = 3; i <= 24 && fields >> f; ++i) {
-      if (i == 14) utime = std::stod(f);
-      if (i == 15) stime = std::stod(f);
-      if (i == 22) start_ticks = std::stod(f);
-      if (i == 24) rss_pages = std::stod(f);
-    }
-  }
-  double ticks = static_cast<double>(::sysconf(_SC_CLK_TCK));
+  auto self = metrics::read_proc_stat(::getpid()).value_or(metrics::ProcStat{});
   out.single("process_resident_memory_bytes", Type::kGauge, "Resident memory size in bytes.",
-             rss_pages * static_cast<double>(::sysconf(_SC_PAGESIZE)));
+             self.resident_bytes);
   out.single("process_cpu_seconds_total", Type::kCounter,
-             "Total user and system CPU time spent in seconds.", (utime + stime) / ticks);
+             "Total user and system CPU time spent in seconds.", self.cpu_seconds);
   double boot = 0;
   std::ifstream proc_stat("/proc/stat");
   for (std::string line; std::getline(proc_stat, line);) {
     if (line.rfind("btime ", 0) == 0) boot = std::stod(line.substr(6));
   }
   out.single("process_start_time_seconds", Type::kGauge,
-             "Start time of the process since unix epoch in seconds.", boot + start_ticks / ticks);
+             "Start time of the process since unix epoch in seconds.",
+             boot + self.start_after_boot);
   double fds = 0;
   if (DIR* d = ::opendir("/proc/self/fd")) {
     while (::readdir(d) != nullptr) ++fds;

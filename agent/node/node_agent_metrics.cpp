@@ -4,11 +4,10 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 
 #include "agent/metrics/exposition.h"
 #include "agent/metrics/html.h"
+#include "agent/metrics/proc_stat.h"
 #include "agent/node/node_agent_active.h"
 #include "agent/supervisor/hang_monitor.h"
 
@@ -17,31 +16,6 @@ namespace accel::node {
 using metrics::Type;
 
 namespace {
-
-// A process's resident memory (bytes) and CPU time (user + system, seconds) from
-// /proc/<pid>/stat; false when it is gone.
-bool read_usage(pid_t pid, double& rss_bytes, double& cpu_seconds) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat;
-  if (!std::getline(in, stat)) return false;
-  // Why from the last ')': the command name (field 2) may hold spaces and parentheses.
-  auto close = stat.rfind(')');
-  if (close == std::string::npos) return false;
-  std::istringstream fields(stat.substr(close + 2));
-  std::string f;
-  double utime = 0, stime = 0, rss_pages = 0;
-  // Fields 3.. : state(3) ... utime(14) stime(15) ... rss(24).
-  for (int i = 3; i <= 24 && fields >> f; ++i) {
-    if (i == 14) utime = std::stod(f);
-    if (i == 15) stime = std::stod(f);
-    if (i == 24) rss_pages = std::stod(f);
-  }
-  static const double ticks = static_cast<double>(::sysconf(_SC_CLK_TCK));
-  static const double page = static_cast<double>(::sysconf(_SC_PAGESIZE));
-  cpu_seconds = (utime + stime) / ticks;
-  rss_bytes = rss_pages * page;
-  return true;
-}
 
 double seconds_between(std::uint64_t later_ns, std::uint64_t earlier_ns) {
   return later_ns > earlier_ns ? static_cast<double>(later_ns - earlier_ns) / 1e9 : 0;
@@ -200,11 +174,11 @@ void NodeAgent::write_metrics(metrics::Exposition& out) const {
   }
   // Every running worker's memory and CPU, libaccel or not.
   for (const auto& [rank, pid] : workers) {
-    double rss = 0, cpu = 0;
-    if (!read_usage(pid, rss, cpu)) continue;
+    auto usage = metrics::read_proc_stat(pid);
+    if (!usage) continue;
     Sample& s = sample_for(rank);
-    set(s, 10, rss);
-    set(s, 11, cpu);
+    set(s, 10, usage->resident_bytes);
+    set(s, 11, usage->cpu_seconds);
   }
   for (int i = 0; i < 12; ++i) {
     out.family(rank_families[i][0],
