@@ -15,6 +15,7 @@
 #include "agent/common/file_limit.h"
 #include "agent/common/stop_signals.h"
 #include "agent/common/temp_dir.h"
+#include "agent/coordinator/stragglers.h"
 #include "agent/metrics/exposition.h"
 #include "agent/node/local_coordinator.h"
 #include "agent/node/metrics_endpoint.h"
@@ -56,9 +57,7 @@ constexpr std::chrono::milliseconds kForever = std::chrono::hours(24 * 365 * 10)
 // stalled. Round openings and closings of a one-node job say nothing new, and the end comes with
 // the summary.
 bool worth_showing(const std::string& message) {
-  return message.rfind("restarting", 0) == 0 ||
-         message.find(" slower than the median for ") != std::string::npos ||
-         message.find(" has taken no step for ") != std::string::npos;
+  return message.rfind("restarting", 0) == 0 || coordinator::is_speed_report(message);
 }
 
 }  // namespace

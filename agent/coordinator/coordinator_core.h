@@ -165,8 +165,8 @@ class CoordinatorCore {
     // coordinator's whole CPU at that size. Kept equal to `joined` and `members`.
     std::unordered_set<std::string> joined_ids;
     std::unordered_map<std::string, int> member_rank;
-    [[nodiscard]] int rank_of(const std::string& id) const {
-      auto it = member_rank.find(id);
+    [[nodiscard]] int rank_of(const std::string& node_id) const {
+      auto it = member_rank.find(node_id);
       return it == member_rank.end() ? -1 : it->second;
     }
     void set_members(std::vector<std::string> order) {

@@ -36,24 +36,52 @@ grpc::Status to_grpc(const RpcStatus& s) {
   return {grpc::StatusCode::INTERNAL, s.message};
 }
 
-const char* code_name(Code c) {
+// The methods and outcomes of CoordinatorServer::calls_, as the metrics name them.
+enum Method : size_t {
+  kRegisterNode,
+  kJoinRound,
+  kReportGroup,
+  kPushLogs,
+  kSubmitJob,
+  kCancelJob,
+  kGetStatus,
+  kSync,
+  kWatchJob
+};
+constexpr const char* kMethodNames[] = {"RegisterNode", "JoinRound", "ReportGroup",
+                                        "PushLogs",     "SubmitJob", "CancelJob",
+                                        "GetStatus",    "Sync",      "WatchJob"};
+constexpr const char* kOutcomeNames[] = {"OK",
+                                         "INVALID_ARGUMENT",
+                                         "NOT_FOUND",
+                                         "FAILED_PRECONDITION",
+                                         "ALREADY_EXISTS",
+                                         "RESOURCE_EXHAUSTED",
+                                         "UNAVAILABLE",
+                                         "PARKED",
+                                         "UNAUTHENTICATED"};
+constexpr size_t kParked = 7;
+constexpr size_t kUnauthenticated = 8;
+
+// The index of `c` in kOutcomeNames.
+size_t outcome(Code c) {
   switch (c) {
     case Code::kOk:
-      return "OK";
+      return 0;
     case Code::kInvalidArgument:
-      return "INVALID_ARGUMENT";
+      return 1;
     case Code::kNotFound:
-      return "NOT_FOUND";
+      return 2;
     case Code::kFailedPrecondition:
-      return "FAILED_PRECONDITION";
+      return 3;
     case Code::kAlreadyExists:
-      return "ALREADY_EXISTS";
+      return 4;
     case Code::kResourceExhausted:
-      return "RESOURCE_EXHAUSTED";
+      return 5;
     case Code::kUnavailable:
-      return "UNAVAILABLE";
+      return 6;
   }
-  return "UNKNOWN";
+  return 6;
 }
 
 }  // namespace
@@ -65,39 +93,39 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
   grpc::ServerUnaryReactor* RegisterNode(grpc::CallbackServerContext* ctx,
                                          const v1::RegisterNodeRequest* req,
                                          v1::RegisterNodeResponse* resp) override {
-    return simple(ctx, "RegisterNode",
+    return simple(ctx, kRegisterNode,
                   [&](CoordinatorCore& core) { return core.register_node(*req, resp); });
   }
   grpc::ServerUnaryReactor* JoinRound(grpc::CallbackServerContext* ctx,
                                       const v1::JoinRoundRequest* req,
                                       v1::JoinRoundResponse*) override {
-    return simple(ctx, "JoinRound", [&](CoordinatorCore& core) { return core.join_round(*req); });
+    return simple(ctx, kJoinRound, [&](CoordinatorCore& core) { return core.join_round(*req); });
   }
   grpc::ServerUnaryReactor* ReportGroup(grpc::CallbackServerContext* ctx,
                                         const v1::ReportGroupRequest* req,
                                         v1::ReportGroupResponse*) override {
-    return simple(ctx, "ReportGroup",
+    return simple(ctx, kReportGroup,
                   [&](CoordinatorCore& core) { return core.report_group(*req); });
   }
   grpc::ServerUnaryReactor* PushLogs(grpc::CallbackServerContext* ctx,
                                      const v1::PushLogsRequest* req,
                                      v1::PushLogsResponse*) override {
-    return simple(ctx, "PushLogs", [&](CoordinatorCore& core) { return core.push_logs(*req); });
+    return simple(ctx, kPushLogs, [&](CoordinatorCore& core) { return core.push_logs(*req); });
   }
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* ctx,
                                       const v1::SubmitJobRequest* req,
                                       v1::SubmitJobResponse* resp) override {
-    return simple(ctx, "SubmitJob",
+    return simple(ctx, kSubmitJob,
                   [&](CoordinatorCore& core) { return core.submit_job(*req, resp); });
   }
   grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* ctx,
                                       const v1::CancelJobRequest* req,
                                       v1::CancelJobResponse*) override {
-    return simple(ctx, "CancelJob", [&](CoordinatorCore& core) { return core.cancel_job(*req); });
+    return simple(ctx, kCancelJob, [&](CoordinatorCore& core) { return core.cancel_job(*req); });
   }
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx, const v1::GetStatusRequest*,
                                       v1::GetStatusResponse* resp) override {
-    return simple(ctx, "GetStatus", [&](CoordinatorCore& core) {
+    return simple(ctx, kGetStatus, [&](CoordinatorCore& core) {
       core.get_status(resp);
       return RpcStatus::ok();
     });
@@ -106,7 +134,7 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
   grpc::ServerUnaryReactor* Sync(grpc::CallbackServerContext* ctx, const v1::SyncRequest* req,
                                  v1::SyncResponse* resp) override {
     return answer_or_park(
-        ctx, "Sync", [&](CoordinatorCore& core, grpc::ServerUnaryReactor* reactor) {
+        ctx, kSync, [&](CoordinatorCore& core, grpc::ServerUnaryReactor* reactor) {
           RpcStatus st = core.sync(*req, resp);
           bool unchanged = st.is_ok() && resp->version() == req->known_version();
           if (unchanged && req->wait_ms() > 0 && !s_.stopping_) {
@@ -126,7 +154,7 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
                                      const v1::WatchJobRequest* req,
                                      v1::WatchJobResponse* resp) override {
     return answer_or_park(
-        ctx, "WatchJob", [&](CoordinatorCore& core, grpc::ServerUnaryReactor* reactor) {
+        ctx, kWatchJob, [&](CoordinatorCore& core, grpc::ServerUnaryReactor* reactor) {
           RpcStatus st = core.watch_job(*req, resp);
           bool nothing = st.is_ok() && resp->events().empty() && !resp->done();
           if (nothing && req->wait_ms() > 0 && !s_.stopping_) {
@@ -159,13 +187,12 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
   // `method` names the call in the metrics, which count it with its outcome (a parked call as
   // "PARKED") and time it up to its answer or its parking: the coordinator's work, not the wait.
   template <class F>
-  grpc::ServerUnaryReactor* answer_or_park(grpc::CallbackServerContext* ctx, const char* method,
-                                           F f) {
+  grpc::ServerUnaryReactor* answer_or_park(grpc::CallbackServerContext* ctx, Method method, F f) {
     auto began = std::chrono::steady_clock::now();
     auto* reactor = ctx->DefaultReactor();
     if (!rpc::token_matches(*ctx, s_.options_.token)) {
       s_.note_refused(ctx->peer());
-      s_.note_call(method, "UNAUTHENTICATED", began);
+      s_.note_call(method, kUnauthenticated, began);
       reactor->Finish(unauthenticated());
       return reactor;
     }
@@ -175,17 +202,17 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
       st = f(s_.core_, reactor);
     }
     if (!st) {
-      s_.note_call(method, "PARKED", began);
+      s_.note_call(method, kParked, began);
       return reactor;
     }
-    s_.note_call(method, code_name(st->code), began);
+    s_.note_call(method, outcome(st->code), began);
     s_.wake();
     reactor->Finish(to_grpc(*st));
     return reactor;
   }
 
   template <class F>
-  grpc::ServerUnaryReactor* simple(grpc::CallbackServerContext* ctx, const char* method, F f) {
+  grpc::ServerUnaryReactor* simple(grpc::CallbackServerContext* ctx, Method method, F f) {
     return answer_or_park(ctx, method, [&](CoordinatorCore& core, grpc::ServerUnaryReactor*) {
       return std::optional<RpcStatus>(f(core));
     });
@@ -332,14 +359,13 @@ void CoordinatorServer::collect_ready(std::vector<std::function<void()>>& finish
   for (auto& f : ready) finish.push_back(std::move(f));
 }
 
-void CoordinatorServer::note_call(const char* method, const char* code,
+void CoordinatorServer::note_call(size_t method, size_t outcome,
                                   std::chrono::steady_clock::time_point began) {
+  static_assert(std::size(kMethodNames) == kMethods && std::size(kOutcomeNames) == kOutcomes);
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
   std::lock_guard lock(stats_mu_);
-  ++calls_[{method, code}];
-  auto it = latency_.find(method);
-  if (it == latency_.end()) it = latency_.emplace(method, metrics::Histogram::latency()).first;
-  it->second.observe(seconds);
+  ++calls_[method][outcome];
+  latency_[method].observe(seconds);
 }
 
 void CoordinatorServer::write_metrics(metrics::Exposition& out) {
@@ -364,13 +390,21 @@ void CoordinatorServer::write_metrics(metrics::Exposition& out) {
   out.family("accel_coordinator_rpcs_total", Type::kCounter,
              "Calls handled by method and outcome (PARKED: a long poll that waits for a change; "
              "UNAUTHENTICATED: a wrong or missing token).");
-  for (const auto& [key, n] : calls_)
-    out.sample("accel_coordinator_rpcs_total", {{"method", key.first}, {"code", key.second}},
-               static_cast<double>(n));
+  for (size_t m = 0; m < kMethods; ++m) {
+    for (size_t o = 0; o < kOutcomes; ++o) {
+      if (calls_[m][o] == 0) continue;
+      out.sample("accel_coordinator_rpcs_total",
+                 {{"method", kMethodNames[m]}, {"code", kOutcomeNames[o]}},
+                 static_cast<double>(calls_[m][o]));
+    }
+  }
   out.family("accel_coordinator_rpc_duration_seconds", Type::kHistogram,
              "Time to handle a call, up to its answer or its parking (not the long poll's wait).");
-  for (const auto& [method, h] : latency_)
-    h.write(out, "accel_coordinator_rpc_duration_seconds", {{"method", method}});
+  for (size_t m = 0; m < kMethods; ++m) {
+    if (latency_[m].count() > 0)
+      latency_[m].write(out, "accel_coordinator_rpc_duration_seconds",
+                        {{"method", kMethodNames[m]}});
+  }
 }
 
 std::string CoordinatorServer::status_page(int refresh_s) {

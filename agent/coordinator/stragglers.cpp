@@ -18,10 +18,19 @@ std::string whole_seconds(std::chrono::milliseconds d) {
   return std::to_string((d.count() + 500) / 1000) + " s";
 }
 
+// What every report of each kind says, and what is_speed_report looks for.
+constexpr std::string_view kSlowerPhrase = " slower than the median for ";
+constexpr std::string_view kStallPhrase = " has taken no step for ";
+
 // Below this a rank's compute per step is noise (a step of a tiny model), whatever the ratio.
 constexpr double kMinComputeSeconds = 0.001;
 
 }  // namespace
+
+bool is_speed_report(std::string_view message) {
+  return message.rfind("rank ", 0) == 0 && (message.find(kSlowerPhrase) != std::string_view::npos ||
+                                            message.find(kStallPhrase) != std::string_view::npos);
+}
 
 double median(std::vector<double> values) {
   if (values.empty()) return 0;
@@ -85,7 +94,7 @@ std::vector<SpeedReport> StragglerWatch::update(const std::vector<RankReport>& r
     const auto& p = *report->progress;
     lines.push_back(
         {false, "rank " + std::to_string(rank) + " on node " + report->node + " is " +
-                    fixed(ratio, 1) + "x slower than the median for " +
+                    fixed(ratio, 1) + "x" + std::string(kSlowerPhrase) +
                     whole_seconds(std::chrono::duration_cast<milliseconds>(now - s.since)) +
                     " (in compute, not in collectives: " + fixed(p.compute_seconds_per_step(), 3) +
                     " s of compute per step against the others' median of " +
@@ -133,7 +142,7 @@ std::vector<SpeedReport> StragglerWatch::update(const std::vector<RankReport>& r
               : "in " + p.in_flight();
       int others_waiting = waiting - (p.in_flight().empty() ? 0 : 1);
       lines.push_back({true, "rank " + std::to_string(p.rank()) + " on node " + stalled->node +
-                                 " has taken no step for " + whole_seconds(stalled_for) +
+                                 std::string(kStallPhrase) + whole_seconds(stalled_for) +
                                  " after step " + std::to_string(p.steps()) + "; it is " + where +
                                  ", and " + std::to_string(others_waiting) + " other rank" +
                                  (others_waiting == 1 ? " waits" : "s wait") + " in collectives"});

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "accel/v1/coordinator.pb.h"
@@ -60,6 +61,10 @@ class StragglerWatch {
   std::map<int, double> flagged_;
   bool stall_reported_ = false;
 };
+
+// Whether a job event's message is one of StragglerWatch's reports (a launcher that shows only
+// some of the coordinator's lines shows these).
+bool is_speed_report(std::string_view message);
 
 // The median of `values` (empty: 0). Sorts a copy.
 double median(std::vector<double> values);

@@ -6,6 +6,7 @@
 
 #include <fstream>
 
+#include "agent/common/token_file.h"
 #include "agent/metrics/proc_stat.h"
 
 namespace accel::node {
@@ -16,17 +17,6 @@ namespace {
 
 constexpr int kPageRefreshSeconds = 5;
 
-// The first line of `path`, without its line end; an error names the file.
-Result<std::string> read_token(const std::string& path) {
-  std::ifstream in(path);
-  std::string line;
-  if (!in || !std::getline(in, line))
-    return Status::error("cannot read the metrics token file " + path);
-  while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
-  if (line.empty()) return Status::error("the metrics token file " + path + " is empty");
-  return line;
-}
-
 }  // namespace
 
 void write_process_metrics(metrics::Exposition& out) {
@@ -35,14 +25,17 @@ void write_process_metrics(metrics::Exposition& out) {
              self.resident_bytes);
   out.single("process_cpu_seconds_total", Type::kCounter,
              "Total user and system CPU time spent in seconds.", self.cpu_seconds);
-  double boot = 0;
-  std::ifstream proc_stat("/proc/stat");
-  for (std::string line; std::getline(proc_stat, line);) {
-    if (line.rfind("btime ", 0) == 0) boot = std::stod(line.substr(6));
-  }
+  // Why once: the boot time and the process's start do not change.
+  static const double started = [&self] {
+    double boot = 0;
+    std::ifstream proc_stat("/proc/stat");
+    for (std::string line; std::getline(proc_stat, line);) {
+      if (line.rfind("btime ", 0) == 0) boot = std::stod(line.substr(6));
+    }
+    return boot + self.start_after_boot;
+  }();
   out.single("process_start_time_seconds", Type::kGauge,
-             "Start time of the process since unix epoch in seconds.",
-             boot + self.start_after_boot);
+             "Start time of the process since unix epoch in seconds.", started);
   double fds = 0;
   if (DIR* d = ::opendir("/proc/self/fd")) {
     while (::readdir(d) != nullptr) ++fds;
@@ -62,7 +55,7 @@ Status located(const config::ClusterConfig& cfg, const std::string& key,
 
 Result<std::string> metrics_token(const config::ClusterConfig& cfg) {
   if (cfg.metrics_token_file.empty()) return std::string();
-  auto token = read_token(cfg.metrics_token_file);
+  auto token = read_token_file("metrics_token_file", cfg.metrics_token_file);
   if (!token) return located(cfg, "metrics_token_file", token.message());
   return *token;
 }

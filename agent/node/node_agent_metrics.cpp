@@ -3,7 +3,10 @@
 // from /proc at the moment of the scrape.
 #include <unistd.h>
 
+#include <array>
 #include <cstdio>
+#include <map>
+#include <optional>
 
 #include "agent/metrics/exposition.h"
 #include "agent/metrics/html.h"
@@ -111,81 +114,85 @@ void NodeAgent::write_metrics(metrics::Exposition& out) const {
   out.single("accel_store_sent_bytes_total", Type::kCounter, "Bytes the store sent to workers.",
              static_cast<double>(traffic.sent_bytes));
 
-  // Per rank: the progress pages, then /proc.
-  const char* rank_families[][3] = {
-      {"accel_rank_step", "gauge",
-       "The rank's step count (libaccel's synchronizing optimizer "
-       "steps; a resumed run continues its count)."},
-      {"accel_rank_steps_per_second", "gauge", "Steps per second over the last ~20 s."},
-      {"accel_rank_seconds_since_step", "gauge", "Seconds since the rank's last step."},
-      {"accel_rank_compute_seconds_per_step", "gauge",
+  // Per rank: the progress pages, then /proc. A series is written only once it has a value.
+  enum Series : size_t {
+    kStep,
+    kRate,
+    kSinceStep,
+    kCompute,
+    kWait,
+    kCollectives,
+    kHeartbeat,
+    kCheckpointAge,
+    kCheckpointBytes,
+    kCheckpointDuration,
+    kMemory,
+    kCpu,
+    kSeriesCount
+  };
+  struct Family {
+    const char* name;
+    Type type;
+    const char* help;
+  };
+  static constexpr Family kFamilies[kSeriesCount] = {
+      {"accel_rank_step", Type::kGauge,
+       "The rank's step count (libaccel's synchronizing optimizer steps; a resumed run continues "
+       "its count)."},
+      {"accel_rank_steps_per_second", Type::kGauge, "Steps per second over the last ~20 s."},
+      {"accel_rank_seconds_since_step", Type::kGauge, "Seconds since the rank's last step."},
+      {"accel_rank_compute_seconds_per_step", Type::kGauge,
        "Wall time per step outside collectives over the last ~20 s."},
-      {"accel_rank_collective_wait_seconds_total", "counter",
+      {"accel_rank_collective_wait_seconds_total", Type::kCounter,
        "Time the rank spent blocked in collectives."},
-      {"accel_rank_collectives_total", "counter", "Collectives the rank started."},
-      {"accel_rank_heartbeat_age_seconds", "gauge",
+      {"accel_rank_collectives_total", Type::kCounter, "Collectives the rank started."},
+      {"accel_rank_heartbeat_age_seconds", Type::kGauge,
        "Seconds since the rank's last sign of life (a batch, a collective, a step)."},
-      {"accel_rank_checkpoint_age_seconds", "gauge",
+      {"accel_rank_checkpoint_age_seconds", Type::kGauge,
        "Seconds since the rank's last complete checkpoint (rank 0 writes them)."},
-      {"accel_rank_checkpoint_bytes", "gauge", "Size of the last complete checkpoint."},
-      {"accel_rank_checkpoint_duration_seconds", "gauge",
+      {"accel_rank_checkpoint_bytes", Type::kGauge, "Size of the last complete checkpoint."},
+      {"accel_rank_checkpoint_duration_seconds", Type::kGauge,
        "How long the last checkpoint took, from save_state() to its files in place."},
-      {"accel_worker_resident_memory_bytes", "gauge", "The worker process's resident memory."},
-      {"accel_worker_cpu_seconds_total", "counter", "The worker process's CPU time."},
+      {"accel_worker_resident_memory_bytes", Type::kGauge, "The worker process's resident memory."},
+      {"accel_worker_cpu_seconds_total", Type::kCounter, "The worker process's CPU time."},
   };
-  struct Sample {
-    metrics::Labels labels;
-    double values[12];
-    bool present[12];
-  };
-  std::vector<Sample> samples;
-  const supervisor::HangWatch* watch = attempt ? attempt->hang_watch() : nullptr;
-  std::string job = active_ ? active_->job_id : "";
-  auto sample_for = [&](int rank) -> Sample& {
-    for (auto& s : samples)
-      if (s.labels[1].second == std::to_string(rank)) return s;
-    samples.push_back({{{"job_id", job}, {"rank", std::to_string(rank)}, {"node", node}}, {}, {}});
-    return samples.back();
-  };
-  auto set = [](Sample& s, int i, double value) {
-    s.values[i] = value;
-    s.present[i] = true;
-  };
-  if (watch != nullptr) {
+  std::map<int, std::array<std::optional<double>, kSeriesCount>> ranks;
+  if (const supervisor::HangWatch* watch = attempt ? attempt->hang_watch() : nullptr) {
     auto now = watch->latest_ns();
     for (const auto& v : watch->latest()) {
       if (!v.valid) continue;
-      Sample& s = sample_for(v.rank);
-      set(s, 0, static_cast<double>(v.steps));
+      auto& r = ranks[v.rank];
+      r[kStep] = static_cast<double>(v.steps);
       if (auto rate = watch->rates().rate(v.rank)) {
-        set(s, 1, rate->steps_per_second);
-        set(s, 3, rate->compute_seconds_per_step);
+        r[kRate] = rate->steps_per_second;
+        r[kCompute] = rate->compute_seconds_per_step;
       }
-      if (v.last_step_ns != 0) set(s, 2, seconds_between(now, v.last_step_ns));
-      set(s, 4, static_cast<double>(v.collective_wait_ns) / 1e9);
-      set(s, 5, static_cast<double>(v.started));
-      if (v.heartbeat_ns != 0) set(s, 6, seconds_between(now, v.heartbeat_ns));
+      if (v.last_step_ns != 0) r[kSinceStep] = seconds_between(now, v.last_step_ns);
+      r[kWait] = static_cast<double>(v.collective_wait_ns) / 1e9;
+      r[kCollectives] = static_cast<double>(v.started);
+      if (v.heartbeat_ns != 0) r[kHeartbeat] = seconds_between(now, v.heartbeat_ns);
       if (v.checkpoint_ns != 0) {
-        set(s, 7, seconds_between(now, v.checkpoint_ns));
-        set(s, 8, static_cast<double>(v.checkpoint_bytes));
-        set(s, 9, static_cast<double>(v.checkpoint_duration_ns) / 1e9);
+        r[kCheckpointAge] = seconds_between(now, v.checkpoint_ns);
+        r[kCheckpointBytes] = static_cast<double>(v.checkpoint_bytes);
+        r[kCheckpointDuration] = static_cast<double>(v.checkpoint_duration_ns) / 1e9;
       }
     }
   }
   // Every running worker's memory and CPU, libaccel or not.
   for (const auto& [rank, pid] : workers) {
-    auto usage = metrics::read_proc_stat(pid);
-    if (!usage) continue;
-    Sample& s = sample_for(rank);
-    set(s, 10, usage->resident_bytes);
-    set(s, 11, usage->cpu_seconds);
+    if (auto usage = metrics::read_proc_stat(pid)) {
+      ranks[rank][kMemory] = usage->resident_bytes;
+      ranks[rank][kCpu] = usage->cpu_seconds;
+    }
   }
-  for (int i = 0; i < 12; ++i) {
-    out.family(rank_families[i][0],
-               std::string_view(rank_families[i][1]) == "counter" ? Type::kCounter : Type::kGauge,
-               rank_families[i][2]);
-    for (const auto& s : samples)
-      if (s.present[i]) out.sample(rank_families[i][0], s.labels, s.values[i]);
+  const std::string job = active_ ? active_->job_id : "";
+  for (size_t i = 0; i < kSeriesCount; ++i) {
+    out.family(kFamilies[i].name, kFamilies[i].type, kFamilies[i].help);
+    for (const auto& [rank, values] : ranks) {
+      if (values[i])
+        out.sample(kFamilies[i].name,
+                   {{"job_id", job}, {"rank", std::to_string(rank)}, {"node", node}}, *values[i]);
+    }
   }
 }
 

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <string_view>
 
+#include "agent/common/token_file.h"
 #include "agent/rpc/coordinator_api.h"
 #include "agent/rpc/token_tls.h"
 
@@ -36,16 +37,11 @@ Result<std::string> read_pem(const std::string& path, const char* what) {
 }  // namespace
 
 Result<std::string> load_token(const std::string& token_file, const char* env_value) {
+  if (!token_file.empty()) return read_token_file("token_file", token_file);
   std::string token;
-  std::string where;
-  if (!token_file.empty()) {
-    std::ifstream in(token_file);
-    if (!in) return Status::error("token_file " + token_file + ": cannot read it");
-    std::getline(in, token);
-    where = "token_file " + token_file;
-  } else if (env_value != nullptr) {
+  const std::string where = "ACCEL_TOKEN";
+  if (env_value != nullptr) {
     token = env_value;
-    where = "ACCEL_TOKEN";
   } else {
     return Status::error(
         "no token: the control plane needs a shared secret on every node; set ACCEL_TOKEN or "

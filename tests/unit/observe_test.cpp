@@ -11,10 +11,14 @@
 #include <boost/asio/post.hpp>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "agent/common/token_file.h"
 #include "agent/coordinator/coordinator_core.h"
 #include "agent/coordinator/stragglers.h"
 #include "agent/metrics/exposition.h"
@@ -254,6 +258,31 @@ TEST(HttpServer, APortInUseIsAnErrorNamingTheAddress) {
   EXPECT_NE(second.message().find("in use"), std::string::npos) << second.message();
 }
 
+// The token files of token_file and metrics_token_file: the first line, one word.
+TEST(TokenFile, FirstLineOneWordAndEachProblemNamed) {
+  char dir_template[] = "/tmp/accel-token-test-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir + "/" + name) << text;
+    return dir + "/" + name;
+  };
+  auto ok = read_token_file("metrics_token_file", write("ok", "s3cret \r\nignored\n"));
+  ASSERT_TRUE(ok) << ok.message();
+  EXPECT_EQ(*ok, "s3cret");
+  auto empty = read_token_file("metrics_token_file", write("empty", ""));
+  ASSERT_FALSE(empty);
+  EXPECT_EQ(empty.message(), "metrics_token_file " + dir + "/empty is empty");
+  auto spaced = read_token_file("token_file", write("spaced", "two words\n"));
+  ASSERT_FALSE(spaced);
+  EXPECT_EQ(spaced.message(),
+            "token_file " + dir + "/spaced: the token must be one word without spaces");
+  auto missing = read_token_file("token_file", dir + "/missing");
+  ASSERT_FALSE(missing);
+  EXPECT_EQ(missing.message(), "token_file " + dir + "/missing: cannot read it");
+  std::filesystem::remove_all(dir);
+}
+
 // ============================================================================ step rates
 
 TEST(StepRates, SplitsWallTimeIntoComputeAndWait) {
@@ -316,6 +345,8 @@ TEST(Stragglers, ASlowRankIsReportedOnceAfterTheWindow) {
             0u)
       << due[0].line;
   EXPECT_EQ(w.flagged().count(2), 1u);
+  EXPECT_TRUE(coordinator::is_speed_report(due[0].line));  // the local launcher shows it
+  EXPECT_FALSE(coordinator::is_speed_report("round 1 closed: 2 nodes"));
   EXPECT_TRUE(w.update(reports(ranks), t0 + 20s, o).empty());  // once per episode
   EXPECT_EQ(w.flagged().size(), 1u);
   // It keeps pace again: no longer flagged; slow again later: reported again after the window.
@@ -366,6 +397,7 @@ TEST(Stragglers, AStallNamesTheRankOutsideAnyCollective) {
   auto due = w.update(reports(ranks), t, o);
   ASSERT_EQ(due.size(), 1u);
   EXPECT_TRUE(due[0].stall);
+  EXPECT_TRUE(coordinator::is_speed_report(due[0].line));
   EXPECT_EQ(due[0].line,
             "rank 1 on node n0 has taken no step for 70 s after step 50; it is outside any "
             "collective (its last was allreduce #812), and 2 other ranks wait in collectives");
