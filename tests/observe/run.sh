@@ -16,6 +16,8 @@
 #     is HTML;
 #  3. agent n2 has --metrics-token-file: 401 without the token or with a wrong one, 200 with it
 #     (Prometheus scrapes it with the token);
+#  3b. a PyTorch script written as HF users write it (init_process_group, all_reduce; no libaccel)
+#     under accel-launch --metrics-port: both workers' memory and CPU series, no step series;
 #  4. n2's rank of round 1, slowed with SIGSTOP/SIGCONT bursts (stopped 90% of the time) under
 #     --straggler-threshold 1.5 --straggler-window 5s, is a straggler: on the coordinator's page as
 #     Chromium builds it (the job's row, both nodes' rows, the rank's row of class `rank straggler`
@@ -80,11 +82,11 @@ chmod 0600 "$W/metrics-token"
 JOB=observe-$$-$RANDOM
 LOCAL_JOB=observe-local-$$-$RANDOM
 
-# Six free ports (bound to 0, then released): the coordinator, the four metrics endpoints,
-# Prometheus.
-read -r P_COORD P_CM P_A1 P_A2 P_LOCAL P_PROM < <(python3 -c '
+# Seven free ports (bound to 0, then released): the coordinator, the four metrics endpoints,
+# Prometheus, the Python job's launcher.
+read -r P_COORD P_CM P_A1 P_A2 P_LOCAL P_PROM P_PY < <(python3 -c '
 import socket
-socks = [socket.socket() for _ in range(6)]
+socks = [socket.socket() for _ in range(7)]
 for s in socks:
     s.bind(("127.0.0.1", 0))
 print(*[s.getsockname()[1] for s in socks])') || { echo "FAIL: no free ports"; exit 1; }
@@ -588,6 +590,38 @@ code=$(http "http://$A2/metrics" "$W/wrong-token.txt" "x$METRICS_TOKEN")
 code=$(http "http://$A2/" "$W/no-token-page.txt")
 [[ $code == 401 ]] || fail "agent n2's status page without the token answered HTTP $code, not 401"
 echo "  without the token: 401 (/metrics and /), a wrong one: 401, with it: 200 (as Prometheus scrapes)"
+
+echo "== 3b. a PyTorch script as HF users write it (no libaccel): its workers' memory and CPU"
+# Why: most users run Python under accel-launch; their workers keep no progress page, and must
+# still be seen (RSS, CPU), without a step series that would read 0.
+cat >"$W/hf_style.py" <<'PY'
+import time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+t = torch.ones(1000)
+end = time.time() + 60
+while time.time() < end:
+    dist.all_reduce(t)
+    time.sleep(0.05)
+dist.destroy_process_group()
+PY
+spawn pyjob "$bin/accel-launch" -n 2 --metrics-port "$P_PY" -- /usr/bin/python3 "$W/hf_style.py"
+end=$((SECONDS + 30))
+until http "http://127.0.0.1:$P_PY/metrics" "$W/metrics-py.txt" >/dev/null &&
+  [[ $(grep -c '^accel_worker_resident_memory_bytes{.*rank="[01]"' "$W/metrics-py.txt") == 2 ]]; do
+  ((SECONDS < end)) || fail "the Python job's /metrics has no memory series for ranks 0 and 1: \
+$(grep '^accel_worker\|^accel_agent_workers' "$W/metrics-py.txt" 2>/dev/null)"
+  sleep 0.5
+done
+[[ $(grep -c '^accel_worker_cpu_seconds_total{.*rank="[01]"' "$W/metrics-py.txt") == 2 ]] ||
+  fail "the Python job's /metrics has no CPU series for both ranks"
+! grep -q '^accel_rank_step{' "$W/metrics-py.txt" ||
+  fail "the Python job (no libaccel) has a step series: $(grep '^accel_rank_step{' "$W/metrics-py.txt")"
+out=$(promtool check metrics <"$W/metrics-py.txt" 2>&1) || fail "promtool check metrics, Python job: $out"
+stop pyjob
+echo "  2 Python ranks: memory and CPU series, no step series, promtool check metrics passes"
 
 echo "== 4. rank $slowed_rank (n2) slowed: a straggler on the page, in Prometheus, in the launcher's output"
 slow "$slowed" 100 &
