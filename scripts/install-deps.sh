@@ -11,7 +11,7 @@ packages=(
   patchelf
   # control plane
   libboost-dev libboost-filesystem-dev libboost-system-dev
-  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libssl-dev
+  libgrpc++-dev libabsl-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libssl-dev
   libyaml-cpp-dev libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libsystemd-dev
   # runtime: CPU libtorch + c10d/gloo; OpenBLAS (the reference BLAS is ~9x slower); xxhash
   # (header-only, checkpoint checksums)

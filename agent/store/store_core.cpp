@@ -124,7 +124,10 @@ void StoreCore::drop_waits(ConnId id, Conn& conn) {
   for (const auto& key : conn.waits) {
     auto w = waiting_.find(key);
     if (w == waiting_.end()) continue;
-    waits_ -= std::erase(w->second, id);
+    auto& ids = w->second;
+    const auto gone = std::remove(ids.begin(), ids.end(), id);
+    waits_ -= static_cast<size_t>(ids.end() - gone);
+    ids.erase(gone, ids.end());
     if (w->second.empty()) waiting_.erase(w);
   }
   conn.waits.clear();
@@ -235,7 +238,7 @@ bool StoreCore::erase(const std::string& key) {
 void StoreCore::wake(const std::string& key) {
   auto it = waiting_.find(key);
   if (it == waiting_.end()) return;
-  std::vector<ConnId> waiters = std::move(it->second);
+  auto waiters = std::move(it->second);
   waiting_.erase(it);
   waits_ -= waiters.size();
   const char stop = static_cast<char>(kStopWaiting);
