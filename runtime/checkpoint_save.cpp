@@ -1,0 +1,525 @@
+// Accelerator checkpoints, the save half: save_state (one folder with a manifest, published
+// atomically by rank 0; in the foreground or in the background), rotation, wait_for_checkpoint
+// and save_model.
+#include <c10/util/Type.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "accel/accelerator.h"
+#include "contract/json_depth.h"
+#include "contract/worker_contract.h"
+#include "runtime/accelerator_impl.h"
+#include "runtime/checkpoint_io.h"
+#include "runtime/checkpoint_layout.h"
+#include "runtime/checkpoint_manifest.h"
+#include "runtime/checkpoint_reader.h"
+#include "runtime/comm.h"
+#include "runtime/env.h"
+#include "runtime/log.h"
+#include "runtime/optimizer_steps.h"
+#include "runtime/progress.h"
+#include "runtime/safetensors.h"
+#include "runtime/stop_request.h"
+#include "runtime/tracking.h"
+
+namespace accel {
+
+using ckpt::checkpoint_number;
+using ckpt::complete_checkpoints;
+using ckpt::indexed;
+using ckpt::kCheckpointPrefix;
+using ckpt::kFormat;
+using ckpt::kFormatVersion;
+using ckpt::kManifest;
+using ckpt::model_identity;
+using ckpt::rank_file;
+using ckpt::rotate;
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using safetensors::module_tensors;
+
+// One file of a checkpoint: its name and what writes its bytes (owning what it writes from).
+struct OutFile {
+  std::string name;
+  std::function<void(const ckpt::Sink&)> produce;
+};
+
+OutFile bytes_file(std::string name, std::string bytes) {
+  auto owned = std::make_shared<std::string>(std::move(bytes));
+  return {std::move(name), [owned](const ckpt::Sink& sink) { sink(*owned); }};
+}
+
+// Streams the tensors' bytes from their own memory: no copy of the whole file is made.
+OutFile safetensors_file(std::string name, safetensors::Encoded encoded) {
+  auto owned = std::make_shared<safetensors::Encoded>(std::move(encoded));
+  return {std::move(name), [owned](const ckpt::Sink& sink) {
+            for (auto part : owned->parts()) sink(part);
+          }};
+}
+
+// libtorch's archive, streamed straight into the file as it serializes.
+OutFile optimizer_file(std::string name, const torch::optim::Optimizer& optimizer) {
+  auto archive = std::make_shared<torch::serialize::OutputArchive>();
+  optimizer.save(*archive);
+  return {std::move(name), [archive](const ckpt::Sink& sink) {
+            std::exception_ptr failed;
+            archive->save_to([&](const void* data, std::size_t n) -> std::size_t {
+              // Why: an exception must not cross miniz or PyTorchStreamWriter's destructor, which
+              // writes the zip's end and, in libtorch 1.13, terminates the process on a second
+              // throw. The first error is kept, the rest of the archive dropped, the error
+              // rethrown.
+              if (!failed) {
+                try {
+                  sink(std::string_view(static_cast<const char*>(data), n));
+                } catch (...) {
+                  failed = std::current_exception();
+                }
+              }
+              return n;
+            });
+            if (failed) std::rethrow_exception(failed);
+          }};
+}
+
+// For a background save: the optimizer's archive built from deep copies of its state, so the
+// writer thread reads memory that training no longer changes. libtorch's own optimizers' states
+// are copied tensor by tensor (the archive is then built from the copies: no serialization
+// here); any other optimizer is serialized into memory now.
+bool deep_copy_state(torch::optim::OptimizerParamState& state) {
+  namespace o = torch::optim;
+  auto copy = [](const torch::Tensor& t) {
+    return t.defined() ? t.detach().clone(torch::MemoryFormat::Preserve) : t;
+  };
+  if (auto* a = dynamic_cast<o::AdamWParamState*>(&state)) {
+    a->exp_avg(copy(a->exp_avg())).exp_avg_sq(copy(a->exp_avg_sq()));
+    a->max_exp_avg_sq(copy(a->max_exp_avg_sq()));
+  } else if (auto* b = dynamic_cast<o::AdamParamState*>(&state)) {
+    b->exp_avg(copy(b->exp_avg())).exp_avg_sq(copy(b->exp_avg_sq()));
+    b->max_exp_avg_sq(copy(b->max_exp_avg_sq()));
+  } else if (auto* c = dynamic_cast<o::SGDParamState*>(&state)) {
+    c->momentum_buffer(copy(c->momentum_buffer()));
+  } else if (auto* d = dynamic_cast<o::AdagradParamState*>(&state)) {
+    d->sum(copy(d->sum()));
+  } else if (auto* e = dynamic_cast<o::RMSpropParamState*>(&state)) {
+    e->square_avg(copy(e->square_avg()));
+    e->momentum_buffer(copy(e->momentum_buffer()));
+    e->grad_avg(copy(e->grad_avg()));
+  } else {
+    return false;
+  }
+  return true;
+}
+
+OutFile optimizer_snapshot(std::string name, torch::optim::Optimizer& optimizer) {
+  namespace o = torch::optim;
+  auto& live = optimizer.state();
+  std::remove_reference_t<decltype(live)> copies;
+  // Why exact types: another optimizer (a subclass included) may save more than its state(), or
+  // keep states whose clone() libtorch does not provide; it is serialized into memory instead.
+  const auto& type = typeid(optimizer);
+  bool copied = type == typeid(o::Adam) || type == typeid(o::AdamW) || type == typeid(o::SGD) ||
+                type == typeid(o::Adagrad) || type == typeid(o::RMSprop);
+  for (const auto& [key, state] : live) {
+    if (!copied) break;
+    auto c = state->clone();  // shares the tensors: deep_copy_state replaces them
+    if (!deep_copy_state(*c)) {
+      copied = false;
+      break;
+    }
+    copies.emplace(key, std::move(c));
+  }
+  // Why: the copies of CUDA state are queued on this thread's stream; the writer thread reads
+  // them from its own.
+  if (copied && !copies.empty() && torch::cuda::is_available()) torch::cuda::synchronize();
+  if (!copied) {
+    std::string bytes;
+    auto archive = torch::serialize::OutputArchive();
+    optimizer.save(archive);
+    archive.save_to([&bytes](const void* data, std::size_t n) -> std::size_t {
+      bytes.append(static_cast<const char*>(data), n);
+      return n;
+    });
+    return bytes_file(std::move(name), std::move(bytes));
+  }
+  // Why a swap: Optimizer::save archives state(); the copies stand in for the live state while it
+  // runs, and go back even if it throws.
+  std::swap(live, copies);
+  struct SwapBack {
+    decltype(live)& a;
+    decltype(copies)& b;
+    ~SwapBack() { std::swap(a, b); }
+  } swap_back{live, copies};
+  return optimizer_file(std::move(name), optimizer);
+}
+
+// A model's tensors copied to CPU memory of their own, for a background save.
+safetensors::NamedTensors snapshot(safetensors::NamedTensors tensors) {
+  for (auto& [name, t] : tensors)
+    t = t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
+  return tensors;
+}
+
+std::string join(const safetensors::Encoded& e) {
+  std::string out;
+  out.reserve(e.size());
+  for (auto part : e.parts()) out.append(part);
+  return out;
+}
+
+// The manifest's "trackers": null, or the run and its tracker files' sizes at the save.
+json tracker_position(const detail::Tracking* tracking) {
+  if (tracking == nullptr || !tracking->trackers || !tracking->trackers->is_open()) return json();
+  auto p = tracking->trackers->position();
+  return {{"run", p.run}, {"files", p.files}};
+}
+
+}  // namespace
+
+// --- save
+// -----------------------------------------------------------------------------------------
+
+namespace {
+
+// This rank's part of a checkpoint: its RNG states and its loaders' positions.
+std::string rank_state(int rank, const std::vector<DataLoader>& loaders) {
+  safetensors::NamedTensors tensors;
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    tensors.emplace_back("rng.cpu", gen.get_state());
+  }
+  if (torch::cuda::is_available()) {
+    for (int i = 0; i < static_cast<int>(torch::cuda::device_count()); ++i) {
+      auto gen = at::globalContext().defaultGenerator(
+          at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(i)));
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      tensors.emplace_back("rng.cuda." + std::to_string(i), gen.get_state());
+    }
+  }
+  json positions = json::array();
+  for (const auto& l : loaders) {
+    auto s = l.state();
+    positions.push_back({{"epoch", s.epoch}, {"batches", s.batches}});
+  }
+  return join(safetensors::encode(tensors,
+                                  {{"rank", std::to_string(rank)}, {"loaders", positions.dump()}}));
+}
+
+// Where an overwrite without RENAME_EXCHANGE keeps the old folder while the new one moves in.
+fs::path set_aside_name(const fs::path& target) {
+  return target.parent_path() /
+         ("." + target.filename().string() + ".old-" + std::to_string(::getpid()));
+}
+
+// Puts a folder an interrupted overwrite set aside back at `target` when `target` is missing,
+// and removes it when `target` is there (the overwrite got that far). Returns true when it moved
+// one.
+bool restore_set_aside(ckpt::CheckpointFs& io, const fs::path& target) {
+  const auto prefix = "." + target.filename().string() + ".old-";
+  std::error_code ec;
+  bool restored = false;
+  for (const auto& entry : fs::directory_iterator(
+           target.parent_path().empty() ? fs::path(".") : target.parent_path(), ec)) {
+    if (entry.path().filename().string().rfind(prefix, 0) != 0) continue;
+    if (!restored && !fs::exists(target, ec)) {
+      io.rename(entry.path(), target);
+      restored = true;
+    } else {
+      io.remove_all(entry.path());
+    }
+  }
+  return restored;
+}
+
+// Writes every file into `tmp`, then the manifest listing them, fsyncs, and puts `tmp` in place
+// of `target` (a swap when `target` exists, so there is no moment without it).
+void fill_and_publish(ckpt::CheckpointFs& io, const fs::path& tmp, const fs::path& target,
+                      const fs::path& parent, const std::vector<std::string>& rank_blobs,
+                      const std::vector<OutFile>& files, json manifest) {
+  json listed = json::array();
+  auto listed_as = [&](const std::string& file, const ckpt::WrittenFile& written) {
+    listed.push_back(
+        {{"name", file}, {"size", written.size}, {"xxh64", ckpt::to_hex(written.checksum)}});
+  };
+  for (const auto& file : files)
+    listed_as(file.name, io.write_stream(tmp / file.name, file.produce));
+  for (std::size_t r = 0; r < rank_blobs.size(); ++r) {
+    listed_as(rank_file(r), io.write_file(tmp / rank_file(r), {rank_blobs[r]}));
+  }
+  manifest["files"] = listed;
+  io.write_file(tmp / kManifest, {manifest.dump(2)});
+  io.sync_dir(tmp);
+  std::error_code ec;
+  if (!fs::exists(target, ec)) {
+    io.rename(tmp, target);
+    io.sync_dir(parent);
+  } else if (io.exchange(tmp, target)) {  // the new folder is in place; tmp now holds the old one
+    io.sync_dir(parent);
+    io.remove_all(tmp);
+  } else {
+    // No RENAME_EXCHANGE (NFS): the old folder steps aside, then the new one takes its name.
+    // Why this is still safe: both folders are complete (fsynced) before either rename, so at
+    // every moment a complete checkpoint is at `target` or at `aside`. An error between the two
+    // renames puts the old one back at once (write_checkpoint); after a crash there, the next
+    // save to `target` puts it back first (restore_set_aside), and latest_checkpoint() meanwhile
+    // finds the newest other checkpoint.
+    auto aside = set_aside_name(target);
+    io.rename(target, aside);
+    io.rename(tmp, target);
+    io.sync_dir(parent);
+    io.remove_all(aside);
+  }
+}
+
+// Rank 0 writes every file into a temp folder beside `target`, fsyncs, then renames it into place.
+void write_checkpoint(const fs::path& target, const std::vector<std::string>& rank_blobs,
+                      const std::vector<OutFile>& files, json manifest) {
+  auto& io = ckpt::checkpoint_fs();
+  auto parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+  auto name = target.filename().string();
+  io.create_directories_durably(parent);
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(parent, ec)) {
+    auto other = entry.path().filename().string();
+    if (other.rfind("." + name + ".tmp-", 0) == 0)
+      io.remove_all(entry.path());  // a crashed save's leftovers
+  }
+  if (restore_set_aside(io, target)) io.sync_dir(parent);
+  auto tmp = parent / ("." + name + ".tmp-" + std::to_string(::getpid()));
+  try {
+    io.create_directories(tmp);
+    fill_and_publish(io, tmp, target, parent, rank_blobs, files, std::move(manifest));
+  } catch (...) {
+    try {
+      io.remove_all(tmp);  // what the failed save wrote; a later save also cleans it
+      restore_set_aside(io, target);
+    } catch (...) {
+    }
+    throw;
+  }
+}
+
+// The bytes of the files under `folder` (what the progress page reports as a checkpoint's size).
+std::uint64_t folder_bytes(const fs::path& folder) {
+  std::uint64_t total = 0;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(folder, ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    std::error_code size_ec;
+    if (it->is_regular_file(size_ec)) total += it->file_size(size_ec);
+  }
+  return total;
+}
+
+}  // namespace
+
+fs::path Accelerator::save_state(const fs::path& dir) { return save_state(dir, {}); }
+
+fs::path Accelerator::save_state(const fs::path& dir, const SaveStateOptions& options) {
+  maybe_resume(/*forward_done=*/false);
+  wait_for_checkpoint();  // Why: one save at a time, and its outcome known before the next
+  const std::uint64_t began = progress::monotonic_ns();
+  const bool async = options.async;
+  fs::path target = dir;
+  bool automatic = dir.empty();
+  if (automatic) {
+    if (!impl_->project_.project_dir || impl_->project_.project_dir->empty() ||
+        !*impl_->project_.automatic_checkpoint_naming) {
+      throw UsageError(
+          "accel: save_state() with no folder needs ProjectConfiguration::project_dir with "
+          "automatic_checkpoint_naming (or ACCEL_CHECKPOINT_DIR / accel-launch --checkpoint-dir)");
+    }
+    target = fs::path(*impl_->project_.project_dir) / "checkpoints" /
+             (kCheckpointPrefix + std::to_string(impl_->project_.iteration));
+  }
+  // Copied first: a hook may remove itself (or another) while it runs.
+  for (const auto& [id, hook] : std::map<int64_t, StateHook>(*impl_->save_hooks_))
+    hook(impl_->models_, target);
+  auto mine = rank_state(process_index(), impl_->loaders_);
+  auto blobs = use_distributed() ? gather_object(mine) : std::vector<std::string>{mine};
+  // ZeRO: the shards of each optimizer's state become libtorch's full state on the main process
+  // for the save (the checkpoint is the unsharded one), and go again after it.
+  try {
+    for (auto& slot : impl_->optimizers_)
+      if (slot->zero) slot->zero->gather_state(is_main_process());
+  } catch (...) {
+    for (auto& slot : impl_->optimizers_)
+      if (slot->zero) slot->zero->clear_installed();
+    throw;
+  }
+  std::string error;
+  if (is_main_process()) {
+    try {
+      std::vector<OutFile> files;
+      for (std::size_t i = 0; i < impl_->models_.size(); ++i) {
+        auto name = indexed("model", i, ".safetensors");
+        auto tensors = module_tensors(*impl_->models_[i]);
+        if (async) tensors = snapshot(std::move(tensors));
+        files.push_back(safetensors_file(
+            name, safetensors::encode(tensors, {{"format", "pt"}}, (target / name).string())));
+      }
+      json optimizer_steps = json::array(), optimizer_lrs = json::array();
+      for (std::size_t i = 0; i < impl_->optimizers_.size(); ++i) {
+        // Why: libtorch 1.13 saves param-group options but does not apply them on load.
+        json lrs = json::array();
+        for (auto& group : impl_->optimizers_[i]->optimizer->param_groups())
+          lrs.push_back(group.options().get_lr());
+        optimizer_lrs.push_back(lrs);
+        auto name = indexed("optimizer", i, ".bin");
+        auto& optimizer = *impl_->optimizers_[i]->optimizer;
+        files.push_back(async ? optimizer_snapshot(name, optimizer)
+                              : optimizer_file(name, optimizer));
+        optimizer_steps.push_back(impl_->optimizers_[i]->steps);
+      }
+      for (std::size_t i = 0; i < impl_->schedulers_.size(); ++i) {
+        files.push_back(bytes_file(indexed("scheduler", i, ".json"),
+                                   json({{"steps", impl_->schedulers_[i]->steps}}).dump()));
+      }
+      if (impl_->scaler_) files.push_back(bytes_file("scaler.json", impl_->scaler_->state_dict()));
+      for (std::size_t i = 0; i < impl_->custom_.size(); ++i) {
+        files.push_back(bytes_file("custom_checkpoint_" + std::to_string(i) + ".bin",
+                                   impl_->custom_[i].save()));
+      }
+      json loaders = json::array();
+      for (const auto& l : impl_->loaders_) {
+        auto s = l.state();
+        json size = l.dataset_size() ? json(*l.dataset_size()) : json();
+        loaders.push_back({{"epoch", s.epoch},
+                           {"batches", s.batches},
+                           {"total_batch_size", l.total_batch_size()},
+                           {"seed", l.options().seed.value_or(0)},
+                           {"shuffle", l.options().shuffle},
+                           {"dataset_size", size}});
+      }
+      json run = {{"models", json::array()},
+                  {"optimizers", json::array()},
+                  {"dataset_sizes", json::array()}};
+      for (const auto& m : impl_->models_) run["models"].push_back(model_identity(*m));
+      for (const auto& o : impl_->optimizers_)
+        run["optimizers"].push_back(c10::demangle(typeid(*o->optimizer).name()));
+      for (const auto& l : loaders) run["dataset_sizes"].push_back(l["dataset_size"]);
+      json manifest = {
+          {"format", kFormat},
+          {"format_version", kFormatVersion},
+          {"created_unix", static_cast<int64_t>(std::time(nullptr))},
+          {"step", completed_steps()},
+          {"iteration", impl_->project_.iteration},
+          {"epoch", impl_->loaders_.empty() ? json() : loaders[0]["epoch"]},
+          {"batches_in_epoch", impl_->loaders_.empty() ? json() : loaders[0]["batches"]},
+          {"world_size", num_processes()},
+          {"mixed_precision", impl_->mixed_precision_},
+          {"gradient_accumulation_steps", gradient_accumulation_steps()},
+          {"accumulation_step", gradient_state_->step()},
+          {"optimizer_steps", optimizer_steps},
+          {"optimizer_lrs", optimizer_lrs},
+          {"loaders", loaders},
+          {"run", run},
+          {"trackers", tracker_position(impl_->tracking_.get())},
+          {"contents",
+           {{"models", impl_->models_.size()},
+            {"optimizers", impl_->optimizers_.size()},
+            {"schedulers", impl_->schedulers_.size()},
+            {"scaler", impl_->scaler_ != nullptr},
+            {"custom", impl_->custom_.size()}}},
+      };
+      std::optional<int64_t> limit;
+      if (automatic) limit = impl_->project_.total_limit;
+      std::function<void()> write = [target, blobs = std::move(blobs), files = std::move(files),
+                                     manifest = std::move(manifest), limit, began]() mutable {
+        write_checkpoint(target, blobs, files, std::move(manifest));
+        if (limit) rotate(target, *limit);
+        progress::checkpoint_saved(folder_bytes(target), progress::monotonic_ns() - began);
+      };
+      if (!async) {
+        write();
+      } else {
+        // Why here, before the broadcast: a thread that cannot start is this save's error, which
+        // every rank must learn now, not at a wait that only some ranks would reach.
+        impl_->save_writer_ = std::async(std::launch::async, [write = std::move(write)] {
+          try {
+            write();
+          } catch (const std::exception& e) {
+            return std::string(*e.what() ? e.what() : "accel: save_state failed");
+          } catch (...) {
+            return std::string("accel: save_state failed (an unknown exception)");
+          }
+          return std::string();
+        });
+      }
+    } catch (const std::exception& e) {
+      error = e.what();
+      if (error.empty()) error = "accel: save_state failed";
+    }
+  }
+  for (auto& slot : impl_->optimizers_)
+    if (slot->zero) slot->zero->clear_installed();
+  // Why: every rank must learn that rank 0's write (or, async, its copy) failed, or the others
+  // would carry on as if the checkpoint existed.
+  if (use_distributed()) error = broadcast_object(error);
+  if (!error.empty()) throw CheckpointError(error);
+  if (async) {
+    impl_->save_in_flight_ = true;
+    impl_->save_target_ = target;
+  }
+  ++impl_->project_.iteration;
+  if (automatic) {
+    impl_->last_auto_save_ = completed_steps();
+    impl_->last_auto_save_dir_ = target;
+  }
+  if (is_main_process()) {
+    log::debug(std::string(async ? "saving checkpoint " : "saved checkpoint ") + target.string() +
+               " at step " + std::to_string(completed_steps()) +
+               (async ? " in the background" : ""));
+  }
+  return target;
+}
+
+const std::string& Accelerator::Impl::join_background_save() {
+  if (save_writer_.valid()) {
+    save_error_ = save_writer_.get();
+    if (save_error_.empty()) log::debug("saved checkpoint " + save_target_.string());
+  }
+  return save_error_;
+}
+
+void Accelerator::wait_for_checkpoint() {
+  if (!impl_->save_in_flight_) return;
+  std::string error = impl_->join_background_save();
+  impl_->save_in_flight_ = false;
+  impl_->save_error_.clear();
+  if (use_distributed()) error = broadcast_object(error);
+  if (!error.empty()) {
+    throw CheckpointError("accel: the background save of " + impl_->save_target_.string() +
+                          " failed (the checkpoints before it are intact): " + error);
+  }
+}
+
+void Accelerator::save_model(const torch::nn::Module& model, const fs::path& dir,
+                             const SaveModelOptions& options) {
+  auto limit = safetensors::parse_size(options.max_shard_size, "SaveModelOptions::max_shard_size");
+  // Why no collective: HF's idiom `if (is_main_process()) save_model(...)` must not hang the
+  // main process waiting for ranks that never call it.
+  if (!is_main_process()) return;
+  try {
+    safetensors::save_sharded(module_tensors(model), dir, limit);
+  } catch (const CheckpointError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw CheckpointError(std::string("accel: save_model ") + dir.string() + ": " + e.what());
+  }
+}
+
+}  // namespace accel
