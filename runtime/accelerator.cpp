@@ -72,6 +72,9 @@ void PreparedOptimizer::step() {
   slot.overflow = false;
   slot.skipped = !state_->sync_gradients();
   if (slot.skipped) return;
+  // Why: a background save may still be copying the weights and this optimizer's state (usually
+  // done during the forward and backward since the save).
+  if (slot.snapshot) slot.snapshot->wait();
   if (slot.check_membership) {
     slot.check_membership();
     slot.check_membership = nullptr;
@@ -400,6 +403,7 @@ PreparedOptimizer Accelerator::prepare_optimizer(
   check_not_started("prepare() of an optimizer");
   auto slot = std::make_shared<detail::OptimizerSlot>();
   slot->optimizer = std::move(optimizer);
+  slot->snapshot = impl_->snapshot_;
   // Why: libtorch's optimizers step a tensor listed twice twice (tied weights come out of
   // parameters() twice), and ZeRO would give each listing its own slice and state; HF's
   // parameters() lists it once, so it steps once.
@@ -573,6 +577,7 @@ void Accelerator::free_memory() {
       slot->zero.reset();
     }
   }
+  impl_->snapshot_->release();  // the buffers a background save keeps between saves
   impl_->syncs_.clear();
   impl_->prepared_.clear();
   impl_->models_.clear();

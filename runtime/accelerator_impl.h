@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "accel/accelerator.h"
+#include "runtime/checkpoint_snapshot.h"
 #include "runtime/grad_sync.h"
 #include "runtime/tracking.h"
 #include "runtime/zero.h"
@@ -38,6 +39,8 @@ struct OptimizerSlot {
   // ZeRO: throws UsageError for a parameter outside every prepared model; run at the first step
   // (the models may be prepared after the optimizer), then cleared.
   std::function<void()> check_membership;
+  // A background save's copies of the parameters and optimizer states: a step waits for them.
+  std::shared_ptr<ckpt::SnapshotCopies> snapshot;
 };
 
 struct SchedulerSlot {
@@ -97,6 +100,8 @@ struct Accelerator::Impl {
   std::filesystem::path save_target_;
   // Main process: the writer thread's result ("" = written), until joined into save_error_.
   std::future<std::string> save_writer_;
+  // Main process: what a background save copies of the state, and the buffers it keeps.
+  std::shared_ptr<ckpt::SnapshotCopies> snapshot_ = std::make_shared<ckpt::SnapshotCopies>();
   std::string save_error_;
   // Main process, not a collective: waits for the writer; its error ("" = none or not main).
   const std::string& join_background_save();

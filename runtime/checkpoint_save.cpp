@@ -2,6 +2,7 @@
 // atomically by rank 0; in the foreground or in the background), rotation, wait_for_checkpoint
 // and save_model.
 #include <c10/util/Type.h>
+#include <sys/resource.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <unordered_set>
 
 #include "accel/accelerator.h"
 #include "contract/json_depth.h"
@@ -22,7 +24,7 @@
 #include "runtime/checkpoint_io.h"
 #include "runtime/checkpoint_layout.h"
 #include "runtime/checkpoint_manifest.h"
-#include "runtime/checkpoint_reader.h"
+#include "runtime/checkpoint_snapshot.h"
 #include "runtime/comm.h"
 #include "runtime/env.h"
 #include "runtime/log.h"
@@ -50,6 +52,10 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 using safetensors::module_tensors;
+
+// The niceness of a background save's writer once its copies are made (0 = training's, 19 = the
+// lowest priority): training's threads win a contended core, and the writer still progresses.
+constexpr int kWriterNiceness = 10;
 
 // One file of a checkpoint: its name and what writes its bytes (owning what it writes from).
 struct OutFile {
@@ -94,14 +100,16 @@ OutFile optimizer_file(std::string name, const torch::optim::Optimizer& optimize
           }};
 }
 
-// For a background save: the optimizer's archive built from deep copies of its state, so the
-// writer thread reads memory that training no longer changes. libtorch's own optimizers' states
-// are copied tensor by tensor (the archive is then built from the copies: no serialization
-// here); any other optimizer is serialized into memory now.
-bool deep_copy_state(torch::optim::OptimizerParamState& state) {
+// For a background save: the optimizer's archive built from copies of its state, so the writer
+// reads memory that training no longer changes. libtorch's own optimizers' states are copied
+// tensor by tensor (the archive is then built from the copies: no serialization here), those on
+// the CPU by the writer thread (`copies`) before the next step; any other optimizer is
+// serialized into memory now.
+bool copy_state(torch::optim::OptimizerParamState& state, ckpt::SnapshotCopies& copies) {
   namespace o = torch::optim;
-  auto copy = [](const torch::Tensor& t) {
-    return t.defined() ? t.detach().clone(torch::MemoryFormat::Preserve) : t;
+  auto copy = [&copies](const torch::Tensor& t) {
+    if (!t.defined()) return t;
+    return t.device().is_cpu() ? copies.defer(t) : t.detach().clone(torch::MemoryFormat::Preserve);
   };
   if (auto* a = dynamic_cast<o::AdamWParamState*>(&state)) {
     a->exp_avg(copy(a->exp_avg())).exp_avg_sq(copy(a->exp_avg_sq()));
@@ -123,10 +131,11 @@ bool deep_copy_state(torch::optim::OptimizerParamState& state) {
   return true;
 }
 
-OutFile optimizer_snapshot(std::string name, torch::optim::Optimizer& optimizer) {
+OutFile optimizer_snapshot(std::string name, torch::optim::Optimizer& optimizer,
+                           ckpt::SnapshotCopies& copies) {
   namespace o = torch::optim;
   auto& live = optimizer.state();
-  std::remove_reference_t<decltype(live)> copies;
+  std::remove_reference_t<decltype(live)> copied_state;
   // Why exact types: another optimizer (a subclass included) may save more than its state(), or
   // keep states whose clone() libtorch does not provide; it is serialized into memory instead.
   const auto& type = typeid(optimizer);
@@ -134,16 +143,16 @@ OutFile optimizer_snapshot(std::string name, torch::optim::Optimizer& optimizer)
                 type == typeid(o::Adagrad) || type == typeid(o::RMSprop);
   for (const auto& [key, state] : live) {
     if (!copied) break;
-    auto c = state->clone();  // shares the tensors: deep_copy_state replaces them
-    if (!deep_copy_state(*c)) {
+    auto c = state->clone();  // shares the tensors: copy_state replaces them
+    if (!copy_state(*c, copies)) {
       copied = false;
       break;
     }
-    copies.emplace(key, std::move(c));
+    copied_state.emplace(key, std::move(c));
   }
   // Why: the copies of CUDA state are queued on this thread's stream; the writer thread reads
   // them from its own.
-  if (copied && !copies.empty() && torch::cuda::is_available()) torch::cuda::synchronize();
+  if (copied && !copied_state.empty() && torch::cuda::is_available()) torch::cuda::synchronize();
   if (!copied) {
     std::string bytes;
     auto archive = torch::serialize::OutputArchive();
@@ -155,20 +164,30 @@ OutFile optimizer_snapshot(std::string name, torch::optim::Optimizer& optimizer)
     return bytes_file(std::move(name), std::move(bytes));
   }
   // Why a swap: Optimizer::save archives state(); the copies stand in for the live state while it
-  // runs, and go back even if it throws.
-  std::swap(live, copies);
+  // runs (the archive keeps the tensors, not their values), and go back even if it throws.
+  std::swap(live, copied_state);
   struct SwapBack {
     decltype(live)& a;
-    decltype(copies)& b;
+    decltype(copied_state)& b;
     ~SwapBack() { std::swap(a, b); }
-  } swap_back{live, copies};
+  } swap_back{live, copied_state};
   return optimizer_file(std::move(name), optimizer);
 }
 
-// A model's tensors copied to CPU memory of their own, for a background save.
-safetensors::NamedTensors snapshot(safetensors::NamedTensors tensors) {
-  for (auto& [name, t] : tensors)
-    t = t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
+// A model's tensors for a background save: its CPU parameters as buffers that the writer thread
+// fills before the next optimizer step (`copies`); everything else copied now (buffers such as
+// BatchNorm's running statistics change in the next forward; GPU tensors come to the CPU).
+safetensors::NamedTensors snapshot(safetensors::NamedTensors tensors,
+                                   const torch::nn::Module& model, ckpt::SnapshotCopies& copies) {
+  std::unordered_set<const void*> parameters;
+  for (const auto& p : model.parameters()) parameters.insert(p.data_ptr());
+  for (auto& [name, t] : tensors) {
+    if (t.device().is_cpu() && parameters.contains(t.data_ptr())) {
+      t = copies.defer(t);
+    } else {
+      t = t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
+    }
+  }
   return tensors;
 }
 
@@ -361,13 +380,15 @@ fs::path Accelerator::save_state(const fs::path& dir, const SaveStateOptions& op
     throw;
   }
   std::string error;
+  auto& copies = *impl_->snapshot_;
   if (is_main_process()) {
     try {
+      if (async) copies.begin();
       std::vector<OutFile> files;
       for (std::size_t i = 0; i < impl_->models_.size(); ++i) {
         auto name = indexed("model", i, ".safetensors");
         auto tensors = module_tensors(*impl_->models_[i]);
-        if (async) tensors = snapshot(std::move(tensors));
+        if (async) tensors = snapshot(std::move(tensors), *impl_->models_[i], copies);
         files.push_back(safetensors_file(
             name, safetensors::encode(tensors, {{"format", "pt"}}, (target / name).string())));
       }
@@ -380,7 +401,7 @@ fs::path Accelerator::save_state(const fs::path& dir, const SaveStateOptions& op
         optimizer_lrs.push_back(lrs);
         auto name = indexed("optimizer", i, ".bin");
         auto& optimizer = *impl_->optimizers_[i]->optimizer;
-        files.push_back(async ? optimizer_snapshot(name, optimizer)
+        files.push_back(async ? optimizer_snapshot(name, optimizer, copies)
                               : optimizer_file(name, optimizer));
         optimizer_steps.push_back(impl_->optimizers_[i]->steps);
       }
@@ -448,16 +469,28 @@ fs::path Accelerator::save_state(const fs::path& dir, const SaveStateOptions& op
       } else {
         // Why here, before the broadcast: a thread that cannot start is this save's error, which
         // every rank must learn now, not at a wait that only some ranks would reach.
-        impl_->save_writer_ = std::async(std::launch::async, [write = std::move(write)] {
-          try {
-            write();
-          } catch (const std::exception& e) {
-            return std::string(*e.what() ? e.what() : "accel: save_state failed");
-          } catch (...) {
-            return std::string("accel: save_state failed (an unknown exception)");
-          }
-          return std::string();
-        });
+        copies.start();
+        try {
+          impl_->save_writer_ = std::async(
+              std::launch::async, [write = std::move(write), copying = impl_->snapshot_] {
+                try {
+                  // Why first: the next optimizer step waits for these copies, not the write.
+                  copying->copy();
+                  // Why: the write (checksums, the disk) must not take a core from training;
+                  // raising this thread's niceness lowers only its own priority (Linux).
+                  ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kWriterNiceness);
+                  write();
+                } catch (const std::exception& e) {
+                  return std::string(*e.what() ? e.what() : "accel: save_state failed");
+                } catch (...) {
+                  return std::string("accel: save_state failed (an unknown exception)");
+                }
+                return std::string();
+              });
+        } catch (...) {
+          copies.abandon();
+          throw;
+        }
       }
     } catch (const std::exception& e) {
       error = e.what();

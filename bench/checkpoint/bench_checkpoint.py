@@ -6,7 +6,9 @@ Prints a Markdown table of medians over --runs runs, everything measured in this
   load_state MB/s  vs  dd if=F of=/dev/null bs=1M
   training stall per checkpoint: saves in the background (async) vs in the foreground (sync),
     from the wall time of --stall-steps training steps with a save every --stall-every steps
-    minus that of the same run without saves
+    (none at the last step, whose background write no training could hide) minus that of the
+    same run without saves; also the longest save_state call, and the longest step just after a
+    save (where a background save's copy is waited for)
   model M (784->2048->2048->10, AdamW, b=64) steps/s under acc.autocast(): bf16 vs no (fp32)
 The model M figures come from bench_train (bench/train/), whose forward pass runs under
 acc.autocast(), at ACCEL_MIXED_PRECISION=no and =bf16, on one process.
@@ -165,6 +167,7 @@ def main():
 
         stall = {"none": [], "sync": [], "async": []}
         calls = {"sync": [], "async": []}
+        after = {"sync": [], "async": []}
         saves = 0
         for _ in range(a.runs):
             for save_mode in ("none", "sync", "async"):
@@ -172,6 +175,7 @@ def main():
                 stall[save_mode].append(row["seconds"])
                 if save_mode != "none":
                     calls[save_mode].append(row["longest_save_call_s"])
+                    after[save_mode].append(row["longest_step_after_save_s"])
                     saves = row["saves"]
 
         amp = {"no": [], "bf16": []}
@@ -198,6 +202,8 @@ def main():
           f"{per_save['async'] / per_save['sync']:.2f}x |")
     print(f"| longest save_state call, ms | async: {med(calls['async']) * 1000:.0f} | "
           f"sync: {med(calls['sync']) * 1000:.0f} | {med(calls['async']) / med(calls['sync']):.2f}x |")
+    print(f"| longest step just after a save, ms | async: {med(after['async']) * 1000:.0f} | "
+          f"sync: {med(after['sync']) * 1000:.0f} | {med(after['async']) / med(after['sync']):.2f}x |")
     print(f"| model M steps/s, bf16 autocast vs fp32 | {med(amp['bf16']):.2f} | fp32 (`no`): {med(amp['no']):.2f} | "
           f"{med(amp['bf16']) / med(amp['no']):.2f}x |")
     print("\nper run: " + "; ".join(f"{name} {', '.join(f'{v:.1f}' for v in values)}" for name, values in

@@ -22,10 +22,12 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
+#include <thread>
 
 #include "accel/accel.h"
 #include "contract/json_depth.h"
 #include "runtime/checkpoint_io.h"
+#include "runtime/checkpoint_snapshot.h"
 #include "runtime/safetensors.h"
 #include "tests/common/files.h"
 
@@ -1338,6 +1340,47 @@ TEST(CheckpointAsync, ABackgroundSaveHoldsTheStateOfItsCallWhileTrainingGoesOn) 
   gated.open();
   rig.acc.wait_for_checkpoint();
   rig.acc.wait_for_checkpoint();  // nothing in flight: returns at once
+  Rig resumed({.init_seed = 2});
+  resumed.acc.load_state(dir);
+  expect_same(saved, snapshot(resumed));
+}
+
+// The writer thread copies the weights and AdamW's state while the program's next forward and
+// backward run, and the optimizer step waits for those copies. Here the copies are held back
+// until well after that step began: the checkpoint still holds the state of the save_state call,
+// "seen" included (a buffer the forward changes, copied during the call).
+TEST(CheckpointAsync, TheNextStepWaitsForTheBackgroundCopyOfTheWeights) {
+  TempDir tmp;
+  Rig rig({.init_seed = 1});
+  for (int i = 0; i < 3; ++i) rig.step();
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::atomic<bool> copy_began{false};
+  ckpt::set_copy_hook_for_testing([&] {
+    copy_began = true;
+    released.wait();
+  });
+  struct ClearHook {
+    std::promise<void>& release;
+    bool opened = false;
+    ~ClearHook() {
+      if (!opened) release.set_value();
+      ckpt::set_copy_hook_for_testing(nullptr);
+    }
+  } clear_hook{release};
+  auto saved = snapshot(rig);
+  auto dir = rig.acc.save_state(tmp.path() / "ckpt", {.async = true});
+  std::thread opener([&] {
+    while (!copy_began) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    // Why 200 ms: the step below (a forward, a backward and AdamW on a tiny model) begins long
+    // before; it must wait here, or the weights it changes would be copied changed.
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    clear_hook.opened = true;
+    release.set_value();
+  });
+  rig.step();
+  opener.join();
+  rig.acc.wait_for_checkpoint();
   Rig resumed({.init_seed = 2});
   resumed.acc.load_state(dir);
   expect_same(saved, snapshot(resumed));

@@ -92,10 +92,14 @@ struct SaveModelOptions {
 
 // How save_state writes (docs/checkpointing.md).
 struct SaveStateOptions {
-  // Copy the state to memory and return; the files are written, fsynced and published by a
-  // background thread of the main process while training goes on. The next save_state,
-  // load_state, wait_for_checkpoint or end_training waits for it first, and reports its failure.
-  // Costs a copy of the models and optimizer states in memory until it is written.
+  // Return at once; a background thread of the main process copies the state and writes,
+  // fsyncs and publishes the files while training goes on. What a forward pass may change
+  // (models' buffers), GPU tensors and the small state are copied during the call; the CPU
+  // parameters and optimizer states by the thread, and the next step() of a prepared optimizer
+  // waits for that copy: until then, change the parameters only through it (or call
+  // wait_for_checkpoint() first). The next save_state, load_state, wait_for_checkpoint or
+  // end_training waits for the whole save, and reports its failure. Costs a copy of the models'
+  // parameters and optimizer states in memory, kept between saves (free_memory() releases it).
   bool async = false;
 };
 

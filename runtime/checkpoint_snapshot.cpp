@@ -1,0 +1,91 @@
+// SnapshotCopies (checkpoint_snapshot.h).
+#include "runtime/checkpoint_snapshot.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace accel::ckpt {
+
+namespace {
+std::function<void()>& copy_hook() {
+  static std::function<void()> hook;
+  return hook;
+}
+}  // namespace
+
+void set_copy_hook_for_testing(std::function<void()> hook) { copy_hook() = std::move(hook); }
+
+void SnapshotCopies::begin() {
+  wait();
+  queued_.clear();
+  next_ = 0;
+}
+
+torch::Tensor SnapshotCopies::defer(const torch::Tensor& live) {
+  torch::Tensor buffer;
+  // Why use_count: a buffer still held by a writer (or by the program, through a tensor it got
+  // from a checkpoint) must not be written into; a fresh one is made instead.
+  if (next_ < kept_.size() && kept_[next_].use_count() == 1 &&
+      kept_[next_].scalar_type() == live.scalar_type() && kept_[next_].sizes() == live.sizes()) {
+    buffer = kept_[next_];
+  } else {
+    buffer = torch::empty(live.sizes(), live.options().device(torch::kCPU).requires_grad(false),
+                          torch::MemoryFormat::Contiguous);
+    if (next_ < kept_.size()) {
+      kept_[next_] = buffer;
+    } else {
+      kept_.push_back(buffer);
+    }
+  }
+  ++next_;
+  queued_.emplace_back(buffer, live.detach());
+  return buffer;
+}
+
+void SnapshotCopies::start() {
+  kept_.resize(std::min(kept_.size(), next_));  // a model or optimizer fewer than last time
+  std::lock_guard lock(mutex_);
+  pending_ = !queued_.empty();
+}
+
+void SnapshotCopies::copy() {
+  struct Done {
+    SnapshotCopies& self;
+    ~Done() { self.abandon(); }
+  } done{*this};
+  if (copy_hook()) copy_hook()();
+  for (auto& [buffer, live] : queued_) {
+    // Why memcpy for the usual case: at::copy_ may split a large copy over ATen's intra-op
+    // threads, which the training thread is using; this thread copies alone.
+    if (live.is_contiguous() && live.scalar_type() == buffer.scalar_type()) {
+      std::memcpy(buffer.data_ptr(), live.data_ptr(), live.nbytes());
+    } else {
+      buffer.copy_(live);
+    }
+  }
+  queued_.clear();  // the live tensors are the program's again
+}
+
+void SnapshotCopies::abandon() {
+  {
+    std::lock_guard lock(mutex_);
+    pending_ = false;
+  }
+  done_.notify_all();
+}
+
+void SnapshotCopies::wait() {
+  std::unique_lock lock(mutex_);
+  done_.wait(lock, [this] { return !pending_; });
+}
+
+void SnapshotCopies::release() {
+  wait();
+  kept_.clear();
+  queued_.clear();
+  next_ = 0;
+}
+
+}  // namespace accel::ckpt
