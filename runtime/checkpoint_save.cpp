@@ -109,7 +109,9 @@ bool copy_state(torch::optim::OptimizerParamState& state, ckpt::SnapshotCopies& 
   namespace o = torch::optim;
   auto copy = [&copies](const torch::Tensor& t) {
     if (!t.defined()) return t;
-    return t.device().is_cpu() ? copies.defer(t) : t.detach().clone(torch::MemoryFormat::Preserve);
+    return t.device().is_cpu() && t.layout() == torch::kStrided
+               ? copies.defer(t)
+               : t.detach().clone(torch::MemoryFormat::Preserve);
   };
   if (auto* a = dynamic_cast<o::AdamWParamState*>(&state)) {
     a->exp_avg(copy(a->exp_avg())).exp_avg_sq(copy(a->exp_avg_sq()));
@@ -182,7 +184,7 @@ safetensors::NamedTensors snapshot(safetensors::NamedTensors tensors,
   std::unordered_set<const void*> parameters;
   for (const auto& p : model.parameters()) parameters.insert(p.data_ptr());
   for (auto& [name, t] : tensors) {
-    if (t.device().is_cpu() && parameters.contains(t.data_ptr())) {
+    if (t.device().is_cpu() && t.layout() == torch::kStrided && parameters.contains(t.data_ptr())) {
       t = copies.defer(t);
     } else {
       t = t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();

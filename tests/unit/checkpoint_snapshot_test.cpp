@@ -67,9 +67,15 @@ TEST(SnapshotCopies, BuffersAreReusedFromOneSaveToTheNext) {
   auto held = copies.defer(x);  // the program keeps this one
   copies.start();
   copies.copy();
-  auto [a3, b3] = save(x, torch::ones({17}));
-  EXPECT_NE(a3, held.data_ptr());
-  EXPECT_NE(b3, b2);
+  // Why no address comparison for the new shape: a freed buffer's memory may come back.
+  copies.begin();
+  auto a3 = copies.defer(x);
+  auto b3 = copies.defer(torch::ones({17}));
+  copies.start();
+  copies.copy();
+  EXPECT_NE(a3.data_ptr(), held.data_ptr());
+  EXPECT_EQ(b3.numel(), 17);
+  EXPECT_TRUE(torch::equal(b3, torch::ones({17})));
   EXPECT_TRUE(torch::equal(held, x));
 }
 
