@@ -58,8 +58,9 @@ void SnapshotCopies::copy() {
   if (copy_hook()) copy_hook()();
   for (auto& [buffer, live] : queued_) {
     // Why memcpy for the usual case: at::copy_ may split a large copy over ATen's intra-op
-    // threads, which the training thread is using; this thread copies alone.
-    if (live.is_contiguous() && live.scalar_type() == buffer.scalar_type()) {
+    // threads, which the training thread is using; this thread copies alone. (A buffer has its
+    // tensor's dtype and shape, contiguous.)
+    if (live.is_contiguous()) {
       std::memcpy(buffer.data_ptr(), live.data_ptr(), live.nbytes());
     } else {
       buffer.copy_(live);

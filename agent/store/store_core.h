@@ -138,7 +138,7 @@ class StoreCore {
   std::unordered_map<std::string, std::string> data_;
   // key -> connections waiting. Why a flat table (Abseil's, as gRPC uses): a million pending
   // waits cost ~1 s of the store's one loop in node-based std::unordered_map (a cache miss per
-  // node, a node and a vector allocated per key) and about half that here.
+  // node, a node and a vector allocated per key) and about a third of that here.
   absl::flat_hash_map<std::string, absl::InlinedVector<ConnId, 1>> waiting_;
   std::vector<ConnId> ready_;
   size_t stored_bytes_ = 0;
