@@ -217,8 +217,10 @@ int run_stall(int argc, char** argv) {
   const long steps = args.integer("steps"), every = args.integer("every");
   long saves = 0;
   double longest_call = 0;  // the longest save_state call: how long training stood still
-  double longest_step = 0;  // the longest step just after a save (a background copy waited for)
-  double steps_s = 0;       // all steps but those, to compare with
+  // Each step just after a save (where a background save's copy is waited for), in order, and
+  // the time of all the other steps.
+  std::string after_saves;
+  double other_steps_s = 0;
   bool after_save = false;
   auto start = Clock::now();
   for (long step = 1; step <= steps; ++step) {
@@ -226,9 +228,9 @@ int run_stall(int argc, char** argv) {
     train_one_step(acc, io);
     const double took = seconds_since(began);
     if (after_save) {
-      longest_step = std::max(longest_step, took);
+      after_saves += (after_saves.empty() ? "" : ", ") + std::to_string(took);
     } else {
-      steps_s += took;
+      other_steps_s += took;
     }
     after_save = false;
     // Why none at the last step: a run's end waits for its last background write, which no
@@ -241,9 +243,7 @@ int run_stall(int argc, char** argv) {
       after_save = true;
     }
   }
-  auto waiting = Clock::now();
   acc.wait_for_checkpoint();
-  const double final_wait = seconds_since(waiting);
   double seconds = seconds_since(start);
   // This process's peak resident memory (VmHWM): under ZeRO (accel-launch -n N with
   // ACCEL_ZERO_STAGE=1), what a save adds to each rank shows against --save none.
@@ -255,10 +255,10 @@ int run_stall(int argc, char** argv) {
   }
   std::printf(
       "{\"save\": %s, \"rank\": %d, \"steps\": %ld, \"saves\": %ld, \"seconds\": %.4f, "
-      "\"longest_save_call_s\": %.4f, \"longest_step_after_save_s\": %.4f, "
-      "\"mean_other_step_s\": %.4f, \"final_wait_s\": %.4f, \"peak_rss_mb\": %.1f}\n",
-      quoted(save).c_str(), acc.process_index(), steps, saves, seconds, longest_call, longest_step,
-      steps_s / static_cast<double>(steps - saves), final_wait,
+      "\"longest_save_call_s\": %.4f, \"steps_after_saves_s\": [%s], "
+      "\"mean_other_step_s\": %.4f, \"peak_rss_mb\": %.1f}\n",
+      quoted(save).c_str(), acc.process_index(), steps, saves, seconds, longest_call,
+      after_saves.c_str(), steps > saves ? other_steps_s / static_cast<double>(steps - saves) : 0.0,
       static_cast<double>(peak_kb) / 1024.0);
   return 0;
 }

@@ -7,8 +7,10 @@ Prints a Markdown table of medians over --runs runs, everything measured in this
   training stall per checkpoint: saves in the background (async) vs in the foreground (sync),
     from the wall time of --stall-steps training steps with a save every --stall-every steps
     (none at the last step, whose background write no training could hide) minus that of the
-    same run without saves; also the longest save_state call, and the longest step just after a
-    save (where a background save's copy is waited for)
+    same run without saves; also the longest save_state call, the step just after the first
+    save and the slowest just after a later one (where a background save's copy is waited for:
+    the first copies into new memory, the later ones into the buffers it kept), the mean of the
+    other steps against the no-save run's, and each run's peak resident memory
   model M (784->2048->2048->10, AdamW, b=64) steps/s under acc.autocast(): bf16 vs no (fp32)
 The model M figures come from bench_train (bench/train/), whose forward pass runs under
 acc.autocast(), at ACCEL_MIXED_PRECISION=no and =bf16, on one process.
@@ -167,15 +169,22 @@ def main():
 
         stall = {"none": [], "sync": [], "async": []}
         calls = {"sync": [], "async": []}
-        after = {"sync": [], "async": []}
+        first = {"sync": [], "async": []}
+        later = {"sync": [], "async": []}
+        other = {"none": [], "sync": [], "async": []}
+        peak = {"none": [], "sync": [], "async": []}
         saves = 0
         for _ in range(a.runs):
             for save_mode in ("none", "sync", "async"):
                 row = stall_run(a.build, os.path.join(tmp, "stall"), a.mb, save_mode, a.stall_steps, a.stall_every)
                 stall[save_mode].append(row["seconds"])
+                other[save_mode].append(row["mean_other_step_s"])
+                peak[save_mode].append(row["peak_rss_mb"])
                 if save_mode != "none":
                     calls[save_mode].append(row["longest_save_call_s"])
-                    after[save_mode].append(row["longest_step_after_save_s"])
+                    steps_after = row["steps_after_saves_s"]
+                    first[save_mode].append(steps_after[0] if steps_after else 0.0)
+                    later[save_mode].append(max(steps_after[1:], default=0.0))
                     saves = row["saves"]
 
         amp = {"no": [], "bf16": []}
@@ -202,8 +211,13 @@ def main():
           f"{per_save['async'] / per_save['sync']:.2f}x |")
     print(f"| longest save_state call, ms | async: {med(calls['async']) * 1000:.0f} | "
           f"sync: {med(calls['sync']) * 1000:.0f} | {med(calls['async']) / med(calls['sync']):.2f}x |")
-    print(f"| longest step just after a save, ms | async: {med(after['async']) * 1000:.0f} | "
-          f"sync: {med(after['sync']) * 1000:.0f} | {med(after['async']) / med(after['sync']):.2f}x |")
+    for name, values in (("step just after the first save", first), ("slowest step just after a later save", later)):
+        print(f"| {name}, ms | async: {med(values['async']) * 1000:.0f} | "
+              f"sync: {med(values['sync']) * 1000:.0f} | {med(values['async']) / med(values['sync']):.2f}x |")
+    print(f"| mean of the other steps, ms | async: {med(other['async']) * 1000:.0f} | "
+          f"no saves: {med(other['none']) * 1000:.0f} | {med(other['async']) / med(other['none']):.2f}x |")
+    print(f"| peak resident memory of a run, MB | async: {med(peak['async']):.0f} | "
+          f"sync: {med(peak['sync']):.0f} | {med(peak['async']) / med(peak['sync']):.2f}x |")
     print(f"| model M steps/s, bf16 autocast vs fp32 | {med(amp['bf16']):.2f} | fp32 (`no`): {med(amp['no']):.2f} | "
           f"{med(amp['bf16']) / med(amp['no']):.2f}x |")
     print("\nper run: " + "; ".join(f"{name} {', '.join(f'{v:.1f}' for v in values)}" for name, values in
