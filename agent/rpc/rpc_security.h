@@ -29,7 +29,8 @@ struct TlsFiles {
 // only when something polls it; between blocking calls only the backup poller does, every 5 s by
 // default, so a launcher started a moment before its coordinator waited 5 s per attempt (and,
 // with TLS under load, never connected). The variable is set for gRPC's start-up only (workers
-// do not inherit it); one already set by the user wins.
+// do not inherit it); one already set by the user wins. Also turns off Abseil's mutex deadlock
+// detection, which Debian's build leaves on.
 void prepare_grpc_process();
 
 // Blanks ACCEL_TOKEN's value in this process's original environment block and removes it from

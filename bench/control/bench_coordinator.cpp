@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "agent/rpc/coordinator_client.h"
+#include "agent/rpc/rpc_security.h"
 
 namespace {
 
@@ -147,6 +148,7 @@ std::pair<double, long> cpu_and_rss(int pid) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  accel::rpc::prepare_grpc_process();  // as the agents: the same gRPC settings
   std::string target = "127.0.0.1:29400", token;
   int agents = 64, channels = 16, pid = 0, steady_s = 5;
   // As a default job: network_timeout 10s, so every node is told its peers' probe ports.
