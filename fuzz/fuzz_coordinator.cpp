@@ -38,10 +38,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   options.coordinator_id = "fuzz";
   options.max_event_bytes_per_job = 1u << 20;
   options.verify_reused_instructions = true;  // a reused instruction that went stale aborts
+  options.dead_connection_within = std::chrono::milliseconds(5'000);
   CoordinatorCore core(clock, options);
   std::map<std::string, uint64_t> held;  // the instruction version each node was last sent
   for (int step = 0; step < 64 && in.remaining_bytes() > 0; ++step) {
-    switch (in.ConsumeIntegralInRange<int>(0, 9)) {
+    switch (in.ConsumeIntegralInRange<int>(0, 10)) {
       case 0: {
         pb::RegisterNodeRequest r;
         if (!parse(in, r)) break;
@@ -107,6 +108,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         r.set_job_id(id(in, "j"));
         r.set_signal(in.ConsumeIntegral<int32_t>());
         core.cancel_job(r);
+        break;
+      }
+      case 9: {  // a Sync parked or ended (answered, cancelled), in any order
+        std::string node = id(in, "n");
+        if (in.ConsumeBool()) {
+          core.poll_started(node);
+        } else {
+          core.poll_ended(node);
+        }
         break;
       }
       case 8:

@@ -156,7 +156,9 @@ RpcStatus CoordinatorCore::register_node(const pb::RegisterNodeRequest& req,
   std::string previous_job = node.job_id;
   node.info = req;
   node.info.clear_current();
+  node.store_port = req.store_port();
   node.last_seen = clock_.now();
+  lease_may_lapse_at(node.last_seen + options_.lease);
   bool was_lost = node.lost;
   node.lost = false;
   // Why only this node when it is new: another node's instruction does not depend on it until it
@@ -187,11 +189,16 @@ RpcStatus CoordinatorCore::register_node(const pb::RegisterNodeRequest& req,
       }
     }
   }
-  if (!running.empty()) adopt(req.node_id(), node, req.current());
+  if (!running.empty()) {
+    adopt(req.node_id(), node, req.current());
+  } else {
+    auto_join(req.node_id(), node);
+  }
 
   resp->set_coordinator_id(options_.coordinator_id);
   resp->set_lease_ms(options_.lease.count());
   resp->set_sync_wait_ms(options_.sync_wait.count());
+  resp->set_idle_wait_ms(options_.idle_wait.count());
   return RpcStatus::ok();
 }
 
@@ -255,6 +262,11 @@ RpcStatus CoordinatorCore::sync(const pb::SyncRequest& req, pb::SyncResponse* re
                    std::to_string(req.progress_size()) + " ranks; a node runs at most " +
                    std::to_string(limits::kMaxProcessesPerNode));
   }
+  if (req.store_port() < 0 || req.store_port() > 65535) {
+    return invalid("node " + req.node_id() + " reports store_port " +
+                   std::to_string(req.store_port()) + ", which is not a port");
+  }
+  it->second.store_port = req.store_port();
   it->second.last_seen = clock_.now();
   it->second.progress.assign(req.progress().begin(), req.progress().end());
   for (auto& p : it->second.progress) limits::cut(p);
@@ -270,6 +282,30 @@ RpcStatus CoordinatorCore::instruction(const std::string& node_id, pb::SyncRespo
     return not_found("node " + node_id + " is not registered");
   fill_sync(it->first, it->second, resp, omit_if_version);
   return RpcStatus::ok();
+}
+
+std::chrono::milliseconds CoordinatorCore::progress_wait() const {
+  // Why: at 16k nodes reporting every 3 s the coordinator spent half a core on progress alone;
+  // a report of a large job's speed every 27 s is still fresh for its rates and stragglers.
+  const auto spread =
+      milliseconds(static_cast<int64_t>(nodes_.size()) * 1000 / kProgressSyncsPerSecond);
+  const auto longest = std::max(options_.sync_wait, options_.idle_wait);
+  return std::clamp(spread, options_.sync_wait, longest);
+}
+
+void CoordinatorCore::poll_started(const std::string& node_id) {
+  if (auto it = nodes_.find(node_id); it != nodes_.end()) ++it->second.polls;
+}
+
+void CoordinatorCore::poll_ended(const std::string& node_id) {
+  auto it = nodes_.find(node_id);
+  if (it == nodes_.end()) return;
+  Node& node = it->second;
+  if (node.polls > 0) --node.polls;
+  // Its connection was alive up to dead_connection_within ago at least; a live agent syncs again
+  // at once, a dead one is lost a lease after that.
+  node.last_seen = std::max(node.last_seen, clock_.now() - options_.dead_connection_within);
+  lease_may_lapse_at(node.last_seen + options_.lease);
 }
 
 uint64_t CoordinatorCore::node_version(const std::string& node_id) const {
@@ -473,6 +509,12 @@ RpcStatus CoordinatorCore::submit_job(const pb::SubmitJobRequest& req,
   ev.set_state(pb::JOB_STATE_PENDING);
   event(job, std::move(ev));
   open_round(job, "submitted" + (s.submitted_by().empty() ? "" : " by " + s.submitted_by()));
+  // Why: a free node holding a store port needs no JOIN and no JoinRound; at 16k nodes those
+  // were two of the three calls per node of a rendezvous.
+  for (auto& [node_id, node] : nodes_) {
+    if (job.state != pb::JOB_STATE_RENDEZVOUS) break;  // full: the round closed
+    auto_join(node_id, node);
+  }
   resp->set_job_id(id);
   return RpcStatus::ok();
 }
@@ -508,18 +550,49 @@ RpcStatus CoordinatorCore::join_round(const pb::JoinRoundRequest& req) {
   }
   if (job.joined_ids.contains(req.node_id())) {
     node.joined_port = req.master_port();
+    if (node.auto_joined) {
+      node.auto_joined = false;  // it now waits as a node that joined (told JOIN)
+      node_changed(req.node_id());
+    }
     return RpcStatus::ok();  // a retried join
   }
   if (static_cast<int>(job.joined.size()) >= job.spec.max_nodes()) {
     return precondition(round_name(job.round) + " of job " + job.id + " is full (" +
                         std::to_string(job.spec.max_nodes()) + " nodes)");
   }
-  job.joined.push_back(req.node_id());
-  job.joined_ids.insert(req.node_id());
+  node.auto_joined = false;
+  add_to_round(job, req.node_id(), node, req.master_port());
+  return RpcStatus::ok();
+}
+
+const CoordinatorCore::Job* CoordinatorCore::round_to_join(const Node& node) const {
+  const Job* best = nullptr;
+  for (const auto& [id, job] : jobs_) {
+    if (job.state != pb::JOB_STATE_RENDEZVOUS || !eligible(node, job)) continue;
+    if (static_cast<int>(job.joined.size()) >= job.spec.max_nodes()) continue;
+    if (best == nullptr || job.submitted_order < best->submitted_order) best = &job;
+  }
+  return best;
+}
+
+bool CoordinatorCore::auto_join(const std::string& node_id, Node& node) {
+  if (node.store_port == 0 || node.lost || !node.job_id.empty()) return false;
+  const Job* best = round_to_join(node);
+  // A machine rank beyond the job's nodes: its JoinRound gets the error that says so.
+  if (best == nullptr || node.info.machine_rank() >= best->spec.max_nodes()) return false;
+  node.auto_joined = true;
+  add_to_round(jobs_.at(best->id), node_id, node, node.store_port);
+  return true;
+}
+
+void CoordinatorCore::add_to_round(Job& job, const std::string& node_id, Node& node,
+                                   int32_t master_port) {
+  job.joined.push_back(node_id);
+  job.joined_ids.insert(node_id);
   node.job_id = job.id;
   node.joined_round = job.round;
-  node.joined_port = req.master_port();
-  node_changed(req.node_id());
+  node.joined_port = master_port;
+  node_changed(node_id);
   int n = static_cast<int>(job.joined.size());
   if (n == job.spec.min_nodes()) job.min_reached = clock_.now();
   if (n == job.spec.max_nodes()) {
@@ -532,7 +605,6 @@ RpcStatus CoordinatorCore::join_round(const pb::JoinRoundRequest& req) {
                      contract::format_duration(milliseconds(job.spec.last_call_ms())) +
                      " (last_call) for more");
   }
-  return RpcStatus::ok();
 }
 
 RpcStatus CoordinatorCore::report_group(const pb::ReportGroupRequest& req) {
@@ -685,13 +757,19 @@ RpcStatus CoordinatorCore::cancel_job(const pb::CancelJobRequest& req) {
 void CoordinatorCore::tick() {
   auto now = clock_.now();
   forget_expired();
-  for (auto& [id, node] : nodes_) {
-    if (!node.lost && now - node.last_seen > options_.lease) {
-      ++lease_misses_;
-      node_lost(id, node,
-                "no heartbeat for " +
-                    std::to_string(duration_cast<milliseconds>(now - node.last_seen).count()) +
-                    " ms (lease " + std::to_string(options_.lease.count()) + " ms)");
+  if (now > next_lease_check_) {
+    next_lease_check_ = Clock::time_point::max();
+    for (auto& [id, node] : nodes_) {
+      if (node.lost || node.polls > 0) continue;
+      if (now - node.last_seen > options_.lease) {
+        ++lease_misses_;
+        node_lost(id, node,
+                  "no heartbeat for " +
+                      std::to_string(duration_cast<milliseconds>(now - node.last_seen).count()) +
+                      " ms (lease " + std::to_string(options_.lease.count()) + " ms)");
+      } else {
+        lease_may_lapse_at(node.last_seen + options_.lease);
+      }
     }
   }
   for (auto& [id, job] : jobs_) {

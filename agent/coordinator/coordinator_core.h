@@ -13,6 +13,7 @@
 // Thread: not thread-safe. CoordinatorServer calls it under one mutex.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -60,7 +61,15 @@ struct RpcStatus {
 
 struct CoordinatorOptions {
   std::chrono::milliseconds lease{defaults::kLease};  // a node silent this long is lost
-  std::chrono::milliseconds sync_wait{2'000};         // long-poll wait agents are told to use
+  // Long-poll wait of nodes running workers (their progress rides on each Sync); longer when
+  // the nodes are many (progress_wait()).
+  std::chrono::milliseconds sync_wait{2'000};
+  // Long-poll wait of nodes running nothing (RegisterNodeResponse.idle_wait_ms); 0: not
+  // offered. Only a transport that sees dead connections may offer it (dead_connection_within).
+  std::chrono::milliseconds idle_wait{0};
+  // A node with a parked Sync is alive: the transport notices a dead connection within this
+  // (keepalive pings), so a poll that ends vouches for its node up to this long before its end.
+  std::chrono::milliseconds dead_connection_within{0};
   size_t max_events_per_job = 250'000;         // older events are dropped (watchers are told)
   size_t max_event_bytes_per_job = 16u << 20;  // the same, by their serialized size
   // A launcher watching a job holds back pushes of its output that would drop lines it has not
@@ -90,6 +99,10 @@ class CoordinatorCore {
   // out (resp->unchanged()) when it is still version `omit_if_version` (0: never left out).
   RpcStatus instruction(const std::string& node_id, pb::SyncResponse* resp,
                         uint64_t omit_if_version = 0);
+  // A Sync of the node is parked / ended (answered or cancelled): while one is parked, the node's
+  // lease does not lapse (see CoordinatorOptions::dead_connection_within).
+  void poll_started(const std::string& node_id);
+  void poll_ended(const std::string& node_id);
   RpcStatus join_round(const pb::JoinRoundRequest& req);
   RpcStatus report_group(const pb::ReportGroupRequest& req);
   RpcStatus push_logs(const pb::PushLogsRequest& req);
@@ -111,6 +124,10 @@ class CoordinatorCore {
   };
   Changes take_changes();
 
+  // The wait nodes running workers are told (SyncResponse.progress_wait_ms): sync_wait, or long
+  // enough that all nodes together send at most kProgressSyncsPerSecond, up to the idle wait.
+  static constexpr int kProgressSyncsPerSecond = 600;
+  [[nodiscard]] std::chrono::milliseconds progress_wait() const;
   [[nodiscard]] uint64_t node_version(const std::string& node_id) const;
   [[nodiscard]] uint64_t last_event_seq(const std::string& job_id) const;
   [[nodiscard]] const std::string& coordinator_id() const { return options_.coordinator_id; }
@@ -136,15 +153,23 @@ class CoordinatorCore {
   struct Node {
     pb::RegisterNodeRequest info;
     Clock::time_point last_seen;
+    int polls = 0;  // its parked Syncs
     bool lost = false;
+    // Since it was last heard of; a node with a parked Sync is heard of now (its connection is
+    // alive), whenever that Sync came.
+    [[nodiscard]] Clock::time_point::duration silent(Clock::time_point now) const {
+      return polls > 0 ? Clock::time_point::duration::zero() : now - last_seen;
+    }
     uint64_t version = 0;
     std::string sent;         // the serialized instruction of `version`
     uint64_t sent_epoch = 0;  // the core's change_epoch_ when `sent` was built
     std::string job_id;       // the job this node joined or runs (empty: free)
     int64_t joined_round = -1;
     int32_t joined_port = 0;
-    std::string last_job_id;                 // the last job it took part in
-    std::string told_job_id;                 // the last job whose outcome was sent to it
+    int32_t store_port = 0;    // the port it holds for a store (RegisterNodeRequest.store_port)
+    bool auto_joined = false;  // joined to its round by the coordinator, not by JoinRound
+    std::string last_job_id;   // the last job it took part in
+    std::string told_job_id;   // the last job whose outcome was sent to it
     std::vector<pb::RankProgress> progress;  // its workers, as of its last Sync
     Clock::time_point progress_at;           // when that Sync arrived
     Clock::time_point lost_at;               // when `lost` was set
@@ -234,6 +259,13 @@ class CoordinatorCore {
   // True when `count` more events of `bytes` would push out events a live watcher has not read.
   [[nodiscard]] bool would_drop_unread(const Job& job, size_t count, size_t bytes) const;
   void open_round(Job& job, const std::string& why);
+  // Joins a free node that holds a store port to the oldest open round it may join, as its
+  // JoinRound would (it is told RUN when the round closes, never JOIN). False when it was not.
+  bool auto_join(const std::string& node_id, Node& node);
+  // The oldest job with an open round, not full, that `node` may join; null when none.
+  [[nodiscard]] const Job* round_to_join(const Node& node) const;
+  // Adds the node to the job's open round (JoinRound and auto_join), closing it when full.
+  void add_to_round(Job& job, const std::string& node_id, Node& node, int32_t master_port);
   void close_round(Job& job);
   // `cause` labels the restart in metrics: exit, signal, hang, spawn, network, node_lost, port,
   // agent_restart, coordinator_restart, elastic.
@@ -271,6 +303,13 @@ class CoordinatorCore {
   std::map<std::string, Job> jobs_;
   uint64_t jobs_submitted_ = 0;
   uint64_t lease_misses_ = 0;  // nodes lost because their lease lapsed
+  // No node's lease lapses before this (tick skips looking until then): the earliest
+  // last_seen + lease of the nodes without a parked poll at the last look, lowered when a poll
+  // ends. Why: at 16k nodes a look at every node on every tick was CPU for nothing.
+  Clock::time_point next_lease_check_{};
+  void lease_may_lapse_at(Clock::time_point t) {
+    next_lease_check_ = std::min(next_lease_check_, t);
+  }
   Clock::time_point observed_at_{};
   Changes changes_;
   uint64_t change_epoch_ = 1;

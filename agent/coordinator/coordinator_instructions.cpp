@@ -94,6 +94,9 @@ pb::Instruction CoordinatorCore::instruction_for(const std::string& node_id,
         }
       } else if (job.state == pb::JOB_STATE_RENDEZVOUS && node.joined_round == job.round &&
                  job.joined_ids.contains(node_id)) {
+        // Why nothing new: the coordinator joined it (it has no workers and holds its store
+        // port); its next answer is RUN when the round closes.
+        if (node.auto_joined) return ins;
         // Why JOIN again and not WAIT: the same bytes as the JOIN it answered, so a join does
         // not make a new version every joined node must be sent (16k answers in a rendezvous of
         // 16k nodes); the node knows it joined from JoinRound's answer, and a retried join of
@@ -107,13 +110,7 @@ pb::Instruction CoordinatorCore::instruction_for(const std::string& node_id,
     }
   }
   // The oldest job with an open round this node may join.
-  const Job* best = nullptr;
-  for (const auto& [id, job] : jobs_) {
-    if (job.state != pb::JOB_STATE_RENDEZVOUS || !eligible(node, job)) continue;
-    if (static_cast<int>(job.joined.size()) >= job.spec.max_nodes()) continue;
-    if (best == nullptr || job.submitted_order < best->submitted_order) best = &job;
-  }
-  if (best != nullptr) {
+  if (const Job* best = round_to_join(node)) {
     ins.set_action(pb::Instruction::ACTION_JOIN);
     ins.set_job_id(best->id);
     ins.set_round(best->round);
@@ -124,6 +121,7 @@ pb::Instruction CoordinatorCore::instruction_for(const std::string& node_id,
 
 void CoordinatorCore::fill_sync(const std::string& node_id, Node& node, pb::SyncResponse* resp,
                                 uint64_t omit_if_version) {
+  resp->set_progress_wait_ms(progress_wait().count());
   // Why the epoch: at 16k nodes, building and serializing every heartbeat's instruction (a
   // running job's spec and peers) was most of the coordinator's CPU; in a steady state nothing
   // changes, and the node already holds what it would be sent.

@@ -247,7 +247,7 @@ void CoordinatorCore::get_status(pb::GetStatusResponse* resp) const {
     n->set_job_id(node.job_id);
     n->set_node_rank(-1);
     n->set_lost(node.lost);
-    n->set_last_seen_ms_ago(duration_cast<milliseconds>(now - node.last_seen).count());
+    n->set_last_seen_ms_ago(duration_cast<milliseconds>(node.silent(now)).count());
     auto jt = jobs_.find(node.job_id);
     if (jt != jobs_.end()) {
       if (const int rank = jt->second.rank_of(id); rank >= 0) n->set_node_rank(rank);

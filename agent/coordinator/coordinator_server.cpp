@@ -86,6 +86,28 @@ size_t outcome(Code c) {
 
 }  // namespace
 
+// A Sync's reactor. Unlike gRPC's default one it hears when its call is cancelled: the agent's
+// connection closed, or the server's keepalive pings went unanswered (a dead machine, a
+// partition). A parked Sync keeps its node alive (CoordinatorCore::poll_started); its
+// cancellation is what lets the lease run again.
+class CoordinatorServer::SyncReactor final : public grpc::ServerUnaryReactor {
+ public:
+  explicit SyncReactor(CoordinatorServer& server) : s_(server) {}
+  // Under the server's lock: the call is parked as `id` of `node_id`.
+  void parked(std::string node_id, uint64_t id) {
+    node_id_ = std::move(node_id);
+    id_ = id;
+  }
+  void OnCancel() override { s_.cancel_parked(*this); }
+  void OnDone() override { delete this; }
+
+ private:
+  friend class CoordinatorServer;
+  CoordinatorServer& s_;
+  std::string node_id_;  // guarded by the server's lock
+  uint64_t id_ = 0;      // 0: never parked
+};
+
 class CoordinatorServer::Service final : public v1::Coordinator::CallbackService {
  public:
   explicit Service(CoordinatorServer& server) : s_(server) {}
@@ -133,17 +155,20 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
 
   grpc::ServerUnaryReactor* Sync(grpc::CallbackServerContext* ctx, const v1::SyncRequest* req,
                                  v1::SyncResponse* resp) override {
+    auto* reactor = new SyncReactor(s_);
     return answer_or_park(
-        ctx, kSync, [&](CoordinatorCore& core, grpc::ServerUnaryReactor* reactor) {
+        ctx, kSync, reactor, [&](CoordinatorCore& core, grpc::ServerUnaryReactor*) {
           RpcStatus st = core.sync(*req, resp);
           bool unchanged = st.is_ok() && resp->version() == req->known_version();
           if (unchanged && req->wait_ms() > 0 && !s_.stopping_) {
-            s_.polls_.park_sync(req->node_id(), req->known_version(), req->omit_unchanged(),
-                                deadline(req->wait_ms()),
-                                [reactor, resp](const RpcStatus& answer, v1::SyncResponse& fresh) {
-                                  if (answer.is_ok()) *resp = std::move(fresh);
-                                  reactor->Finish(to_grpc(answer));
-                                });
+            uint64_t id = s_.polls_.park_sync(
+                core, req->node_id(), req->known_version(), req->omit_unchanged(),
+                deadline(req->wait_ms()),
+                [reactor, resp](const RpcStatus& answer, v1::SyncResponse& fresh) {
+                  if (answer.is_ok()) *resp = std::move(fresh);
+                  reactor->Finish(to_grpc(answer));
+                });
+            reactor->parked(req->node_id(), id);
             return std::optional<RpcStatus>();
           }
           return std::optional<RpcStatus>(st);
@@ -153,21 +178,21 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
   grpc::ServerUnaryReactor* WatchJob(grpc::CallbackServerContext* ctx,
                                      const v1::WatchJobRequest* req,
                                      v1::WatchJobResponse* resp) override {
-    return answer_or_park(
-        ctx, kWatchJob, [&](CoordinatorCore& core, grpc::ServerUnaryReactor* reactor) {
-          RpcStatus st = core.watch_job(*req, resp);
-          bool nothing = st.is_ok() && resp->events().empty() && !resp->done();
-          if (nothing && req->wait_ms() > 0 && !s_.stopping_) {
-            s_.polls_.park_watch(
-                *req, deadline(req->wait_ms()),
-                [reactor, resp](const RpcStatus& answer, v1::WatchJobResponse& fresh) {
-                  *resp = std::move(fresh);
-                  reactor->Finish(to_grpc(answer));
-                });
-            return std::optional<RpcStatus>();
-          }
-          return std::optional<RpcStatus>(st);
-        });
+    return answer_or_park(ctx, kWatchJob, ctx->DefaultReactor(),
+                          [&](CoordinatorCore& core, grpc::ServerUnaryReactor* reactor) {
+                            RpcStatus st = core.watch_job(*req, resp);
+                            bool nothing = st.is_ok() && resp->events().empty() && !resp->done();
+                            if (nothing && req->wait_ms() > 0 && !s_.stopping_) {
+                              s_.polls_.park_watch(*req, deadline(req->wait_ms()),
+                                                   [reactor, resp](const RpcStatus& answer,
+                                                                   v1::WatchJobResponse& fresh) {
+                                                     *resp = std::move(fresh);
+                                                     reactor->Finish(to_grpc(answer));
+                                                   });
+                              return std::optional<RpcStatus>();
+                            }
+                            return std::optional<RpcStatus>(st);
+                          });
   }
 
  private:
@@ -187,9 +212,9 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
   // `method` names the call in the metrics, which count it with its outcome (a parked call as
   // "PARKED") and time it up to its answer or its parking: the coordinator's work, not the wait.
   template <class F>
-  grpc::ServerUnaryReactor* answer_or_park(grpc::CallbackServerContext* ctx, Method method, F f) {
+  grpc::ServerUnaryReactor* answer_or_park(grpc::CallbackServerContext* ctx, Method method,
+                                           grpc::ServerUnaryReactor* reactor, F f) {
     auto began = std::chrono::steady_clock::now();
-    auto* reactor = ctx->DefaultReactor();
     if (!rpc::token_matches(*ctx, s_.options_.token)) {
       s_.note_refused(ctx->peer());
       s_.note_call(method, kUnauthenticated, began);
@@ -213,16 +238,34 @@ class CoordinatorServer::Service final : public v1::Coordinator::CallbackService
 
   template <class F>
   grpc::ServerUnaryReactor* simple(grpc::CallbackServerContext* ctx, Method method, F f) {
-    return answer_or_park(ctx, method, [&](CoordinatorCore& core, grpc::ServerUnaryReactor*) {
-      return std::optional<RpcStatus>(f(core));
-    });
+    return answer_or_park(ctx, method, ctx->DefaultReactor(),
+                          [&](CoordinatorCore& core, grpc::ServerUnaryReactor*) {
+                            return std::optional<RpcStatus>(f(core));
+                          });
   }
 
   CoordinatorServer& s_;
 };
 
+std::chrono::milliseconds keepalive_interval(std::chrono::milliseconds lease) {
+  return std::max(std::chrono::milliseconds(50), lease / 5);
+}
+
+namespace {
+
+// What the core may assume of this transport: a dead connection is closed within two keepalive
+// intervals (a ping, then its timeout), and agents with nothing to report may park their Sync
+// for idle_wait (at most max_wait).
+ServerOptions with_transport(ServerOptions o) {
+  o.core.dead_connection_within = 2 * keepalive_interval(o.core.lease) + o.core.lease / 10;
+  o.core.idle_wait = std::min(o.idle_wait, o.max_wait);
+  return o;
+}
+
+}  // namespace
+
 CoordinatorServer::CoordinatorServer(ServerOptions options, const Clock& clock)
-    : options_(std::move(options)), clock_(clock), core_(clock, options_.core) {}
+    : options_(with_transport(std::move(options))), clock_(clock), core_(clock, options_.core) {}
 
 std::vector<std::string> exposure_warnings(const ServerOptions& options) {
   std::vector<std::string> out;
@@ -267,6 +310,14 @@ bool CoordinatorServer::listen(const std::string& address) {
   builder.RegisterService(service.get());
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+  // Why pings of our own: a parked Sync keeps its node alive, so a dead machine or a partition
+  // must close its connection (and cancel the Sync) well within the lease; without data on the
+  // connection gRPC would otherwise stop after two pings.
+  const int keepalive = static_cast<int>(keepalive_interval(options_.core.lease).count());
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, keepalive);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, keepalive);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_SENT_PING_INTERVAL_WITHOUT_DATA_MS, keepalive);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   // Why: SO_REUSEPORT would let two coordinators bind one port and split the agents.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -294,7 +345,17 @@ bool CoordinatorServer::listen(const std::string& address) {
 }
 
 std::vector<std::function<void()>> CoordinatorServer::take_parked(const std::string& why) {
-  return polls_.take_all(RpcStatus::error(Code::kUnavailable, why));
+  return polls_.take_all(core_, RpcStatus::error(Code::kUnavailable, why));
+}
+
+void CoordinatorServer::cancel_parked(SyncReactor& reactor) {
+  std::function<void()> finish;
+  {
+    std::lock_guard lock(mu_);
+    // Empty when the call was answered first (its answer finishes it) or never parked.
+    if (reactor.id_ != 0) finish = polls_.cancel_sync(core_, reactor.node_id_, reactor.id_);
+  }
+  if (finish) finish();
 }
 
 void CoordinatorServer::rebuild_listener() {

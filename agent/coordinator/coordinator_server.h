@@ -55,10 +55,18 @@ struct ServerOptions {
   ConnectionLimits limits;
   std::chrono::milliseconds tick{100};
   std::chrono::milliseconds max_wait{30'000};  // bound on a long poll's wait_ms
+  // The wait agents with nothing to report are told (CoordinatorOptions::idle_wait; at most
+  // max_wait; 0: every agent syncs every core.sync_wait). core.idle_wait and
+  // core.dead_connection_within are set from this, the lease and the keepalive pings.
+  std::chrono::milliseconds idle_wait{30'000};
   // Told of calls refused for a wrong or missing token (who sent the last, how many), at most
   // once per 10 s; from gRPC's threads. Unset: not told.
   std::function<void(const std::string&)> on_warning;
 };
+
+// How often the server pings each connection, and how long it waits for the answer, before it
+// closes the connection (and cancels its parked calls): a fifth of the lease.
+std::chrono::milliseconds keepalive_interval(std::chrono::milliseconds lease);
 
 // The token length below which exposure_warnings() warns.
 inline constexpr std::size_t kMinTokenBytes = 16;
@@ -92,7 +100,8 @@ class CoordinatorServer {
   // The core's status page (any thread).
   std::string status_page(int refresh_s);
 
-  class Service;  // the gRPC adapter (coordinator_server.cpp)
+  class Service;      // the gRPC adapter (coordinator_server.cpp)
+  class SyncReactor;  // a Sync call that hears its cancellation
 
  private:
   CoordinatorServer(ServerOptions options, const Clock& clock);
@@ -104,6 +113,8 @@ class CoordinatorServer {
   // Under mu_: empties the parked calls; the returned functions answer them UNAVAILABLE (`why`),
   // to be run outside mu_.
   std::vector<std::function<void()>> take_parked(const std::string& why);
+  // A Sync's call was cancelled: forgets it if parked and answers it (without mu_).
+  void cancel_parked(SyncReactor& reactor);
   void ticker();
   // Under mu_: collects the parked calls the core's changes answer, and with `expire` (the
   // ticker) those whose wait is over.
@@ -111,6 +122,7 @@ class CoordinatorServer {
   void wake();
 
   friend class Service;
+  friend class SyncReactor;
 
   ServerOptions options_;
   const Clock& clock_;

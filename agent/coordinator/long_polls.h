@@ -11,7 +11,9 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <queue>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "agent/coordinator/coordinator_core.h"
@@ -26,9 +28,13 @@ class LongPolls {
   using Finish = std::vector<std::function<void()>>;
 
   // `omit`: the node asked for omit_unchanged (an answer at the deadline leaves out the
-  // instruction it holds).
-  void park_sync(const std::string& node_id, uint64_t known_version, bool omit, Time deadline,
-                 Answer<pb::SyncResponse> answer);
+  // instruction it holds). The core counts the node's poll (CoordinatorCore::poll_started) until
+  // it is answered or cancelled. Returns the parked call's id (for cancel_sync).
+  uint64_t park_sync(CoordinatorCore& core, const std::string& node_id, uint64_t known_version,
+                     bool omit, Time deadline, Answer<pb::SyncResponse> answer);
+  // The parked sync `id` of `node_id` was cancelled (its connection closed): forgets it and
+  // returns its answer, bound to an UNAVAILABLE status; empty when it was answered already.
+  std::function<void()> cancel_sync(CoordinatorCore& core, const std::string& node_id, uint64_t id);
   void park_watch(const pb::WatchJobRequest& req, Time deadline,
                   Answer<pb::WatchJobResponse> answer);
 
@@ -39,13 +45,14 @@ class LongPolls {
   Finish collect(CoordinatorCore& core, const CoordinatorCore::Changes& changes, Time now,
                  bool expire);
   // Every parked call, answered with `status` (the server is shutting down or rebuilding).
-  Finish take_all(const RpcStatus& status);
+  Finish take_all(CoordinatorCore& core, const RpcStatus& status);
 
   [[nodiscard]] size_t syncs() const;
   [[nodiscard]] size_t watches() const;
 
  private:
   struct ParkedSync {
+    uint64_t id;
     uint64_t known;
     bool omit;
     Time deadline;
@@ -56,7 +63,12 @@ class LongPolls {
     Time deadline;
     Answer<pb::WatchJobResponse> answer;
   };
-  std::map<std::string, std::vector<ParkedSync>> syncs_;     // by node id
+  std::map<std::string, std::vector<ParkedSync>> syncs_;  // by node id
+  // The parked syncs' deadlines, the earliest on top, so the tick looks only at expired ones.
+  // Why lazy: an answered sync's entry stays until its deadline and is then skipped.
+  using Due = std::tuple<Time, uint64_t, std::string>;  // deadline, id, node
+  std::priority_queue<Due, std::vector<Due>, std::greater<>> sync_deadlines_;
+  uint64_t next_id_ = 1;
   std::map<std::string, std::vector<ParkedWatch>> watches_;  // by job id
 };
 

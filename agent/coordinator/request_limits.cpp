@@ -44,6 +44,8 @@ std::string check(const pb::RegisterNodeRequest& req) {
     return "only_job_id is longer than " + std::to_string(kMaxIdBytes) + " bytes";
   if (req.probe_port() < 0 || req.probe_port() > 65535)
     return "probe_port " + std::to_string(req.probe_port()) + " is not a port";
+  if (req.store_port() < 0 || req.store_port() > 65535)
+    return "store_port " + std::to_string(req.store_port()) + " is not a port";
   if (req.has_current() && !req.current().job_id().empty()) {
     const auto& cur = req.current();
     if (cur.job_id().size() > kMaxIdBytes)

@@ -89,7 +89,7 @@ std::string CoordinatorCore::status_page(int refresh_s) const {
          "</td><td>" + html_escape(node.info.hostname()) + "</td><td>" +
          html_escape(node.info.address()) + "</td><td>" + html_escape(node.job_id) +
          "</td><td class=\"num\">" + (rank >= 0 ? std::to_string(rank) : "") +
-         "</td><td class=\"num\">" + ago(duration_cast<milliseconds>(now - node.last_seen)) +
+         "</td><td class=\"num\">" + ago(duration_cast<milliseconds>(node.silent(now))) +
          " ago</td></tr>\n";
   }
   h += "</table>\n";

@@ -86,7 +86,7 @@ void LocalCoordinator::sync(const pb::SyncRequest& req, std::chrono::millisecond
   bool unchanged = st.is_ok() && resp.version() == req.known_version();
   if (unchanged && req.wait_ms() > 0) {
     auto wait = std::min(std::chrono::milliseconds(req.wait_ms()), kMaxWait);
-    polls_.park_sync(req.node_id(), req.known_version(), req.omit_unchanged(),
+    polls_.park_sync(core_, req.node_id(), req.known_version(), req.omit_unchanged(),
                      std::chrono::steady_clock::now() + wait,
                      [this, done = std::move(done)](const RpcStatus& s, pb::SyncResponse& r) {
                        answer(done, s, std::move(r));
@@ -140,7 +140,9 @@ void LocalCoordinator::stop() {
   if (stopped_) return;
   stopped_ = true;
   timer_.cancel();
-  for (auto& f : polls_.take_all(RpcStatus::error(Code::kUnavailable, "coordinator stopped"))) f();
+  for (auto& f :
+       polls_.take_all(core_, RpcStatus::error(Code::kUnavailable, "coordinator stopped")))
+    f();
 }
 
 }  // namespace accel::node

@@ -166,6 +166,7 @@ void NodeAgent::do_register() {
   req.set_machine_rank(options_.machine_rank);
   req.set_only_job_id(options_.only_job_id);
   if (probe_listener_) req.set_probe_port(probe_listener_->port());
+  req.set_store_port(offer_store_port());
   if (active_) {
     auto* cur = req.mutable_current();
     cur->set_job_id(active_->job_id);
@@ -195,6 +196,8 @@ void NodeAgent::do_register() {
           coordinator_id_ = resp.coordinator_id();
           lease_ = std::chrono::milliseconds(resp.lease_ms());
           sync_wait_ = std::chrono::milliseconds(resp.sync_wait_ms());
+          idle_wait_ = std::chrono::milliseconds(resp.idle_wait_ms());
+          progress_wait_ = sync_wait_;
           registered_ = true;
           joined_job_.clear();  // Why: a new registration has joined nothing yet
           joined_round_ = -1;
@@ -258,11 +261,24 @@ void NodeAgent::do_sync() {
   pb::SyncRequest req;
   req.set_node_id(options_.node_id);
   req.set_known_version(known_version_);
-  req.set_wait_ms(sync_wait_.count());
   req.set_omit_unchanged(have_desired_);
+  req.set_store_port(offer_store_port());
   fill_progress(req);
+  // Why two waits: while workers run, their progress must reach the coordinator every
+  // progress wait; without workers there is nothing to report, and the parked call itself keeps
+  // this node alive (the coordinator's keepalive pings watch its connection).
+  const bool idle = !active_ && idle_wait_.count() > 0;
+  auto wait = idle ? idle_wait_ : progress_wait_;
+  if (idle_wait_.count() > 0) {
+    // Why jitter: nodes answered together (a round's RUN, a restarted coordinator) would
+    // otherwise come back together every wait, all of them in one tick. Only against a
+    // coordinator that offers the idle wait (its parked polls keep nodes alive).
+    static thread_local std::mt19937 rng{std::random_device{}()};
+    wait -= std::chrono::milliseconds(rng() % (wait.count() / 4 + 1));
+  }
+  req.set_wait_ms(wait.count());
   client_->sync(
-      req, sync_wait_ + options_.rpc_timeout,
+      req, wait + options_.rpc_timeout,
       [this, gate = alive_, io = &io_](const rpc::CallStatus& st, pb::SyncResponse& resp) {
         post_completion(gate, io, [this, st, resp] { on_sync(st, resp); });
       });
@@ -289,6 +305,8 @@ void NodeAgent::on_sync(const rpc::CallStatus& status, const pb::SyncResponse& r
   }
   failures_in_a_row_ = 0;
   unreachable_since_.reset();
+  if (resp.progress_wait_ms() > 0)
+    progress_wait_ = std::chrono::milliseconds(resp.progress_wait_ms());
   if (resp.unchanged()) {
     if (have_desired_ && resp.version() == known_version_) {
       reconcile();  // what this node holds is still current
@@ -402,7 +420,7 @@ void NodeAgent::join(const pb::Instruction& ins) {
     } else {
       job_store_.reset();
       std::string why;
-      reserved_store_ = open_store(0, why);
+      if (!reserved_store_) reserved_store_ = open_store(0, why);  // the one held while idle
       if (!reserved_store_) log(LogLevel::kWarn, why);
     }
     if (reserved_store_) {
@@ -431,6 +449,23 @@ void NodeAgent::join(const pb::Instruction& ins) {
           }
         });
       });
+}
+
+int NodeAgent::offer_store_port() {
+  if (active_ || stopping_) return 0;
+  // Why held while idle: the coordinator then joins this node to a new job itself, and its next
+  // answer is RUN (no JOIN, no JoinRound). Whatever connects to it meanwhile is dropped when a
+  // round starts on it (StoreServer::reset).
+  if (!reserved_store_ && !store_offer_failed_) {
+    std::string why;
+    reserved_store_ = open_store(0, why);
+    if (!reserved_store_) {
+      store_offer_failed_ = true;
+      log(LogLevel::kWarn, "cannot hold a port for the rendezvous store (" + why +
+                               "); this node reserves one when it joins a round");
+    }
+  }
+  return reserved_store_ ? reserved_store_->port() : 0;
 }
 
 std::unique_ptr<store::StoreServer> NodeAgent::open_store(int port, std::string& why) {

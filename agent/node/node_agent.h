@@ -124,6 +124,9 @@ class NodeAgent {
   // A rendezvous store on this node's address (or any address when that fails) and `port`
   // (0: any); null when neither can be bound (`why` says so).
   std::unique_ptr<store::StoreServer> open_store(int port, std::string& why);
+  // The port of the store this free node holds for its next round (reserved on first use); 0
+  // while it runs workers, or when none could be bound.
+  int offer_store_port();
   void on_failure(uint64_t generation, const supervisor::AttemptFailure& failure);
   void on_success(uint64_t generation);
   [[nodiscard]] std::string stopping_others() const;
@@ -163,6 +166,8 @@ class NodeAgent {
   std::string coordinator_id_;
   std::chrono::milliseconds lease_;
   std::chrono::milliseconds sync_wait_{2'000};
+  std::chrono::milliseconds idle_wait_{0};          // without workers; 0: sync_wait_
+  std::chrono::milliseconds progress_wait_{2'000};  // with workers (SyncResponse)
   uint64_t known_version_ = 0;
   pb::Instruction desired_;
   bool have_desired_ = false;
@@ -175,6 +180,7 @@ class NodeAgent {
   std::unique_ptr<Active> retired_;  // the last round, its workers gone, until the next one runs
   // The store bound when joining a round (any node may become node rank 0); see join().
   std::unique_ptr<store::StoreServer> reserved_store_;
+  bool store_offer_failed_ = false;  // the idle node could not bind one (said once)
   // The store this node served in the last round of job_store_job_, kept for its next round.
   std::unique_ptr<store::StoreServer> job_store_;
   std::string job_store_job_;

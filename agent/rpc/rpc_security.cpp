@@ -184,6 +184,10 @@ Result<std::shared_ptr<grpc::Channel>> make_channel(const std::string& target, c
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 2000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // Why: an idle agent's Sync waits up to 30 s with nothing sent; by default gRPC stops pinging
+  // after two pings without data, and a dead coordinator would go unnoticed until the deadline.
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  args.SetInt(GRPC_ARG_HTTP2_MIN_SENT_PING_INTERVAL_WITHOUT_DATA_MS, 2000);
   // Why short backoff: after a coordinator restart agents should be back within a second.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);

@@ -3,9 +3,13 @@
 // instruction it holds left out of unchanged answers), joins the round it is told to, and counts
 // itself when told to RUN. Prints one JSON line: registration time, rendezvous time (submit ->
 // every agent told RUN), and the coordinator's CPU use and RSS in a steady state, first at the
-// agents' own heartbeat interval, then with every agent at 1 Hz (wait 1 s).
+// agents' own wait (an agent with no workers' progress to report parks its Sync for the idle
+// wait the coordinator offers), then with every agent at 1 Hz (wait 1 s).
 //   bench_coordinator --target 127.0.0.1:29400 --token T --agents 1024 --coordinator-pid PID
-//                     [--channels 16] [--steady-s 5] [--network-timeout-ms 10000]
+//                     [--channels N] [--steady-s 5] [--network-timeout-ms 10000]
+// --channels: connections the agents share (default: 16, and at least one per 512 agents, since
+// a connection carries at most 1024 calls at once and every agent's Sync may be parked); the
+// job is submitted on a connection of its own.
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -50,18 +55,26 @@ struct SimAgent : std::enable_shared_from_this<SimAgent> {
   uint64_t known = 0;
   bool joined = false;
   bool ran = false;
+  std::minstd_rand rng;             // seeded by start()
+  long progress_wait_ms = 0;        // told by the coordinator's last answer
   std::atomic<int> last_action{0};  // the action of the last instruction received
   accel::rpc::CoordinatorClient& client() {
     return *s->clients[static_cast<size_t>(index) % s->clients.size()];
   }
 
+  // As an agent: a free node holds a port for a round's store, and says which (never served
+  // here); one that was told RUN has used it.
+  [[nodiscard]] int store_port() const { return ran ? 0 : 20000 + index % 40000; }
+
   void start() {
+    rng.seed(static_cast<unsigned>(index) + 1);
     pb::RegisterNodeRequest req;
     req.set_node_id(id);
     req.set_hostname("sim");
     req.set_address("127.0.0.1");
     req.set_machine_rank(-1);
     req.set_probe_port(20000 + index % 40000);  // never probed: the agents are simulated
+    req.set_store_port(store_port());
     client().register_node(req, 30s,
                            [self = shared_from_this()](const accel::rpc::CallStatus& st,
                                                        pb::RegisterNodeResponse& resp) {
@@ -69,8 +82,11 @@ struct SimAgent : std::enable_shared_from_this<SimAgent> {
                                self->s->errors++;
                                return;
                              }
+                             // As an agent with nothing to report: the idle wait when offered.
+                             long told = resp.idle_wait_ms() > 0 ? resp.idle_wait_ms()
+                                                                 : resp.sync_wait_ms();
                              long none = 0;
-                             self->s->wait_ms.compare_exchange_strong(none, resp.sync_wait_ms());
+                             self->s->wait_ms.compare_exchange_strong(none, told);
                              self->s->registered++;
                              self->sync();
                            });
@@ -81,10 +97,18 @@ struct SimAgent : std::enable_shared_from_this<SimAgent> {
     pb::SyncRequest req;
     req.set_node_id(id);
     req.set_known_version(known);
-    req.set_wait_ms(s->wait_ms);
+    // As an agent: without workers the idle wait, running (told RUN) the progress wait, each up
+    // to a quarter less so that agents answered together spread out. The 1 Hz phase: 1 s.
+    long wait = s->wait_ms;
+    if (wait != 1000) {
+      if (ran && progress_wait_ms > 0) wait = progress_wait_ms;
+      wait -= static_cast<long>(rng() % (wait / 4 + 1));
+    }
+    req.set_wait_ms(wait);
     req.set_omit_unchanged(known != 0);
+    req.set_store_port(store_port());
     client().sync(
-        req, 30s,
+        req, std::chrono::milliseconds(req.wait_ms()) + 10s,
         [self = shared_from_this()](const accel::rpc::CallStatus& st, pb::SyncResponse& resp) {
           self->s->syncs++;
           if (!st.ok()) {
@@ -93,6 +117,7 @@ struct SimAgent : std::enable_shared_from_this<SimAgent> {
             self->sync();
             return;
           }
+          if (resp.progress_wait_ms() > 0) self->progress_wait_ms = resp.progress_wait_ms();
           if (resp.unchanged()) {  // still what it holds: nothing to do
             self->sync();
             return;
@@ -150,7 +175,7 @@ std::pair<double, long> cpu_and_rss(int pid) {
 int main(int argc, char** argv) {
   accel::rpc::prepare_grpc_process();  // as the agents: the same gRPC settings
   std::string target = "127.0.0.1:29400", token;
-  int agents = 64, channels = 16, pid = 0, steady_s = 5;
+  int agents = 64, channels = 0, pid = 0, steady_s = 5;
   // As a default job: network_timeout 10s, so every node is told its peers' probe ports.
   long network_timeout_ms = 10'000;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -170,7 +195,13 @@ int main(int argc, char** argv) {
     else if (k == "--network-timeout-ms")
       network_timeout_ms = std::atol(v.c_str());
   }
+  if (channels <= 0) channels = std::max(16, (agents + 511) / 512);
   Shared s;
+  auto launcher = accel::rpc::CoordinatorClient::create(target, token, {});
+  if (!launcher) {
+    std::fprintf(stderr, "%s\n", launcher.message().c_str());
+    return 1;
+  }
   for (int c = 0; c < channels; ++c) {
     auto client = accel::rpc::CoordinatorClient::create(target, token, {});
     if (!client) {
@@ -212,7 +243,7 @@ int main(int argc, char** argv) {
   spec->set_network_timeout_ms(network_timeout_ms);
   pb::SubmitJobResponse resp;
   auto t_submit = Clock::now();
-  grpc::Status st = s.clients[0]->submit_job(req, &resp, 10s);
+  grpc::Status st = (*launcher)->submit_job(req, &resp, 10s);
   if (!st.ok()) {
     std::fprintf(stderr, "submit: %s\n", accel::rpc::describe(st).c_str());
     return 1;
@@ -234,30 +265,36 @@ int main(int argc, char** argv) {
     all = s.all_running;
   }
   auto [cpu2, rss2] = cpu_and_rss(pid);
-  // Steady state at the agents' own interval (after one wait, so every agent's long poll is
-  // one of the steady state), then with every agent at 1 Hz: the coordinator's CPU (% of a
-  // core), the syncs per second and its RSS (KiB) over steady_s.
+  // Steady state at the agents' own wait (the progress wait: they run the job), over two of
+  // them (every agent was answered RUN at about the same moment, so their polls come in bursts
+  // until the jitter spreads them), then with every agent at 1 Hz (after the longest wait, so
+  // every long poll is one of the new rate): the coordinator's CPU (% of a core), the syncs per
+  // second and its RSS (KiB).
   const long told_wait_ms = s.wait_ms;
-  auto steady = [&](long wait_ms) {
-    s.wait_ms = wait_ms;
-    std::this_thread::sleep_for(std::chrono::milliseconds(told_wait_ms + 200));
+  const long agent_wait_ms =
+      sims.front()->progress_wait_ms > 0 ? sims.front()->progress_wait_ms : told_wait_ms;
+  auto measure = [&](std::chrono::milliseconds window) {
     auto [cpu_a, rss_a] = cpu_and_rss(pid);
     long syncs_a = s.syncs;
-    std::this_thread::sleep_for(std::chrono::seconds(steady_s));
+    std::this_thread::sleep_for(window);
     auto [cpu_b, rss_b] = cpu_and_rss(pid);
-    return std::tuple(100.0 * (cpu_b - cpu_a) / steady_s,
-                      static_cast<double>(s.syncs - syncs_a) / steady_s, std::max(rss_a, rss_b));
+    double secs = std::chrono::duration<double>(window).count();
+    return std::tuple(100.0 * (cpu_b - cpu_a) / secs, static_cast<double>(s.syncs - syncs_a) / secs,
+                      std::max(rss_a, rss_b));
   };
-  auto [own_pct, own_syncs, own_rss] = steady(told_wait_ms);
-  auto [hz_pct, hz_syncs, hz_rss] = steady(1000);
+  auto [own_pct, own_syncs, own_rss] = measure(std::max<std::chrono::milliseconds>(
+      std::chrono::milliseconds(2 * agent_wait_ms) + 1s, std::chrono::seconds(steady_s)));
+  s.wait_ms = 1000;
+  std::this_thread::sleep_for(std::chrono::milliseconds(told_wait_ms + 200));
+  auto [hz_pct, hz_syncs, hz_rss] = measure(std::chrono::seconds(steady_s));
   s.stop = true;
   auto ms = [](auto d) { return std::chrono::duration<double, std::milli>(d).count(); };
   std::printf(
       "{\"agents\": %d, \"register_ms\": %.1f, \"rendezvous_ms\": %.1f, \"register_cpu_s\": %.3f, "
-      "\"rendezvous_cpu_s\": %.3f, \"sync_wait_ms\": %ld, \"steady_cpu_pct\": %.1f, "
+      "\"rendezvous_cpu_s\": %.3f, \"agent_wait_ms\": %ld, \"steady_cpu_pct\": %.1f, "
       "\"steady_syncs_per_s\": %.0f, \"cpu_1hz_pct\": %.1f, \"syncs_1hz_per_s\": %.0f, "
       "\"rss_mb\": %.1f, \"errors\": %d}\n",
-      agents, ms(t_registered - t0), ms(all - t_submit), cpu1 - cpu0, cpu2 - cpu1, told_wait_ms,
+      agents, ms(t_registered - t0), ms(all - t_submit), cpu1 - cpu0, cpu2 - cpu1, agent_wait_ms,
       own_pct, own_syncs, hz_pct, hz_syncs, static_cast<double>(std::max(own_rss, hz_rss)) / 1024.0,
       s.errors.load());
   (void)rss0;

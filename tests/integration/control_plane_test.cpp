@@ -265,6 +265,35 @@ TEST(ControlPlane, KilledAgentIsNoticedWithinTheLeaseAndTheJobShrinks) {
   expect_no_orphans(c.worker_dir());
 }
 
+// An idle agent parks its Sync for 30 s, far past the lease; the parked call keeps it alive, and
+// the coordinator's keepalive pings find it dead when it stops answering (SIGSTOP: its
+// connection stays open, as in a partition or a hung machine).
+TEST(ControlPlane, AnIdleAgentOutlivesItsLeaseParkedAndIsLostWithinItWhenItStopsAnswering) {
+  TempDir dir;
+  Cluster c(dir, "2s");
+  c.serve("coordinator", /*coordinator_only=*/true);
+  Launched& idle = c.agent("node-b");
+  auto node_b = [&](const std::string& state) {
+    std::string out = c.status();
+    std::istringstream lines(out);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.find("node-b") != std::string::npos && line.find(state) != std::string::npos)
+        return true;
+    }
+    return false;
+  };
+  ASSERT_TRUE(wait_until([&] { return node_b("idle"); }, 15s)) << c.status() << c.daemon_logs();
+  std::this_thread::sleep_for(5s);  // two and a half leases, with one Sync parked throughout
+  ASSERT_TRUE(node_b("idle")) << c.status() << c.daemon_logs();
+  auto stopped_at = std::chrono::steady_clock::now();
+  idle.signal(SIGSTOP);
+  ASSERT_TRUE(wait_until([&] { return node_b("LOST"); }, 10s)) << c.status() << c.daemon_logs();
+  auto lost_after = std::chrono::steady_clock::now() - stopped_at;
+  idle.signal(SIGCONT);
+  // The lease (2 s), and a margin for accel status's own start: not the 30 s of the poll.
+  EXPECT_LT(lost_after, 3500ms);
+}
+
 TEST(ControlPlane, TooFewNodesAfterALossFailsCleanly) {
   TempDir dir;
   Cluster c(dir, "2s");

@@ -44,7 +44,7 @@ struct PollsTest : ::testing::Test {
   // Parks a Sync of `id` at its current version; the answer lands in `out`.
   void park(const std::string& id, Time deadline, std::optional<pb::SyncResponse>& out,
             RpcStatus* status = nullptr, bool omit = false) {
-    polls.park_sync(id, version_of(id), omit, deadline,
+    polls.park_sync(core, id, version_of(id), omit, deadline,
                     [&out, status](const RpcStatus& st, pb::SyncResponse& resp) {
                       if (status != nullptr) *status = st;
                       out = resp;
@@ -123,6 +123,51 @@ TEST_F(PollsTest, AnAgentsUnchangedInstructionIsLeftOutAndAChangedOneSent) {
   EXPECT_GT(woken->version(), idle->version());
 }
 
+// The tick looks only at syncs whose wait is over (a heap of deadlines), skipping those a change
+// answered before.
+TEST_F(PollsTest, OnlySyncsWhoseWaitIsOverAreAnsweredByTheTick) {
+  add_node("a", "j");
+  add_node("b", "j");
+  add_node("c", "other");
+  (void)core.take_changes();
+  std::optional<pb::SyncResponse> a, b, c;
+  park("a", t0 + milliseconds(100), a);
+  park("b", t0 + milliseconds(200), b);
+  park("c", t0 + milliseconds(300), c);
+  submit("j");  // answers a and b now
+  EXPECT_EQ(run(core.take_changes(), t0, false), 2u);
+  a.reset();
+  park("a", t0 + milliseconds(400), a);
+  EXPECT_EQ(run({}, t0 + milliseconds(250), /*expire=*/true), 0u);
+  EXPECT_EQ(run({}, t0 + milliseconds(300), /*expire=*/true), 1u);
+  EXPECT_TRUE(c);
+  EXPECT_FALSE(a);
+  EXPECT_EQ(run({}, t0 + milliseconds(400), /*expire=*/true), 1u);
+  EXPECT_TRUE(a);
+  EXPECT_EQ(polls.syncs(), 0u);
+}
+
+// A cancelled sync (its connection closed) is answered UNAVAILABLE at once, once.
+TEST_F(PollsTest, ACancelledSyncIsForgottenAndAnsweredOnce) {
+  add_node("a");
+  std::optional<pb::SyncResponse> first, second;
+  RpcStatus status;
+  uint64_t id = polls.park_sync(core, "a", version_of("a"), false, later,
+                                [&](const RpcStatus& st, pb::SyncResponse& r) {
+                                  status = st;
+                                  first = r;
+                                });
+  park("a", later, second);
+  auto finish = polls.cancel_sync(core, "a", id);
+  ASSERT_TRUE(finish);
+  finish();
+  EXPECT_EQ(status.code, Code::kUnavailable);
+  EXPECT_FALSE(polls.cancel_sync(core, "a", id)) << "already answered";
+  EXPECT_FALSE(polls.cancel_sync(core, "nobody", 1));
+  EXPECT_EQ(polls.syncs(), 1u);  // the other one still waits
+  EXPECT_FALSE(second);
+}
+
 TEST_F(PollsTest, AWatchWaitsForTheJobsNextEvents) {
   add_node("a");
   submit("j");
@@ -156,7 +201,7 @@ TEST_F(PollsTest, TakeAllAnswersEveryParkedCallWithTheGivenStatus) {
   polls.park_watch(req, later, [&](const RpcStatus& st, pb::WatchJobResponse&) {
     watch_answered = st.code == Code::kUnavailable;
   });
-  auto finish = polls.take_all(RpcStatus::error(Code::kUnavailable, "shutting down"));
+  auto finish = polls.take_all(core, RpcStatus::error(Code::kUnavailable, "shutting down"));
   EXPECT_EQ(finish.size(), 2u);
   for (auto& f : finish) f();
   EXPECT_EQ(status.code, Code::kUnavailable);
