@@ -127,6 +127,9 @@ class CoordinatorCore {
   // The wait nodes running workers are told (SyncResponse.progress_wait_ms): sync_wait, or long
   // enough that all nodes together send at most kProgressSyncsPerSecond, up to the idle wait.
   static constexpr int kProgressSyncsPerSecond = 600;
+  // A round's nodes told RUN come back within num_nodes / this seconds
+  // (SyncResponse.next_sync_within_ms): 0.8 s for 16,384 nodes, at once for small jobs.
+  static constexpr int kRunAnswersPerSecond = 20'000;
   [[nodiscard]] std::chrono::milliseconds progress_wait() const;
   [[nodiscard]] uint64_t node_version(const std::string& node_id) const;
   [[nodiscard]] uint64_t last_event_seq(const std::string& job_id) const;

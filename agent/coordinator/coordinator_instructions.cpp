@@ -149,6 +149,10 @@ void CoordinatorCore::fill_sync(const std::string& node_id, Node& node, pb::Sync
     resp->set_unchanged(true);
     return;
   }
+  if (ins.action() == pb::Instruction::ACTION_RUN) {
+    resp->set_next_sync_within_ms(int64_t{ins.assignment().num_nodes()} * 1000 /
+                                  kRunAnswersPerSecond);
+  }
   *resp->mutable_instruction() = std::move(ins);
 }
 

@@ -337,6 +337,15 @@ void NodeAgent::on_sync(const rpc::CallStatus& status, const pb::SyncResponse& r
     if (hooks_.on_job_end) hooks_.on_job_end(outcome);
   }
   reconcile();
+  if (resp.next_sync_within_ms() > 0) {
+    // Why later: in a large round every node was told RUN at once; their next polls coming
+    // back together would slow the answers still going out. The lease runs meanwhile.
+    static thread_local std::mt19937 rng{std::random_device{}()};
+    const auto within = std::min<int64_t>(resp.next_sync_within_ms(), 5'000);
+    retry_later(std::chrono::milliseconds(rng() % static_cast<uint64_t>(within + 1)),
+                [this] { do_sync(); });
+    return;
+  }
   do_sync();
 }
 

@@ -15,9 +15,11 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -36,7 +38,46 @@ namespace pb = accel::v1;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
+// Runs functions at given times on one thread (an agent's timer, for the simulated agents).
+class Later {
+ public:
+  Later() : thread_([this] { run(); }) {}
+  void at(Clock::time_point t, std::function<void()> f) {
+    {
+      std::lock_guard lock(mu_);
+      due_.emplace(t, std::move(f));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  void run() {
+    std::unique_lock lock(mu_);
+    for (;;) {
+      if (due_.empty()) {
+        cv_.wait(lock);
+        continue;
+      }
+      auto first = due_.begin();
+      if (Clock::now() < first->first) {
+        cv_.wait_until(lock, first->first);
+        continue;
+      }
+      auto f = std::move(first->second);
+      due_.erase(first);
+      lock.unlock();
+      f();
+      lock.lock();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::multimap<Clock::time_point, std::function<void()>> due_;
+  std::thread thread_;  // never joined: the program ends with _Exit
+};
+
 struct Shared {
+  Later later;
   std::vector<std::shared_ptr<accel::rpc::CoordinatorClient>> clients;
   std::atomic<int> registered{0};
   std::atomic<int> running{0};
@@ -145,6 +186,12 @@ struct SimAgent : std::enable_shared_from_this<SimAgent> {
               std::lock_guard lock(self->s->mu);
               self->s->all_running = Clock::now();
             }
+          }
+          if (resp.next_sync_within_ms() > 0) {  // as an agent: later, within what it was told
+            auto delay = std::chrono::milliseconds(
+                self->rng() % static_cast<uint64_t>(resp.next_sync_within_ms() + 1));
+            self->s->later.at(Clock::now() + delay, [self] { self->sync(); });
+            return;
           }
           self->sync();
         });
@@ -265,6 +312,12 @@ int main(int argc, char** argv) {
     all = s.all_running;
   }
   auto [cpu2, rss2] = cpu_and_rss(pid);
+  // For a profile of the rendezvous alone (perf record -k CLOCK_MONOTONIC, perf report --time).
+  auto secs = [](Clock::time_point t) {
+    return std::chrono::duration<double>(t.time_since_epoch()).count();
+  };
+  std::fprintf(stderr, "rendezvous from %.6f to %.6f (CLOCK_MONOTONIC seconds)\n", secs(t_submit),
+               secs(all));
   // Steady state at the agents' own wait (the progress wait: they run the job), over two of
   // them (every agent was answered RUN at about the same moment, so their polls come in bursts
   // until the jitter spreads them), then with every agent at 1 Hz (after the longest wait, so

@@ -132,6 +132,30 @@ TEST(CoordinatorAutoJoin, FreeNodesWithAStorePortAreToldRunWithoutJoin) {
   EXPECT_EQ(b.action(), Ins::ACTION_RUN);
   EXPECT_EQ(b.assignment().node_rank(), 1);
   EXPECT_EQ(b.assignment().master_port(), 40001);
+  EXPECT_EQ(a.next_sync_within_ms(), 0) << "a small round: at once";
+}
+
+// A large round's RUN tells its nodes to come back within a spread, so that the answers still
+// going out are not slowed by the polls of the nodes already answered.
+TEST(CoordinatorAutoJoin, ALargeRoundsNodesAreToldToSyncAgainWithinASpread) {
+  Harness h;
+  for (int i = 0; i < 2'000; ++i) {
+    ASSERT_TRUE(add_with_store(h, "n" + std::to_string(i), 20'000 + i).is_ok());
+  }
+  ASSERT_TRUE(h.submit("j", make_spec(2'000, 2'000)).is_ok());
+  pb::SyncResponse run = h.sync_resp("n7");
+  ASSERT_EQ(run.instruction().action(), Ins::ACTION_RUN);
+  EXPECT_EQ(run.next_sync_within_ms(), 2'000 * 1000 / CoordinatorCore::kRunAnswersPerSecond);
+  pb::SyncResponse again = h.sync_resp("n7");
+  EXPECT_TRUE(again.instruction().action() == Ins::ACTION_RUN);  // what it holds
+  pb::SyncRequest req;
+  req.set_node_id("n7");
+  req.set_known_version(run.version());
+  req.set_omit_unchanged(true);
+  pb::SyncResponse unchanged;
+  ASSERT_TRUE(h.core.sync(req, &unchanged).is_ok());
+  EXPECT_TRUE(unchanged.unchanged());
+  EXPECT_EQ(unchanged.next_sync_within_ms(), 0) << "only with the new instruction";
 }
 
 TEST(CoordinatorAutoJoin, AnAutoJoinedNodeWaitsWithoutANewInstructionUntilTheRoundCloses) {
