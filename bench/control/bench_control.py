@@ -207,7 +207,7 @@ def scale_targets(results):
 def coordinator_scale(b, args):
     """Part 2: N simulated agents against a real coordinator process."""
     print("| simulated agents | register all (ms) | rendezvous (ms) | coordinator CPU, rendezvous (s) | "
-          "coordinator CPU, agents' own polls (idle wait) | coordinator CPU at 1 Hz polls | "
+          "coordinator CPU, agents' own polls | coordinator CPU at 1 Hz polls | "
           "coordinator RSS (MB) |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     results = {}
