@@ -254,10 +254,11 @@ std::chrono::milliseconds keepalive_interval(std::chrono::milliseconds lease) {
 namespace {
 
 // What the core may assume of this transport: a dead connection is closed within two keepalive
-// intervals (a ping, then its timeout), and agents with nothing to report may park their Sync
-// for idle_wait (at most max_wait).
+// intervals (a ping, then its timeout: a fifth of the lease each), half the lease with room to
+// spare; and agents with nothing to report may park their Sync for idle_wait (at most max_wait).
+// Why never more than half the lease: a poll that ends must leave its node time to poll again.
 ServerOptions with_transport(ServerOptions o) {
-  o.core.dead_connection_within = 2 * keepalive_interval(o.core.lease) + o.core.lease / 10;
+  o.core.dead_connection_within = o.core.lease / 2;
   o.core.idle_wait = std::min(o.idle_wait, o.max_wait);
   return o;
 }

@@ -132,13 +132,24 @@ void NodeAgent::retry_later(std::chrono::milliseconds delay, std::function<void(
   });
 }
 
+namespace {
+
+// A random duration from 0 to `most`: the jitter that keeps thousands of agents, answered or
+// failed together, from coming back together.
+std::chrono::milliseconds up_to(std::chrono::milliseconds most) {
+  static thread_local std::mt19937 rng{std::random_device{}()};
+  return std::chrono::milliseconds(rng() %
+                                   (static_cast<uint64_t>(std::max<int64_t>(most.count(), 0)) + 1));
+}
+
+}  // namespace
+
 std::chrono::milliseconds NodeAgent::backoff() {
   // 100 ms, 200 ms, ... capped at 2 s, with jitter so restarted coordinators are not stampeded.
   int n = std::min(failures_in_a_row_, 5);
   auto base = 100ms * (1 << n);
   if (base > 2000ms) base = 2000ms;
-  static thread_local std::mt19937 rng{std::random_device{}()};
-  return std::chrono::milliseconds(base.count() / 2 + rng() % (base.count() / 2 + 1));
+  return base / 2 + up_to(base / 2);
 }
 
 void NodeAgent::fatal(const std::string& why) {
@@ -273,8 +284,7 @@ void NodeAgent::do_sync() {
     // Why jitter: nodes answered together (a round's RUN, a restarted coordinator) would
     // otherwise come back together every wait, all of them in one tick. Only against a
     // coordinator that offers the idle wait (its parked polls keep nodes alive).
-    static thread_local std::mt19937 rng{std::random_device{}()};
-    wait -= std::chrono::milliseconds(rng() % (wait.count() / 4 + 1));
+    wait -= up_to(wait / 4);
   }
   req.set_wait_ms(wait.count());
   client_->sync(
@@ -340,10 +350,8 @@ void NodeAgent::on_sync(const rpc::CallStatus& status, const pb::SyncResponse& r
   if (resp.next_sync_within_ms() > 0) {
     // Why later: in a large round every node was told RUN at once; their next polls coming
     // back together would slow the answers still going out. The lease runs meanwhile.
-    static thread_local std::mt19937 rng{std::random_device{}()};
     const auto within = std::min<int64_t>(resp.next_sync_within_ms(), 5'000);
-    retry_later(std::chrono::milliseconds(rng() % static_cast<uint64_t>(within + 1)),
-                [this] { do_sync(); });
+    retry_later(up_to(std::chrono::milliseconds(within)), [this] { do_sync(); });
     return;
   }
   do_sync();
