@@ -11,6 +11,8 @@
 #include <filesystem>
 #include <thread>
 
+#include "agent/supervisor/shm_names.h"
+
 namespace accel::node {
 
 namespace fs = std::filesystem;
@@ -85,6 +87,10 @@ int remove_unused_job_folders(const std::string& state_dir) {
     if (!ours || ec2) continue;
     int lock = lock_if_unused(job.path());
     if (lock < 0) continue;  // another agent's round, running now
+    // Its workers died with their agent, unreaped: what they had in /dev/shm goes too.
+    for (const auto& round : fs::directory_iterator(job.path(), ec2)) {
+      supervisor::remove_shm_names_of_recorded_workers(round.path().string());
+    }
     fs::remove_all(job.path(), ec2);
     ::close(lock);
     ++removed;

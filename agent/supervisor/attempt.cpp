@@ -4,6 +4,7 @@
 #include <csignal>
 #include <filesystem>
 
+#include "agent/supervisor/shm_names.h"
 #include "agent/supervisor/worker_specs.h"
 #include "contract/duration.h"
 #include "contract/worker_contract.h"
@@ -88,6 +89,7 @@ Status Attempt::start() {
     group_.reset();
     return s;
   }
+  record_workers(options_.error_dir, group_->pids());
   if (!pages.empty()) {
     hang_watch_ = std::make_unique<HangWatch>(io_, hang, std::move(pages),
                                               options_.host.empty() ? "this node" : options_.host,

@@ -77,7 +77,8 @@ class Attempt {
   Attempt& operator=(const Attempt&) = delete;
 
   // Creates the attempt's log folder (<log_dir>/<job>/attempt_<k>) and starts every worker and
-  // the hang watch. An error means nothing runs and no hook will be called.
+  // the hang watch; the workers' pids go to the error folder's `workers` file (shm_names.h). An
+  // error means nothing runs and no hook will be called.
   Status start();
   // Stops the workers: `signal`, SIGKILL after the grace, then on_stopped. Again while stopping:
   // SIGKILL escalates at once; any other signal changes nothing.

@@ -1,7 +1,6 @@
 // Spawning (Boost.Process), exit watching (pidfd) and stopping of one attempt's workers.
 #include "agent/supervisor/worker_group.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <linux/close_range.h>
 #include <sys/prctl.h>
@@ -24,14 +23,13 @@
 #include <boost/process/start_dir.hpp>
 #include <cerrno>
 #include <csignal>
-#include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
 #include <filesystem>
 #include <optional>
 
 #include "agent/supervisor/line_sink.h"
+#include "agent/supervisor/shm_names.h"
 #include "contract/worker_contract.h"
 
 namespace accel::supervisor {
@@ -183,45 +181,6 @@ void escalate(const std::shared_ptr<State>& st) {
   });
 }
 
-// Removes this user's names accel-<pid>-... in /dev/shm (contract::kShmSegmentPrefix) for which
-// `doomed(pid, st)` holds: plain files only, never through a link.
-template <class F>
-void remove_shm_names(F doomed) {
-  const std::size_t prefix = std::strlen(contract::kShmSegmentPrefix);
-  DIR* dir = ::opendir("/dev/shm");
-  if (dir == nullptr) return;
-  while (const dirent* e = ::readdir(dir)) {
-    if (std::strncmp(e->d_name, contract::kShmSegmentPrefix, prefix) != 0) continue;
-    const char* digits = e->d_name + prefix;
-    char* end = nullptr;
-    errno = 0;
-    long pid = std::strtol(digits, &end, 10);
-    if (end == digits || *end != '-' || errno != 0 || pid <= 0 || pid > INT32_MAX) continue;
-    struct stat st {};
-    if (::fstatat(::dirfd(dir), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
-    if (S_ISREG(st.st_mode) && st.st_uid == ::geteuid() && doomed(static_cast<pid_t>(pid), st))
-      ::unlinkat(::dirfd(dir), e->d_name, 0);
-  }
-  ::closedir(dir);
-}
-
-// The names a reaped worker left: its pid is free now, so nothing can still be setting them up.
-void remove_shm_segments_of(pid_t worker) {
-  remove_shm_names([worker](pid_t pid, const struct stat&) { return pid == worker; });
-}
-
-// The names of processes that are gone, left when nobody reaped them (the launcher or agent
-// SIGKILLed with its workers). Why the age: a process of another pid namespace sharing /dev/shm
-// (containers with --ipc=host) is "gone" seen from here; its names live for a moment only
-// (unlinked once every rank has mapped them), so an old one is not in use.
-void sweep_dead_shm_segments() {
-  constexpr time_t kMinAgeSeconds = 60;
-  const time_t now = ::time(nullptr);
-  remove_shm_names([now](pid_t pid, const struct stat& st) {
-    return now - st.st_mtime >= kMinAgeSeconds && ::kill(pid, 0) != 0 && errno == ESRCH;
-  });
-}
-
 void on_pidfd_readable(const std::shared_ptr<State>& st, Worker* w) {
   int status = 0;
   pid_t r = ::waitpid(w->pid, &status, WNOHANG);
@@ -242,7 +201,7 @@ void on_pidfd_readable(const std::shared_ptr<State>& st, Worker* w) {
     exit.exit_code = WEXITSTATUS(status);
   }
   w->exited = true;
-  remove_shm_segments_of(w->pid);
+  remove_shm_names_of(w->pid);
   boost::system::error_code ignored;
   w->pidfd->close(ignored);
   // Everything the worker wrote is in the pipes now; read it before reporting the exit.
@@ -356,7 +315,7 @@ Status spawn(const std::shared_ptr<State>& st, Worker& w) {
     ::killpg(w.pid, SIGKILL);
     ::waitpid(w.pid, nullptr, 0);
     w.exited = true;
-    remove_shm_segments_of(w.pid);
+    remove_shm_names_of(w.pid);
     return Status::error(std::string("pidfd_open failed (needs Linux >= 5.3): ") +
                          std::strerror(err));
   }
@@ -380,7 +339,7 @@ WorkerGroup::~WorkerGroup() {
 }
 
 Status WorkerGroup::start(std::vector<WorkerSpec> specs, ExitHandler on_exit) {
-  sweep_dead_shm_segments();
+  sweep_dead_shm_names();
   auto& st = state_;
   st->on_exit = std::move(on_exit);
   for (auto& spec : specs) {

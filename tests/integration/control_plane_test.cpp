@@ -648,6 +648,55 @@ TEST(ControlPlane, AStandingAgentHidesItsTokenAndCleansItsStateFolder) {
   expect_no_orphans(c.worker_dir());
 }
 
+// An agent SIGKILLed while a worker's name is in /dev/shm (libaccel's rank 0 names its segment
+// until every local rank has mapped it): the worker dies with the agent, unreaped, and the agent
+// started next on the same state folder removes the name at once (the round's `workers` file),
+// not a minute later at some later job's start.
+TEST(ControlPlane, AnAgentRestartedAfterASigkillRemovesWhatItsWorkersLeftInDevShm) {
+  TempDir dir;
+  Cluster c(dir);
+  c.serve("node-a", /*coordinator_only=*/true);
+  const auto state = dir.path() / "state";
+  Launched& doomed = c.agent_with_args("node-b", {"--state-dir", state.string()});
+  const std::string tag = "cp-test-" + std::to_string(::getpid());
+  const fs::path pid_file = dir.path() / "worker_pid";
+  // The worker names accel-<its pid>-<tag>, then says its pid and sleeps as that pid.
+  std::vector<std::string> args = {"--coordinator",
+                                   c.target(),
+                                   "-n",
+                                   "1",
+                                   "--",
+                                   "/bin/sh",
+                                   "-c",
+                                   "touch /dev/shm/accel-$$-" + tag + "; echo $$ > " +
+                                       pid_file.string() + ".tmp; mv " + pid_file.string() +
+                                       ".tmp " + pid_file.string() + "; exec sleep 60"};
+  Launched launch(dir, ACCEL_LAUNCH_BIN, args, {{"ACCEL_TOKEN", kToken}}, "launch");
+  ASSERT_TRUE(wait_until([&] { return fs::exists(pid_file); }, 30s)) << launch.err_so_far();
+  const pid_t worker = std::stoi(read_file(pid_file));
+  fs::remove(pid_file);
+  const fs::path left = "/dev/shm/accel-" + std::to_string(worker) + "-" + tag;
+  ASSERT_TRUE(fs::exists(left));
+  doomed.signal(SIGKILL);
+  ASSERT_TRUE(wait_pid_gone(worker, 5s)) << "the worker outlived its agent";
+  EXPECT_TRUE(fs::exists(left)) << "nobody reaped the worker: its name is still there";
+
+  c.agent_with_args("node-b", {"--state-dir", state.string()});
+  EXPECT_TRUE(wait_until([&] { return !fs::exists(left); }, 10s))
+      << left << " is still there after the agent restarted\n"
+      << c.daemon_logs();
+  // The job runs again on the restarted agent; stopping it removes that worker's name too.
+  ASSERT_TRUE(wait_until([&] { return fs::exists(pid_file); }, 30s)) << launch.err_so_far();
+  const pid_t again = std::stoi(read_file(pid_file));
+  launch.signal(SIGTERM);
+  EXPECT_FALSE(launch.wait(30s).timed_out);
+  EXPECT_TRUE(wait_pid_gone(again, 5s));
+  std::error_code ec;
+  fs::remove(left, ec);
+  EXPECT_TRUE(wait_until(
+      [&] { return !fs::exists("/dev/shm/accel-" + std::to_string(again) + "-" + tag); }, 5s));
+}
+
 // SIGTERM (systemd, Slurm, a CI runner's timeout) to a launcher that submitted to standing
 // agents cancels the job: gRPC's threads start with the stop signals blocked, so none of them
 // takes the signal and dies of it with the job left running.
