@@ -59,6 +59,11 @@ inline constexpr char kCheckpointInterval[] = "ACCEL_CHECKPOINT_INTERVAL";
 inline constexpr char kCheckpointTotalLimit[] = "ACCEL_CHECKPOINT_TOTAL_LIMIT";
 // true | false: the automatic saves write in the background
 inline constexpr char kAsyncCheckpoints[] = "ACCEL_ASYNC_CHECKPOINTS";
+// N >= 1: every N optimizer steps, a snapshot of the state in memory (ACCEL_SNAPSHOT_DIR)
+inline constexpr char kSnapshotInterval[] = "ACCEL_SNAPSHOT_INTERVAL";
+// Set by the agent (or launcher) when snapshots are on: a private folder in /dev/shm, one per
+// job and node, that outlives the workers and goes when the job ends on that node.
+inline constexpr char kSnapshotDir[] = "ACCEL_SNAPSHOT_DIR";
 inline constexpr char kZeroStage[] = "ACCEL_ZERO_STAGE";    // 0 | 1: ZeRO stage of the optimizers
 inline constexpr char kResume[] = "ACCEL_RESUME";           // auto | force (resume another run's)
 inline constexpr char kProjectDir[] = "ACCEL_PROJECT_DIR";  // trackers' (and checkpoints') folder

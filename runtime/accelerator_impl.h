@@ -54,6 +54,8 @@ struct CustomState {
   std::function<void(const std::string&)> load;
 };
 
+// This rank's part of a checkpoint (random_states_<rank>): its RNG states, its loaders' positions.
+std::string rank_state(int rank, const std::vector<DataLoader>& loaders);
 }  // namespace detail
 
 struct Accelerator::Impl {
@@ -103,8 +105,19 @@ struct Accelerator::Impl {
   // Main process: what a background save copies of the state, and the buffers it keeps.
   std::shared_ptr<ckpt::SnapshotCopies> snapshot_ = std::make_shared<ckpt::SnapshotCopies>();
   std::string save_error_;
+  // The save in flight is an in-memory snapshot: each node's local main writes one, and its
+  // failure turns snapshots off instead of failing the run.
+  bool save_is_snapshot_ = false;
+  // In-memory snapshots: every `snapshot_interval_` optimizer steps (0: off) into snapshot_dir_
+  // (the node's, from the agent); the step of the last one (taken or loaded).
+  int64_t snapshot_interval_ = 0;
+  std::filesystem::path snapshot_dir_;
+  int64_t last_snapshot_ = -1;
   // Main process, not a collective: waits for the writer; its error ("" = none or not main).
   const std::string& join_background_save();
+  // Starts the writer thread: the deferred copies of the CPU state first (the next optimizer
+  // step waits for them), then `write`.
+  void start_background_write(std::function<void()> write);
   // Loaders' boundary hooks hold this weakly: a loader may outlive its Accelerator.
   std::shared_ptr<Accelerator*> self_;
 };

@@ -122,6 +122,12 @@ void Accelerator::end_training() {
     t.trackers->close();
     t.trackers.reset();
   }
+  if (!failed.empty() && impl_->save_is_snapshot_) {
+    // A snapshot is no checkpoint: it is gone with the job anyway.
+    log::warning("the last in-memory snapshot (" + impl_->save_target_.string() +
+                 ") failed: " + failed);
+    failed.clear();
+  }
   if (!failed.empty()) {
     throw CheckpointError("accel: the background save of " + impl_->save_target_.string() +
                           " failed (the checkpoints before it are intact): " + failed);

@@ -9,6 +9,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <exception>
 #include <functional>
@@ -218,6 +219,9 @@ void Accelerator::setup_project() {
       impl_->project_.total_limit = kDefaultLauncherTotalLimit;
     }
   }
+  const bool resume_off_in_code =
+      impl_->project_.automatic_resume.has_value() && !*impl_->project_.automatic_resume;
+  setup_snapshots(resume_off_in_code);
   // Why only when the launcher gives a folder: that is a job asking to be resumable; a folder in
   // code alone is HF's project_dir, which never resumes by itself.
   if (!impl_->project_.automatic_resume) {
@@ -514,9 +518,16 @@ fs::path Accelerator::load_from(const fs::path& source, bool verify_checksums) {
   // Why: the periodic save need not write the step just loaded again; SIGUSR1 at this step may
   // reuse the loaded folder only if it is an automatic checkpoint (a rotation keeps it, as the
   // newest).
-  impl_->last_auto_save_ = completed_steps();
-  impl_->last_auto_save_dir_ =
-      is_automatic_checkpoint(source, impl_->project_.project_dir) ? source : fs::path();
+  if (m.value("snapshot", false)) {
+    // An in-memory snapshot: the automatic checkpoints stand where they stood when it was taken.
+    impl_->last_auto_save_ = m.value("last_checkpoint_step", static_cast<int64_t>(0));
+    impl_->last_auto_save_dir_.clear();
+    impl_->last_snapshot_ = completed_steps();
+  } else {
+    impl_->last_auto_save_ = completed_steps();
+    impl_->last_auto_save_dir_ =
+        is_automatic_checkpoint(source, impl_->project_.project_dir) ? source : fs::path();
+  }
   if (m.value("mixed_precision", std::string("no")) != impl_->mixed_precision_ &&
       is_main_process()) {
     log::warning("checkpoint " + source.string() + " was saved with mixed_precision=" +
@@ -598,7 +609,8 @@ bool Accelerator::automatic_resume_on() const {
 }
 
 void Accelerator::check_not_started(const char* what) const {
-  if (!impl_->training_started_ || !automatic_resume_on()) return;
+  if (!impl_->training_started_ || !(automatic_resume_on() || impl_->snapshot_interval_ > 0))
+    return;
   throw UsageError(
       std::string("accel: ") + what +
       " after training started (the first pass over a prepared loader, its epoch() or state(), "
@@ -613,25 +625,15 @@ void Accelerator::check_not_started(const char* what) const {
 void Accelerator::maybe_resume(bool forward_done) {
   if (!impl_->resume_checked_) {
     impl_->resume_checked_ = true;
-    if (automatic_resume_on()) resume_from_newest(forward_done);
+    if (automatic_resume_on() || impl_->snapshot_interval_ > 0) resume_from_newest(forward_done);
   }
   impl_->training_started_ = true;
   open_trackers();  // nothing when they are open already, or off
 }
 
 void Accelerator::resume_from_newest(bool forward_done) {
-  // Newest first, as rank 0 sees them: every rank tries the same ones in the same order.
-  std::string listed;
-  if (is_main_process() && impl_->project_.project_dir && !impl_->project_.project_dir->empty()) {
-    auto all = complete_checkpoints(fs::path(*impl_->project_.project_dir) / "checkpoints");
-    for (auto it = all.rbegin(); it != all.rend(); ++it) listed += it->string() + "\n";
-  }
-  if (use_distributed()) listed = broadcast_object(listed);
-  std::vector<std::string> candidates;
-  for (std::size_t start = 0, end; (end = listed.find('\n', start)) != std::string::npos;
-       start = end + 1) {
-    candidates.push_back(listed.substr(start, end - start));
-  }
+  // Newest first, the same list on every rank: every rank tries the same ones in the same order.
+  std::vector<std::string> candidates = resume_candidates();
   // Why refuse: loading now would overwrite the weights the forward pass just used, under the
   // autograd graph of this step. Every rank sees the same list, so every rank throws.
   if (forward_done && !candidates.empty()) {
@@ -645,7 +647,14 @@ void Accelerator::resume_from_newest(bool forward_done) {
   // Why: a damaged newest checkpoint (a disk error, a file changed by hand) would otherwise fail
   // every restart; the ranks agree on the newest intact one before anything is applied.
   std::string first_problem;
-  for (const auto& candidate : candidates) {
+  for (const auto& listed : candidates) {
+    // An in-memory snapshot is this node's copy of it.
+    const bool in_memory = listed.rfind(ckpt::kSnapshotCandidate, 0) == 0;
+    const std::string candidate =
+        in_memory ? (impl_->snapshot_dir_ /
+                     (kCheckpointPrefix + listed.substr(std::strlen(ckpt::kSnapshotCandidate))))
+                        .string()
+                  : listed;
     std::string problem;
     try {
       CheckpointReader(candidate).verify_files();
@@ -679,19 +688,20 @@ void Accelerator::resume_from_newest(bool forward_done) {
               "although another run saved it:" + listed_differences);
       }
       load_from(candidate, /*verify_checksums=*/false);  // every rank has just verified them
+      const std::string from = in_memory ? "the in-memory snapshot " + candidate : candidate;
       if (impl_->loaders_.empty()) {
-        print("accel: resumed from", candidate, "at step", completed_steps());
+        print("accel: resumed from", from, "at step", completed_steps());
       } else {
         auto position = impl_->loaders_.front().state();
-        print("accel: resumed from", candidate, "at step", completed_steps(), "(epoch",
-              position.epoch, "batch", std::to_string(position.batches) + ")");
+        print("accel: resumed from", from, "at step", completed_steps(), "(epoch", position.epoch,
+              "batch", std::to_string(position.batches) + ")");
       }
       impl_->resumed_from_ = candidate;
       impl_->resumed_at_step_ = completed_steps();
       // Why: a job killed between a save and its rotation (or inside the rotation) left one
       // checkpoint too many, or a half-removed folder; if it ends before its next save, nothing
       // else would ever enforce total_limit on them.
-      if (is_main_process() && impl_->project_.total_limit) {
+      if (is_main_process() && impl_->project_.total_limit && !in_memory) {
         try {
           rotate(candidate, *impl_->project_.total_limit);
         } catch (const std::exception& e) {
@@ -707,9 +717,13 @@ void Accelerator::resume_from_newest(bool forward_done) {
           std::to_string(bad - problems.begin()) + "):", *bad);
   }
   if (!candidates.empty()) {
+    std::string where;
+    if (impl_->project_.project_dir && !impl_->project_.project_dir->empty())
+      where = (fs::path(*impl_->project_.project_dir) / "checkpoints").string();
+    if (impl_->snapshot_interval_ > 0)
+      where += (where.empty() ? "" : " and ") + impl_->snapshot_dir_.string() + " (in memory)";
     throw CheckpointError("accel: automatic resume: none of the " +
-                          std::to_string(candidates.size()) + " checkpoints under " +
-                          (fs::path(*impl_->project_.project_dir) / "checkpoints").string() +
+                          std::to_string(candidates.size()) + " checkpoints under " + where +
                           " is intact (the newest: " + first_problem +
                           "); move them away to start from scratch, or repair them");
   }
@@ -728,9 +742,15 @@ void Accelerator::on_step_boundary() {
     }
     if (signal != 0) stop_after_checkpoint(signal);
   }
+  auto done = completed_steps();
+  // Why the snapshot first: a checkpoint due at the same step then waits only for the snapshot's
+  // write into memory, not the snapshot for the checkpoint's write to disk.
+  if (impl_->snapshot_interval_ > 0 && done != impl_->last_snapshot_ && done > 0 &&
+      done % impl_->snapshot_interval_ == 0) {
+    save_snapshot();
+  }
   auto interval = impl_->project_.save_interval.value_or(0);
   if (interval <= 0) return;
-  auto done = completed_steps();
   if (done == impl_->last_auto_save_ || done % interval != 0) return;
   save_state({}, {.async = impl_->project_.async_checkpoints.value_or(false)});
 }

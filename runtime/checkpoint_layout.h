@@ -44,6 +44,10 @@ inline nlohmann::json model_identity(const torch::nn::Module& m) {
 }
 
 // <n> of "checkpoint_<n>", or -1.
+// Automatic resume's name for an in-memory snapshot: "snapshot:<step>", which each node finds in
+// its own ACCEL_SNAPSHOT_DIR as checkpoint_<step>.
+inline constexpr char kSnapshotCandidate[] = "snapshot:";
+
 inline int64_t checkpoint_number(const std::string& name) {
   if (name.rfind(kCheckpointPrefix, 0) != 0) return -1;
   auto digits = name.substr(std::string(kCheckpointPrefix).size());

@@ -212,10 +212,8 @@ json tracker_position(const detail::Tracking* tracking) {
 // --- save
 // -----------------------------------------------------------------------------------------
 
-namespace {
-
 // This rank's part of a checkpoint: its RNG states and its loaders' positions.
-std::string rank_state(int rank, const std::vector<DataLoader>& loaders) {
+std::string detail::rank_state(int rank, const std::vector<DataLoader>& loaders) {
   safetensors::NamedTensors tensors;
   {
     auto gen = at::detail::getDefaultCPUGenerator();
@@ -238,6 +236,8 @@ std::string rank_state(int rank, const std::vector<DataLoader>& loaders) {
   return join(safetensors::encode(tensors,
                                   {{"rank", std::to_string(rank)}, {"loaders", positions.dump()}}));
 }
+
+namespace {
 
 // Where an overwrite without RENAME_EXCHANGE keeps the old folder while the new one moves in.
 fs::path set_aside_name(const fs::path& target) {
@@ -347,6 +347,126 @@ std::uint64_t folder_bytes(const fs::path& folder) {
 
 }  // namespace
 
+// Starts the background save's thread: the copies of the CPU state first (the next optimizer
+// step waits for them), then `write`. Why on the calling thread's error path, before any
+// collective: a thread that cannot start is this save's error, which every rank must learn now,
+// not at a wait that only some ranks would reach.
+void Accelerator::Impl::start_background_write(std::function<void()> write) {
+  snapshot_->start();
+  try {
+    save_writer_ = std::async(std::launch::async, [write = std::move(write), copying = snapshot_] {
+      try {
+        // Why first: the next optimizer step waits for these copies, not the write.
+        copying->copy();
+        // Why: the write (checksums, the disk) must not take a core from training; raising
+        // this thread's niceness lowers only its own priority (Linux).
+        ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kWriterNiceness);
+        write();
+      } catch (const std::exception& e) {
+        return std::string(*e.what() ? e.what() : "accel: save_state failed");
+      } catch (...) {
+        return std::string("accel: save_state failed (an unknown exception)");
+      }
+      return std::string();
+    });
+  } catch (...) {
+    snapshot_->abandon();
+    throw;
+  }
+}
+
+std::function<void()> Accelerator::prepare_write(const fs::path& target, bool async, bool in_memory,
+                                                 std::vector<std::string> rank_blobs,
+                                                 std::optional<int64_t> limit, uint64_t began) {
+  auto& copies = *impl_->snapshot_;
+  std::vector<OutFile> files;
+  for (std::size_t i = 0; i < impl_->models_.size(); ++i) {
+    auto name = indexed("model", i, ".safetensors");
+    auto tensors = module_tensors(*impl_->models_[i]);
+    if (async) tensors = snapshot(std::move(tensors), *impl_->models_[i], copies);
+    files.push_back(safetensors_file(
+        name, safetensors::encode(tensors, {{"format", "pt"}}, (target / name).string())));
+  }
+  json optimizer_steps = json::array(), optimizer_lrs = json::array();
+  for (std::size_t i = 0; i < impl_->optimizers_.size(); ++i) {
+    // Why: libtorch 1.13 saves param-group options but does not apply them on load.
+    json lrs = json::array();
+    for (auto& group : impl_->optimizers_[i]->optimizer->param_groups())
+      lrs.push_back(group.options().get_lr());
+    optimizer_lrs.push_back(lrs);
+    auto name = indexed("optimizer", i, ".bin");
+    auto& optimizer = *impl_->optimizers_[i]->optimizer;
+    files.push_back(async ? optimizer_snapshot(name, optimizer, copies)
+                          : optimizer_file(name, optimizer));
+    optimizer_steps.push_back(impl_->optimizers_[i]->steps);
+  }
+  for (std::size_t i = 0; i < impl_->schedulers_.size(); ++i) {
+    files.push_back(bytes_file(indexed("scheduler", i, ".json"),
+                               json({{"steps", impl_->schedulers_[i]->steps}}).dump()));
+  }
+  if (impl_->scaler_) files.push_back(bytes_file("scaler.json", impl_->scaler_->state_dict()));
+  for (std::size_t i = 0; i < impl_->custom_.size(); ++i) {
+    files.push_back(
+        bytes_file("custom_checkpoint_" + std::to_string(i) + ".bin", impl_->custom_[i].save()));
+  }
+  json loaders = json::array();
+  for (const auto& l : impl_->loaders_) {
+    auto s = l.state();
+    json size = l.dataset_size() ? json(*l.dataset_size()) : json();
+    loaders.push_back({{"epoch", s.epoch},
+                       {"batches", s.batches},
+                       {"total_batch_size", l.total_batch_size()},
+                       {"seed", l.options().seed.value_or(0)},
+                       {"shuffle", l.options().shuffle},
+                       {"dataset_size", size}});
+  }
+  json run = {
+      {"models", json::array()}, {"optimizers", json::array()}, {"dataset_sizes", json::array()}};
+  for (const auto& m : impl_->models_) run["models"].push_back(model_identity(*m));
+  for (const auto& o : impl_->optimizers_)
+    run["optimizers"].push_back(c10::demangle(typeid(*o->optimizer).name()));
+  for (const auto& l : loaders) run["dataset_sizes"].push_back(l["dataset_size"]);
+  json manifest = {
+      {"format", kFormat},
+      {"format_version", kFormatVersion},
+      {"created_unix", static_cast<int64_t>(std::time(nullptr))},
+      {"step", completed_steps()},
+      // A snapshot's keeps the automatic checkpoints' numbering as it is.
+      {"iteration", in_memory ? impl_->project_.iteration - 1 : impl_->project_.iteration},
+      {"epoch", impl_->loaders_.empty() ? json() : loaders[0]["epoch"]},
+      {"batches_in_epoch", impl_->loaders_.empty() ? json() : loaders[0]["batches"]},
+      {"world_size", num_processes()},
+      {"mixed_precision", impl_->mixed_precision_},
+      {"gradient_accumulation_steps", gradient_accumulation_steps()},
+      {"accumulation_step", gradient_state_->step()},
+      {"optimizer_steps", optimizer_steps},
+      {"optimizer_lrs", optimizer_lrs},
+      {"loaders", loaders},
+      {"run", run},
+      {"trackers", tracker_position(impl_->tracking_.get())},
+      {"contents",
+       {{"models", impl_->models_.size()},
+        {"optimizers", impl_->optimizers_.size()},
+        {"schedulers", impl_->schedulers_.size()},
+        {"scaler", impl_->scaler_ != nullptr},
+        {"custom", impl_->custom_.size()}}},
+  };
+  if (in_memory) {
+    // Why: a run resumed from the snapshot times its next automatic checkpoint as this run would
+    // have (the one at the snapshot's step may not exist yet).
+    manifest["snapshot"] = true;
+    manifest["last_checkpoint_step"] = impl_->last_auto_save_;
+  }
+  return [target, blobs = std::move(rank_blobs), files = std::move(files),
+          manifest = std::move(manifest), limit, began, in_memory]() mutable {
+    write_checkpoint(target, blobs, files, std::move(manifest));
+    if (limit) rotate(target, *limit);
+    // Why not a snapshot: the progress page's checkpoint is the durable one.
+    if (!in_memory)
+      progress::checkpoint_saved(folder_bytes(target), progress::monotonic_ns() - began);
+  };
+}
+
 fs::path Accelerator::save_state(const fs::path& dir) { return save_state(dir, {}); }
 
 fs::path Accelerator::save_state(const fs::path& dir, const SaveStateOptions& options) {
@@ -369,7 +489,7 @@ fs::path Accelerator::save_state(const fs::path& dir, const SaveStateOptions& op
   // Copied first: a hook may remove itself (or another) while it runs.
   for (const auto& [id, hook] : std::map<int64_t, StateHook>(*impl_->save_hooks_))
     hook(impl_->models_, target);
-  auto mine = rank_state(process_index(), impl_->loaders_);
+  auto mine = detail::rank_state(process_index(), impl_->loaders_);
   auto blobs = use_distributed() ? gather_object(mine) : std::vector<std::string>{mine};
   // ZeRO: the shards of each optimizer's state become libtorch's full state on the main process
   // for the save (the checkpoint is the unsharded one), and go again after it.
@@ -386,113 +506,13 @@ fs::path Accelerator::save_state(const fs::path& dir, const SaveStateOptions& op
   if (is_main_process()) {
     try {
       if (async) copies.begin();
-      std::vector<OutFile> files;
-      for (std::size_t i = 0; i < impl_->models_.size(); ++i) {
-        auto name = indexed("model", i, ".safetensors");
-        auto tensors = module_tensors(*impl_->models_[i]);
-        if (async) tensors = snapshot(std::move(tensors), *impl_->models_[i], copies);
-        files.push_back(safetensors_file(
-            name, safetensors::encode(tensors, {{"format", "pt"}}, (target / name).string())));
-      }
-      json optimizer_steps = json::array(), optimizer_lrs = json::array();
-      for (std::size_t i = 0; i < impl_->optimizers_.size(); ++i) {
-        // Why: libtorch 1.13 saves param-group options but does not apply them on load.
-        json lrs = json::array();
-        for (auto& group : impl_->optimizers_[i]->optimizer->param_groups())
-          lrs.push_back(group.options().get_lr());
-        optimizer_lrs.push_back(lrs);
-        auto name = indexed("optimizer", i, ".bin");
-        auto& optimizer = *impl_->optimizers_[i]->optimizer;
-        files.push_back(async ? optimizer_snapshot(name, optimizer, copies)
-                              : optimizer_file(name, optimizer));
-        optimizer_steps.push_back(impl_->optimizers_[i]->steps);
-      }
-      for (std::size_t i = 0; i < impl_->schedulers_.size(); ++i) {
-        files.push_back(bytes_file(indexed("scheduler", i, ".json"),
-                                   json({{"steps", impl_->schedulers_[i]->steps}}).dump()));
-      }
-      if (impl_->scaler_) files.push_back(bytes_file("scaler.json", impl_->scaler_->state_dict()));
-      for (std::size_t i = 0; i < impl_->custom_.size(); ++i) {
-        files.push_back(bytes_file("custom_checkpoint_" + std::to_string(i) + ".bin",
-                                   impl_->custom_[i].save()));
-      }
-      json loaders = json::array();
-      for (const auto& l : impl_->loaders_) {
-        auto s = l.state();
-        json size = l.dataset_size() ? json(*l.dataset_size()) : json();
-        loaders.push_back({{"epoch", s.epoch},
-                           {"batches", s.batches},
-                           {"total_batch_size", l.total_batch_size()},
-                           {"seed", l.options().seed.value_or(0)},
-                           {"shuffle", l.options().shuffle},
-                           {"dataset_size", size}});
-      }
-      json run = {{"models", json::array()},
-                  {"optimizers", json::array()},
-                  {"dataset_sizes", json::array()}};
-      for (const auto& m : impl_->models_) run["models"].push_back(model_identity(*m));
-      for (const auto& o : impl_->optimizers_)
-        run["optimizers"].push_back(c10::demangle(typeid(*o->optimizer).name()));
-      for (const auto& l : loaders) run["dataset_sizes"].push_back(l["dataset_size"]);
-      json manifest = {
-          {"format", kFormat},
-          {"format_version", kFormatVersion},
-          {"created_unix", static_cast<int64_t>(std::time(nullptr))},
-          {"step", completed_steps()},
-          {"iteration", impl_->project_.iteration},
-          {"epoch", impl_->loaders_.empty() ? json() : loaders[0]["epoch"]},
-          {"batches_in_epoch", impl_->loaders_.empty() ? json() : loaders[0]["batches"]},
-          {"world_size", num_processes()},
-          {"mixed_precision", impl_->mixed_precision_},
-          {"gradient_accumulation_steps", gradient_accumulation_steps()},
-          {"accumulation_step", gradient_state_->step()},
-          {"optimizer_steps", optimizer_steps},
-          {"optimizer_lrs", optimizer_lrs},
-          {"loaders", loaders},
-          {"run", run},
-          {"trackers", tracker_position(impl_->tracking_.get())},
-          {"contents",
-           {{"models", impl_->models_.size()},
-            {"optimizers", impl_->optimizers_.size()},
-            {"schedulers", impl_->schedulers_.size()},
-            {"scaler", impl_->scaler_ != nullptr},
-            {"custom", impl_->custom_.size()}}},
-      };
       std::optional<int64_t> limit;
       if (automatic) limit = impl_->project_.total_limit;
-      std::function<void()> write = [target, blobs = std::move(blobs), files = std::move(files),
-                                     manifest = std::move(manifest), limit, began]() mutable {
-        write_checkpoint(target, blobs, files, std::move(manifest));
-        if (limit) rotate(target, *limit);
-        progress::checkpoint_saved(folder_bytes(target), progress::monotonic_ns() - began);
-      };
+      auto write = prepare_write(target, async, /*snapshot=*/false, std::move(blobs), limit, began);
       if (!async) {
         write();
       } else {
-        // Why here, before the broadcast: a thread that cannot start is this save's error, which
-        // every rank must learn now, not at a wait that only some ranks would reach.
-        copies.start();
-        try {
-          impl_->save_writer_ = std::async(
-              std::launch::async, [write = std::move(write), copying = impl_->snapshot_] {
-                try {
-                  // Why first: the next optimizer step waits for these copies, not the write.
-                  copying->copy();
-                  // Why: the write (checksums, the disk) must not take a core from training;
-                  // raising this thread's niceness lowers only its own priority (Linux).
-                  ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kWriterNiceness);
-                  write();
-                } catch (const std::exception& e) {
-                  return std::string(*e.what() ? e.what() : "accel: save_state failed");
-                } catch (...) {
-                  return std::string("accel: save_state failed (an unknown exception)");
-                }
-                return std::string();
-              });
-        } catch (...) {
-          copies.abandon();
-          throw;
-        }
+        impl_->start_background_write(std::move(write));
       }
     } catch (const std::exception& e) {
       error = e.what();
@@ -535,6 +555,11 @@ void Accelerator::wait_for_checkpoint() {
   std::string error = impl_->join_background_save();
   impl_->save_in_flight_ = false;
   impl_->save_error_.clear();
+  if (impl_->save_is_snapshot_) {
+    impl_->save_is_snapshot_ = false;
+    snapshot_outcome(error);
+    return;
+  }
   if (use_distributed()) error = broadcast_object(error);
   if (!error.empty()) {
     throw CheckpointError("accel: the background save of " + impl_->save_target_.string() +

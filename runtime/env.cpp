@@ -181,6 +181,8 @@ WorkerEnv read_worker_env(const Lookup& outer) {
   e.checkpoint_total_limit = r.integer({c::kCheckpointTotalLimit}, 1, 1L << 40);
   e.checkpoint_interval = r.integer({c::kCheckpointInterval}, 0, 1L << 40).value_or(0);
   e.async_checkpoints = r.boolean({c::kAsyncCheckpoints}, false);
+  e.snapshot_interval = r.integer({c::kSnapshotInterval}, 0, 1L << 40).value_or(0);
+  e.snapshot_dir = r.text({c::kSnapshotDir});
   e.zero_stage = static_cast<int>(r.integer({c::kZeroStage}, 0, 1).value_or(0));
   if (auto progress = r.text({c::kProgress})) {
     std::string v = lower(*progress);

@@ -36,11 +36,13 @@ struct WorkerEnv {
   std::optional<std::string> checkpoint_dir;
   std::optional<long> checkpoint_total_limit;
   long checkpoint_interval = 0;
-  bool async_checkpoints = false;          // ACCEL_ASYNC_CHECKPOINTS
-  int zero_stage = 0;                      // ACCEL_ZERO_STAGE
-  std::optional<std::string> project_dir;  // ACCEL_PROJECT_DIR
-  std::optional<std::string> log_with;     // ACCEL_LOG_WITH, as given
-  std::optional<bool> progress;            // ACCEL_PROGRESS: on/off
+  bool async_checkpoints = false;           // ACCEL_ASYNC_CHECKPOINTS
+  long snapshot_interval = 0;               // ACCEL_SNAPSHOT_INTERVAL
+  std::optional<std::string> snapshot_dir;  // ACCEL_SNAPSHOT_DIR
+  int zero_stage = 0;                       // ACCEL_ZERO_STAGE
+  std::optional<std::string> project_dir;   // ACCEL_PROJECT_DIR
+  std::optional<std::string> log_with;      // ACCEL_LOG_WITH, as given
+  std::optional<bool> progress;             // ACCEL_PROGRESS: on/off
   bool resume_force = false;  // ACCEL_RESUME=force: resume from another run's checkpoint too
   LogLevel log_level = LogLevel::kInfo;
   // Supervision and debugging.

@@ -57,6 +57,7 @@ struct ClusterConfig {
   std::string checkpoint_dir;      // empty: no checkpoints (ACCEL_CHECKPOINT_DIR, made absolute)
   int checkpoint_interval = 0;     // optimizer steps per checkpoint; 0 = only save_state()
   bool async_checkpoints = false;  // the automatic saves write in the background
+  int snapshot_interval = 0;       // optimizer steps per snapshot in memory; 0 = none
   int zero_stage = 0;              // 1: the workers shard their optimizers' state (ZeRO-1)
   bool resume_force = false;       // resume: force (even from another run's checkpoint) / auto
   // The run's folder: trackers' files, and checkpoints when checkpoint_dir is empty

@@ -186,6 +186,17 @@ const std::vector<KeySpec>& all_keys() {
        .flags = "--async-checkpoints",
        .tools = kLaunch,
        .to_workers = true},
+      {.name = "snapshot_interval",
+       .accepts = "an integer >= 0",
+       .help = "Every N optimizer steps, each node keeps a snapshot of the state in its memory "
+               "(/dev/shm), the newest two; a restarted group resumes from the newest one every "
+               "node holds when it is newer than the newest checkpoint. 0: none.",
+       .set = set_int<&C::snapshot_interval, 0, INT_MAX>,
+       .get = get_int<&C::snapshot_interval>,
+       .flags = "--snapshot-interval",
+       .metavar = "N",
+       .tools = kLaunch,
+       .to_workers = true},
       {.name = "resume",
        .accepts = "auto or force",
        .help = "With checkpoint_dir: auto resumes from the newest checkpoint only if the same run "

@@ -20,9 +20,11 @@
 #include "agent/coordinator/request_limits.h"
 #include "agent/node/node_agent_active.h"
 #include "agent/node/round_folders.h"
+#include "agent/node/snapshot_folder.h"
 #include "agent/rpc/job_spec_proto.h"
 #include "agent/supervisor/hang_monitor.h"
 #include "contract/duration.h"
+#include "contract/worker_contract.h"
 
 namespace accel::node {
 
@@ -92,6 +94,11 @@ void NodeAgent::start() {
 // garbage. Only folders shaped like ours go, <job>/attempt_<n>/, and only those no running agent
 // holds (create_and_lock_job_folder).
 void NodeAgent::remove_leftover_rounds() {
+  // The snapshot folders of agents and launchers that are gone (each holds a lock on its own).
+  if (int removed = SnapshotFolder::remove_unheld(); removed > 0) {
+    log(LogLevel::kInfo, "removed " + std::to_string(removed) +
+                             " in-memory snapshot folder(s) that agents now gone left in /dev/shm");
+  }
   if (options_.state_dir.empty() || options_.keep_round_folders) return;
   const int removed = remove_unused_job_folders(options_.state_dir);
   if (removed > 0) {
@@ -363,6 +370,11 @@ void NodeAgent::reconcile() {
   if (!have_desired_ || shutting_down_ || stopping_) return;
   const pb::Instruction& ins = desired_;
   if (job_store_ && ins.job_id() != job_store_job_) job_store_.reset();  // that job is over here
+  if (snapshots_ && ins.job_id() != snapshots_->job_id()) snapshots_.reset();  // its memory too
+  if (ins.job_id() != snapshots_job_) {
+    snapshots_job_ = ins.job_id();
+    snapshots_refused_ = false;
+  }
   bool run = ins.action() == pb::Instruction::ACTION_RUN;
   bool same = active_ && run && active_->job_id == ins.job_id() && active_->round == ins.round();
   if (same) return;
@@ -656,6 +668,15 @@ void NodeAgent::spawn_workers(const pb::Instruction& ins) {
   if (!options_.local) ao.host = options_.hostname;
   ao.group = options_.group;
   JobSpec spec = rpc::from_proto(act.spec);
+  if (wants_snapshots(spec.worker_settings) && !snapshots_ && !snapshots_refused_) {
+    std::string why;
+    snapshots_ = SnapshotFolder::create(ins.job_id(), why);
+    if (!snapshots_) {
+      snapshots_refused_ = true;  // said once per job; the workers then run without snapshots
+      log(LogLevel::kWarn, "job " + ins.job_id() + ": no in-memory snapshots on this node: " + why);
+    }
+  }
+  if (snapshots_) ao.base_env[contract::kSnapshotDir] = snapshots_->path();
 
   uint64_t gen = act.generation;
   supervisor::AttemptHooks hooks;

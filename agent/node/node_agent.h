@@ -28,6 +28,7 @@
 #include "agent/common/defaults.h"
 #include "agent/node/node_address.h"
 #include "agent/node/peer_probe.h"
+#include "agent/node/snapshot_folder.h"
 #include "agent/rpc/coordinator_api.h"
 #include "agent/store/store_server.h"
 #include "agent/supervisor/attempt.h"
@@ -184,6 +185,11 @@ class NodeAgent {
   // The store this node served in the last round of job_store_job_, kept for its next round.
   std::unique_ptr<store::StoreServer> job_store_;
   std::string job_store_job_;
+  // The current job's in-memory snapshots on this node (--snapshot-interval), kept from round to
+  // round; removed when the node's job changes or the agent goes.
+  std::unique_ptr<SnapshotFolder> snapshots_;
+  std::string snapshots_job_;       // the job snapshots_refused_ is about
+  bool snapshots_refused_ = false;  // the folder could not be made: said once per job
   uint64_t generation_ = 0;
   bool stopping_ = false;
   int stop_signal_ = 15;  // SIGTERM, or a cancelling launcher's signal

@@ -51,8 +51,9 @@ WILDCARD = "..."
 HOME_SHOWN = "/home/me"
 
 MASKS = [
-    # mkdtemp-style suffixes: /tmp/accel-test-B8A8ao/... -> /tmp/accel-test-XXXXXX/...
-    (re.compile(r"(/tmp/[\w.-]+-)[A-Za-z0-9]{6}(?=[/\s'\"]|$)"), r"\1XXXXXX"),
+    # mkdtemp-style suffixes: /tmp/accel-test-B8A8ao/... -> /tmp/accel-test-XXXXXX/... (and the
+    # snapshot folders' /dev/shm/accel-snapshots-5rgvoY/...)
+    (re.compile(r"(/(?:tmp|dev/shm)/[\w.-]+-)[A-Za-z0-9]{6}(?=[/\s'\"]|$)"), r"\1XXXXXX"),
     (re.compile(r"\b\d{8}-\d{6}-[0-9a-f]{4}\b"), "<JOB>"),
     (re.compile(r"\b(MASTER_PORT|main_process_port)=\d+"), r"\1=<PORT>"),
     (re.compile(r"(?<=[\w\]]):\d{4,5}\b"), ":<PORT>"),

@@ -1,9 +1,10 @@
-// Soak: a 2-node x 2-process training job (train_classifier with checkpoints) under standing
-// agents, while a seeded driver kills random workers, an agent (restarted, as systemd would) and
-// the coordinator (restarted) at random moments, about 20 faults. The job must finish with the
-// weights of an uninterrupted run, bit for bit, and leave nothing of ours behind: no process,
-// no descriptor growth in the agents, no state or shared-memory leftovers. Label "soak" (ctest -L
-// soak); bounded: each run has a deadline and the driver stops after 20 faults.
+// Soak: a 2-node x 2-process training job (train_classifier with checkpoints; with in-memory
+// snapshots at every step too for even seeds) under standing agents, while a seeded driver kills
+// random workers, an agent (restarted, as systemd would) and the coordinator (restarted) at random
+// moments, about 20 faults. The job must finish with the weights of an uninterrupted run, bit for
+// bit, and leave nothing of ours behind: no process, no descriptor growth in the agents, no state
+// or shared-memory leftovers. Label "soak" (ctest -L soak); bounded: each run has a deadline and
+// the driver stops after 20 faults.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -130,10 +131,14 @@ struct RunOutcome {
 };
 
 // One run of the job on a fresh cluster; with `seed`, the driver injects faults.
-RunOutcome run_job(const TempDir& dir, std::optional<unsigned> seed) {
+// `snapshots`: in-memory snapshots at every step too (a killed worker's group resumes from
+// them; an agent restarted has none, so the job resumes from the checkpoints then).
+RunOutcome run_job(const TempDir& dir, std::optional<unsigned> seed, bool snapshots = false) {
   RunOutcome out;
   Cluster cluster(dir);
-  std::vector<std::string> args = {"--coordinator",
+  std::vector<std::string> args = {"--snapshot-interval",
+                                   snapshots ? "1" : "0",
+                                   "--coordinator",
                                    cluster.target(),
                                    "--nodes",
                                    "2",
@@ -213,16 +218,32 @@ TEST_P(Soak, ATwoNodeJobSurvivesRandomKillsWithTheWeightsOfAnUninterruptedRun) {
   }
   const auto shm_before = shm_entries();
   TempDir dir;
-  auto run = run_job(dir, GetParam());
+  const bool snapshots = GetParam() % 2 == 0;
+  auto run = run_job(dir, GetParam(), snapshots);
   EXPECT_EQ(run.launch.exit_code, 0)
       << run.log
       << run.launch.err.substr(run.launch.err.size() > 6000 ? run.launch.err.size() - 6000 : 0);
   EXPECT_GE(run.faults, 10) << "the job ended before the driver got far:\n" << run.log;
   EXPECT_TRUE(run.model == baseline) << "final weights differ from the uninterrupted run after:\n"
                                      << run.log;
+  auto count = [&](const std::string& what) {
+    std::size_t n = 0;
+    for (auto at = run.launch.out.find(what); at != std::string::npos;
+         at = run.launch.out.find(what, at + 1)) {
+      ++n;
+    }
+    return n;
+  };
+  const std::size_t from_memory = count("accel: resumed from the in-memory snapshot");
   std::cerr << "seed " << GetParam() << ": " << run.faults << " faults, job took "
             << std::chrono::duration_cast<std::chrono::milliseconds>(run.launch.elapsed).count()
-            << " ms\n";
+            << " ms; resumed " << count("accel: resumed from") << " times, " << from_memory
+            << " from memory\n";
+  if (snapshots) {
+    EXPECT_GE(from_memory, 1u) << "no restart resumed from the in-memory snapshots:\n" << run.log;
+  } else {
+    EXPECT_EQ(from_memory, 0u);
+  }
   // Nothing of ours left: workers, round folders, shared-memory segments.
   EXPECT_TRUE(wait_until([] { return processes_of(TRAIN_CLASSIFIER_BIN).empty(); }, 10s))
       << "train_classifier processes outlived the job";

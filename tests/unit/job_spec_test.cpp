@@ -174,6 +174,7 @@ TEST(KeyTable, WorkerSettingsComeFromTheKeysMarkedForWorkers) {
                                                  {"ACCEL_CHECKPOINT_DIR", ""},
                                                  {"ACCEL_CHECKPOINT_INTERVAL", "0"},
                                                  {"ACCEL_ASYNC_CHECKPOINTS", "false"},
+                                                 {"ACCEL_SNAPSHOT_INTERVAL", "0"},
                                                  {"ACCEL_ZERO_STAGE", "0"},
                                                  {"ACCEL_RESUME", "auto"},
                                                  {"ACCEL_PROJECT_DIR", ""},

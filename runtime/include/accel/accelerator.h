@@ -717,6 +717,26 @@ class Accelerator {
   // forward_done: called from backward(), after a forward pass used the current weights.
   void maybe_resume(bool forward_done = false);
   void resume_from_newest(bool forward_done);
+  // Every rank alike: what automatic resume may load, newest first: the automatic checkpoints'
+  // folders, and "snapshot:<step>" for an in-memory snapshot every rank's node holds.
+  std::vector<std::string> resume_candidates();
+  // The writer's half of a save to `target` (the main process's for a checkpoint, each node's
+  // local main's for a snapshot): collects the files and the manifest, and returns what writes
+  // them (at once, or on the background thread).
+  std::function<void()> prepare_write(const std::filesystem::path& target, bool async,
+                                      bool snapshot, std::vector<std::string> rank_blobs,
+                                      std::optional<int64_t> limit, uint64_t began);
+  // An in-memory snapshot of this step (ACCEL_SNAPSHOT_INTERVAL): each node's local main writes
+  // the whole state into the node's ACCEL_SNAPSHOT_DIR in the background. A failure is a
+  // warning that turns snapshots off, never an error.
+  void save_snapshot();
+  // From setup_project: snapshots on when the launcher asks (ACCEL_SNAPSHOT_INTERVAL) and gives
+  // this node's folder (ACCEL_SNAPSHOT_DIR), unless automatic resume is off in code.
+  void setup_snapshots(bool resume_off_in_code);
+  // Every rank (a collective): agrees on a snapshot's outcome, `error` being this rank's part
+  // ("" = written, or not its node's writer); a failure anywhere turns snapshots off with a
+  // warning.
+  void snapshot_outcome(const std::string& error);
   void open_trackers();
   void on_loader_progress(std::size_t loader, const PassProgress& progress);
   // UsageError when a prepared optimizer was stepped through its original handle.
