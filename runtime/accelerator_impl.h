@@ -116,8 +116,9 @@ struct Accelerator::Impl {
   // Main process, not a collective: waits for the writer; its error ("" = none or not main).
   const std::string& join_background_save();
   // Starts the writer thread: the deferred copies of the CPU state first (the next optimizer
-  // step waits for them), then `write`.
-  void start_background_write(std::function<void()> write);
+  // step waits for them), then `write`; without copies_first, `write` itself lets the step go
+  // (an in-memory snapshot, written from the live state).
+  void start_background_write(std::function<void()> write, bool copies_first = true);
   // Loaders' boundary hooks hold this weakly: a loader may outlive its Accelerator.
   std::shared_ptr<Accelerator*> self_;
 };

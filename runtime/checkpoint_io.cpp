@@ -307,6 +307,39 @@ WrittenFile CheckpointFs::write_file(const fs::path& path,
   });
 }
 
+WrittenFile CheckpointFs::write_in_place(const fs::path& path,
+                                         const std::function<void(const Sink&)>& produce) {
+  Fd f{::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644)};
+  if (f.fd < 0) fail(path, "cannot create", errno);
+  WrittenFile out;
+  auto sink = [&](std::string_view part) {
+    const char* p = part.data();
+    std::size_t left = part.size();
+    while (left > 0) {
+      ssize_t n = ::write(f.fd, p, left);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        fail(path, "write failed", errno);
+      }
+      p += n;
+      left -= static_cast<std::size_t>(n);
+    }
+    out.size += part.size();
+  };
+  try {
+    produce(sink);
+  } catch (const CheckpointError&) {
+    throw;
+  } catch (const std::exception& e) {
+    fail(path, std::string("cannot produce the contents: ") + e.what());
+  }
+  if (::ftruncate(f.fd, static_cast<off_t>(out.size)) != 0) fail(path, "cannot cut to size", errno);
+  int fd = f.fd;
+  f.fd = -1;
+  if (::close(fd) != 0) fail(path, "close failed", errno);
+  return out;
+}
+
 void CheckpointFs::sync_dir(const fs::path& dir) {
   Fd f{::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
   if (f.fd < 0) fail(dir, "cannot open folder", errno);

@@ -60,6 +60,11 @@ class CheckpointFs {
                                    const std::function<void(const Sink&)>& produce);
   // write_stream of `parts`, one after another.
   WrittenFile write_file(const fs::path& path, const std::vector<std::string_view>& parts);
+  // For files in memory (tmpfs: in-memory snapshots): writes into `path` in place, reusing the
+  // pages of a file already there (cut to size at the end), with plain write(): no O_DIRECT, no
+  // checksum (the result's is 0), no fsync. One copy of every byte, into the file.
+  virtual WrittenFile write_in_place(const fs::path& path,
+                                     const std::function<void(const Sink&)>& produce);
   // fsync of a directory, so entries created or renamed in it survive a power loss.
   virtual void sync_dir(const fs::path& dir);
   virtual void rename(const fs::path& from, const fs::path& to);

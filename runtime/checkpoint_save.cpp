@@ -193,6 +193,22 @@ safetensors::NamedTensors snapshot(safetensors::NamedTensors tensors,
   return tensors;
 }
 
+// A model's tensors for an in-memory snapshot: its CPU parameters as they are (the writer thread
+// writes them before the next optimizer step may change them); everything else copied now, as
+// for a background save.
+safetensors::NamedTensors live_parameters(safetensors::NamedTensors tensors,
+                                          const torch::nn::Module& model) {
+  std::unordered_set<const void*> parameters;
+  for (const auto& p : model.parameters()) parameters.insert(p.data_ptr());
+  for (auto& [name, t] : tensors) {
+    if (!(t.device().is_cpu() && t.layout() == torch::kStrided &&
+          parameters.contains(t.data_ptr()))) {
+      t = t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
+    }
+  }
+  return tensors;
+}
+
 std::string join(const safetensors::Encoded& e) {
   std::string out;
   out.reserve(e.size());
@@ -265,20 +281,38 @@ bool restore_set_aside(ckpt::CheckpointFs& io, const fs::path& target) {
   return restored;
 }
 
+// How an in-memory snapshot is written (null for a checkpoint on disk).
+struct InMemory {
+  // An older snapshot's folder, unpublished, whose files are overwritten in place (their pages
+  // reused) rather than new ones made; empty: none.
+  fs::path recycle;
+  // Runs once the files of `files` are written (the live state they were read from may change).
+  std::function<void()> files_written;
+};
+
 // Writes every file into `tmp`, then the manifest listing them, fsyncs, and puts `tmp` in place
 // of `target` (a swap when `target` exists, so there is no moment without it).
 void fill_and_publish(ckpt::CheckpointFs& io, const fs::path& tmp, const fs::path& target,
                       const fs::path& parent, const std::vector<std::string>& rank_blobs,
-                      const std::vector<OutFile>& files, json manifest) {
+                      const std::vector<OutFile>& files, json manifest, const InMemory* in_memory) {
   json listed = json::array();
   auto listed_as = [&](const std::string& file, const ckpt::WrittenFile& written) {
-    listed.push_back(
-        {{"name", file}, {"size", written.size}, {"xxh64", ckpt::to_hex(written.checksum)}});
+    listed.push_back({{"name", file},
+                      {"size", written.size},
+                      {"xxh64", in_memory ? std::string() : ckpt::to_hex(written.checksum)}});
   };
-  for (const auto& file : files)
-    listed_as(file.name, io.write_stream(tmp / file.name, file.produce));
+  auto write = [&](const std::string& name, const std::function<void(const ckpt::Sink&)>& produce) {
+    if (!in_memory) return io.write_stream(tmp / name, produce);
+    std::error_code ec;
+    if (!in_memory->recycle.empty() && fs::is_regular_file(in_memory->recycle / name, ec))
+      io.rename(in_memory->recycle / name, tmp / name);
+    return io.write_in_place(tmp / name, produce);
+  };
+  for (const auto& file : files) listed_as(file.name, write(file.name, file.produce));
+  if (in_memory && in_memory->files_written) in_memory->files_written();
   for (std::size_t r = 0; r < rank_blobs.size(); ++r) {
-    listed_as(rank_file(r), io.write_file(tmp / rank_file(r), {rank_blobs[r]}));
+    const std::string& blob = rank_blobs[r];
+    listed_as(rank_file(r), write(rank_file(r), [&blob](const ckpt::Sink& sink) { sink(blob); }));
   }
   manifest["files"] = listed;
   io.write_file(tmp / kManifest, {manifest.dump(2)});
@@ -306,8 +340,10 @@ void fill_and_publish(ckpt::CheckpointFs& io, const fs::path& tmp, const fs::pat
 }
 
 // Rank 0 writes every file into a temp folder beside `target`, fsyncs, then renames it into place.
+// `in_memory`: a snapshot's, whose files are written as InMemory says.
 void write_checkpoint(const fs::path& target, const std::vector<std::string>& rank_blobs,
-                      const std::vector<OutFile>& files, json manifest) {
+                      const std::vector<OutFile>& files, json manifest,
+                      const InMemory* in_memory = nullptr) {
   auto& io = ckpt::checkpoint_fs();
   auto parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
   auto name = target.filename().string();
@@ -322,7 +358,7 @@ void write_checkpoint(const fs::path& target, const std::vector<std::string>& ra
   auto tmp = parent / ("." + name + ".tmp-" + std::to_string(::getpid()));
   try {
     io.create_directories(tmp);
-    fill_and_publish(io, tmp, target, parent, rank_blobs, files, std::move(manifest));
+    fill_and_publish(io, tmp, target, parent, rank_blobs, files, std::move(manifest), in_memory);
   } catch (...) {
     try {
       io.remove_all(tmp);  // what the failed save wrote; a later save also cleans it
@@ -351,24 +387,32 @@ std::uint64_t folder_bytes(const fs::path& folder) {
 // step waits for them), then `write`. Why on the calling thread's error path, before any
 // collective: a thread that cannot start is this save's error, which every rank must learn now,
 // not at a wait that only some ranks would reach.
-void Accelerator::Impl::start_background_write(std::function<void()> write) {
-  snapshot_->start();
+void Accelerator::Impl::start_background_write(std::function<void()> write, bool copies_first) {
+  if (copies_first) {
+    snapshot_->start();
+  } else {
+    snapshot_->hold();
+  }
   try {
-    save_writer_ = std::async(std::launch::async, [write = std::move(write), copying = snapshot_] {
-      try {
-        // Why first: the next optimizer step waits for these copies, not the write.
-        copying->copy();
-        // Why: the write (checksums, the disk) must not take a core from training; raising
-        // this thread's niceness lowers only its own priority (Linux).
-        ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kWriterNiceness);
-        write();
-      } catch (const std::exception& e) {
-        return std::string(*e.what() ? e.what() : "accel: save_state failed");
-      } catch (...) {
-        return std::string("accel: save_state failed (an unknown exception)");
-      }
-      return std::string();
-    });
+    save_writer_ = std::async(
+        std::launch::async, [write = std::move(write), copying = snapshot_, copies_first] {
+          try {
+            // Why first: the next optimizer step waits for these copies, not the write.
+            // Why: the write (checksums, the disk) must not take a core from training; raising
+            // this thread's niceness lowers only its own priority (Linux). Not for a write that the
+            // next step waits for (copies_first false).
+            if (copies_first) {
+              copying->copy();
+              ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kWriterNiceness);
+            }
+            write();
+          } catch (const std::exception& e) {
+            return std::string(*e.what() ? e.what() : "accel: save_state failed");
+          } catch (...) {
+            return std::string("accel: save_state failed (an unknown exception)");
+          }
+          return std::string();
+        });
   } catch (...) {
     snapshot_->abandon();
     throw;
@@ -383,7 +427,11 @@ std::function<void()> Accelerator::prepare_write(const fs::path& target, bool as
   for (std::size_t i = 0; i < impl_->models_.size(); ++i) {
     auto name = indexed("model", i, ".safetensors");
     auto tensors = module_tensors(*impl_->models_[i]);
-    if (async) tensors = snapshot(std::move(tensors), *impl_->models_[i], copies);
+    if (in_memory) {
+      tensors = live_parameters(std::move(tensors), *impl_->models_[i]);
+    } else if (async) {
+      tensors = snapshot(std::move(tensors), *impl_->models_[i], copies);
+    }
     files.push_back(safetensors_file(
         name, safetensors::encode(tensors, {{"format", "pt"}}, (target / name).string())));
   }
@@ -396,8 +444,9 @@ std::function<void()> Accelerator::prepare_write(const fs::path& target, bool as
     optimizer_lrs.push_back(lrs);
     auto name = indexed("optimizer", i, ".bin");
     auto& optimizer = *impl_->optimizers_[i]->optimizer;
-    files.push_back(async ? optimizer_snapshot(name, optimizer, copies)
-                          : optimizer_file(name, optimizer));
+    // In memory: the archive holds the live state, written before the next step may change it.
+    files.push_back(async && !in_memory ? optimizer_snapshot(name, optimizer, copies)
+                                        : optimizer_file(name, optimizer));
     optimizer_steps.push_back(impl_->optimizers_[i]->steps);
   }
   for (std::size_t i = 0; i < impl_->schedulers_.size(); ++i) {
@@ -456,6 +505,36 @@ std::function<void()> Accelerator::prepare_write(const fs::path& target, bool as
     // have (the one at the snapshot's step may not exist yet).
     manifest["snapshot"] = true;
     manifest["last_checkpoint_step"] = impl_->last_auto_save_;
+    return [target, blobs = std::move(rank_blobs), files = std::move(files),
+            manifest = std::move(manifest), limit, copies = impl_->snapshot_]() mutable {
+      // The next optimizer step waits until the files are written from the live state (or this
+      // fails).
+      struct Release {
+        std::shared_ptr<ckpt::SnapshotCopies> copies;
+        ~Release() { copies->abandon(); }
+      } release{copies};
+      InMemory how;
+      how.files_written = [&copies] { copies->copy(); };
+      auto& io = ckpt::checkpoint_fs();
+      const fs::path parent = target.parent_path();
+      // What a writer killed half-way left (only this node's local main writes here).
+      std::error_code ec;
+      for (const auto& entry : fs::directory_iterator(parent, ec)) {
+        const auto name = entry.path().filename().string();
+        if (name.rfind(".checkpoint_", 0) == 0 || name.rfind(".recycle-", 0) == 0)
+          io.remove_all(entry.path());
+      }
+      // The oldest snapshot, once there are enough, lends its pages to this one; the newest
+      // stays complete until this one is published.
+      auto complete = complete_checkpoints(parent);
+      if (limit && static_cast<int64_t>(complete.size()) >= *limit && complete.front() != target) {
+        how.recycle = parent / (".recycle-" + std::to_string(::getpid()));
+        io.rename(complete.front(), how.recycle);
+      }
+      write_checkpoint(target, blobs, files, std::move(manifest), &how);
+      if (!how.recycle.empty()) io.remove_all(how.recycle);
+      if (limit) rotate(target, *limit);
+    };
   }
   return [target, blobs = std::move(rank_blobs), files = std::move(files),
           manifest = std::move(manifest), limit, began, in_memory]() mutable {

@@ -50,6 +50,11 @@ void SnapshotCopies::start() {
   pending_ = !queued_.empty();
 }
 
+void SnapshotCopies::hold() {
+  std::lock_guard lock(mutex_);
+  pending_ = true;
+}
+
 void SnapshotCopies::copy() {
   struct Done {
     SnapshotCopies& self;

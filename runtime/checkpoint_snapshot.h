@@ -27,6 +27,9 @@ class SnapshotCopies {
   // The copies queued since the last start() are about to be handed to a writer: wait() blocks
   // until copy() or abandon() runs.
   void start();
+  // As start(), for a writer that reads the live state itself (an in-memory snapshot): wait()
+  // blocks until copy() or abandon() runs, whatever was queued.
+  void hold();
   // On the writer thread: makes the queued copies, then lets wait() return (also on a throw).
   void copy();
   // The writer will not run (it could not start, or the save failed before it): wait() returns.

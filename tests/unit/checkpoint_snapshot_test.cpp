@@ -44,6 +44,37 @@ TEST(SnapshotCopies, WaitReturnsOnlyOnceTheWriterHasCopied) {
   copies.wait();  // nothing pending: at once
 }
 
+// hold(): a writer that reads the live state itself (an in-memory snapshot) queues nothing, yet
+// the step must wait until it says it is done (copy()) or gives up (abandon()); and the buffers
+// an earlier background save kept stay kept.
+TEST(SnapshotCopies, HoldBlocksTheStepWithNothingQueuedUntilTheWriterIsDone) {
+  SnapshotCopies copies;
+  auto x = torch::ones({64});
+  copies.begin();
+  auto kept = copies.defer(x);
+  copies.start();
+  copies.copy();
+  const void* kept_at = kept.data_ptr();
+  kept = torch::Tensor();  // the program does not hold it: reusable
+  for (bool give_up : {false, true}) {
+    copies.begin();
+    copies.hold();
+    std::atomic<bool> done{false};
+    std::thread writer([&] {
+      std::this_thread::sleep_for(50ms);
+      done = true;
+      give_up ? copies.abandon() : copies.copy();
+    });
+    copies.wait();
+    EXPECT_TRUE(done) << "the step went on before the writer was done";
+    writer.join();
+  }
+  copies.begin();
+  EXPECT_EQ(copies.defer(x).data_ptr(), kept_at) << "hold() dropped the kept buffers";
+  copies.start();
+  copies.copy();
+}
+
 // The second save copies into the first one's buffers (already mapped), unless the program still
 // holds one (then a fresh one), or the shape or dtype changed.
 TEST(SnapshotCopies, BuffersAreReusedFromOneSaveToTheNext) {
