@@ -28,6 +28,7 @@
 #include "runtime/env.h"
 #include "runtime/log.h"
 #include "runtime/optimizer_steps.h"
+#include "runtime/optimizer_tensors.h"
 #include "runtime/progress.h"
 #include "runtime/safetensors.h"
 #include "runtime/stop_request.h"
@@ -353,9 +354,15 @@ fs::path Accelerator::load_from(const fs::path& source, bool verify_checksums) {
     models.push_back(safetensors::decode(model_files.back().view(), (source / name).string(),
                                          safetensors::Memory::kBorrow));
   }
+  // An in-memory snapshot holds libtorch's own optimizers' state as tensors (.safetensors), a
+  // checkpoint libtorch's archive (.bin).
   std::vector<ckpt::MappedFile> optimizers;
-  for (std::size_t i = 0; i < impl_->optimizers_.size(); ++i)
-    optimizers.push_back(ckpt.read(indexed("optimizer", i, ".bin")));
+  std::vector<std::string> optimizer_names;
+  for (std::size_t i = 0; i < impl_->optimizers_.size(); ++i) {
+    auto tensors = indexed("optimizer", i, ".safetensors");
+    optimizer_names.push_back(ckpt.has(tensors) ? tensors : indexed("optimizer", i, ".bin"));
+    optimizers.push_back(ckpt.read(optimizer_names.back()));
+  }
   std::vector<int64_t> scheduler_steps;
   for (std::size_t i = 0; i < impl_->schedulers_.size(); ++i) {
     auto name = indexed("scheduler", i, ".json");
@@ -404,21 +411,30 @@ fs::path Accelerator::load_from(const fs::path& source, bool verify_checksums) {
   std::vector<OptimizerSnapshot> before;
   for (auto& slot : impl_->optimizers_) before.emplace_back(*slot->optimizer);
   for (std::size_t i = 0; i < impl_->optimizers_.size(); ++i) {
+    const auto where = source / optimizer_names[i];
     try {
-      load_archive(*impl_->optimizers_[i]->optimizer, optimizers[i].view(), device());
+      if (optimizer_names[i].ends_with(".safetensors")) {
+        ckpt::load_optimizer_tensors(
+            *impl_->optimizers_[i]->optimizer,
+            safetensors::decode(optimizers[i].view(), where.string(), safetensors::Memory::kBorrow),
+            where.string(), device());
+      } else {
+        load_archive(*impl_->optimizers_[i]->optimizer, optimizers[i].view(), device());
+      }
     } catch (const c10::Error& e) {
       for (std::size_t j = 0; j <= i; ++j) before[j].restore(*impl_->optimizers_[j]->optimizer);
-      CheckpointReader::fail(source / indexed("optimizer", i, ".bin"),
-                             std::string("cannot be loaded into prepared optimizer ") +
-                                 std::to_string(i) + ": " + e.what_without_backtrace());
+      CheckpointReader::fail(where, std::string("cannot be loaded into prepared optimizer ") +
+                                        std::to_string(i) + ": " + e.what_without_backtrace());
+    } catch (const CheckpointError&) {
+      for (std::size_t j = 0; j <= i; ++j) before[j].restore(*impl_->optimizers_[j]->optimizer);
+      throw;
     }
   }
   // ZeRO: each rank keeps its slices of the loaded (full) state, once every one fits.
   for (std::size_t i = 0; i < impl_->optimizers_.size(); ++i) {
     if (!impl_->optimizers_[i]->zero) continue;
     try {
-      impl_->optimizers_[i]->zero->check_loaded(
-          (source / indexed("optimizer", i, ".bin")).string());
+      impl_->optimizers_[i]->zero->check_loaded((source / optimizer_names[i]).string());
     } catch (...) {
       for (std::size_t j = 0; j < impl_->optimizers_.size(); ++j)
         before[j].restore(*impl_->optimizers_[j]->optimizer);

@@ -29,6 +29,7 @@
 #include "runtime/env.h"
 #include "runtime/log.h"
 #include "runtime/optimizer_steps.h"
+#include "runtime/optimizer_tensors.h"
 #include "runtime/progress.h"
 #include "runtime/safetensors.h"
 #include "runtime/stop_request.h"
@@ -444,9 +445,19 @@ std::function<void()> Accelerator::prepare_write(const fs::path& target, bool as
     optimizer_lrs.push_back(lrs);
     auto name = indexed("optimizer", i, ".bin");
     auto& optimizer = *impl_->optimizers_[i]->optimizer;
-    // In memory: the archive holds the live state, written before the next step may change it.
-    files.push_back(async && !in_memory ? optimizer_snapshot(name, optimizer, copies)
-                                        : optimizer_file(name, optimizer));
+    if (in_memory && ckpt::has_tensor_state(optimizer)) {
+      // The live state's tensors, written before the next step may change them, without
+      // libtorch's archive (its records are CRC-32'd: most of a snapshot's cost).
+      auto st_name = indexed("optimizer", i, ".safetensors");
+      std::map<std::string, std::string> metadata;
+      auto tensors = ckpt::optimizer_tensors(optimizer, metadata);
+      files.push_back(safetensors_file(
+          st_name, safetensors::encode(tensors, metadata, (target / st_name).string())));
+    } else {
+      // In memory: the archive holds the live state, written before the next step may change it.
+      files.push_back(async && !in_memory ? optimizer_snapshot(name, optimizer, copies)
+                                          : optimizer_file(name, optimizer));
+    }
     optimizer_steps.push_back(impl_->optimizers_[i]->steps);
   }
   for (std::size_t i = 0; i < impl_->schedulers_.size(); ++i) {
@@ -624,7 +635,10 @@ fs::path Accelerator::save_state(const fs::path& dir, const SaveStateOptions& op
 const std::string& Accelerator::Impl::join_background_save() {
   if (save_writer_.valid()) {
     save_error_ = save_writer_.get();
-    if (save_error_.empty()) log::debug("saved checkpoint " + save_target_.string());
+    if (save_error_.empty()) {
+      log::debug(std::string(save_is_snapshot_ ? "saved snapshot " : "saved checkpoint ") +
+                 save_target_.string());
+    }
   }
   return save_error_;
 }
