@@ -242,6 +242,25 @@ std::string to_hex(uint64_t value) {
   return out;
 }
 
+namespace {
+
+// Writes all of `part` to `fd` (buffered I/O), retrying short writes and EINTR.
+void write_all(int fd, std::string_view part, const fs::path& path) {
+  const char* p = part.data();
+  std::size_t left = part.size();
+  while (left > 0) {
+    ssize_t n = ::write(fd, p, left);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail(path, "write failed", errno);
+    }
+    p += n;
+    left -= static_cast<std::size_t>(n);
+  }
+}
+
+}  // namespace
+
 WrittenFile CheckpointFs::write_stream(const fs::path& path,
                                        const std::function<void(const Sink&)>& produce) {
   constexpr int kFlags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW;
@@ -262,17 +281,7 @@ WrittenFile CheckpointFs::write_stream(const fs::path& path,
     XXH64_update(&state, part.data(), part.size());
     out.size += part.size();
     if (writer) return writer->append(part);
-    const char* p = part.data();
-    std::size_t left = part.size();
-    while (left > 0) {
-      ssize_t n = ::write(f.fd, p, left);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        fail(path, "write failed", errno);
-      }
-      p += n;
-      left -= static_cast<std::size_t>(n);
-    }
+    write_all(f.fd, part, path);
     // Why: start the disk writing what is written so far while the rest is produced, instead
     // of all of it at the fsync below; the fsync then waits for the tail only. Advice: a file
     // system without it (EINVAL, ENOSYS, ESPIPE) writes back at the fsync as before.
@@ -313,17 +322,7 @@ WrittenFile CheckpointFs::write_in_place(const fs::path& path,
   if (f.fd < 0) fail(path, "cannot create", errno);
   WrittenFile out;
   auto sink = [&](std::string_view part) {
-    const char* p = part.data();
-    std::size_t left = part.size();
-    while (left > 0) {
-      ssize_t n = ::write(f.fd, p, left);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        fail(path, "write failed", errno);
-      }
-      p += n;
-      left -= static_cast<std::size_t>(n);
-    }
+    write_all(f.fd, part, path);
     out.size += part.size();
   };
   try {

@@ -33,6 +33,7 @@
 #include "runtime/progress.h"
 #include "runtime/safetensors.h"
 #include "runtime/stop_request.h"
+#include "runtime/term_grace.h"
 #include "runtime/tracking.h"
 
 namespace accel {
@@ -389,21 +390,26 @@ std::uint64_t folder_bytes(const fs::path& folder) {
 // collective: a thread that cannot start is this save's error, which every rank must learn now,
 // not at a wait that only some ranks would reach.
 void Accelerator::Impl::start_background_write(std::function<void()> write, bool copies_first) {
+  term_grace::arm();  // a SIGTERM now lets the write finish first
   if (copies_first) {
     snapshot_->start();
   } else {
     snapshot_->hold();
   }
+  term_grace::write_started();  // Why here: a SIGTERM before the thread runs waits for it too
   try {
     save_writer_ = std::async(
         std::launch::async, [write = std::move(write), copying = snapshot_, copies_first] {
+          struct Ended {
+            ~Ended() { term_grace::write_ended(); }
+          } ended;
           try {
-            // Why first: the next optimizer step waits for these copies, not the write.
-            // Why: the write (checksums, the disk) must not take a core from training; raising
-            // this thread's niceness lowers only its own priority (Linux). Not for a write that the
-            // next step waits for (copies_first false).
             if (copies_first) {
+              // Why first: the next optimizer step waits for these copies, not the write.
               copying->copy();
+              // Why: the write (checksums, the disk) must not take a core from training; raising
+              // this thread's niceness lowers only its own priority (Linux). Not for a write that
+              // the next step waits for (copies_first false).
               ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kWriterNiceness);
             }
             write();
@@ -415,6 +421,7 @@ void Accelerator::Impl::start_background_write(std::function<void()> write, bool
           return std::string();
         });
   } catch (...) {
+    term_grace::write_ended();
     snapshot_->abandon();
     throw;
   }

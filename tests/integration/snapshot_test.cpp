@@ -15,11 +15,6 @@
 namespace accel::testing {
 namespace {
 
-std::string file_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
 // train_classifier on 2 processes: 4 epochs x 47 steps.
 std::vector<std::string> classifier_args(const std::string& model_dir) {
   return {TRAIN_CLASSIFIER_BIN, "--epochs", "4", "--train-samples", "3000",
@@ -85,7 +80,7 @@ void expect_resumes_from_memory(const std::string& expected, const std::vector<s
     EXPECT_GE(std::stoll(m[2]), seen) << "seed " << seed << ": resumed further back than the "
                                       << "newest snapshot seen before the kill\n"
                                       << r.out;
-    EXPECT_EQ(file_bytes(run.path() / "model" / "model.safetensors"), expected)
+    EXPECT_EQ(read_file(run.path() / "model" / "model.safetensors"), expected)
         << "seed " << seed << ": killed rank " << victim << " after the snapshot of step " << seen
         << "; the final weights differ from the uninterrupted run\n"
         << r.out << r.err;
@@ -104,7 +99,7 @@ Baseline uninterrupted(const TempDir& dir) {
   args.insert(args.end(), a.begin(), a.end());
   auto r = run_launcher(dir, args, 120s, {{"OMP_NUM_THREADS", "1"}});
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
-  return {file_bytes(dir.path() / "base" / "model.safetensors")};
+  return {read_file(dir.path() / "base" / "model.safetensors")};
 }
 
 TEST(Snapshots, AKilledWorkerResumesFromMemoryToTheWeightsOfAnUninterruptedRun) {
