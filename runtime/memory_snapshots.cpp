@@ -89,10 +89,9 @@ void Accelerator::save_snapshot() {
   for (auto& slot : impl_->optimizers_)
     if (slot->zero) slot->zero->clear_installed();
   impl_->last_snapshot_ = step;
-  if (!error.empty()) {
-    snapshot_outcome(error);
-    return;
-  }
+  // Why not snapshot_outcome() now on a failure: it is a collective, and only this rank failed
+  // here; every rank agrees on the outcome at the next wait, as for a write that fails later.
+  if (!error.empty()) impl_->save_error_ = error;
   impl_->save_in_flight_ = true;
   impl_->save_is_snapshot_ = true;
   impl_->save_target_ = target;
