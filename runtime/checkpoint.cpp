@@ -31,6 +31,7 @@
 #include "runtime/optimizer_tensors.h"
 #include "runtime/progress.h"
 #include "runtime/safetensors.h"
+#include "runtime/snapshot_transfer.h"
 #include "runtime/stop_request.h"
 #include "runtime/tracking.h"
 
@@ -664,16 +665,25 @@ void Accelerator::resume_from_newest(bool forward_done) {
   // every restart; the ranks agree on the newest intact one before anything is applied.
   std::string first_problem;
   for (const auto& listed : candidates) {
-    // An in-memory snapshot is this node's copy of it.
+    // An in-memory snapshot is this node's copy of it: "snapshot:<step>", or
+    // "snapshot:<step>@<rank>" when some node lacks it and gets it from that rank's node first.
     const bool in_memory = listed.rfind(ckpt::kSnapshotCandidate, 0) == 0;
-    const std::string candidate =
-        in_memory ? (impl_->snapshot_dir_ /
-                     (kCheckpointPrefix + listed.substr(std::strlen(ckpt::kSnapshotCandidate))))
-                        .string()
-                  : listed;
     std::string problem;
+    std::string candidate = listed;
+    if (in_memory) {
+      std::string step = listed.substr(std::strlen(ckpt::kSnapshotCandidate));
+      const auto at = step.find('@');
+      if (at != std::string::npos) {
+        const int source = std::stoi(step.substr(at + 1));
+        step.resize(at);
+        // The same outcome on every rank; a failure passes to the next candidate.
+        problem = send_snapshot_to_nodes_lacking_it(*this, impl_->snapshot_dir_, std::stoll(step),
+                                                    source);
+      }
+      candidate = (impl_->snapshot_dir_ / (kCheckpointPrefix + step)).string();
+    }
     try {
-      CheckpointReader(candidate).verify_files();
+      if (problem.empty()) CheckpointReader(candidate).verify_files();
     } catch (const CheckpointError& e) {
       problem = e.what();
     }

@@ -2,8 +2,9 @@
 // local main process writes the whole state, in the checkpoint format, into the folder in
 // /dev/shm that the node's agent keeps for the job (ACCEL_SNAPSHOT_DIR), in the background as a
 // background checkpoint does; the newest two are kept. A restarted group resumes from the
-// newest snapshot that every node holds when it is newer than the newest checkpoint (automatic
-// resume's candidates, also here). Checkpoints stay the durable layer.
+// newest snapshot that any node holds when it is newer than the newest checkpoint (automatic
+// resume's candidates, also here); a node that lacks it gets it from one that holds it
+// (snapshot_transfer.h). Checkpoints stay the durable layer.
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -137,18 +138,28 @@ std::vector<std::string> Accelerator::resume_candidates() {
   auto everyone = use_distributed() ? gather_object(mine) : std::vector<std::string>{mine};
   std::string listed;
   if (is_main_process()) {
-    std::map<int64_t, std::size_t> held;  // step -> ranks whose node holds it
-    for (const auto& list : everyone) {
-      std::istringstream in(list.substr(1));
+    std::map<int64_t, std::size_t> held;    // step -> ranks whose node holds it
+    std::map<int64_t, std::size_t> holder;  // step -> the lowest of those ranks
+    bool every_node_has_a_folder = true;
+    for (std::size_t r = 0; r < everyone.size(); ++r) {
+      every_node_has_a_folder = every_node_has_a_folder && everyone[r].rfind('+', 0) == 0;
+      std::istringstream in(everyone[r].substr(1));
       std::set<int64_t> steps;
       for (int64_t step = 0; in >> step;) steps.insert(step);
-      for (int64_t step : steps) ++held[step];
+      for (int64_t step : steps) {
+        if (held[step]++ == 0) holder[step] = r;
+      }
     }
-    // Newest step first; at the same step a snapshot (memory) before a checkpoint (disk).
+    // Newest step first; at the same step a snapshot (memory) before a checkpoint (disk). A
+    // snapshot some node lacks (its agent restarted, or it replaced a lost node) is sent from
+    // the memory of a node that holds it: every node's snapshot holds the whole job's state.
     std::vector<std::tuple<int64_t, int, std::string>> all;
     for (const auto& [step, ranks] : held) {
+      std::string candidate = ckpt::kSnapshotCandidate + std::to_string(step);
       if (ranks == everyone.size())
-        all.emplace_back(step, 1, ckpt::kSnapshotCandidate + std::to_string(step));
+        all.emplace_back(step, 1, candidate);
+      else if (every_node_has_a_folder)
+        all.emplace_back(step, 1, candidate + "@" + std::to_string(holder[step]));
     }
     for (std::size_t i = 0; i < disk.size(); ++i)
       all.emplace_back(disk[i].first, 0, disk[i].second);

@@ -1,8 +1,10 @@
 // In-memory snapshots end to end (accel-launch --snapshot-interval): a worker SIGKILLed at a
 // random moment restarts its group from the newest snapshot in /dev/shm, at most a step back,
 // and the job ends with the weights of a run that was never killed, with and without disk
-// checkpoints beside; the folder goes with the job. (Snapshots under standing agents, with
-// agents killed too: the soak's even seeds.)
+// checkpoints beside; the folder goes with the job. A node whose agent was SIGKILLed (its
+// workers and its snapshots gone with it) gets the snapshot from the other node's memory. (Under
+// standing agents with random kills of workers, agents and the coordinator: the soak's even
+// seeds.)
 #include <gtest/gtest.h>
 #include <sys/file.h>
 
@@ -10,6 +12,7 @@
 #include <regex>
 #include <set>
 
+#include "tests/integration/agent_cluster.h"
 #include "tests/integration/harness.h"
 
 namespace accel::testing {
@@ -131,6 +134,69 @@ TEST(Snapshots, UnderZeroStageOneTheResumedRunEndsWithTheUnshardedRunsWeights) {
   auto base = uninterrupted(dir);
   ASSERT_GT(base.model.size(), 1000u);
   expect_resumes_from_memory(base.model, {"--zero-stage", "1"}, {4u});
+}
+
+// A lost node: 2 nodes x 2 processes under standing agents, snapshots at every step and no disk
+// checkpoints. Node b's agent is SIGKILLed (its workers die with it, and its snapshot folder is
+// swept by the agent started after it) and restarted, as systemd would. The group must resume
+// from node a's memory, no further back than node b's newest snapshot before the kill, with
+// node a's snapshot sent to node b first, and end with the weights of a run never killed.
+TEST(Snapshots, ANodeThatLostItsSnapshotsResumesFromItsPeersMemory) {
+  TempDir dir;
+  AgentCluster cluster(dir, "snapshot-test-token-0123456789");
+  auto job = [&](const std::string& model, int restarts) {
+    std::vector<std::string> args = {"--coordinator",
+                                     cluster.target(),
+                                     "--nodes",
+                                     "2",
+                                     "-n",
+                                     "2",
+                                     "--snapshot-interval",
+                                     "1",
+                                     "--max-restarts",
+                                     std::to_string(restarts),
+                                     "--"};
+    auto a = classifier_args(dir / model);
+    args.insert(args.end(), a.begin(), a.end());
+    return args;
+  };
+  const std::map<std::string, std::string> env = {{"ACCEL_TOKEN", "snapshot-test-token-0123456789"},
+                                                  {"OMP_NUM_THREADS", "1"}};
+  {
+    Launched base(dir, ACCEL_LAUNCH_BIN, job("base", 0), env, "base");
+    auto r = base.wait(180s);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  }
+  const std::string expected = read_file(dir.path() / "base" / "model.safetensors");
+  ASSERT_GT(expected.size(), 1000u);
+
+  Launched faulted(dir, ACCEL_LAUNCH_BIN, job("model", 2), env, "faulted");
+  fs::path b_folder;
+  ASSERT_TRUE(wait_until(
+      [&] { return !(b_folder = snapshot_folder_of(cluster.agent(1).pid())).empty(); }, 60s))
+      << "no worker of node b with ACCEL_SNAPSHOT_DIR\n"
+      << faulted.err_so_far();
+  int64_t seen = -1;
+  ASSERT_TRUE(wait_until([&] { return (seen = newest_snapshot(b_folder)) >= 40; }, 120s))
+      << "node b has no snapshot of step 40 (newest " << seen << ")\n"
+      << faulted.err_so_far();
+  cluster.restart_agent(1);
+  auto r = faulted.wait(180s);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  std::smatch m;
+  const std::regex sent(
+      R"(accel: the in-memory snapshot of step (\d+) came from the memory of rank (\d+)'s node )"
+      R"(to 1 node that lacked it)");
+  ASSERT_TRUE(std::regex_search(r.out, m, sent)) << r.out << r.err;
+  const std::regex resumed(R"(accel: resumed from the in-memory snapshot \S+ at step (\d+))");
+  ASSERT_TRUE(std::regex_search(r.out, m, resumed)) << r.out << r.err;
+  EXPECT_GE(std::stoll(m[1]), seen)
+      << "resumed further back than node b's newest snapshot before the kill\n"
+      << r.out;
+  EXPECT_EQ(read_file(dir.path() / "model" / "model.safetensors"), expected)
+      << "the final weights differ from the uninterrupted run\n"
+      << r.out << r.err;
+  EXPECT_FALSE(fs::exists(b_folder)) << b_folder << ": the killed agent's folder was left";
 }
 
 // A snapshot that cannot be written (here: ACCEL_SNAPSHOT_DIR under a file, for a program run

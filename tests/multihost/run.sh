@@ -27,7 +27,13 @@
 #  outage     mode 3: a coordinator on h1, standing agents on h2 and h3, the launcher on h4; h1 and
 #             h4 partitioned for 75 s while the job runs (it ends during the outage): the launcher
 #             keeps following, says the coordinator is back, prints the job's output and end, and
-#             exits 0.
+#             exits 0;
+#  nodeloss   mode 3 with in-memory snapshots at every step (--snapshot-interval 1, no checkpoints):
+#             a coordinator (3 s lease) and the launcher on h1, standing agents on h2 and h3; the
+#             job once through, its model the reference; then again, h3 crashed (every process
+#             SIGKILLed) once epoch 0 is done and a new agent started there: the restarted group
+#             gets h2's snapshot over the bed's network (h3's went with its agent), resumes in
+#             epoch 1 or later, and ends with the reference's model, byte for byte.
 #   tests/multihost/run.sh BIN_DIR [SCENARIO...]    (exit 77: cannot run here, skipped)
 #   MULTIHOST_KEEP=1 tests/multihost/run.sh ...      keeps the logs, checkpoints and models
 #   MULTIHOST_OUTAGE=20 ... outage                     a shorter outage (default 75 s), to try it
@@ -54,7 +60,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=tests/multihost/bed.sh
 source "$here/bed.sh"
 
-SCENARIOS=(bed baseline kill partition lasting loopback debian outage)
+SCENARIOS=(bed baseline kill partition lasting loopback debian outage nodeloss)
 (($# > 0)) && SCENARIOS=("$@")
 
 if ! why=$(bed_preflight); then
@@ -404,6 +410,49 @@ scenario_outage() {
     fail "out of order: lost line $lost, back $back, h2's output $out2, h3's $out3, end $end"
 }
 
+scenario_nodeloss() {
+  local port=29410 coord launcher rc
+  bed_up 3
+  coord=$(bed_ip h1):$port
+  bed_spawn h1 "$SC/coordinator.log" "$bin/accel-agent" --serve-coordinator "$coord" \
+    --coordinator-only --lease-timeout 3s
+  wait_log "$SC/coordinator.log" 'coordinator listening' 15 "the coordinator to listen"
+  bed_spawn h2 "$SC/agent-h2.log" "$bin/accel-agent" --coordinator "$coord"
+  bed_spawn h3 "$SC/agent-h3.log" "$bin/accel-agent" --coordinator "$coord"
+  wait_log "$SC/agent-h2.log" 'registered with coordinator' 15 "h2's agent to register"
+  wait_log "$SC/agent-h3.log" 'registered with coordinator' 15 "h3's agent to register"
+  local job=(--coordinator "$coord" --nodes 2 -n 2 --snapshot-interval 1 "$bin/train_classifier"
+    "${CLASSIFIER[@]}")
+  bed_spawn h1 "$SC/reference.log" "$bin/accel-launch" --max-restarts 0 "${job[@]}" \
+    --save-model "$SC/reference"
+  bed_wait "$BED_PID" 120
+  rc=$?
+  [[ $rc == 0 ]] || fail "the uninterrupted job exited with $rc (124: still running after 120 s)"
+  bed_spawn h1 "$SC/launcher.log" "$bin/accel-launch" --max-restarts 1 "${job[@]}" \
+    --save-model "$SC/model"
+  launcher=$BED_PID
+  wait_log "$SC/launcher.log" '^\[h[23]:[0-9]\] epoch 0 ' 60 "the end of epoch 0"
+  bed_crash h3 || fail "h3's processes survived the crash"
+  local crashed resumed
+  crashed=$(date +%s.%N)
+  bed_spawn h3 "$SC/agent-h3-again.log" "$bin/accel-agent" --coordinator "$coord"
+  wait_log "$SC/launcher.log" 'resumed from the in-memory snapshot' 60 "the resume after h3's crash"
+  resumed=$(date +%s.%N)
+  printf 'h3 crashed after epoch 0; resumed from memory %s s later (a 3 s lease); %s\n' \
+    "$(awk -v a="$crashed" -v b="$resumed" 'BEGIN { printf "%.1f", b - a }')" \
+    "$(grep -oE 'the in-memory snapshot of step [0-9]+ came from .*' "$SC/launcher.log" | head -n 1)" \
+    >"$SC/nodeloss.txt"
+  bed_wait "$launcher" 120
+  rc=$?
+  [[ $rc == 0 ]] || fail "the launcher exited with $rc after h3's crash (124: still running after 120 s)"
+  grep -qE 'in-memory snapshot of step [0-9]+ came from the memory of rank [0-9]+.s node to 1 node that lacked it' \
+    "$SC/launcher.log" || fail "no snapshot was sent to h3's new agent's node"
+  grep -qE 'resumed from the in-memory snapshot \S+ at step [0-9]+ \(epoch [1-9]' "$SC/launcher.log" ||
+    fail "the restarted group did not resume from memory after epoch 0"
+  same_model "$SC/model/model.safetensors" "$SC/reference/model.safetensors" ||
+    fail "the model differs from the uninterrupted run's"
+}
+
 # ---- run
 
 failed=0
@@ -430,6 +479,7 @@ for name in "${SCENARIOS[@]}"; do
   took=$((SECONDS - start))
   if ((rc == 0)); then
     echo "PASS $name (${took}s)"
+    [[ -f "$SC/$name.txt" ]] && sed 's/^/  /' "$SC/$name.txt"
   else
     failed=1
     why="exit code $rc"

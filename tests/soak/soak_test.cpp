@@ -21,6 +21,7 @@
 #include <set>
 #include <thread>
 
+#include "tests/integration/agent_cluster.h"
 #include "tests/integration/harness.h"
 
 namespace accel::testing {
@@ -84,64 +85,6 @@ std::string file_bytes(const fs::path& p) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
-// A coordinator-only agent and two agents on loopback, each restartable.
-class Cluster {
- public:
-  explicit Cluster(const TempDir& dir) : dir_(dir), port_(free_port()) {
-    start_coordinator();
-    for (int i = 0; i < 2; ++i) start_agent(i);
-  }
-  ~Cluster() {
-    // Graceful first, so the agents stop their workers; ~Launched SIGKILLs what is left.
-    for (auto& a : agents_) a->signal(SIGTERM);
-    coordinator_->signal(SIGTERM);
-    for (auto& a : agents_) a->wait(20s);
-    coordinator_->wait(10s);
-  }
-  std::string target() const { return "127.0.0.1:" + std::to_string(port_); }
-  fs::path state_dir(int i) const { return dir_.path() / ("state" + std::to_string(i)); }
-  Launched& agent(int i) { return *agents_[static_cast<size_t>(i)]; }
-
-  void start_coordinator() {
-    coordinator_ = std::make_unique<Launched>(
-        dir_, ACCEL_AGENT_BIN,
-        std::vector<std::string>{"--serve-coordinator", target(), "--coordinator-only",
-                                 "--lease-timeout", "2s"},
-        std::map<std::string, std::string>{{"ACCEL_TOKEN", kToken}},
-        "coordinator_" + std::to_string(++starts_));
-  }
-  void start_agent(int i) {
-    auto node = std::string(i == 0 ? "node-a" : "node-b");
-    auto l = std::make_unique<Launched>(
-        dir_, ACCEL_AGENT_BIN,
-        std::vector<std::string>{"--coordinator", target(), "--node-id", node, "--stop-timeout",
-                                 "2s", "--state-dir", state_dir(i).string()},
-        std::map<std::string, std::string>{{"ACCEL_TOKEN", kToken}, {"OMP_NUM_THREADS", "1"}},
-        "agent_" + node + "_" + std::to_string(++starts_));
-    if (agents_.size() <= static_cast<size_t>(i)) agents_.resize(static_cast<size_t>(i) + 1);
-    agents_[static_cast<size_t>(i)] = std::move(l);
-  }
-  void restart_coordinator() {
-    coordinator_->signal(SIGKILL);
-    coordinator_->wait(5s);
-    std::this_thread::sleep_for(300ms);
-    start_coordinator();
-  }
-  void restart_agent(int i) {
-    agent(i).signal(SIGKILL);
-    agent(i).wait(5s);
-    std::this_thread::sleep_for(300ms);
-    start_agent(i);
-  }
-
- private:
-  const TempDir& dir_;
-  int port_;
-  int starts_ = 0;
-  std::unique_ptr<Launched> coordinator_;
-  std::vector<std::unique_ptr<Launched>> agents_;
-};
-
 struct RunOutcome {
   RunResult launch;
   std::string model;
@@ -152,10 +95,10 @@ struct RunOutcome {
 
 // One run of the job on a fresh cluster; with `seed`, the driver injects faults.
 // `snapshots`: in-memory snapshots at every step too (a killed worker's group resumes from
-// them; an agent restarted has none, so the job resumes from the checkpoints then).
+// them; a node whose agent restarted has none, and gets the other node's first).
 RunOutcome run_job(const TempDir& dir, std::optional<unsigned> seed, bool snapshots = false) {
   RunOutcome out;
-  Cluster cluster(dir);
+  AgentCluster cluster(dir, kToken);
   std::vector<std::string> args = {"--snapshot-interval",
                                    snapshots ? "1" : "0",
                                    "--coordinator",
@@ -258,7 +201,8 @@ TEST_P(Soak, ATwoNodeJobSurvivesRandomKillsWithTheWeightsOfAnUninterruptedRun) {
   std::cerr << "seed " << GetParam() << ": " << run.faults << " faults, job took "
             << std::chrono::duration_cast<std::chrono::milliseconds>(run.launch.elapsed).count()
             << " ms; resumed " << count("accel: resumed from") << " times, " << from_memory
-            << " from memory\n";
+            << " from memory, " << count("accel: the in-memory snapshot of step")
+            << " of them sent from the other node\n";
   if (snapshots) {
     EXPECT_GE(from_memory, 1u) << "no restart resumed from the in-memory snapshots:\n" << run.log;
   } else {
