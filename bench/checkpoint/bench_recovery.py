@@ -14,8 +14,10 @@ rank 0 has printed step --kill-at; the group restarts and resumes. Measured, fro
   final weights: bitwise those of a run never killed (their sum printed with 17 digits)
 and, without kills, steps/s with snapshots at every step (and every --sparse steps) against none.
 Ways: --snapshot-interval 1 (memory), and --checkpoint-interval C to a folder on this disk, in
-the foreground and --async-checkpoints (disk). Then the same two kills with a state of --state-mb
-MB (parameters and AdamW state; fewer steps).
+the foreground and --async-checkpoints (disk). Then a lost node: node 1's agent SIGKILLed (its
+workers die with it, and its snapshots go) and started again, as systemd would, with snapshots
+(the restarted node is sent node 0's) and with checkpoints. Then the same with a state of
+--state-mb MB (parameters and AdamW state; fewer steps).
 
 Usage, from the repo root after building (scripts/build.sh):
     python3 bench/checkpoint/bench_recovery.py [--build build] [--steps 240] [--kill-at 140]
@@ -40,6 +42,7 @@ from bench_control import free_port  # noqa: E402  (shared with the control-plan
 TOKEN = "bench-recovery-token"
 STEP = re.compile(r"STEP (\d+) (\d+)")
 RESUMED = re.compile(r"accel: resumed from (the in-memory snapshot )?\S+ at step (\d+)")
+SENT = re.compile(r"accel: the in-memory snapshot of step \d+ came from the memory of")
 
 
 def env(**extra):
@@ -65,18 +68,27 @@ def children(pid):
 
 
 class Cluster:
-    """Two standing agents: node 0 also serves the coordinator."""
+    """Two standing agents: node 0 also serves the coordinator (a 3 s lease)."""
 
     def __init__(self, bindir, tmp):
         self.target = f"127.0.0.1:{free_port()}"
-        self.agents = [
-            subprocess.Popen([f"{bindir}/accel-agent", "--serve-coordinator", self.target, "--node-id",
-                              "n0", "-q", "--state-dir", os.path.join(tmp, "s0")], env=env(),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
-            subprocess.Popen([f"{bindir}/accel-agent", "--coordinator", self.target, "--node-id", "n1",
-                              "-q", "--state-dir", os.path.join(tmp, "s1")], env=env(),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+        self.args = [
+            [f"{bindir}/accel-agent", "--serve-coordinator", self.target, "--lease-timeout", "3s",
+             "--node-id", "n0", "-q", "--state-dir", os.path.join(tmp, "s0")],
+            [f"{bindir}/accel-agent", "--coordinator", self.target, "--node-id", "n1", "-q",
+             "--state-dir", os.path.join(tmp, "s1")]]
+        self.agents = [self.start(i) for i in range(2)]
         time.sleep(1.5)
+
+    def start(self, i):
+        return subprocess.Popen(self.args[i], env=env(), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+
+    def lose_node(self, i):
+        """SIGKILLs agent i (its workers die with it) and starts it again, as systemd would."""
+        self.agents[i].kill()
+        self.agents[i].wait(timeout=10)
+        self.agents[i] = self.start(i)
 
     def close(self):
         for p in self.agents:
@@ -85,8 +97,9 @@ class Cluster:
             p.wait(timeout=30)
 
 
-def run_job(b, cluster, tmp, flags, steps, state_mb, kill_at=None):
-    """One job; returns its figures: steps/s, final weights' sum, and with kill_at the kill's."""
+def run_job(b, cluster, tmp, flags, steps, state_mb, kill_at=None, node=False):
+    """One job; returns its figures: steps/s, final weights' sum, and with kill_at the kill's (of a
+    worker of node 1; with node, of node 1's agent, started again at once)."""
     cmd = [f"{b}/accel-launch", "--coordinator", cluster.target, "--nodes", "2", "-n", "2",
            "--max-restarts", "3", *flags, "--", f"{b}/bench_recovery", "--steps", str(steps),
            "--state-mb", str(state_mb)]
@@ -95,7 +108,7 @@ def run_job(b, cluster, tmp, flags, steps, state_mb, kill_at=None):
     err_lines = []
     threading.Thread(target=lambda: err_lines.extend(proc.stderr), daemon=True).start()
     out = {"kill_ms": None, "last_before": None, "resumed_at": None, "from_memory": None,
-           "first_after_ms": None, "back_ms": None, "sps": None, "weights": None}
+           "from_peer": False, "first_after_ms": None, "back_ms": None, "sps": None, "weights": None}
     last_step = 0
     resumed = False
     for line in proc.stdout:
@@ -112,7 +125,13 @@ def run_job(b, cluster, tmp, flags, steps, state_mb, kill_at=None):
                 victims = children(cluster.agents[1].pid)
                 if victims:
                     out["kill_ms"] = time.time() * 1000.0
-                    os.kill(victims[-1], 9)
+                    if node:
+                        cluster.lose_node(1)
+                    else:
+                        os.kill(victims[-1], 9)
+            continue
+        if SENT.search(line) and out["kill_ms"] is not None:
+            out["from_peer"] = True
             continue
         m = RESUMED.search(line)
         if m and out["kill_ms"] is not None:
@@ -179,27 +198,35 @@ def main():
                        f"{overhead * 100:.1f}%", overhead <= 0.05))
 
         def kills(label, steps, kill_at, interval, state_mb, ref):
-            ways = [("snapshot every step", ["--snapshot-interval", "1"]),
+            ways = [("snapshot every step", ["--snapshot-interval", "1"], False),
                     (f"checkpoint every {interval} steps", ck("ck") +
-                     ["--checkpoint-interval", str(interval)]),
+                     ["--checkpoint-interval", str(interval)], False),
                     (f"background checkpoint every {interval} steps", ck("ck") +
-                     ["--checkpoint-interval", str(interval), "--async-checkpoints"])]
-            for i, (name, flags) in enumerate(ways):
+                     ["--checkpoint-interval", str(interval), "--async-checkpoints"], False),
+                    ("node lost: snapshot every step", ["--snapshot-interval", "1"], True),
+                    (f"node lost: checkpoint every {interval} steps", ck("ck") +
+                     ["--checkpoint-interval", str(interval)], True)]
+            for i, (name, flags, node) in enumerate(ways):
                 results = []
                 for run in range(a.runs):
                     shutil.rmtree(os.path.join(tmp, "ck"), ignore_errors=True)
-                    results.append(run_job(b, cluster, tmp, flags, steps, state_mb, kill_at))
+                    results.append(run_job(b, cluster, tmp, flags, steps, state_mb, kill_at, node))
                 rec = statistics.median([(r["first_after_ms"] - r["kill_ms"]) / 1000.0 for r in results])
                 back = statistics.median([(r["back_ms"] - r["kill_ms"]) / 1000.0 for r in results])
                 lost = max(r["last_before"] - r["resumed_at"] for r in results)
                 same = all(r["weights"] == ref for r in results) if ref else None
-                source = "memory" if all(r["from_memory"] for r in results) else "disk"
+                source = "disk"
+                if all(r["from_memory"] for r in results):
+                    source = "a peer's memory" if all(r["from_peer"] for r in results) else "memory"
                 rows.append((label, name, rec, back, lost, source, same))
                 if i == 0 and label == "model M":
                     checks.append(("model M, kill with snapshots every step: recovery < 2 s",
                                    f"{rec:.2f} s", rec < 2.0))
                     checks.append(("model M, kill with snapshots every step: 0 steps retrained",
                                    str(lost), lost == 0))
+                if node and flags[0] == "--snapshot-interval":
+                    checks.append((f"{label}, node lost with snapshots every step: resumed from a "
+                                   "peer's memory", source, source == "a peer's memory"))
                 if same is not None:
                     checks.append((f"{label}, {name}: final weights those of the run never killed",
                                    "yes" if same else "NO", same))
@@ -212,8 +239,9 @@ def main():
     finally:
         cluster.close()
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"SIGKILL of a worker of node 1 once rank 0 finished step {a.kill_at} (model M) or "
-          f"{a.big_kill_at} ({a.state_mb} MB); median of {a.runs}:\n")
+    print(f"SIGKILL of a worker of node 1 (node lost: of node 1's agent, started again at once) once "
+          f"rank 0 finished step {a.kill_at} (model M) or {a.big_kill_at} ({a.state_mb} MB); "
+          f"median of {a.runs}:\n")
     print("| state | kept by | first step after the kill (s) | back past the killed step (s) | "
           "steps retrained | resumed from | weights = unkilled run |")
     print("|---|---|---:|---:|---:|---|---|")
