@@ -1,8 +1,11 @@
 // Collectives with one timeout, sequence numbers and a desync report on failure.
 #include "runtime/comm.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -270,6 +273,40 @@ std::vector<at::Tensor> Comm::shared_zeros(
         where, {numel}, [block](void*) {}, options));
   }
   return out;
+}
+
+std::string Comm::choose_allreduce(at::Tensor& sample) {
+  // Why the variable is read here: env.cpp has checked its value; set, it is the choice.
+  if (!shm_ || world_size_ < 2 || allreduce_chosen_ || sample.numel() == 0 ||
+      !ShmGroup::can_reduce(sample) || std::getenv("ACCEL_SHM_ALLREDUCE") != nullptr)
+    return "";
+  allreduce_chosen_ = true;
+  const at::Tensor saved = sample.clone();
+  const ShmGroup::Algorithm ways[2] = {ShmGroup::Algorithm::kSplit, ShmGroup::Algorithm::kCopy};
+  double best[2];
+  for (int w = 0; w < 2; ++w) {
+    shm_->set_algorithm(ways[w]);
+    best[w] = std::numeric_limits<double>::infinity();
+    for (int i = 0; i < 4; ++i) {
+      barrier();
+      const auto t0 = std::chrono::steady_clock::now();
+      allreduce(sample, c10d::ReduceOp::SUM);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (i > 0) best[w] = std::min(best[w], s);  // the first pays page faults and cold caches
+    }
+  }
+  // Every rank's own part back; no rank writes into another's after the last all-reduce.
+  sample.copy_(saved);
+  // The slowest rank's time of each way: the same bits on every rank, so the same choice.
+  auto times = at::tensor({best[0], best[1]}, at::kDouble);
+  allreduce(times, c10d::ReduceOp::MAX);
+  const double split = times[0].item<double>(), copy = times[1].item<double>();
+  const bool use_copy = copy < split;
+  shm_->set_algorithm(use_copy ? ShmGroup::Algorithm::kCopy : ShmGroup::Algorithm::kSplit);
+  char text[128];
+  std::snprintf(text, sizeof text, "split %.2f ms, copy %.2f ms: %s", split * 1e3, copy * 1e3,
+                use_copy ? "copy" : "split");
+  return text;
 }
 
 at::Tensor Comm::peer_part(const at::Tensor& t, int rank) {

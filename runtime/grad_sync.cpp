@@ -7,9 +7,11 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "accel/error.h"
+#include "runtime/log.h"
 
 namespace accel {
 
@@ -60,6 +62,22 @@ GradSync::GradSync(Comm& comm, std::vector<torch::Tensor> params, GradSyncOption
   // without copying it into shared memory first (private memory where that is not possible).
   auto flats = comm_.shared_zeros(sizes, "gradient buckets");
   for (std::size_t i = 0; i < buckets_.size(); ++i) buckets_[i].flat = std::move(flats[i]);
+  // Why timed: whether splitting the sum between the ranks beats every rank summing it all
+  // depends on the machine (its caches and memory); the buckets are what every step all-reduces.
+  if (!buckets_.empty()) {
+    auto largest = std::max_element(buckets_.begin(), buckets_.end(), [](auto& a, auto& b) {
+      return a.flat.numel() < b.flat.numel();
+    });
+    const std::string chosen = comm_.choose_allreduce(largest->flat);
+    if (!chosen.empty()) {
+      char mb[32];
+      std::snprintf(
+          mb, sizeof mb, "%.1f MB",
+          static_cast<double>(largest->flat.numel() * largest->flat.element_size()) / 1e6);
+      log::debug("shared-memory all-reduce of the largest gradient bucket (" + std::string(mb) +
+                 "), timed on rank " + std::to_string(comm_.rank()) + ": " + chosen);
+    }
+  }
   for (auto& b : buckets_) {
     b.pending = b.params.size();
     // Why only defined ones: a parameter that never gets a gradient must keep an undefined one.

@@ -83,8 +83,10 @@ class ShmGroup {
   // This rank's part of `block`.
   void* my_part(const Block& block) const { return data(block, rank_); }
 
-  // How an all-reduce of a private tensor is done (ACCEL_SHM_ALLREDUCE, for benchmarks):
-  // split above a threshold (the default), or copy: every rank reduces everything.
+  // How an all-reduce is done: split (the default) reduces a shared block's tensor in place and
+  // a private one above a threshold through the slots, each rank 1/n of it; copy copies every
+  // tensor into the slots and every rank reduces everything. Comm::choose_allreduce times both
+  // at prepare (ACCEL_SHM_ALLREDUCE forces one). Every rank of the group must use the same.
   enum class Algorithm { kSplit, kCopy };
   void set_algorithm(Algorithm a) { algorithm_ = a; }
 

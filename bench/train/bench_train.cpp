@@ -107,9 +107,20 @@ int main(int argc, char** argv) {
     acc.wait_for_everyone();
   };
   torch::ScalarType forward_dtype = torch::kFloat;
+  // Seconds spent in each phase of the timed steps: forward and loss, backward (with the gradient
+  // all-reduce, which runs in backward's hooks), the optimizer step, zero_grad.
+  double phase_s[4] = {0, 0, 0, 0};
+  bool timing = false;
+  using Clock = std::chrono::steady_clock;
+  auto lap = [&](Clock::time_point& t, int phase) {
+    auto now = Clock::now();
+    if (timing) phase_s[phase] += std::chrono::duration<double>(now - t).count();
+    t = now;
+  };
   auto step = [&](int64_t i) {
     auto& [x, y] = batches[static_cast<std::size_t>(i % 16)];
     torch::Tensor loss;
+    auto t = Clock::now();
     {
       auto cast = acc.autocast();
       auto pred = lm ? tiny->forward(x) : mlp->forward(x);
@@ -118,14 +129,19 @@ int main(int argc, char** argv) {
              : big ? torch::cross_entropy_loss(pred, y)
                    : torch::mse_loss(pred, y);
     }
+    lap(t, 0);
     acc.backward(loss);
+    lap(t, 1);
     o.step();
+    lap(t, 2);
     o.zero_grad();
+    lap(t, 3);
   };
   for (int64_t i = 0; i < args.integer("warmup"); ++i) step(i);
   wait_for_device();
   const int64_t steps = args.integer("steps");
   auto start = std::chrono::steady_clock::now();
+  timing = true;
   for (int64_t i = 0; i < steps; ++i) step(i);
   wait_for_device();
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -153,12 +169,15 @@ int main(int argc, char** argv) {
         "\"%s\", "
         "\"forward_dtype\": \"%s\", \"optimizer_step\": \"%s\", \"zero_stage\": %ld, "
         "\"peak_rss_bytes\": %ld, \"rss_anon_bytes\": %ld, \"rss_shmem_bytes\": %ld, "
-        "\"heap_in_use_bytes\": %ld}\n",
+        "\"heap_in_use_bytes\": %ld, \"phase_ms\": {\"forward\": %.2f, \"backward\": %.2f, "
+        "\"step\": %.2f, \"zero_grad\": %.2f}}\n",
         sps, sps * static_cast<double>(batch) * acc.num_processes(),
         lm ? sps * static_cast<double>(batch * kBlock) * acc.num_processes() : 0.0,
         acc.device().str().c_str(), acc.num_processes(), acc.mixed_precision().c_str(),
         c10::toString(forward_dtype), args.str("optimizer-step").c_str(),
-        args.integer("zero-stage"), peak_kb * 1024, anon_kb * 1024, shmem_kb * 1024, heap_in_use);
+        args.integer("zero-stage"), peak_kb * 1024, anon_kb * 1024, shmem_kb * 1024, heap_in_use,
+        1e3 * phase_s[0] / steps, 1e3 * phase_s[1] / steps, 1e3 * phase_s[2] / steps,
+        1e3 * phase_s[3] / steps);
   }
   return 0;
 }

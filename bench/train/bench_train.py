@@ -4,7 +4,7 @@
 Prints Markdown tables (medians over --runs runs) and checks the issue's targets:
   model T (10->64->1, b=8) 2 processes: accel >= 2x Python DDP steps/s
   model M (784->2048->2048->10, b=64) 2 processes: accel >= 1.0x Python DDP steps/s
-  model M 1 process: accel >= 1.1x Python steps/s; 2 processes: scaling efficiency >= 90%
+  model M 1 process: accel >= 1.1x Python steps/s; 2 processes: scaling efficiency >= 95%
   model L (examples/train_lm.cpp's transformer, batch 16 x 64 tokens): the same two targets
   scaling efficiency (2-process samples/s over 2x 1-process) at least DDP's, per model
   gather/reduce wrapper overhead over calling c10d gloo directly <= 5% at >= 1 MiB
@@ -35,6 +35,7 @@ import sys
 PYTHON = "/usr/bin/python3"
 HERE = os.path.dirname(os.path.abspath(__file__))
 STEPS = {"T": (2000, 100), "M": (150, 15), "L": (200, 20)}
+PHASES = ("forward", "backward", "step", "zero_grad")  # bench_train's phase_ms
 
 
 def run_json(cmd, env_extra=None, many=False):
@@ -152,7 +153,7 @@ def main():
         return
     print(f"BLAS: {blas()}; {os.cpu_count()} CPUs; medians of {a.runs} runs\n")
 
-    results = {}
+    results, phases = {}, {}
     models = a.models.split(",")
     for model in models:
         for n in (1, 2):
@@ -166,6 +167,9 @@ def main():
                 runs = [fn() for _ in range(a.runs)]
                 results[(model, n, side)] = (statistics.median(r["steps_per_s"] for r in runs),
                                              statistics.median(r["samples_per_s"] for r in runs))
+                if side == "accel":
+                    phases[(model, n)] = {k: statistics.median(r["phase_ms"][k] for r in runs)
+                                          for k in PHASES}
     print("| model | processes | accel steps/s | accel samples/s | accel, libtorch step: steps/s | "
           "accel, unsplit all-reduce: steps/s | DDP steps/s | DDP samples/s | accel / DDP |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -176,6 +180,16 @@ def main():
             copy = f"{results[(model, n, 'accel-copy')][0]:.1f}" if n == 2 else "-"
             print(f"| {model} | {n} | {acc[0]:.1f} | {acc[1]:.0f} | {lib[0]:.1f} | {copy} | {ddp[0]:.1f} | "
                   f"{ddp[1]:.0f} | {acc[0] / ddp[0]:.2f}x |")
+
+    print("\nWhere accel's step goes (rank 0, ms per step; backward includes the gradient all-reduce, "
+          "which runs in its hooks):\n")
+    print("| model | processes | forward + loss | backward | optimizer step | zero_grad | sum |")
+    print("|---|---|---|---|---|---|---|")
+    for model in models:
+        for n in (1, 2):
+            ph = phases[(model, n)]
+            print(f"| {model} | {n} | " + " | ".join(f"{ph[k]:.2f}" for k in PHASES) +
+                  f" | {sum(ph.values()):.2f} |")
 
     checks = []
     for model, target in (("T", 2.0), ("M", 1.0), ("L", 1.0)):
@@ -191,7 +205,8 @@ def main():
         ratio = results[(model, 1, "accel")][0] / results[(model, 1, "ddp")][0]
         checks.append((f"model {model}, 1 process: accel/Python steps/s >= 1.1", f"{ratio:.2f}x", ratio >= 1.1))
         eff = results[(model, 2, "accel")][1] / (2 * results[(model, 1, "accel")][1])
-        checks.append((f"model {model}: accel scaling efficiency >= 90%", f"{eff:.0%}", eff >= 0.9))
+        target = 0.95 if model == "M" else 0.9
+        checks.append((f"model {model}: accel scaling efficiency >= {target:.0%}", f"{eff:.0%}", eff >= target))
 
     print("\nCollectives, 2 processes, float32, median ms per call (c10d = ProcessGroupGloo called directly):\n")
     over_gloo = run_json([f"{a.build}/bin/accel-launch", "-n", "2", "--", f"{a.build}/bin/bench_collectives"],

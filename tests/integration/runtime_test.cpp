@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <regex>
+#include <set>
 #include <sstream>
 
 #include "tests/integration/harness.h"
@@ -166,6 +168,46 @@ TEST(Runtime, TwoAndThreeProcessesTrainLikeOneProcessOnTheGlobalBatch) {
           << n << " processes, shm " << shm;
     }
   }
+}
+
+// At prepare() the ranks of a machine time the gradient buckets' all-reduce both ways (split in
+// place, copy through the slots) and all keep the same one: with ACCEL_LOG_LEVEL=debug every rank
+// prints the slowest rank's times and the choice, the same line on each. Whichever is chosen,
+// the weights are the same bits: forced split and forced copy (ACCEL_SHM_ALLREDUCE, which skips
+// the timing) end with equal weights, on 3 processes where the split cuts tensors in three.
+TEST(Runtime, TheAllReduceIsTimedBothWaysAtPrepareAndEveryRankKeepsTheSame) {
+  TempDir dir;
+  const std::regex timed(
+      R"(timed on rank (\d+): (split [0-9.]+ ms, copy [0-9.]+ ms: (split|copy)))");
+  for (int n : {2, 3}) {
+    auto r = run_worker(dir, n, {"train", dir / ("auto" + std::to_string(n)), "12", "20", "plain"},
+                        {{"ACCEL_LOG_LEVEL", "debug"}});
+    EXPECT_JOB_OK(r);
+    std::set<std::string> ranks, lines;
+    for (const auto& line : lines_of(r.err)) {
+      std::smatch m;
+      if (!std::regex_search(line, m, timed)) continue;
+      ranks.insert(m[1]);
+      lines.insert(m[2]);
+    }
+    EXPECT_EQ(ranks.size(), static_cast<std::size_t>(n)) << r.err;
+    EXPECT_EQ(lines.size(), 1u) << "the ranks disagree on the times or the choice:\n" << r.err;
+  }
+  std::map<std::string, std::vector<double>> forced;
+  for (std::string algorithm : {"split", "copy"}) {
+    const std::string file = dir / ("forced_" + algorithm);
+    auto r = run_worker(dir, 3, {"train", file, "12", "20", "plain"},
+                        {{"ACCEL_SHM_ALLREDUCE", algorithm}, {"ACCEL_LOG_LEVEL", "debug"}});
+    EXPECT_JOB_OK(r);
+    EXPECT_EQ(r.err.find("timed on rank"), std::string::npos)
+        << "ACCEL_SHM_ALLREDUCE=" << algorithm << " did not skip the timing:\n"
+        << r.err;
+    forced[algorithm] = read_weights(file);
+  }
+  ASSERT_GT(forced["split"].size(), 100u);
+  EXPECT_TRUE(forced["split"] == forced["copy"])
+      << "split and copy all-reduces trained to different weights (max difference "
+      << max_abs_diff(forced["split"], forced["copy"]) << ")";
 }
 
 // ZeRO stage 1: each rank keeps the optimizer state of a slice of the parameters and updates
