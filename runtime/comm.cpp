@@ -276,9 +276,11 @@ std::vector<at::Tensor> Comm::shared_zeros(
 }
 
 std::string Comm::choose_allreduce(at::Tensor& sample) {
-  // Why the variable is read here: env.cpp has checked its value; set, it is the choice.
+  // Why the variable is read here: env.cpp has checked its value; set (and not empty, which
+  // env.cpp reads as unset), it is the choice.
+  const char* forced = std::getenv("ACCEL_SHM_ALLREDUCE");
   if (!shm_ || world_size_ < 2 || allreduce_chosen_ || sample.numel() == 0 ||
-      !ShmGroup::can_reduce(sample) || std::getenv("ACCEL_SHM_ALLREDUCE") != nullptr)
+      !ShmGroup::can_reduce(sample) || (forced != nullptr && *forced != '\0'))
     return "";
   allreduce_chosen_ = true;
   const at::Tensor saved = sample.clone();

@@ -74,8 +74,9 @@ GradSync::GradSync(Comm& comm, std::vector<torch::Tensor> params, GradSyncOption
       std::snprintf(
           mb, sizeof mb, "%.1f MB",
           static_cast<double>(largest->flat.numel() * largest->flat.element_size()) / 1e6);
-      log::debug("shared-memory all-reduce of the largest gradient bucket (" + std::string(mb) +
-                 "), timed on rank " + std::to_string(comm_.rank()) + ": " + chosen);
+      log::debug("rank " + std::to_string(comm_.rank()) +
+                 ": shared-memory all-reduce of the largest gradient bucket (" + std::string(mb) +
+                 "), the slowest rank's best of 3: " + chosen);
     }
   }
   for (auto& b : buckets_) {

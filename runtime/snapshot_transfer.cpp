@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -76,7 +77,7 @@ std::string list_snapshot_files(const fs::path& dir) {
        ++it) {
     const auto status = it->symlink_status();
     if (fs::is_directory(status)) continue;
-    const std::string relative = fs::relative(it->path(), dir).string();
+    const std::string relative = it->path().lexically_relative(dir).string();
     if (!fs::is_regular_file(status) || relative.find('\n') != std::string::npos)
       throw std::runtime_error(it->path().string() + " is not a regular file");
     out += std::to_string(fs::file_size(it->path())) + " " + relative + "\n";
@@ -91,7 +92,9 @@ bool parse_snapshot_listing(const std::string& listing,
     const auto space = line.find(' ');
     if (space == 0 || space == std::string::npos || space + 1 == line.size()) return false;
     const std::string digits = line.substr(0, space);
-    if (digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return false;
+    if (digits.size() > 18 || !std::all_of(digits.begin(), digits.end(),
+                                           [](unsigned char c) { return std::isdigit(c) != 0; }))
+      return false;
     fs::path relative = fs::path(line.substr(space + 1)).lexically_normal();
     if (relative.is_absolute() || relative.empty() || relative == "." || *relative.begin() == "..")
       return false;
@@ -152,7 +155,8 @@ std::string send_snapshot_to_nodes_lacking_it(Accelerator& acc, const fs::path& 
     }
     for (uint64_t at = 0; at < size; at += kPieceBytes) {
       const uint64_t n = std::min(kPieceBytes, size - at);
-      auto piece = torch::zeros({static_cast<int64_t>(n)}, torch::kUInt8);
+      // Filled by the sender; whatever another rank's holds is overwritten by the broadcast.
+      auto piece = torch::empty({static_cast<int64_t>(n)}, torch::kUInt8);
       if (in.fd >= 0 && !read_fully(in.fd, piece.data_ptr(), n, at) && error.empty())
         error = os_error("cannot read", here / relative);
       piece = acc.broadcast(piece.to(acc.device()), source).cpu();
@@ -164,23 +168,31 @@ std::string send_snapshot_to_nodes_lacking_it(Accelerator& acc, const fs::path& 
     }
     bytes += size;
   }
-  if (receiving && error.empty()) {
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+
+  // Why agree before anything is published: a sender that could not read a file sent filler;
+  // a snapshot has no checksums, so a copy published then would pass every later check.
+  // One byte first, so that no rank sends an empty object.
+  auto agree = [&](const std::string& mine, int* received) {
+    auto outcomes = acc.gather_object((receiving ? "r" : "-") + mine);
+    for (std::size_t r = 0; r < outcomes.size(); ++r) {
+      if (outcomes[r].size() > 1) return "rank " + std::to_string(r) + ": " + outcomes[r].substr(1);
+      if (received != nullptr && outcomes[r][0] == 'r') ++*received;
+    }
+    return std::string();
+  };
+  int received = 0;
+  std::string problem = agree(error, &received);
+  if (problem.empty() && receiving) {
     fs::remove_all(here, ec);  // a folder without its manifest: what a killed write left
     fs::rename(incoming, here, ec);
     if (ec)
       error = "cannot rename " + incoming.string() + " to " + here.string() + ": " + ec.message();
   }
-  if (receiving && !error.empty()) fs::remove_all(incoming, ec);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
-
-  // One byte first, so that no rank sends an empty object.
-  auto outcomes = acc.gather_object((receiving ? "r" : "-") + error);
-  int received = 0;
-  for (std::size_t r = 0; r < outcomes.size(); ++r) {
-    if (outcomes[r].size() > 1) return "rank " + std::to_string(r) + ": " + outcomes[r].substr(1);
-    if (outcomes[r][0] == 'r') ++received;
-  }
+  if (receiving && (!problem.empty() || !error.empty())) fs::remove_all(incoming, ec);
+  if (problem.empty()) problem = agree(error, nullptr);
+  if (!problem.empty()) return problem;
   char size_text[64];
   std::snprintf(size_text, sizeof size_text, "%.1f MB in %.2f s", static_cast<double>(bytes) / 1e6,
                 seconds);

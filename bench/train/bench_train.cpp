@@ -9,6 +9,7 @@
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -163,6 +164,7 @@ int main(int argc, char** argv) {
   }
   if (acc.is_main_process()) {
     double sps = static_cast<double>(steps) / seconds;
+    const double per = static_cast<double>(std::max<int64_t>(steps, 1));  // --steps 0: zeros
     std::printf(
         "{\"steps_per_s\": %.2f, \"samples_per_s\": %.1f, \"tokens_per_s\": %.0f, \"device\": "
         "\"%s\", \"processes\": %d, \"mixed_precision\": "
@@ -176,8 +178,8 @@ int main(int argc, char** argv) {
         acc.device().str().c_str(), acc.num_processes(), acc.mixed_precision().c_str(),
         c10::toString(forward_dtype), args.str("optimizer-step").c_str(),
         args.integer("zero-stage"), peak_kb * 1024, anon_kb * 1024, shmem_kb * 1024, heap_in_use,
-        1e3 * phase_s[0] / steps, 1e3 * phase_s[1] / steps, 1e3 * phase_s[2] / steps,
-        1e3 * phase_s[3] / steps);
+        1e3 * phase_s[0] / per, 1e3 * phase_s[1] / per, 1e3 * phase_s[2] / per,
+        1e3 * phase_s[3] / per);
   }
   return 0;
 }

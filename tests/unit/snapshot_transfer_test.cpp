@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,7 +21,8 @@ struct Folder {
   fs::path path;
   Folder() {
     std::string tmpl = (fs::temp_directory_path() / "accel-transfer-XXXXXX").string();
-    path = ::mkdtemp(tmpl.data());
+    if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path = tmpl;
   }
   ~Folder() {
     std::error_code ec;
