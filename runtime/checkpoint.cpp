@@ -669,6 +669,7 @@ void Accelerator::resume_from_newest(bool forward_done) {
     // "snapshot:<step>@<rank>" when some node lacks it and gets it from that rank's node first.
     const bool in_memory = listed.rfind(ckpt::kSnapshotCandidate, 0) == 0;
     std::string problem;
+    bool not_sent = false;  // a snapshot some node lacks, which could not be sent to it
     std::string candidate = listed;
     if (in_memory) {
       std::string step = listed.substr(std::strlen(ckpt::kSnapshotCandidate));
@@ -679,6 +680,7 @@ void Accelerator::resume_from_newest(bool forward_done) {
         // The same outcome on every rank; a failure passes to the next candidate.
         problem = send_snapshot_to_nodes_lacking_it(*this, impl_->snapshot_dir_, std::stoll(step),
                                                     source);
+        not_sent = !problem.empty();
       }
       candidate = (impl_->snapshot_dir_ / (kCheckpointPrefix + step)).string();
     }
@@ -739,6 +741,11 @@ void Accelerator::resume_from_newest(bool forward_done) {
       return;
     }
     if (first_problem.empty()) first_problem = *bad;
+    if (not_sent) {
+      print("accel: warning: not resuming from the in-memory snapshot", candidate,
+            "because it could not be sent to the nodes that lack it:", *bad);
+      continue;
+    }
     print("accel: warning: not resuming from", candidate, "because it is damaged (rank",
           std::to_string(bad - problems.begin()) + "):", *bad);
   }

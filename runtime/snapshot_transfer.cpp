@@ -135,7 +135,14 @@ std::string send_snapshot_to_nodes_lacking_it(Accelerator& acc, const fs::path& 
   std::string error;
   const fs::path incoming = folder / (".incoming-" + name);
   if (receiving) {
-    fs::remove_all(incoming, ec);
+    // Why every ".incoming-": one left by a local main killed in a copy (of any step) would
+    // otherwise hold its memory until the job ends; no other copy into this folder runs now.
+    std::vector<fs::path> stale;
+    for (auto it = fs::directory_iterator(folder, ec); !ec && it != fs::directory_iterator();
+         it.increment(ec)) {
+      if (it->path().filename().string().rfind(".incoming-", 0) == 0) stale.push_back(it->path());
+    }
+    for (const auto& path : stale) fs::remove_all(path, ec);
     if (!fs::create_directory(incoming, ec))
       error = "cannot make " + incoming.string() + ": " + ec.message();
   }
