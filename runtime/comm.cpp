@@ -50,7 +50,8 @@ Comm::Comm(int rank, int world_size, std::chrono::milliseconds timeout,
       hier_(std::move(hierarchy)) {
   const auto& we = env::worker_env();
   trace_ = we.trace_collectives;
-  auto algorithm = we.shm_allreduce_copy ? ShmGroup::Algorithm::kCopy : ShmGroup::Algorithm::kSplit;
+  auto algorithm =
+      we.shm_allreduce == "copy" ? ShmGroup::Algorithm::kCopy : ShmGroup::Algorithm::kSplit;
   if (shm_) shm_->set_algorithm(algorithm);
   if (hier_) hier_->shm->set_algorithm(algorithm);
 }
@@ -275,12 +276,16 @@ std::vector<at::Tensor> Comm::shared_zeros(
   return out;
 }
 
+namespace {
+constexpr std::size_t kTimedFromBytes = 1u << 20;
+}  // namespace
+
 std::string Comm::choose_allreduce(at::Tensor& sample) {
-  // Why the variable is read here: env.cpp has checked its value; set (and not empty, which
-  // env.cpp reads as unset), it is the choice.
-  const char* forced = std::getenv("ACCEL_SHM_ALLREDUCE");
-  if (!shm_ || world_size_ < 2 || allreduce_chosen_ || sample.numel() == 0 ||
-      !ShmGroup::can_reduce(sample) || (forced != nullptr && *forced != '\0'))
+  // Why not below kTimedFromBytes: the two ways differ by microseconds there, less than the
+  // timing's noise, and the timing would only add to the start.
+  const auto bytes = static_cast<std::size_t>(sample.numel()) * sample.element_size();
+  if (!shm_ || world_size_ < 2 || allreduce_chosen_ || bytes < kTimedFromBytes ||
+      !ShmGroup::can_reduce(sample) || !env::worker_env().shm_allreduce.empty())
     return "";
   allreduce_chosen_ = true;
   const at::Tensor saved = sample.clone();

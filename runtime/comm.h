@@ -95,8 +95,8 @@ class Comm {
   // each way (best of 3, after one untimed), takes each way's slowest rank, and keeps the faster
   // way on every rank; the results are the same bits either way. `sample` ends as it was.
   // Collective. Returns "split 1.20 ms, copy 2.31 ms: split" for the log, or "" when nothing was
-  // timed: one process, no shared memory (or over several machines), a choice already made, or
-  // ACCEL_SHM_ALLREDUCE set (it forces one).
+  // timed: one process, no shared memory (or over several machines), a choice already made, a
+  // sample under 1 MiB (split is kept), or ACCEL_SHM_ALLREDUCE set (it forces one).
   std::string choose_allreduce(at::Tensor& sample);
 
   // Counts collectives issued so far (the next one gets this number).

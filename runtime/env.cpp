@@ -227,7 +227,7 @@ WorkerEnv read_worker_env(const Lookup& outer) {
   if (auto algorithm = r.text({c::kShmAllreduce})) {
     if (*algorithm != "split" && *algorithm != "copy")
       bad(c::kShmAllreduce, *algorithm, "split or copy");
-    e.shm_allreduce_copy = *algorithm == "copy";
+    e.shm_allreduce = *algorithm;
   }
   e.gloo_socket_ifname = r.text({"GLOO_SOCKET_IFNAME"});
   return e;

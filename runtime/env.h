@@ -51,7 +51,9 @@ struct WorkerEnv {
   std::string backend = "auto";  // ACCEL_BACKEND: auto | nccl | gloo
   bool group_of_one = false;     // ACCEL_GROUP_OF_ONE: a process group at WORLD_SIZE=1 too
   bool trace_collectives = false;
-  bool shm_allreduce_copy = false;  // ACCEL_SHM_ALLREDUCE=copy: the unsplit all-reduce
+  // ACCEL_SHM_ALLREDUCE: "split" or "copy" forces that algorithm; "" (unset): timed at prepare
+  // (Comm::choose_allreduce).
+  std::string shm_allreduce;
   std::optional<std::string> gloo_socket_ifname;
 };
 

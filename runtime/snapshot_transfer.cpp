@@ -1,21 +1,20 @@
 // A node's in-memory snapshot sent to the nodes that lack it (snapshot_transfer.h).
 #include "runtime/snapshot_transfer.h"
 
-#include <fcntl.h>
 #include <torch/torch.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
-#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <sstream>
 #include <stdexcept>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "accel/accelerator.h"
+#include "runtime/checkpoint_io.h"
 #include "runtime/checkpoint_layout.h"
 
 namespace accel {
@@ -25,45 +24,6 @@ namespace fs = std::filesystem;
 
 // Why pieces: a state of many GB is never held in memory whole, on any rank.
 constexpr uint64_t kPieceBytes = 64u << 20;
-
-struct Fd {
-  int fd = -1;
-  Fd() = default;
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
-std::string os_error(const std::string& what, const fs::path& path) {
-  return what + " " + path.string() + ": " + std::strerror(errno);
-}
-
-bool read_fully(int fd, void* data, uint64_t size, uint64_t offset) {
-  auto* p = static_cast<char*>(data);
-  while (size > 0) {
-    ssize_t n = ::pread(fd, p, size, static_cast<off_t>(offset));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    p += n;
-    size -= static_cast<uint64_t>(n);
-    offset += static_cast<uint64_t>(n);
-  }
-  return true;
-}
-
-bool write_fully(int fd, const void* data, uint64_t size) {
-  const auto* p = static_cast<const char*>(data);
-  while (size > 0) {
-    ssize_t n = ::write(fd, p, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    p += n;
-    size -= static_cast<uint64_t>(n);
-  }
-  return true;
-}
 
 }  // namespace
 
@@ -149,30 +109,48 @@ std::string send_snapshot_to_nodes_lacking_it(Accelerator& acc, const fs::path& 
   const auto began = std::chrono::steady_clock::now();
   uint64_t bytes = 0;
   for (const auto& [size, relative] : files) {
-    Fd in, out;
-    if (sending) {
-      in.fd = ::open((here / relative).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-      if (in.fd < 0 && error.empty()) error = os_error("cannot open", here / relative);
-    }
-    if (receiving && error.empty()) {
-      const fs::path target = incoming / relative;
-      fs::create_directories(target.parent_path(), ec);
-      out.fd = ::open(target.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-      if (out.fd < 0) error = os_error("cannot create", target);
-    }
-    for (uint64_t at = 0; at < size; at += kPieceBytes) {
-      const uint64_t n = std::min(kPieceBytes, size - at);
-      // Filled by the sender; whatever another rank's holds is overwritten by the broadcast.
-      auto piece = torch::empty({static_cast<int64_t>(n)}, torch::kUInt8);
-      if (in.fd >= 0 && !read_fully(in.fd, piece.data_ptr(), n, at) && error.empty())
-        error = os_error("cannot read", here / relative);
-      piece = acc.broadcast(piece.to(acc.device()), source).cpu();
-      if (out.fd >= 0 && !write_fully(out.fd, piece.data_ptr(), n)) {
-        error = os_error("cannot write", incoming / relative);
-        ::close(out.fd);
-        out.fd = -1;
+    // The sender's file, mapped; the receiver's, written through the same file layer as every
+    // snapshot (in place, no checksum). A failure on either side leaves `error` set, and the
+    // pieces still go through the broadcasts, so that every rank runs the same collectives.
+    ckpt::MappedFile mapped;
+    if (sending && error.empty()) {
+      try {
+        mapped = ckpt::checkpoint_fs().map_file(here / relative);
+        if (mapped.size() != size)
+          error = (here / relative).string() + " changed size while it was sent";
+      } catch (const std::exception& e) {
+        error = e.what();
       }
     }
+    auto pieces = [&](const ckpt::Sink* sink) {
+      for (uint64_t at = 0; at < size; at += kPieceBytes) {
+        const uint64_t n = std::min(kPieceBytes, size - at);
+        // Filled by the sender; whatever another rank's holds is overwritten by the broadcast.
+        auto piece = torch::empty({static_cast<int64_t>(n)}, torch::kUInt8);
+        if (sending && error.empty()) std::memcpy(piece.data_ptr(), mapped.view().data() + at, n);
+        piece = acc.broadcast(piece.to(acc.device()), source).cpu();
+        if (sink == nullptr || !error.empty()) continue;
+        try {
+          (*sink)(std::string_view(static_cast<const char*>(piece.data_ptr()), n));
+        } catch (const std::exception& e) {
+          error = e.what();
+        }
+      }
+    };
+    bool piped = false;
+    if (receiving && error.empty()) {
+      const fs::path target = incoming / relative;
+      try {
+        fs::create_directories(target.parent_path());
+        ckpt::checkpoint_fs().write_in_place(target, [&](const ckpt::Sink& sink) {
+          piped = true;
+          pieces(&sink);
+        });
+      } catch (const std::exception& e) {
+        if (error.empty()) error = e.what();
+      }
+    }
+    if (!piped) pieces(nullptr);
     bytes += size;
   }
   const double seconds =
