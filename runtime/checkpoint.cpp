@@ -355,8 +355,8 @@ fs::path Accelerator::load_from(const fs::path& source, bool verify_checksums) {
     models.push_back(safetensors::decode(model_files.back().view(), (source / name).string(),
                                          safetensors::Memory::kBorrow));
   }
-  // An in-memory snapshot holds libtorch's own optimizers' state as tensors (.safetensors), a
-  // checkpoint libtorch's archive (.bin).
+  // libtorch's own optimizers' state is a safetensors file; any other optimizer's (and, in
+  // checkpoints written before the safetensors file, every optimizer's) libtorch's archive (.bin).
   std::vector<ckpt::MappedFile> optimizers;
   std::vector<std::string> optimizer_names;
   for (std::size_t i = 0; i < impl_->optimizers_.size(); ++i) {
@@ -418,7 +418,7 @@ fs::path Accelerator::load_from(const fs::path& source, bool verify_checksums) {
         ckpt::load_optimizer_tensors(
             *impl_->optimizers_[i]->optimizer,
             safetensors::decode(optimizers[i].view(), where.string(), safetensors::Memory::kBorrow),
-            where.string(), device());
+            where.string() + " (prepared optimizer " + std::to_string(i) + ")", device());
       } else {
         load_archive(*impl_->optimizers_[i]->optimizer, optimizers[i].view(), device());
       }

@@ -102,80 +102,29 @@ OutFile optimizer_file(std::string name, const torch::optim::Optimizer& optimize
           }};
 }
 
-// For a background save: the optimizer's archive built from copies of its state, so the writer
-// reads memory that training no longer changes. libtorch's own optimizers' states are copied
-// tensor by tensor (the archive is then built from the copies: no serialization here), those on
-// the CPU by the writer thread (`copies`) before the next step; any other optimizer is
-// serialized into memory now.
-bool copy_state(torch::optim::OptimizerParamState& state, ckpt::SnapshotCopies& copies) {
-  namespace o = torch::optim;
-  auto copy = [&copies](const torch::Tensor& t) {
-    if (!t.defined()) return t;
-    return t.device().is_cpu() && t.layout() == torch::kStrided
-               ? copies.defer(t)
-               : t.detach().clone(torch::MemoryFormat::Preserve);
-  };
-  if (auto* a = dynamic_cast<o::AdamWParamState*>(&state)) {
-    a->exp_avg(copy(a->exp_avg())).exp_avg_sq(copy(a->exp_avg_sq()));
-    a->max_exp_avg_sq(copy(a->max_exp_avg_sq()));
-  } else if (auto* b = dynamic_cast<o::AdamParamState*>(&state)) {
-    b->exp_avg(copy(b->exp_avg())).exp_avg_sq(copy(b->exp_avg_sq()));
-    b->max_exp_avg_sq(copy(b->max_exp_avg_sq()));
-  } else if (auto* c = dynamic_cast<o::SGDParamState*>(&state)) {
-    c->momentum_buffer(copy(c->momentum_buffer()));
-  } else if (auto* d = dynamic_cast<o::AdagradParamState*>(&state)) {
-    d->sum(copy(d->sum()));
-  } else if (auto* e = dynamic_cast<o::RMSpropParamState*>(&state)) {
-    e->square_avg(copy(e->square_avg()));
-    e->momentum_buffer(copy(e->momentum_buffer()));
-    e->grad_avg(copy(e->grad_avg()));
-  } else {
-    return false;
-  }
-  return true;
+// For a background save of an optimizer whose state is not plain tensors (any but libtorch's own
+// types): its archive, serialized into memory now, so the writer reads nothing training changes.
+OutFile optimizer_archived_now(std::string name, const torch::optim::Optimizer& optimizer) {
+  std::string bytes;
+  auto archive = torch::serialize::OutputArchive();
+  optimizer.save(archive);
+  archive.save_to([&bytes](const void* data, std::size_t n) -> std::size_t {
+    bytes.append(static_cast<const char*>(data), n);
+    return n;
+  });
+  return bytes_file(std::move(name), std::move(bytes));
 }
 
-OutFile optimizer_snapshot(std::string name, torch::optim::Optimizer& optimizer,
-                           ckpt::SnapshotCopies& copies) {
-  namespace o = torch::optim;
-  auto& live = optimizer.state();
-  std::remove_reference_t<decltype(live)> copied_state;
-  // Why exact types: another optimizer (a subclass included) may save more than its state(), or
-  // keep states whose clone() libtorch does not provide; it is serialized into memory instead.
-  const auto& type = typeid(optimizer);
-  bool copied = type == typeid(o::Adam) || type == typeid(o::AdamW) || type == typeid(o::SGD) ||
-                type == typeid(o::Adagrad) || type == typeid(o::RMSprop);
-  for (const auto& [key, state] : live) {
-    if (!copied) break;
-    auto c = state->clone();  // shares the tensors: copy_state replaces them
-    if (!copy_state(*c, copies)) {
-      copied = false;
-      break;
-    }
-    copied_state.emplace(key, std::move(c));
+// An optimizer's state tensors for a background save: those on the CPU as buffers that the
+// writer thread fills before the next optimizer step (`copies`); the others copied to the CPU now.
+safetensors::NamedTensors deferred(safetensors::NamedTensors tensors,
+                                   ckpt::SnapshotCopies& copies) {
+  for (auto& [name, t] : tensors) {
+    t = t.device().is_cpu() && t.layout() == torch::kStrided
+            ? copies.defer(t)
+            : t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
   }
-  // Why: the copies of CUDA state are queued on this thread's stream; the writer thread reads
-  // them from its own.
-  if (copied && !copied_state.empty() && torch::cuda::is_available()) torch::cuda::synchronize();
-  if (!copied) {
-    std::string bytes;
-    auto archive = torch::serialize::OutputArchive();
-    optimizer.save(archive);
-    archive.save_to([&bytes](const void* data, std::size_t n) -> std::size_t {
-      bytes.append(static_cast<const char*>(data), n);
-      return n;
-    });
-    return bytes_file(std::move(name), std::move(bytes));
-  }
-  // Why a swap: Optimizer::save archives state(); the copies stand in for the live state while it
-  // runs (the archive keeps the tensors, not their values), and go back even if it throws.
-  std::swap(live, copied_state);
-  struct SwapBack {
-    decltype(live)& a;
-    decltype(copied_state)& b;
-    ~SwapBack() { std::swap(a, b); }
-  } swap_back{live, copied_state};
-  return optimizer_file(std::move(name), optimizer);
+  return tensors;
 }
 
 // A model's tensors for a background save: its CPU parameters as buffers that the writer thread
@@ -450,19 +399,22 @@ std::function<void()> Accelerator::prepare_write(const fs::path& target, bool as
     for (auto& group : impl_->optimizers_[i]->optimizer->param_groups())
       lrs.push_back(group.options().get_lr());
     optimizer_lrs.push_back(lrs);
-    auto name = indexed("optimizer", i, ".bin");
     auto& optimizer = *impl_->optimizers_[i]->optimizer;
-    if (in_memory && ckpt::has_tensor_state(optimizer)) {
-      // The live state's tensors, written before the next step may change them, without
-      // libtorch's archive (its records are CRC-32'd: most of a snapshot's cost).
-      auto st_name = indexed("optimizer", i, ".safetensors");
+    if (ckpt::has_tensor_state(optimizer)) {
+      // libtorch's own optimizers: their state as tensors in a safetensors file, written from the
+      // tensors' memory (or, in the background, from copies), without libtorch's archive (a zip
+      // whose every record is CRC-32'd: most of a save's time otherwise).
+      auto name = indexed("optimizer", i, ".safetensors");
       std::map<std::string, std::string> metadata;
       auto tensors = ckpt::optimizer_tensors(optimizer, metadata);
-      files.push_back(safetensors_file(
-          st_name, safetensors::encode(tensors, metadata, (target / st_name).string())));
+      if (async && !in_memory) tensors = deferred(std::move(tensors), copies);
+      files.push_back(
+          safetensors_file(name, safetensors::encode(tensors, metadata, (target / name).string())));
     } else {
-      // In memory: the archive holds the live state, written before the next step may change it.
-      files.push_back(async && !in_memory ? optimizer_snapshot(name, optimizer, copies)
+      // Any other optimizer: libtorch's archive. An in-memory snapshot's holds the live state,
+      // written before the next step may change it.
+      auto name = indexed("optimizer", i, ".bin");
+      files.push_back(async && !in_memory ? optimizer_archived_now(name, optimizer)
                                           : optimizer_file(name, optimizer));
     }
     optimizer_steps.push_back(impl_->optimizers_[i]->steps);

@@ -1,7 +1,7 @@
-// An optimizer's state as named tensors, for in-memory snapshots: libtorch's own optimizers
+// An optimizer's state as named tensors, for checkpoints and snapshots: libtorch's own optimizers
 // (Adam, AdamW, SGD, Adagrad, RMSprop, exactly those types) keep plain tensors and step counts,
 // which a safetensors file holds without libtorch's archive (a zip whose every record is
-// CRC-32'd, the larger part of a snapshot's cost). Tensor "<k>.<field>" is the state of the k-th
+// CRC-32'd, the larger part of a save's time). Tensor "<k>.<field>" is the state of the k-th
 // parameter over the param groups in order; metadata "optimizer" names the type and "steps"
 // gives each state's step count.
 #pragma once

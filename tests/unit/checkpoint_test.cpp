@@ -613,6 +613,12 @@ void expect_same(const Snapshot& want, const Snapshot& got) {
 
 // --- save_state / load_state round trips ----------------------------------------------------
 
+void edit_manifest(const fs::path& dir, const std::function<void(json&)>& edit) {
+  auto manifest = json::parse(read_file(dir / "manifest.json"));
+  edit(manifest);
+  write_file(dir / "manifest.json", manifest.dump(2));
+}
+
 TEST(CheckpointRoundTrip, RestoresEverythingBitwiseAndTrainingContinuesIdentically) {
   TempDir tmp;
   Rig original({.init_seed = 1});
@@ -651,6 +657,39 @@ TEST(CheckpointRoundTrip, RestoresEverythingBitwiseAndTrainingContinuesIdentical
   EXPECT_EQ(resumed_lrs, original_lrs);
   expect_bitwise(original.inputs_seen, resumed.inputs_seen, "batch after resume");
   expect_same(snapshot(original), snapshot(resumed));
+}
+
+// libtorch's own optimizers are saved as optimizer.safetensors (a standard file, no CRC-32'd zip);
+// a checkpoint written before that keeps an AdamW's state in libtorch's archive, optimizer.bin,
+// and still loads, bitwise.
+TEST(CheckpointRoundTrip, AnOptimizersStateIsASafetensorsFileAndTheOlderArchiveStillLoads) {
+  TempDir tmp;
+  Rig original({.init_seed = 1});
+  for (int i = 0; i < 4; ++i) original.step();
+  auto dir = original.acc.save_state(tmp.path() / "ckpt");
+  Snapshot saved = snapshot(original);
+  ASSERT_TRUE(fs::exists(dir / "optimizer.safetensors"));
+  EXPECT_FALSE(fs::exists(dir / "optimizer.bin"));
+  auto decoded = accel::safetensors::decode(read_file(dir / "optimizer.safetensors"), "optimizer");
+  EXPECT_EQ(decoded.metadata.at("optimizer"), "AdamW");
+  EXPECT_EQ(decoded.tensors.size(), 2 * original.model->parameters().size())
+      << "exp_avg and exp_avg_sq of every parameter";
+
+  // The older layout: the same state as libtorch's archive, listed in the manifest instead.
+  torch::save(*original.adamw, (dir / "optimizer.bin").string());
+  fs::remove(dir / "optimizer.safetensors");
+  const std::string archive = read_file(dir / "optimizer.bin");
+  edit_manifest(dir, [&](json& m) {
+    for (auto& file : m["files"]) {
+      if (file["name"] != "optimizer.safetensors") continue;
+      file = {{"name", "optimizer.bin"},
+              {"size", archive.size()},
+              {"xxh64", accel::ckpt::to_hex(accel::ckpt::checksum(archive))}};
+    }
+  });
+  Rig resumed({.init_seed = 2});
+  EXPECT_EQ(resumed.acc.load_state(dir), dir);
+  expect_same(saved, snapshot(resumed));
 }
 
 // The batches a rig yields next, after `before` training steps, straight or through a checkpoint.
@@ -812,7 +851,7 @@ TEST(CheckpointNaming, AutomaticResumeSkipsADamagedNewestCheckpoint) {
     bytes[bytes.size() / 2] = static_cast<char>(bytes[bytes.size() / 2] ^ 0x40);
     write_file(file, bytes);
   };
-  flip(root / "checkpoint_2" / "optimizer.bin");
+  flip(root / "checkpoint_2" / "optimizer.safetensors");
   ::testing::internal::CaptureStdout();
   ::testing::internal::CaptureStderr();
   std::optional<Rig> resumed;
@@ -825,7 +864,7 @@ TEST(CheckpointNaming, AutomaticResumeSkipsADamagedNewestCheckpoint) {
       said.find("not resuming from " + (root / "checkpoint_2").string() + " because it is damaged"),
       std::string::npos)
       << said;
-  EXPECT_NE(said.find((root / "checkpoint_2" / "optimizer.bin").string() + " is corrupt"),
+  EXPECT_NE(said.find((root / "checkpoint_2" / "optimizer.safetensors").string() + " is corrupt"),
             std::string::npos)
       << said;
   EXPECT_NE(said.find("resumed from " + (root / "checkpoint_1").string()), std::string::npos)
@@ -920,12 +959,6 @@ void expect_refused(const fs::path& dir, std::initializer_list<std::string> part
   EXPECT_EQ(rig.acc.completed_steps(), 0);
 }
 
-void edit_manifest(const fs::path& dir, const std::function<void(json&)>& edit) {
-  auto manifest = json::parse(read_file(dir / "manifest.json"));
-  edit(manifest);
-  write_file(dir / "manifest.json", manifest.dump(2));
-}
-
 // A manifest is input like any other: a listed name that leads outside the folder is refused
 // before anything is opened, so no foreign file is read, hashed or loaded, even one whose size
 // and hash match (here: a copy of the real model file outside the folder).
@@ -982,11 +1015,11 @@ TEST(CheckpointCorrupt, TruncatedModelFile) {
 TEST(CheckpointCorrupt, FlippedByteInOptimizerFile) {
   TempDir tmp;
   auto dir = good_checkpoint(tmp.path() / "ckpt");
-  auto bytes = read_file(dir / "optimizer.bin");
+  auto bytes = read_file(dir / "optimizer.safetensors");
   ASSERT_GT(bytes.size(), 100u);
   bytes[bytes.size() / 2] = static_cast<char>(bytes[bytes.size() / 2] ^ 0x01);
-  write_file(dir / "optimizer.bin", bytes);
-  expect_refused(dir, {(dir / "optimizer.bin").string(), "corrupt"});
+  write_file(dir / "optimizer.safetensors", bytes);
+  expect_refused(dir, {(dir / "optimizer.safetensors").string(), "corrupt"});
 }
 
 TEST(CheckpointCorrupt, MissingManifest) {
@@ -1091,7 +1124,9 @@ TEST(CheckpointCorrupt, AnOptimizerThatDoesNotFitLeavesTheModelUnchanged) {
       std::make_shared<torch::optim::AdamW>(std::vector<torch::Tensor>{model->weight});
   acc.prepare(model, weight_only);
   auto before = copies(model->parameters());
-  expect_checkpoint_error([&] { acc.load_state(dir); }, {(dir / "optimizer.bin").string()});
+  expect_checkpoint_error(
+      [&] { acc.load_state(dir); },
+      {(dir / "optimizer.safetensors").string(), "is for 2 parameters, this optimizer has 1"});
   expect_bitwise(before, copies(model->parameters()), "parameter after a refused optimizer");
 }
 
@@ -1132,7 +1167,7 @@ TEST(CheckpointCorrupt, AFailedOptimizerLoadRestoresTheOptimizersLoadedBeforeIt)
   ASSERT_EQ(first->state().size(), 1u);
   auto before = state_of_first();
   expect_checkpoint_error([&] { acc.load_state(dir); },
-                          {(dir / "optimizer_1.bin").string(), "prepared optimizer 1"});
+                          {(dir / "optimizer_1.safetensors").string(), "prepared optimizer 1"});
   ASSERT_EQ(first->state().size(), 1u);
   expect_bitwise(before, state_of_first(), "first optimizer's state after a refused load");
 }

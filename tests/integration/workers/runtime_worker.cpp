@@ -31,6 +31,8 @@
 #include "runtime/checkpoint_io.h"
 #include "runtime/comm.h"
 #include "runtime/optimizer_steps.h"
+#include "runtime/optimizer_tensors.h"
+#include "runtime/safetensors.h"
 
 namespace {
 
@@ -517,13 +519,18 @@ int train(int argc, char** argv) {
   }
   // "wide" saves a checkpoint too (under ZeRO its optimizer state is gathered from every rank's
   // shard in several pieces), and rank 0 writes the state the checkpoint holds, loaded into a
-  // fresh optimizer, in parameter order (the archive's own order of the states varies by run).
+  // fresh optimizer, in parameter order.
   if (mode == "wide") {
     auto saved = acc.save_state(out_file + ".checkpoint");
     if (acc.is_main_process()) {
       auto fresh = std::make_shared<NetImpl>(1300);
       torch::optim::AdamW loaded(fresh->parameters(), torch::optim::AdamWOptions(1e-2));
-      torch::load(loaded, (saved / "optimizer.bin").string());
+      const auto file = (saved / "optimizer.safetensors").string();
+      std::ifstream in(file, std::ios::binary);
+      const std::string bytes((std::istreambuf_iterator<char>(in)),
+                              std::istreambuf_iterator<char>());
+      accel::ckpt::load_optimizer_tensors(loaded, accel::safetensors::decode(bytes, file), file,
+                                          torch::kCPU);
       std::ofstream state(out_file + ".state", std::ios::binary);
       for (const auto& p : fresh->parameters()) {
         auto it = loaded.state().find(accel::detail::state_key(p));
