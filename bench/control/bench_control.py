@@ -258,6 +258,9 @@ def coordinator_scale(b, args):
             continue
         r = json.loads(out.stdout.strip().splitlines()[-1])
         results[n] = r
+        if r.get("errors", 0) > 0:
+            said = [line for line in out.stderr.splitlines() if line.startswith(("failed calls", "the submit"))]
+            notes.append(f"{n} agents: {r['errors']} failed calls ({'; '.join(said)[:600]})")
         print(f"| {n} | {r['register_ms']:.0f} | {r['rendezvous_ms']:.0f} | {r['rendezvous_cpu_s']:.2f} | "
               f"{r['steady_cpu_pct']:.0f}% ({r['steady_syncs_per_s']:.0f} syncs/s, wait "
               f"{r['agent_wait_ms'] / 1000:.1f} s) | {r['cpu_1hz_pct']:.0f}% ({r['syncs_1hz_per_s']:.0f} syncs/s) | "

@@ -82,11 +82,39 @@ struct Shared {
   std::atomic<int> registered{0};
   std::atomic<int> running{0};
   std::atomic<int> errors{0};
+  std::atomic<int> reregistered{0};  // agents declared lost that registered again
   std::atomic<long> syncs{0};
   std::atomic<bool> stop{false};
   std::atomic<long> wait_ms{0};  // the agents' long-poll wait (0 until a registration tells it)
   std::mutex mu;
   Clock::time_point all_running{};
+  std::map<std::string, int> error_kinds;  // under mu: each failed call's status, counted
+
+  void failed(const accel::rpc::CallStatus& st) {
+    errors++;
+    // Why: messages name their node ("node sim-17 was declared lost"); counted by kind.
+    std::string kind;
+    bool digits = false;
+    for (char c : accel::rpc::describe(st)) {
+      if (c >= '0' && c <= '9') {
+        if (!digits) kind += 'N';
+        digits = true;
+      } else {
+        kind += c;
+        digits = false;
+      }
+    }
+    std::lock_guard lock(mu);
+    error_kinds[kind]++;
+  }
+  // "3 x UNAVAILABLE: ...; 1 x ..." of the failed calls so far.
+  std::string error_summary() {
+    std::lock_guard lock(mu);
+    std::string out;
+    for (const auto& [what, n] : error_kinds)
+      out += (out.empty() ? "" : "; ") + std::to_string(n) + " x " + what;
+    return out;
+  }
 };
 
 struct SimAgent : std::enable_shared_from_this<SimAgent> {
@@ -96,6 +124,7 @@ struct SimAgent : std::enable_shared_from_this<SimAgent> {
   uint64_t known = 0;
   bool joined = false;
   bool ran = false;
+  bool was_registered = false;      // counted once, though it registers again after being lost
   std::minstd_rand rng;             // seeded by start()
   long progress_wait_ms = 0;        // told by the coordinator's last answer
   std::atomic<int> last_action{0};  // the action of the last instruction received
@@ -120,7 +149,7 @@ struct SimAgent : std::enable_shared_from_this<SimAgent> {
                            [self = shared_from_this()](const accel::rpc::CallStatus& st,
                                                        pb::RegisterNodeResponse& resp) {
                              if (!st.ok()) {
-                               self->s->errors++;
+                               self->s->failed(st);
                                return;
                              }
                              // As an agent with nothing to report: the idle wait when offered.
@@ -128,7 +157,8 @@ struct SimAgent : std::enable_shared_from_this<SimAgent> {
                                                                  : resp.sync_wait_ms();
                              long none = 0;
                              self->s->wait_ms.compare_exchange_strong(none, told);
-                             self->s->registered++;
+                             if (!self->was_registered) self->s->registered++;
+                             self->was_registered = true;
                              self->sync();
                            });
   }
@@ -153,9 +183,15 @@ struct SimAgent : std::enable_shared_from_this<SimAgent> {
         [self = shared_from_this()](const accel::rpc::CallStatus& st, pb::SyncResponse& resp) {
           self->s->syncs++;
           if (!st.ok()) {
-            self->s->errors++;
-            std::this_thread::sleep_for(100ms);
-            self->sync();
+            self->s->failed(st);
+            if (st.code == accel::rpc::CallCode::kNotFound) {  // declared lost: as an agent,
+              self->s->reregistered++;                         // register again
+              self->s->later.at(Clock::now() + 100ms, [self] { self->start(); });
+              return;
+            }
+            // Why on the timer: sleeping here would hold one of gRPC's few callback threads, and
+            // with it every other agent's answers.
+            self->s->later.at(Clock::now() + 100ms, [self] { self->sync(); });
             return;
           }
           if (resp.progress_wait_ms() > 0) self->progress_wait_ms = resp.progress_wait_ms();
@@ -175,7 +211,7 @@ struct SimAgent : std::enable_shared_from_this<SimAgent> {
             // As an agent: the join and the next sync go out together.
             self->client().join_round(
                 j, 30s, [self](const accel::rpc::CallStatus& js, pb::JoinRoundResponse&) {
-                  if (!js.ok()) self->s->errors++;
+                  if (!js.ok()) self->s->failed(js);
                 });
             self->sync();
             return;
@@ -225,6 +261,13 @@ int main(int argc, char** argv) {
   int agents = 64, channels = 0, pid = 0, steady_s = 5;
   // As a default job: network_timeout 10s, so every node is told its peers' probe ports.
   long network_timeout_ms = 10'000;
+  auto usage = [] {
+    std::fprintf(stderr,
+                 "usage: bench_coordinator --target HOST:PORT --token T --agents N "
+                 "--coordinator-pid PID [--channels N] [--steady-s S] [--network-timeout-ms MS]\n");
+    return 2;
+  };
+  if (argc % 2 == 0) return usage();  // a flag without its value, or --help
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--target")
@@ -241,19 +284,22 @@ int main(int argc, char** argv) {
       steady_s = std::atoi(v.c_str());
     else if (k == "--network-timeout-ms")
       network_timeout_ms = std::atol(v.c_str());
+    else
+      return usage();
   }
+  if (token.empty() || pid <= 0 || agents <= 0) return usage();
   if (channels <= 0) channels = std::max(16, (agents + 511) / 512);
   Shared s;
   auto launcher = accel::rpc::CoordinatorClient::create(target, token, {});
   if (!launcher) {
     std::fprintf(stderr, "%s\n", launcher.message().c_str());
-    return 1;
+    std::_Exit(1);
   }
   for (int c = 0; c < channels; ++c) {
     auto client = accel::rpc::CoordinatorClient::create(target, token, {});
     if (!client) {
       std::fprintf(stderr, "%s\n", client.message().c_str());
-      return 1;
+      std::_Exit(1);
     }
     s.clients.push_back(*client);
   }
@@ -272,9 +318,9 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(5ms);
   auto t_registered = Clock::now();
   if (s.registered != agents) {
-    std::fprintf(stderr, "only %d of %d agents registered (%d errors)\n", s.registered.load(),
-                 agents, s.errors.load());
-    return 1;
+    std::fprintf(stderr, "only %d of %d agents registered (%d errors: %s)\n", s.registered.load(),
+                 agents, s.errors.load(), s.error_summary().c_str());
+    std::_Exit(1);
   }
   auto [cpu1, rss1] = cpu_and_rss(pid);
   pb::SubmitJobRequest req;
@@ -290,10 +336,20 @@ int main(int argc, char** argv) {
   spec->set_network_timeout_ms(network_timeout_ms);
   pb::SubmitJobResponse resp;
   auto t_submit = Clock::now();
-  grpc::Status st = (*launcher)->submit_job(req, &resp, 10s);
+  // As accel-launch: a submit the coordinator did not take (UNAVAILABLE) is sent again.
+  grpc::Status st;
+  int submits = 0;
+  for (; submits < 150; ++submits) {
+    st = (*launcher)->submit_job(req, &resp, 10s);
+    if (st.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+    std::this_thread::sleep_for(200ms);
+  }
+  if (submits > 0) {
+    std::fprintf(stderr, "the submit was sent %d times (UNAVAILABLE before)\n", submits + 1);
+  }
   if (!st.ok()) {
     std::fprintf(stderr, "submit: %s\n", accel::rpc::describe(st).c_str());
-    return 1;
+    std::_Exit(1);
   }
   while (s.running < agents && Clock::now() - t_submit < 60s) std::this_thread::sleep_for(1ms);
   if (s.running != agents) {
@@ -302,9 +358,10 @@ int main(int argc, char** argv) {
     std::string last;
     for (auto [action, n] : by_action)
       last += " " + pb::Instruction::Action_Name(action) + ": " + std::to_string(n);
-    std::fprintf(stderr, "only %d of %d agents were told to run (%d errors; last told:%s)\n",
-                 s.running.load(), agents, s.errors.load(), last.c_str());
-    return 1;
+    std::fprintf(stderr, "only %d of %d agents were told to run (%d errors: %s; last told:%s)\n",
+                 s.running.load(), agents, s.errors.load(), s.error_summary().c_str(),
+                 last.c_str());
+    std::_Exit(1);
   }
   Clock::time_point all;
   {
@@ -350,6 +407,10 @@ int main(int argc, char** argv) {
       agents, ms(t_registered - t0), ms(all - t_submit), cpu1 - cpu0, cpu2 - cpu1, agent_wait_ms,
       own_pct, own_syncs, hz_pct, hz_syncs, static_cast<double>(std::max(own_rss, hz_rss)) / 1024.0,
       s.errors.load());
+  if (s.errors > 0) {
+    std::fprintf(stderr, "failed calls: %s; agents declared lost that registered again: %d\n",
+                 s.error_summary().c_str(), s.reregistered.load());
+  }
   (void)rss0;
   (void)rss1;
   (void)rss2;
