@@ -119,6 +119,11 @@ struct Accelerator::Impl {
   // step waits for them), then `write`; without copies_first, `write` itself lets the step go
   // (an in-memory snapshot, written from the live state).
   void start_background_write(std::function<void()> write, bool copies_first = true);
+  // Main process, CPU training with async_checkpoints, once the optimizer has its state and
+  // before the first background save: makes the buffers such a save copies into and touches
+  // their pages in the background (prefault()).
+  void prefault_background_copies();
+  bool prefaulted_ = false;
   // Loaders' boundary hooks hold this weakly: a loader may outlive its Accelerator.
   std::shared_ptr<Accelerator*> self_;
 };

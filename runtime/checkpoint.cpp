@@ -783,9 +783,16 @@ void Accelerator::on_step_boundary() {
     save_snapshot();
   }
   auto interval = impl_->project_.save_interval.value_or(0);
+  const bool async = impl_->project_.async_checkpoints.value_or(false);
+  // Why once the optimizer has its state, not at a save: the first background save would
+  // otherwise copy into new memory while the next step waits (GPU state is copied at the call).
+  if (async && !impl_->prefaulted_ && done > 0 && (interval <= 0 || done % interval != 0) &&
+      is_main_process() && device().is_cpu() && !impl_->save_in_flight_) {
+    impl_->prefault_background_copies();
+  }
   if (interval <= 0) return;
   if (done == impl_->last_auto_save_ || done % interval != 0) return;
-  save_state({}, {.async = impl_->project_.async_checkpoints.value_or(false)});
+  save_state({}, {.async = async});
 }
 
 void Accelerator::stop_after_checkpoint(int signal) {

@@ -376,6 +376,21 @@ void Accelerator::Impl::start_background_write(std::function<void()> write, bool
   }
 }
 
+void Accelerator::Impl::prefault_background_copies() {
+  prefaulted_ = true;
+  auto& copies = *snapshot_;
+  if (copies.has_buffers()) return;  // a background save made them
+  // The same defer() calls, in the same order, as a background save's (prepare_write).
+  copies.begin();
+  for (const auto& model : models_) (void)snapshot(module_tensors(*model), *model, copies);
+  for (const auto& slot : optimizers_) {
+    if (!ckpt::has_tensor_state(*slot->optimizer)) continue;
+    std::map<std::string, std::string> metadata;
+    (void)deferred(ckpt::optimizer_tensors(*slot->optimizer, metadata), copies);
+  }
+  copies.prefault();
+}
+
 std::function<void()> Accelerator::prepare_write(const fs::path& target, bool async, bool in_memory,
                                                  std::vector<std::string> rank_blobs,
                                                  std::optional<int64_t> limit, uint64_t began) {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <system_error>
 
 namespace accel::ckpt {
 
@@ -60,6 +61,7 @@ void SnapshotCopies::copy() {
     SnapshotCopies& self;
     ~Done() { self.abandon(); }
   } done{*this};
+  join_touching();  // Why: its zeros must not land on a copy
   if (copy_hook()) copy_hook()();
   for (auto& [buffer, live] : queued_) {
     // Why memcpy for the usual case: at::copy_ may split a large copy over ATen's intra-op
@@ -87,8 +89,40 @@ void SnapshotCopies::wait() {
   done_.wait(lock, [this] { return !pending_; });
 }
 
+void SnapshotCopies::prefault() {
+  kept_.resize(std::min(kept_.size(), next_));
+  queued_.clear();
+  // Why pointers, not tensors: a buffer held elsewhere counts as busy in defer(), which would
+  // then make the first save a fresh one; kept_ holds them until join_touching() in release().
+  std::vector<std::pair<char*, std::size_t>> pages;
+  for (const auto& b : kept_) pages.emplace_back(static_cast<char*>(b.data_ptr()), b.nbytes());
+  std::lock_guard lock(mutex_);
+  try {
+    touching_ = std::async(std::launch::async, [pages = std::move(pages)] {
+      constexpr std::size_t kPage = 4096;
+      for (auto [p, n] : pages) {
+        auto* bytes = static_cast<volatile char*>(p);
+        for (std::size_t at = 0; at < n; at += kPage) bytes[at] = 0;
+        if (n > 0) bytes[n - 1] = 0;  // the last page, when the buffer does not start on one
+      }
+    });
+  } catch (const std::system_error&) {
+    // no thread to spare: the first save's copy touches the pages, as without prefault()
+  }
+}
+
+void SnapshotCopies::join_touching() {
+  std::future<void> touching;
+  {
+    std::lock_guard lock(mutex_);
+    touching = std::move(touching_);
+  }
+  if (touching.valid()) touching.get();
+}
+
 void SnapshotCopies::release() {
   wait();
+  join_touching();
   kept_.clear();
   queued_.clear();
   next_ = 0;

@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <functional>
+#include <future>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -38,6 +39,13 @@ class SnapshotCopies {
   void wait();
   // Forgets the kept buffers (free_memory()); a copy in flight keeps its own until written.
   void release();
+  // After begin() and the defer() calls a save would make, instead of start(): keeps the buffers
+  // and forgets the copies, then touches every page of the buffers on a thread of its own, so
+  // that the first background save copies into memory already mapped (on a VM a page fault every
+  // 4 KiB made most of that copy's time). copy() and release() wait for the touching to end.
+  void prefault();
+  // Whether buffers are kept (a background save ran, or prefault()).
+  bool has_buffers() const { return !kept_.empty(); }
 
  private:
   std::vector<std::pair<torch::Tensor, torch::Tensor>> queued_;  // (buffer, live)
@@ -46,6 +54,9 @@ class SnapshotCopies {
   std::mutex mutex_;
   std::condition_variable done_;
   bool pending_ = false;
+  std::future<void> touching_;  // prefault()'s thread, under mutex_
+  // Waits for prefault()'s thread, if one runs.
+  void join_touching();
 };
 
 // Tests: runs on the writer thread at the start of each copy() (empty: nothing). Set it only while

@@ -211,6 +211,9 @@ int run_stall(int argc, char** argv) {
   options.project.project_dir = args.str("dir");
   options.project.total_limit = 2;
   options.project.automatic_resume = false;
+  // As a program that saves in the background sets it (accel-launch --async-checkpoints): the
+  // memory those saves copy into is made once the optimizer has its state, before the first.
+  if (save == "async") options.project.async_checkpoints = true;
   accel::Accelerator acc(options);
   auto io = prepare_io(acc, args.integer("mb"));
   train_one_step(acc, io);  // the optimizer state exists before the clock starts

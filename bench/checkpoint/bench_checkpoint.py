@@ -4,12 +4,13 @@
 Prints a Markdown table of medians over --runs runs, everything measured in this run:
   save_state MB/s  vs  dd if=/dev/zero of=F bs=1M count=<checkpoint MiB> conv=fsync
   load_state MB/s  vs  dd if=F of=/dev/null bs=1M
-  training stall per checkpoint: saves in the background (async) vs in the foreground (sync),
+  training stall per checkpoint: saves in the background (async, with async_checkpoints on, as
+    accel-launch --async-checkpoints sets it) vs in the foreground (sync),
     from the wall time of --stall-steps training steps with a save every --stall-every steps
     (none at the last step, whose background write no training could hide) minus that of the
     same run without saves; also the longest save_state call, the step just after the first
-    save and the slowest just after a later one (where a background save's copy is waited for:
-    the first copies into new memory, the later ones into the buffers it kept), the mean of the
+    save and the slowest just after a later one (where a background save's copy is waited for;
+    async_checkpoints makes the memory it copies into before the first), the mean of the
     other steps against the no-save run's, and each run's peak resident memory
   model M (784->2048->2048->10, AdamW, b=64) steps/s under acc.autocast(): bf16 vs no (fp32)
 The model M figures come from bench_train (bench/train/), whose forward pass runs under

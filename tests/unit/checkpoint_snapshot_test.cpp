@@ -2,11 +2,16 @@
 #include "runtime/checkpoint_snapshot.h"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <thread>
+#include <utility>
+#include <vector>
 
 namespace accel::ckpt {
 namespace {
@@ -111,6 +116,49 @@ TEST(SnapshotCopies, BuffersAreReusedFromOneSaveToTheNext) {
 }
 
 // A save that fails before its writer starts lets a step go on at once.
+// How many of the pages of `t`'s memory are resident (mincore), and how many it spans.
+std::pair<std::size_t, std::size_t> resident_pages(const torch::Tensor& t) {
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  auto start = reinterpret_cast<std::uintptr_t>(t.data_ptr()) / page * page;
+  auto end = reinterpret_cast<std::uintptr_t>(t.data_ptr()) + t.nbytes();
+  std::vector<unsigned char> in((end - start + page - 1) / page);
+  if (::mincore(reinterpret_cast<void*>(start), end - start, in.data()) != 0) return {0, in.size()};
+  std::size_t n = 0;
+  for (unsigned char c : in) n += c & 1;
+  return {n, in.size()};
+}
+
+// prefault(): the buffers a save of these tensors would use are made and their pages touched on
+// a thread of its own (a background save's first copy then goes into memory already mapped);
+// the next save reuses exactly those buffers, and its copy is not overwritten by the touching.
+TEST(SnapshotCopies, PrefaultTouchesTheBuffersTheFirstSaveThenCopiesInto) {
+  SnapshotCopies copies;
+  auto live = torch::arange(16 << 20, torch::kFloat);  // 64 MiB: its own mapping, untouched
+  copies.begin();
+  auto buffer = copies.defer(live);
+  const void* at = buffer.data_ptr();
+  ASSERT_LT(resident_pages(buffer).first, resident_pages(buffer).second / 2)
+      << "a new buffer's pages are not touched yet";
+  copies.prefault();
+  EXPECT_TRUE(copies.has_buffers());
+  auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (resident_pages(buffer).first < resident_pages(buffer).second &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(resident_pages(buffer).first, resident_pages(buffer).second)
+      << "prefault() touched every page of the buffer";
+  buffer = torch::Tensor();  // the program does not hold it: reusable
+  copies.begin();
+  auto again = copies.defer(live);
+  EXPECT_EQ(again.data_ptr(), at) << "the first save copies into the prefaulted buffer";
+  copies.start();
+  copies.copy();
+  copies.wait();
+  EXPECT_TRUE(torch::equal(again, live));
+  copies.release();
+  EXPECT_FALSE(copies.has_buffers());
+}
+
 TEST(SnapshotCopies, AnAbandonedSaveDoesNotBlockTheStep) {
   SnapshotCopies copies;
   copies.begin();

@@ -60,8 +60,9 @@ struct ProjectConfiguration {
   // Unset: ACCEL_CHECKPOINT_INTERVAL, else 0 (only explicit save_state()).
   std::optional<int64_t> save_interval{};
   // The automatic saves (every save_interval steps) write in the background, as
-  // save_state(dir, {.async = true}) does. Unset: ACCEL_ASYNC_CHECKPOINTS (accel-launch
-  // --async-checkpoints), else false.
+  // save_state(dir, {.async = true}) does; and on the CPU the main process makes the memory that
+  // background saves copy into once the optimizer has its state, before the first save. Unset:
+  // ACCEL_ASYNC_CHECKPOINTS (accel-launch --async-checkpoints), else false.
   std::optional<bool> async_checkpoints{};
   // With automatic naming, the newest complete checkpoint is loaded when training starts, so a
   // restarted job continues where it was. Unset: on when the folder came from the launcher
