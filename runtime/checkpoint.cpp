@@ -788,7 +788,11 @@ void Accelerator::on_step_boundary() {
   // otherwise copy into new memory while the next step waits (GPU state is copied at the call).
   if (async && !impl_->prefaulted_ && done > 0 && (interval <= 0 || done % interval != 0) &&
       is_main_process() && device().is_cpu() && !impl_->save_in_flight_) {
-    impl_->prefault_background_copies();
+    try {
+      impl_->prefault_background_copies();
+    } catch (const std::exception& e) {  // only a head start: the first save makes its own
+      log::debug(std::string("the memory for background saves was not made ahead: ") + e.what());
+    }
   }
   if (interval <= 0) return;
   if (done == impl_->last_auto_save_ || done % interval != 0) return;

@@ -61,7 +61,9 @@ void SnapshotCopies::copy() {
     SnapshotCopies& self;
     ~Done() { self.abandon(); }
   } done{*this};
-  join_touching();  // Why: its zeros must not land on a copy
+  // Why: its zeros must not land on a copy. Not for a writer that copies nothing (an in-memory
+  // snapshot): the step would wait for the touching.
+  if (!queued_.empty()) join_touching();
   if (copy_hook()) copy_hook()();
   for (auto& [buffer, live] : queued_) {
     // Why memcpy for the usual case: at::copy_ may split a large copy over ATen's intra-op
@@ -92,15 +94,22 @@ void SnapshotCopies::wait() {
 void SnapshotCopies::prefault() {
   kept_.resize(std::min(kept_.size(), next_));
   queued_.clear();
-  // Why pointers, not tensors: a buffer held elsewhere counts as busy in defer(), which would
-  // then make the first save a fresh one; kept_ holds them until join_touching() in release().
-  std::vector<std::pair<char*, std::size_t>> pages;
-  for (const auto& b : kept_) pages.emplace_back(static_cast<char*>(b.data_ptr()), b.nbytes());
+  // Why storages, not tensors: a tensor held elsewhere counts as busy in defer(), which would then
+  // make the first save a fresh buffer; a storage keeps the memory alive without that, also when
+  // a save drops a buffer that no longer fits while this thread still touches it.
+  struct Pages {
+    c10::Storage storage;
+    char* p;
+    std::size_t n;
+  };
+  std::vector<Pages> pages;
+  for (const auto& b : kept_)
+    pages.push_back({b.storage(), static_cast<char*>(b.data_ptr()), b.nbytes()});
   std::lock_guard lock(mutex_);
   try {
     touching_ = std::async(std::launch::async, [pages = std::move(pages)] {
       constexpr std::size_t kPage = 4096;
-      for (auto [p, n] : pages) {
+      for (const auto& [storage, p, n] : pages) {
         auto* bytes = static_cast<volatile char*>(p);
         for (std::size_t at = 0; at < n; at += kPage) bytes[at] = 0;
         if (n > 0) bytes[n - 1] = 0;  // the last page, when the buffer does not start on one

@@ -42,7 +42,8 @@ class SnapshotCopies {
   // After begin() and the defer() calls a save would make, instead of start(): keeps the buffers
   // and forgets the copies, then touches every page of the buffers on a thread of its own, so
   // that the first background save copies into memory already mapped (on a VM a page fault every
-  // 4 KiB made most of that copy's time). copy() and release() wait for the touching to end.
+  // 4 KiB made most of that copy's time). copy() (with copies queued) and release() wait for
+  // the touching to end; the thread keeps the memory it touches alive by itself.
   void prefault();
   // Whether buffers are kept (a background save ran, or prefault()).
   bool has_buffers() const { return !kept_.empty(); }

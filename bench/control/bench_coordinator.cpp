@@ -150,6 +150,11 @@ struct SimAgent : std::enable_shared_from_this<SimAgent> {
                                                        pb::RegisterNodeResponse& resp) {
                              if (!st.ok()) {
                                self->s->failed(st);
+                               // As an agent: a node lost once registers until it is back (the
+                               // first registrations' failures end the run instead).
+                               if (self->was_registered) {
+                                 self->s->later.at(Clock::now() + 200ms, [self] { self->start(); });
+                               }
                                return;
                              }
                              // As an agent with nothing to report: the idle wait when offered.
@@ -184,8 +189,11 @@ struct SimAgent : std::enable_shared_from_this<SimAgent> {
           self->s->syncs++;
           if (!st.ok()) {
             self->s->failed(st);
-            if (st.code == accel::rpc::CallCode::kNotFound) {  // declared lost: as an agent,
-              self->s->reregistered++;                         // register again
+            if (st.code == accel::rpc::CallCode::kNotFound) {
+              // Declared lost: as an agent, register again, holding no instruction or round.
+              self->s->reregistered++;
+              self->known = 0;
+              self->joined = false;
               self->s->later.at(Clock::now() + 100ms, [self] { self->start(); });
               return;
             }
@@ -388,9 +396,9 @@ int main(int argc, char** argv) {
     long syncs_a = s.syncs;
     std::this_thread::sleep_for(window);
     auto [cpu_b, rss_b] = cpu_and_rss(pid);
-    double secs = std::chrono::duration<double>(window).count();
-    return std::tuple(100.0 * (cpu_b - cpu_a) / secs, static_cast<double>(s.syncs - syncs_a) / secs,
-                      std::max(rss_a, rss_b));
+    double window_s = std::chrono::duration<double>(window).count();
+    return std::tuple(100.0 * (cpu_b - cpu_a) / window_s,
+                      static_cast<double>(s.syncs - syncs_a) / window_s, std::max(rss_a, rss_b));
   };
   auto [own_pct, own_syncs, own_rss] = measure(std::max<std::chrono::milliseconds>(
       std::chrono::milliseconds(2 * agent_wait_ms) + 1s, std::chrono::seconds(steady_s)));
