@@ -7,6 +7,7 @@ Prints a Markdown table of medians over --runs runs, everything measured in this
   training stall per checkpoint: saves in the background (async, with async_checkpoints on, as
     accel-launch --async-checkpoints sets it) vs in the foreground (sync),
     from the wall time of --stall-steps training steps with a save every --stall-every steps
+    (medians of --stall-runs rounds, each running the three one after the other)
     (none at the last step, whose background write no training could hide) minus that of the
     same run without saves; also the longest save_state call, the step just after the first
     save and the slowest just after a later one (where a background save's copy is waited for;
@@ -144,6 +145,9 @@ def main():
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--stall-steps", type=int, default=24, help="training steps of each stall run (default 24)")
     p.add_argument("--stall-every", type=int, default=6, help="steps between its checkpoints (default 6)")
+    p.add_argument("--stall-runs", type=int, default=5,
+                   help="rounds of the stall runs (none, sync, async each; default 5): a background save's "
+                        "cost is now smaller than the spread of a few runs")
     p.add_argument("--tmp", default=None, help="parent of the temp folder (default: the system's temp folder)")
     a = p.parse_args()
 
@@ -153,7 +157,7 @@ def main():
         reads = "cold: page cache dropped before each read" if cold else \
             "warm: not permitted to drop the page cache, so both reads come from it"
         print(f"BLAS: {blas()}; {os.cpu_count()} CPUs; CPU bf16 support: {cpu_bf16_flags()}")
-        print(f"folder: {tmp}; reads {reads}; medians of {a.runs} runs\n")
+        print(f"folder: {tmp}; reads {reads}; medians of {a.runs} runs ({a.stall_runs} rounds of the stall runs)\n")
 
         # A warm-up save/load (not counted) that also gives the checkpoint's size for dd.
         size = accel_io(a.build, tmp, a.mb, cold)["bytes"]
@@ -175,7 +179,7 @@ def main():
         other = {"none": [], "sync": [], "async": []}
         peak = {"none": [], "sync": [], "async": []}
         saves = 0
-        for _ in range(a.runs):
+        for _ in range(a.stall_runs):
             for save_mode in ("none", "sync", "async"):
                 row = stall_run(a.build, os.path.join(tmp, "stall"), a.mb, save_mode, a.stall_steps, a.stall_every)
                 stall[save_mode].append(row["seconds"])
@@ -226,6 +230,10 @@ def main():
                                      ("fp32", amp["no"]), ("bf16", amp["bf16"]),
                                      ("train s, no saves", stall["none"]), ("sync saves", stall["sync"]),
                                      ("async saves", stall["async"]))))
+    ratio = per_save["async"] / per_save["sync"]
+    dd_ratio = med(save) / med(write)
+    print(f"\ntargets: save_state >= 0.7x dd write: {dd_ratio:.2f}x ({'met' if dd_ratio >= 0.7 else 'NOT met'}); "
+          f"background save stall <= 0.05x of a foreground one: {ratio:.2f}x ({'met' if ratio <= 0.05 else 'NOT met'})")
 
 
 if __name__ == "__main__":
