@@ -102,6 +102,11 @@ OutFile optimizer_file(std::string name, const torch::optim::Optimizer& optimize
           }};
 }
 
+// A copy of `t` on the CPU, made now (from a GPU, too), that training cannot change.
+torch::Tensor cpu_copy(const torch::Tensor& t) {
+  return t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
+}
+
 // For a background save of an optimizer whose state is not plain tensors (any but libtorch's own
 // types): its archive, serialized into memory now, so the writer reads nothing training changes.
 OutFile optimizer_archived_now(std::string name, const torch::optim::Optimizer& optimizer) {
@@ -120,9 +125,7 @@ OutFile optimizer_archived_now(std::string name, const torch::optim::Optimizer& 
 safetensors::NamedTensors deferred(safetensors::NamedTensors tensors,
                                    ckpt::SnapshotCopies& copies) {
   for (auto& [name, t] : tensors) {
-    t = t.device().is_cpu() && t.layout() == torch::kStrided
-            ? copies.defer(t)
-            : t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
+    t = t.device().is_cpu() && t.layout() == torch::kStrided ? copies.defer(t) : cpu_copy(t);
   }
   return tensors;
 }
@@ -138,7 +141,7 @@ safetensors::NamedTensors snapshot(safetensors::NamedTensors tensors,
     if (t.device().is_cpu() && t.layout() == torch::kStrided && parameters.contains(t.data_ptr())) {
       t = copies.defer(t);
     } else {
-      t = t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
+      t = cpu_copy(t);
     }
   }
   return tensors;
@@ -154,7 +157,7 @@ safetensors::NamedTensors live_parameters(safetensors::NamedTensors tensors,
   for (auto& [name, t] : tensors) {
     if (!(t.device().is_cpu() && t.layout() == torch::kStrided &&
           parameters.contains(t.data_ptr()))) {
-      t = t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
+      t = cpu_copy(t);
     }
   }
   return tensors;
