@@ -89,6 +89,49 @@ TEST(CheckpointRoundTrip, AnOptimizersStateIsASafetensorsFileAndTheOlderArchiveS
   expect_same(saved, snapshot(resumed));
 }
 
+// Read as a Python user reads it (json + numpy, not accel's decoder): optimizer.safetensors holds
+// AdamW's exp_avg and exp_avg_sq of parameter k as "k.exp_avg", "k.exp_avg_sq", the values of
+// the live state, with the type and each state's step count in the metadata.
+TEST(CheckpointRoundTrip, AnIndependentReaderFindsAdamWsStateInOptimizerSafetensors) {
+  const std::string python = "/usr/bin/python3";
+  if (!fs::exists(python)) GTEST_SKIP() << python << " is not installed";
+  TempDir tmp;
+  Rig rig({.init_seed = 1});
+  for (int i = 0; i < 4; ++i) rig.step();
+  auto dir = rig.acc.save_state(tmp.path() / "ckpt");
+  const std::string script =
+      std::string(ACCEL_SOURCE_DIR) + "/tests/integration/workers/read_safetensors.py";
+  const std::string command =
+      python + " " + script + " " + (dir / "optimizer.safetensors").string() + " --json 2>&1";
+  std::string out;
+  {
+    FILE* p = ::popen(command.c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    char buf[4096];
+    while (std::size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+    ASSERT_EQ(::pclose(p), 0) << out;
+  }
+  const json read = json::parse(out);
+  EXPECT_EQ(read["metadata"]["optimizer"], "AdamW");
+  const json steps = json::parse(read["metadata"]["steps"].get<std::string>());
+  const auto params = rig.adamw->param_groups()[0].params();
+  EXPECT_EQ(read["tensors"].size(), 2 * params.size());
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    SCOPED_TRACE("parameter " + std::to_string(k));
+    const auto& state = static_cast<const torch::optim::AdamWParamState&>(
+        *rig.adamw->state().at(c10::guts::to_string(params[k].unsafeGetTensorImpl())));
+    EXPECT_EQ(steps[std::to_string(k)], state.step());
+    for (const auto& [field, live] :
+         {std::pair{"exp_avg", state.exp_avg()}, std::pair{"exp_avg_sq", state.exp_avg_sq()}}) {
+      const auto values =
+          read["tensors"][std::to_string(k) + "." + field].get<std::vector<float>>();
+      auto flat = live.contiguous().view(-1);
+      ASSERT_EQ(values.size(), static_cast<std::size_t>(flat.numel())) << field;
+      EXPECT_TRUE(torch::equal(torch::tensor(values), flat)) << field << " differs";
+    }
+  }
+}
+
 // The batches a rig yields next, after `before` training steps, straight or through a checkpoint.
 TEST(CheckpointRoundTrip, ResumedLoaderYieldsTheBatchesTheOriginalWouldHaveNext) {
   TempDir tmp;

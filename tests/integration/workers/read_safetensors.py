@@ -2,6 +2,8 @@
 """An independent safetensors reader (json + numpy only) for checking accel's writer.
 
   read_safetensors.py PATH           prints each tensor of a file or of a sharded model folder
+  read_safetensors.py FILE --json    prints one JSON object: the file's metadata and every
+                                     tensor's values, flattened, as float (for tests to compare)
   read_safetensors.py DIR --check    exits 0 only if DIR holds exactly the model that
                                      safetensors_test.cpp (SafetensorsPython) writes
 """
@@ -135,6 +137,11 @@ def main(argv):
     try:
         if "--check" in argv[2:]:
             return 0 if check(argv[1]) else 1
+        if "--json" in argv[2:]:
+            tensors, _, metadata = read_file(argv[1])
+            print(json.dumps({"metadata": metadata,
+                              "tensors": {k: [float(x) for x in v.ravel()] for k, v in tensors.items()}}))
+            return 0
         tensors, origin, _ = read_model(argv[1])
     except (FormatError, OSError, ValueError, KeyError) as e:
         print(f"error: {e}")
