@@ -1,6 +1,7 @@
 // bench_checkpoint: times Accelerator::save_state / load_state on a model of --mb MB with AdamW
 // state (io, driven by bench_checkpoint.py), and loads such a checkpoint and prints the error if
 // any (load, for trying damaged checkpoints by hand). Each prints one JSON line per result.
+#include <sys/mman.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -8,9 +9,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "accel/accel.h"
 #include "examples/common/args.h"
@@ -200,11 +204,15 @@ int run_stall(int argc, char** argv) {
       .flag("mb", "100", "model size in MB (10^6 bytes) of float32 parameters")
       .flag("steps", "24", "training steps")
       .flag("every", "6", "steps between checkpoints")
-      .flag("save", "sync", "sync, async or none");
+      .flag("save", "sync",
+            "sync, async (with async_checkpoints on), async-fresh (without: the first save copies "
+            "into new memory) or none");
   args.parse(argc, argv);
   const std::string save = args.str("save");
-  if (args.str("dir").empty() || (save != "sync" && save != "async" && save != "none")) {
-    std::fprintf(stderr, "bench_checkpoint stall: needs --dir and --save sync|async|none\n");
+  if (args.str("dir").empty() ||
+      (save != "sync" && save != "async" && save != "async-fresh" && save != "none")) {
+    std::fprintf(stderr,
+                 "bench_checkpoint stall: needs --dir and --save sync|async|async-fresh|none\n");
     return 2;
   }
   auto options = io_options(0);
@@ -240,7 +248,7 @@ int run_stall(int argc, char** argv) {
     // training could hide; the saves measured are those of a run that goes on.
     if (save != "none" && step % every == 0 && step < steps) {
       auto call = Clock::now();
-      acc.save_state({}, {.async = save == "async"});
+      acc.save_state({}, {.async = save != "sync"});
       longest_call = std::max(longest_call, seconds_since(call));
       ++saves;
       after_save = true;
@@ -266,14 +274,72 @@ int run_stall(int argc, char** argv) {
   return 0;
 }
 
+// What a copy of --mb MB costs on this machine by where it goes: memory touched before, new
+// memory (a page fault every page), new memory populated first, and new memory asking for huge
+// pages (the first time in the process and again). Why: a background save's first copy goes
+// into new memory unless async_checkpoints made it before.
+int run_memory(int argc, char** argv) {
+  accel::examples::Args args("bench_checkpoint memory",
+                             "Times a copy of --mb MB into memory of each kind.");
+  args.flag("mb", "300", "bytes copied, in MB (10^6 bytes)");
+  args.parse(argc, argv);
+  const std::size_t n = static_cast<std::size_t>(args.integer("mb")) * 1000000;
+  std::vector<char> from(n, 1);
+  auto map = [n] {
+    void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::runtime_error("mmap failed");
+    return static_cast<char*>(p);
+  };
+  auto ms = [](Clock::time_point t) { return seconds_since(t) * 1000; };
+  std::string out;
+  auto add = [&out](const char* key, double value) {
+    out += std::string(out.empty() ? "" : ", ") + "\"" + key + "\": " + std::to_string(value);
+  };
+  {
+    char* to = map();
+    std::memcpy(to, from.data(), n);  // touched
+    auto t = Clock::now();
+    std::memcpy(to, from.data(), n);
+    add("touched_ms", ms(t));
+    ::munmap(to, n);
+  }
+  {
+    auto t = Clock::now();
+    char* to = map();
+    std::memcpy(to, from.data(), n);
+    add("new_ms", ms(t));
+    ::munmap(to, n);
+  }
+  {
+    auto t = Clock::now();
+    char* to = map();
+    (void)::madvise(to, n, MADV_POPULATE_WRITE);  // Linux 5.14; without it the copy faults
+    add("populate_ms", ms(t));
+    std::memcpy(to, from.data(), n);
+    add("populated_then_copy_ms", ms(t));
+    ::munmap(to, n);
+  }
+  for (const char* key : {"huge_pages_first_ms", "huge_pages_again_ms"}) {
+    auto t = Clock::now();
+    char* to = map();
+    (void)::madvise(to, n, MADV_HUGEPAGE);
+    std::memcpy(to, from.data(), n);
+    add(key, ms(t));
+    ::munmap(to, n);
+  }
+  std::printf("{\"mb\": %lld, %s}\n", static_cast<long long>(args.integer("mb")), out.c_str());
+  return 0;
+}
+
 void usage(std::FILE* out) {
   std::fprintf(
       out,
-      "usage: bench_checkpoint io|stall|load [flags]   (bench_checkpoint MODE --help for the "
-      "flags)\n"
+      "usage: bench_checkpoint io|stall|load|memory [flags]   (bench_checkpoint MODE --help for "
+      "the flags)\n"
       "  io    time save_state/load_state of a --mb MB model with AdamW state\n"
-      "  stall time training with a checkpoint every few steps: sync, async or none\n"
-      "  load  load a checkpoint written by io and print the error, if any\n");
+      "  stall time training with a checkpoint every few steps: sync, async, async-fresh or none\n"
+      "  load  load a checkpoint written by io and print the error, if any\n"
+      "  memory time a copy into memory touched before, new, populated, or in huge pages\n");
 }
 
 }  // namespace
@@ -288,6 +354,7 @@ int main(int argc, char** argv) {
   if (mode == "io") return run_io(argc - 1, argv + 1);
   if (mode == "load") return run_load(argc - 1, argv + 1);
   if (mode == "stall") return run_stall(argc - 1, argv + 1);
+  if (mode == "memory") return run_memory(argc - 1, argv + 1);
   usage(mode == "--help" || mode == "-h" ? stdout : stderr);
   return mode == "--help" || mode == "-h" ? 0 : 2;
 }

@@ -5,7 +5,7 @@ Prints a Markdown table of medians over --runs runs, everything measured in this
   save_state MB/s  vs  dd if=/dev/zero of=F bs=1M count=<checkpoint MiB> conv=fsync
   load_state MB/s  vs  dd if=F of=/dev/null bs=1M
   training stall per checkpoint: saves in the background (async, with async_checkpoints on, as
-    accel-launch --async-checkpoints sets it) vs in the foreground (sync),
+    accel-launch --async-checkpoints sets it; async-fresh, without it) vs in the foreground (sync),
     from the wall time of --stall-steps training steps with a save every --stall-every steps
     (medians of --stall-runs rounds, each running the three one after the other)
     (none at the last step, whose background write no training could hide) minus that of the
@@ -172,15 +172,16 @@ def main():
             load.append(mbps(row["bytes"], row["load_s"]))
         os.remove(dd_file)
 
-        stall = {"none": [], "sync": [], "async": []}
-        calls = {"sync": [], "async": []}
-        first = {"sync": [], "async": []}
-        later = {"sync": [], "async": []}
-        other = {"none": [], "sync": [], "async": []}
-        peak = {"none": [], "sync": [], "async": []}
+        modes = ("none", "sync", "async", "async-fresh")
+        stall = {m: [] for m in modes}
+        calls = {m: [] for m in modes[1:]}
+        first = {m: [] for m in modes[1:]}
+        later = {m: [] for m in modes[1:]}
+        other = {m: [] for m in modes}
+        peak = {m: [] for m in modes}
         saves = 0
         for _ in range(a.stall_runs):
-            for save_mode in ("none", "sync", "async"):
+            for save_mode in modes:
                 row = stall_run(a.build, os.path.join(tmp, "stall"), a.mb, save_mode, a.stall_steps, a.stall_every)
                 stall[save_mode].append(row["seconds"])
                 other[save_mode].append(row["mean_other_step_s"])
@@ -210,10 +211,13 @@ def main():
     print(f"| save_state, MB/s | {med(save):.0f} | dd write `conv=fsync`: {med(write):.0f} | {med(save) / med(write):.2f}x |")
     print(f"| load_state ({'cold' if cold else 'warm'} cache), MB/s | {med(load):.0f} | "
           f"dd read: {med(read):.0f} | {med(load) / med(read):.2f}x |")
-    per_save = {m: (med(stall[m]) - med(stall["none"])) / saves * 1000 for m in ("sync", "async")}
+    per_save = {m: (med(stall[m]) - med(stall["none"])) / saves * 1000 for m in ("sync", "async", "async-fresh")}
     print(f"| training stall per checkpoint, ms ({a.stall_steps} steps, a save every {a.stall_every}) | "
           f"async: {per_save['async']:.0f} | sync: {per_save['sync']:.0f} | "
           f"{per_save['async'] / per_save['sync']:.2f}x |")
+    print(f"| the same, async without async_checkpoints (the first save copies into new memory), ms | "
+          f"async-fresh: {per_save['async-fresh']:.0f} | sync: {per_save['sync']:.0f} | "
+          f"{per_save['async-fresh'] / per_save['sync']:.2f}x |")
     print(f"| longest save_state call, ms | async: {med(calls['async']) * 1000:.0f} | "
           f"sync: {med(calls['sync']) * 1000:.0f} | {med(calls['async']) / med(calls['sync']):.2f}x |")
     for name, values in (("step just after the first save", first), ("slowest step just after a later save", later)):
@@ -229,7 +233,8 @@ def main():
                                     (("save", save), ("dd write", write), ("load", load), ("dd read", read),
                                      ("fp32", amp["no"]), ("bf16", amp["bf16"]),
                                      ("train s, no saves", stall["none"]), ("sync saves", stall["sync"]),
-                                     ("async saves", stall["async"]))))
+                                     ("async saves", stall["async"]),
+                                     ("async-fresh saves", stall["async-fresh"]))))
     ratio = per_save["async"] / per_save["sync"]
     dd_ratio = med(save) / med(write)
     print(f"\ntargets: save_state >= 0.7x dd write: {dd_ratio:.2f}x ({'met' if dd_ratio >= 0.7 else 'NOT met'}); "
