@@ -143,7 +143,7 @@ bool secret_name(const std::string& name) {
 
 bool reported_variable(const std::string& name) {
   for (const char* prefix : {"ACCEL_", "ACCELERATE_", "TORCHELASTIC_", "TORCH_", "NCCL_", "GLOO_",
-                             "SLURM_", "OMP_", "MKL_", "CUDA_", "HF_"}) {
+                             "SLURM_", "OMP_", "MKL_", "OPENBLAS_", "CUDA_", "HF_"}) {
     if (name.rfind(prefix, 0) == 0) return true;
   }
   for (const char* exact : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",

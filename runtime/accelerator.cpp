@@ -13,6 +13,7 @@
 #include "contract/worker_contract.h"
 #include "runtime/accelerator_impl.h"
 #include "runtime/autocast_compat.h"
+#include "runtime/blas_kernels.h"
 #include "runtime/comm.h"
 #include "runtime/cpu_precision.h"
 #include "runtime/env.h"
@@ -190,6 +191,18 @@ Accelerator::Accelerator(AcceleratorOptions options)
     which = e.mixed_precision_variable;
   }
   setup_mixed_precision(which);
+  if (device().is_cpu()) {
+    // Why first, before any training: the switch must not race a BLAS call, and the user's
+    // model then runs on the kernels it keeps. Why debug: nothing is left for the user to do
+    // (accel env shows the kernels too); said once, by the main process.
+    const auto& kernels = blas_kernels::upgrade_if_behind();
+    static std::once_flag said_kernels;
+    if (is_main_process() && !kernels.tried.empty()) {
+      std::call_once(said_kernels, [&] {
+        log::debug(blas_kernels::describe(kernels, cpu_precision::cpu_model()));
+      });
+    }
+  }
   if (impl_->mixed_precision_ == "bf16" && device().is_cpu() && is_main_process()) {
     // Why once per process, by the main process: the ranks of a job share one machine model,
     // and the user needs one line, not one per rank or per Accelerator.

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <fstream>
 #include <limits>
+#include <mutex>
 
 #include "accel/mixed_precision.h"
 
@@ -26,6 +27,24 @@ std::string fixed(double v, const char* format) {
 StepSpeed measure_step() {
   // A training step in miniature: two linear layers forward and backward, the way autocast runs
   // them (weights cast to bf16 each step, activations in bf16, gradients back in fp32).
+  // Why the state put back: this runs inside the Accelerator's constructor, after the user's
+  // manual_seed and before the model is made; its random layers must not move that stream.
+  auto generator = at::detail::getDefaultCPUGenerator();
+  const auto user_state = [&] {
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    return generator.get_state();
+  }();
+  struct Restore {
+    at::Generator& g;
+    const at::Tensor& state;
+    Restore(at::Generator& generator, const at::Tensor& saved) : g(generator), state(saved) {}
+    ~Restore() {
+      std::lock_guard<std::mutex> lock(g.mutex());
+      g.set_state(state);
+    }
+    Restore(const Restore&) = delete;
+    Restore& operator=(const Restore&) = delete;
+  } restore(generator, user_state);
   torch::manual_seed(0);
   auto l1 = torch::nn::Linear(512, 512);
   auto l2 = torch::nn::Linear(512, 512);

@@ -22,12 +22,14 @@ Usage, from the repo root after scripts/build.sh:
 accel runs with the prepared optimizer's fused step (the default) and, as the "libtorch step"
 column, with AcceleratorOptions::fused_optimizer = false (libtorch's AdamW::step, as before it).
 Both sides run 1 thread per process (OMP_NUM_THREADS=1) on whatever BLAS libblas.so.3 points
-to (printed). DDP is Debian's python3-torch 1.13 under torchrun (--redirects 9:0 --tee 9:0, see
+to (printed); where libaccel switches OpenBLAS to newer kernels than it picked by itself
+(docs/runtime.md), the PyTorch side gets the same OPENBLAS_CORETYPE (printed too). DDP is Debian's python3-torch 1.13 under torchrun (--redirects 9:0 --tee 9:0, see
 docs/benchmarks.md); its 1-process figure is the same loop without DDP.
 """
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -97,13 +99,26 @@ def print_allreduce(rows, checks):
             checks.append((f"all-reduce {label} (buckets): >= 2x before", f"{speedup:.1f}x", speedup >= 2.0))
 
 
-def ddp_train(model, n):
+def ddp_train(model, n, env_extra=None):
     steps, warmup = STEPS[model]
     script = [os.path.join(HERE, "ddp_bench.py"), "--model", model, "--steps", str(steps), "--warmup", str(warmup)]
     if n == 1:
-        return run_json([PYTHON] + script)
+        return run_json([PYTHON] + script, env_extra)
     return run_json([PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n),
-                     "--monitor_interval", "0.1", "--redirects", "9:0", "--tee", "9:0"] + script)
+                     "--monitor_interval", "0.1", "--redirects", "9:0", "--tee", "9:0"] + script, env_extra)
+
+
+def openblas_kernels(build):
+    """(the kernels OpenBLAS picks here by itself, the ones libaccel's workers switch it to or None),
+    from accel-check --info; (None, None) without OpenBLAS."""
+    if os.environ.get("OPENBLAS_CORETYPE"):
+        return os.environ["OPENBLAS_CORETYPE"], None
+    env = dict(os.environ)
+    env.pop("ACCEL_CONFIG_FILE", None)
+    out = subprocess.run([f"{build}/bin/accel-check", "--info"], env=env, capture_output=True, text=True,
+                         timeout=120).stdout
+    m = re.search(r"OpenBLAS kernels: (\w+)(?:, made for older CPUs.*?switches its workers to (\w+))?", out)
+    return (m.group(1), m.group(2)) if m else (None, None)
 
 
 def two_machines_collectives(build):
@@ -152,6 +167,16 @@ def main():
             print(json.dumps(row))
         return
     print(f"BLAS: {blas()}; {os.cpu_count()} CPUs; medians of {a.runs} runs\n")
+    # Why: libaccel's workers switch OpenBLAS away from kernels older than the CPU; PyTorch's
+    # side gets the same kernels, so that the table compares the frameworks, not two BLAS.
+    found, switched = openblas_kernels(a.build)
+    ddp_env = None
+    if switched:
+        ddp_env = {"OPENBLAS_CORETYPE": switched}
+        print(f"OpenBLAS picks its {found} kernels on this CPU by itself; libaccel's workers switch to {switched}, "
+              f"and the PyTorch side runs with OPENBLAS_CORETYPE={switched}, so both use the same kernels\n")
+    elif found:
+        print(f"OpenBLAS kernels: {found} (both sides)\n")
 
     results, phases = {}, {}
     models = a.models.split(",")
@@ -159,7 +184,7 @@ def main():
         for n in (1, 2):
             sides = [("accel", lambda: accel_train(a.build, model, n)),
                      ("accel-libtorch", lambda: accel_train(a.build, model, n, "libtorch")),
-                     ("ddp", lambda: ddp_train(model, n))]
+                     ("ddp", lambda: ddp_train(model, n, ddp_env))]
             if n == 2:
                 sides.append(("accel-copy", lambda: accel_train(a.build, model, n,
                                                                  env_extra={"ACCEL_SHM_ALLREDUCE": "copy"})))

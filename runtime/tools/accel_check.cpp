@@ -23,6 +23,7 @@
 
 #include "accel/accel.h"
 #include "contract/worker_contract.h"
+#include "runtime/blas_kernels.h"
 #include "runtime/cpu_precision.h"
 
 #if __has_include(<ATen/Version.h>)
@@ -99,6 +100,20 @@ int info() {
   if (blas.empty()) std::cout << " none found in /proc/self/maps";
   for (const auto& b : blas) std::cout << " " << b;
   std::cout << "\n";
+  const std::string core = accel::blas_kernels::current_core();
+  if (!core.empty()) {
+    const std::string best = accel::blas_kernels::best_core_for(accel::blas_kernels::cpu_flags());
+    const char* chosen = std::getenv("OPENBLAS_CORETYPE");
+    std::cout << "- OpenBLAS kernels: " << core;
+    if (chosen != nullptr) {
+      std::cout << " (OPENBLAS_CORETYPE=" << chosen << ")";
+    } else if (!best.empty() &&
+               accel::blas_kernels::tier_of_core(best) > accel::blas_kernels::tier_of_core(core)) {
+      std::cout << ", made for older CPUs than this one: libaccel switches its workers to " << best
+                << " when they start (other programs: OPENBLAS_CORETYPE=" << best << ")";
+    }
+    std::cout << "\n";
+  }
 #ifdef ACCEL_HAVE_SHOW_CONFIG
   std::cout << "\n```\n"
             << at::show_config() << "```\n\n```\n"

@@ -1,0 +1,136 @@
+// OpenBLAS's kernel set: the choice from CPU flags, and switching it in a running process.
+#include "runtime/blas_kernels.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/cpu_precision.h"
+
+namespace accel {
+namespace {
+
+using blas_kernels::best_core_for;
+using blas_kernels::tier_of_core;
+using blas_kernels::upgrade_target;
+
+// /proc/cpuinfo flags (abridged) of the CPUs this was seen on.
+const std::vector<std::string> kXeon5thGen = {  // model 207: Debian 12's OpenBLAS says Prescott
+    "sse3",     "ssse3",    "fma",      "avx",         "avx2",        "avx512f",    "avx512dq",
+    "avx512cd", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16"};
+const std::vector<std::string> kSkylakeSp = {
+    "sse3", "fma", "avx", "avx2", "avx512f", "avx512dq", "avx512cd", "avx512bw", "avx512vl"};
+const std::vector<std::string> kEpycZen2 = {"sse3", "ssse3", "fma", "avx", "avx2", "sha_ni"};
+const std::vector<std::string> kOld = {"sse", "sse2", "sse3", "ssse3"};
+
+TEST(BlasKernels, TheBestKernelsFollowTheCpuFlags) {
+  EXPECT_EQ(best_core_for(kXeon5thGen), "Cooperlake");
+  EXPECT_EQ(best_core_for(kSkylakeSp), "SkylakeX");
+  EXPECT_EQ(best_core_for(kEpycZen2), "Haswell");
+  EXPECT_EQ(best_core_for(kOld), "");
+  // AVX-512 F alone (an early Xeon Phi) is not what SkylakeX's kernels need.
+  EXPECT_EQ(best_core_for({"avx2", "fma", "avx512f"}), "Haswell");
+  EXPECT_EQ(tier_of_core("Prescott"), 0);
+  EXPECT_EQ(tier_of_core("Sandybridge"), 1);
+  EXPECT_EQ(tier_of_core("Haswell"), 2);
+  EXPECT_EQ(tier_of_core("Zen"), 2);
+  EXPECT_EQ(tier_of_core("SkylakeX"), 3);
+  EXPECT_EQ(tier_of_core("Cooperlake"), 3);
+  EXPECT_EQ(tier_of_core("SomethingNew"), 0);
+}
+
+TEST(BlasKernels, OnlyKernelsOlderThanTheCpuAreUpgradedAndNeverTheUsersChoice) {
+  EXPECT_EQ(upgrade_target(nullptr, "Prescott", kXeon5thGen), "Cooperlake");
+  EXPECT_EQ(upgrade_target(nullptr, "Haswell", kSkylakeSp), "SkylakeX");
+  EXPECT_EQ(upgrade_target(nullptr, "Sandybridge", kEpycZen2), "Haswell");
+  // As new as the CPU allows, or newer than what its flags say: kept.
+  EXPECT_EQ(upgrade_target(nullptr, "SkylakeX", kXeon5thGen), "");
+  EXPECT_EQ(upgrade_target(nullptr, "Zen", kEpycZen2), "");
+  EXPECT_EQ(upgrade_target(nullptr, "Prescott", kOld), "");
+  // OPENBLAS_CORETYPE set, to anything: the user's.
+  EXPECT_EQ(upgrade_target("Prescott", "Prescott", kXeon5thGen), "");
+  EXPECT_EQ(upgrade_target("", "Prescott", kXeon5thGen), "");
+  // No OpenBLAS in the process.
+  EXPECT_EQ(upgrade_target(nullptr, "", kXeon5thGen), "");
+}
+
+// The switch itself, in this process, on this machine's OpenBLAS: to the generic kernels and
+// back, with the same product (to float rounding) on both and bit for bit after coming back.
+TEST(BlasKernels, SwitchingKernelsInARunningProcessKeepsMatmulsRightAndComesBack) {
+  const std::string before = blas_kernels::current_core();
+  if (before.empty()) GTEST_SKIP() << "no OpenBLAS with switchable kernels in this process";
+  const char* env = std::getenv("OPENBLAS_CORETYPE");
+  const std::optional<std::string> env_before =
+      env != nullptr ? std::optional<std::string>(env) : std::nullopt;
+  auto a = torch::arange(64 * 300, torch::kFloat).reshape({64, 300}).remainder(7.0f) - 3.0f;
+  auto b = torch::arange(300 * 200, torch::kFloat).reshape({300, 200}).remainder(5.0f) * 0.5f;
+  const auto reference = torch::mm(a, b);
+  const std::string other = before == "Prescott" ? "Nehalem" : "Prescott";
+  ASSERT_TRUE(blas_kernels::set_kernels(other)) << "now " << blas_kernels::current_core();
+  EXPECT_STREQ(std::getenv("OPENBLAS_CORETYPE"), other.c_str());
+  EXPECT_TRUE(torch::allclose(torch::mm(a, b), reference, 1e-5, 1e-3));
+  ASSERT_TRUE(blas_kernels::set_kernels(before));
+  EXPECT_TRUE(torch::equal(torch::mm(a, b), reference));
+  if (env_before) {
+    ::setenv("OPENBLAS_CORETYPE", env_before->c_str(), 1);
+  } else {
+    ::unsetenv("OPENBLAS_CORETYPE");
+  }
+}
+
+// Kernels that are not faster are not kept: from AVX2 or AVX-512 kernels, the SSE3-only ones
+// are several times slower, whatever else runs on the machine.
+TEST(BlasKernels, SlowerKernelsAreTriedAndNotKept) {
+  const std::string before = blas_kernels::current_core();
+  if (tier_of_core(before) < 2) GTEST_SKIP() << "OpenBLAS runs " << before << " kernels here";
+  const char* env = std::getenv("OPENBLAS_CORETYPE");
+  const std::optional<std::string> env_before =
+      env != nullptr ? std::optional<std::string>(env) : std::nullopt;
+  const auto outcome = blas_kernels::switch_to("Prescott");
+  EXPECT_EQ(outcome.from, before);
+  EXPECT_EQ(outcome.tried, "Prescott");
+  EXPECT_FALSE(outcome.switched());
+  EXPECT_LT(outcome.tried_gflops, outcome.from_gflops);
+  EXPECT_EQ(blas_kernels::current_core(), before);
+  const char* env_after = std::getenv("OPENBLAS_CORETYPE");
+  EXPECT_EQ(env_after != nullptr ? std::optional<std::string>(env_after) : std::nullopt,
+            env_before);
+  const std::string line = blas_kernels::describe(outcome, "Some CPU");
+  EXPECT_NE(line.find("its Prescott kernels were not faster"), std::string::npos) << line;
+}
+
+TEST(BlasKernels, TheLineNamesBothKernelsTheSpeedsAndTheWayBack) {
+  blas_kernels::Outcome up;
+  up.from = "Prescott";
+  up.tried = up.to = "Cooperlake";
+  up.from_gflops = 36.2;
+  up.tried_gflops = 152.7;
+  const std::string line = blas_kernels::describe(up, "Intel(R) Xeon(R) Processor");
+  EXPECT_NE(line.find("OpenBLAS ran its Prescott kernels on this CPU (Intel(R) Xeon(R) Processor)"),
+            std::string::npos)
+      << line;
+  EXPECT_NE(line.find("switched it to Cooperlake (an fp32 matmul: 36 -> 153 GFLOP/s)"),
+            std::string::npos)
+      << line;
+  EXPECT_NE(line.find("OPENBLAS_CORETYPE=Prescott keeps the old ones"), std::string::npos) << line;
+  EXPECT_EQ(blas_kernels::describe(blas_kernels::Outcome{}, "x"), "");
+}
+
+// The bf16 check runs inside the Accelerator's constructor: the user's random stream goes on as
+// if it had not run.
+TEST(CpuPrecision, MeasuringBf16LeavesTheUsersRandomStreamWhereItWas) {
+  torch::manual_seed(1234);
+  (void)torch::rand({3});
+  const auto expected = torch::rand({5});
+  torch::manual_seed(1234);
+  (void)torch::rand({3});
+  (void)cpu_precision::measure_step();
+  EXPECT_TRUE(torch::equal(torch::rand({5}), expected));
+}
+
+}  // namespace
+}  // namespace accel
