@@ -115,6 +115,17 @@ void shared_buffers(accel::Accelerator& acc) {
   comm.allreduce(bufs[4], c10d::ReduceOp::SUM);  // empty: nothing to do on any rank
 }
 
+// This worker's time blocked in collectives so far, from its progress page.
+std::uint64_t waited_ns_on_progress_page() {
+  const char* path = std::getenv("ACCEL_PROGRESS_FILE");
+  std::ifstream in(path, std::ios::binary);
+  accel::progress::Page page{};
+  in.read(reinterpret_cast<char*>(&page), sizeof page);
+  REQUIRE(in.gcount() == static_cast<std::streamsize>(sizeof page),
+          std::string("short progress page ") + path);
+  return page.stats.collective_wait_ns;
+}
+
 int collectives(accel::Accelerator& acc) {
   const int n = acc.num_processes(), r = acc.process_index();
   // gather: rank r contributes [r*10, r*10+1]; a 0-dim tensor gathers to [n].
@@ -253,6 +264,26 @@ int collectives(accel::Accelerator& acc) {
   }
   acc.wait_for_everyone();
   if (acc.is_main_process()) std::remove(marker.c_str());
+
+  // A late peer: rank 0's time blocked in the barrier and the all-reduce that follow is its wait
+  // in collectives on its progress page (what the agent's straggler rule reads), whichever way
+  // the collectives go (shared memory or gloo).
+  if (n > 1 && std::getenv("ACCEL_PROGRESS_FILE") != nullptr) {
+    const auto before = waited_ns_on_progress_page();
+    if (acc.process_index() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    acc.wait_for_everyone();
+    if (acc.process_index() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    auto late = torch::ones({64});
+    late = acc.reduce(late, accel::ReduceOp::kSum);
+    const auto waited = waited_ns_on_progress_page() - before;
+    if (acc.process_index() == 0) {
+      // Why a bound above too: a wait counted twice (by the transport and by Comm) is wrong.
+      REQUIRE(waited >= 500'000'000ULL && waited < 1'000'000'000ULL,
+              "rank 0 waited 2 x 300 ms for rank 1, but its progress page counts " +
+                  std::to_string(waited / 1'000'000) + " ms");
+      acc.print("OK rank 0's progress page counts", waited / 1'000'000, "ms waiting for a peer");
+    }
+  }
   acc.print("OK collectives on", n, "processes");
   return 0;
 }
