@@ -113,8 +113,12 @@ class CoordinatorCore {
   void get_status(pb::GetStatusResponse* resp) const;
 
   // Applies time: lapsed leases, round deadlines (last_call, join_timeout), waiting nodes that
-  // make a running elastic job grow. The server calls it every ~100 ms.
+  // make a running elastic job grow. The server calls it every ~100 ms, and when a lease may
+  // lapse (next_lease_check()).
   void tick();
+  // The earliest time a node's lease may lapse (max when none can): the ticker wakes then, so a
+  // node is lost when its lease ends, not up to a tick later.
+  [[nodiscard]] Clock::time_point next_lease_check() const { return next_lease_check_; }
 
   // What changed since the last call, so the adapter wakes only the parked calls it must.
   struct Changes {

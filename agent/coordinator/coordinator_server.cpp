@@ -507,7 +507,16 @@ void CoordinatorServer::ticker() {
   std::unique_lock lock(mu_);
   auto last_try = std::chrono::steady_clock::now();
   while (!stopping_) {
-    tick_cv_.wait_for(lock, options_.tick);
+    // Why not only every tick: a lease lapses at a known time, and its node is lost then (the
+    // tick adds up to 100 ms to lost-node detection otherwise).
+    auto wait = options_.tick;
+    const auto due = core_.next_lease_check();
+    const auto now = clock_.now();
+    if (due > now && due - now < wait) {
+      wait = std::chrono::duration_cast<std::chrono::milliseconds>(due - now) +
+             std::chrono::milliseconds(1);
+    }
+    tick_cv_.wait_for(lock, wait);
     if (stopping_) break;
     // Why: gRPC 1.51's listener gives up for good when accept4 fails (EMFILE/ENFILE: a
     // connection flood ran the process out of descriptors); it only logs "Failed accept4",
