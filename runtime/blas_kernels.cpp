@@ -115,6 +115,8 @@ std::string current_core() {
   return core;
 }
 
+bool can_switch_kernels() { return entry().can_switch(); }
+
 bool set_kernels(const std::string& core) {
   if (!entry().can_switch() || core.empty()) return false;
   ::setenv("OPENBLAS_CORETYPE", core.c_str(), 1);

@@ -42,6 +42,9 @@ struct Outcome {
 // programs this process starts inherit them. Call it while no other thread runs BLAS.
 Outcome switch_to(const std::string& core);
 
+// Whether this process's OpenBLAS can switch kernels at all (a DYNAMIC_ARCH build, as Debian's).
+bool can_switch_kernels();
+
 // Switches OpenBLAS to `core` without timing anything (and sets OPENBLAS_CORETYPE to it);
 // whether OpenBLAS now runs it. switch_to() and tests use it.
 bool set_kernels(const std::string& core);
