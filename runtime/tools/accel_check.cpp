@@ -102,13 +102,14 @@ int info() {
   std::cout << "\n";
   const std::string core = accel::blas_kernels::current_core();
   if (!core.empty()) {
-    const std::string best = accel::blas_kernels::best_core_for(accel::blas_kernels::cpu_flags());
     const char* chosen = std::getenv("OPENBLAS_CORETYPE");
+    // The same rule as the workers' (upgrade_if_behind), so that this line says what they do.
+    const std::string best =
+        accel::blas_kernels::upgrade_target(chosen, core, accel::blas_kernels::cpu_flags());
     std::cout << "- OpenBLAS kernels: " << core;
     if (chosen != nullptr) {
       std::cout << " (OPENBLAS_CORETYPE=" << chosen << ")";
-    } else if (!best.empty() &&
-               accel::blas_kernels::tier_of_core(best) > accel::blas_kernels::tier_of_core(core)) {
+    } else if (!best.empty()) {
       std::cout << ", made for older CPUs than this one: libaccel switches its workers to " << best
                 << " when they start (other programs: OPENBLAS_CORETYPE=" << best << ")";
     }
