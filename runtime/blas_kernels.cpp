@@ -2,14 +2,10 @@
 #include "runtime/blas_kernels.h"
 
 #include <dlfcn.h>
-#include <torch/torch.h>
 
 #include <algorithm>
-#include <chrono>
-#include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <limits>
 #include <mutex>
 #include <sstream>
 
@@ -43,30 +39,6 @@ struct Entry {
 const Entry& entry() {
   static const Entry e;
   return e;
-}
-
-// GFLOP/s of an fp32 matmul the size of a small layer's (64 x 512 by 512 x 512), best of 5 after
-// a warm-up: 34 MFLOP, a fraction of a millisecond with good kernels. Constant operands: the
-// time does not depend on the values, and the user's random stream must not move.
-double matmul_gflops() {
-  torch::NoGradGuard no_grad;
-  auto a = torch::full({64, 512}, 0.5f);
-  auto b = torch::full({512, 512}, 0.25f);
-  (void)torch::mm(a, b);
-  double best = std::numeric_limits<double>::infinity();
-  for (int i = 0; i < 5; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    auto c = torch::mm(a, b);
-    best = std::min(best,
-                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best > 0 ? 2.0 * 64 * 512 * 512 / best / 1e9 : 0.0;
-}
-
-std::string fixed(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.0f", v);
-  return buf;
 }
 
 }  // namespace
@@ -132,14 +104,11 @@ Outcome switch_to(const std::string& core) {
   const char* before = std::getenv("OPENBLAS_CORETYPE");
   const std::string old_env = before != nullptr ? before : "";
   out.tried = core;
-  out.from_gflops = matmul_gflops();
-  const bool runs = set_kernels(core);
-  out.tried_gflops = runs ? matmul_gflops() : 0.0;
-  if (runs && out.tried_gflops > out.from_gflops) {
+  if (set_kernels(core)) {
     out.to = core;
     return out;
   }
-  // Not kept: the kernels and the variable as they were.
+  // OpenBLAS did not take them (a build without them): the kernels and the variable as they were.
   set_kernels(out.from);
   if (old_env.empty()) {
     ::unsetenv("OPENBLAS_CORETYPE");
@@ -174,13 +143,11 @@ std::string describe(const Outcome& outcome, const std::string& cpu) {
   if (outcome.switched()) {
     return "OpenBLAS ran its " + outcome.from + " kernels on " + on +
            ", made for older CPUs; libaccel switched it to " + outcome.to +
-           " (an fp32 matmul: " + fixed(outcome.from_gflops) + " -> " +
-           fixed(outcome.tried_gflops) + " GFLOP/s). OPENBLAS_CORETYPE=" + outcome.from +
+           ", the newest this CPU's flags allow. OPENBLAS_CORETYPE=" + outcome.from +
            " keeps the old ones";
   }
-  return "OpenBLAS runs its " + outcome.from + " kernels on " + on + "; its " + outcome.tried +
-         " kernels were not faster (" + fixed(outcome.tried_gflops) + " against " +
-         fixed(outcome.from_gflops) + " GFLOP/s in an fp32 matmul), so it keeps them";
+  return "OpenBLAS runs its " + outcome.from + " kernels on " + on + ", made for older CPUs; " +
+         "this OpenBLAS has no " + outcome.tried + " kernels to switch to";
 }
 
 }  // namespace accel::blas_kernels

@@ -4,7 +4,11 @@
 // gets its generic "Prescott" kernels, which use SSE3 only. Debian 12's OpenBLAS 0.3.21 does
 // that on 5th-generation Xeons (model 207), where an fp32 matmul then runs about 4x slower than
 // with the AVX-512 kernels the CPU has. libaccel notices at start and switches OpenBLAS to the
-// kernels the CPU's flags allow, keeping them only when a timed matmul is faster.
+// kernels the CPU's flags allow, as newer OpenBLAS releases do on CPUs they do not know.
+// Why from the flags alone and not from a timed matmul: the kernels decide the last bits of every
+// product, and a timing taken while other processes load the machine could pick other kernels in
+// a restarted run than in the first one, so that a resumed job would no longer match, bit for
+// bit, the run that was not interrupted.
 #pragma once
 
 #include <string>
@@ -29,24 +33,22 @@ std::vector<std::string> cpu_flags();
 std::string current_core();
 
 struct Outcome {
-  std::string from;         // the kernels OpenBLAS ran before; "" when there is no OpenBLAS
-  std::string to;           // the kernels it runs now, when switched; "" when nothing changed
-  std::string tried;        // what was tried, also when it was not kept
-  double from_gflops = 0;   // a timed fp32 matmul with the old kernels (when tried)
-  double tried_gflops = 0;  // and with the new ones
+  std::string from;   // the kernels OpenBLAS ran before; "" when there is no OpenBLAS
+  std::string to;     // the kernels it runs now, when switched; "" when nothing changed
+  std::string tried;  // what was tried, also when OpenBLAS could not run it
   [[nodiscard]] bool switched() const { return !to.empty(); }
 };
 
-// Switches OpenBLAS to `core`, times an fp32 matmul before and after, and keeps the switch only
-// when it is faster (else switches back). Sets OPENBLAS_CORETYPE to the kernels kept, so that
-// programs this process starts inherit them. Call it while no other thread runs BLAS.
+// Switches OpenBLAS to `core`, or leaves its kernels as they were where it cannot run them. Sets
+// OPENBLAS_CORETYPE to the kernels it runs, so that programs this process starts inherit them.
+// Call it while no other thread runs BLAS.
 Outcome switch_to(const std::string& core);
 
 // Whether this process's OpenBLAS can switch kernels at all (a DYNAMIC_ARCH build, as Debian's).
 bool can_switch_kernels();
 
-// Switches OpenBLAS to `core` without timing anything (and sets OPENBLAS_CORETYPE to it);
-// whether OpenBLAS now runs it. switch_to() and tests use it.
+// Switches OpenBLAS to `core` (and sets OPENBLAS_CORETYPE to it); whether OpenBLAS now runs it.
+// switch_to() and tests use it.
 bool set_kernels(const std::string& core);
 
 // What upgrade_if_behind() tries: nothing ("") when the user chose the kernels (`user_choice`,
