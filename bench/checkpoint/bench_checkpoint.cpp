@@ -14,6 +14,7 @@
 #include <fstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "accel/accel.h"
@@ -331,15 +332,124 @@ int run_memory(int argc, char** argv) {
   return 0;
 }
 
+// What a background save costs training at the least on this machine: its copy of the weights
+// and the optimizer's state (a checkpoint's bytes) into memory touched before, made on another
+// thread while a training step runs, as the writer thread makes it, with no checksum and no write.
+// Rounds of two steps, one alone and one alongside a copy begun as it begins, in one process, so
+// that the machine's drift cancels; the medians of each and of the copy's time.
+int run_contention(int argc, char** argv) {
+  accel::examples::Args args("bench_checkpoint contention",
+                             "Times training steps of a --mb MB model with AdamW, alone and "
+                             "alongside a copy of its weights and state on another thread.");
+  args.flag("mb", "100", "model size in MB (10^6 bytes) of float32 parameters")
+      .flag("rounds", "15", "pairs of steps: one alone, one alongside a copy")
+      .flag("dir", "",
+            "also, in as many rounds: --every steps just after a background save_state (into "
+            "<dir>/checkpoints, 2 kept) against as many steps without a save in flight")
+      .flag("every", "6", "steps after each background save (with --dir)");
+  args.parse(argc, argv);
+  auto options = io_options(0);
+  const std::string dir = args.str("dir");
+  if (!dir.empty()) {
+    options.project.project_dir = dir;
+    options.project.total_limit = 2;
+    options.project.automatic_resume = false;
+    options.project.async_checkpoints = true;
+  }
+  accel::Accelerator acc(options);
+  auto io = prepare_io(acc, args.integer("mb"));
+  train_one_step(acc, io);  // the optimizer state exists from here
+  std::vector<torch::Tensor> live;
+  for (const auto& p : io.model->parameters()) {
+    live.push_back(p.detach());
+    auto& state = io.optimizer.inner().state();
+    auto it = state.find(c10::guts::to_string(p.unsafeGetTensorImpl()));
+    if (it == state.end()) continue;
+    auto& adam = static_cast<torch::optim::AdamWParamState&>(*it->second);
+    live.push_back(adam.exp_avg());
+    live.push_back(adam.exp_avg_sq());
+  }
+  std::vector<torch::Tensor> buffers;
+  std::size_t bytes = 0;
+  for (const auto& t : live) {
+    buffers.push_back(torch::ones_like(t));  // touched, as the buffers a save keeps
+    bytes += t.nbytes();
+  }
+  auto copy = [&] {
+    for (std::size_t i = 0; i < live.size(); ++i)
+      std::memcpy(buffers[i].data_ptr(), live[i].data_ptr(), live[i].nbytes());
+  };
+  copy();
+  train_one_step(acc, io);
+  std::vector<double> alone, alongside, copies;
+  for (long round = 0; round < args.integer("rounds"); ++round) {
+    auto began = Clock::now();
+    train_one_step(acc, io);
+    alone.push_back(seconds_since(began));
+    // Why a thread of its own per copy: as a background save's writer; the step starts with it.
+    double copy_s = 0;
+    began = Clock::now();
+    std::thread copier([&] {
+      auto t = Clock::now();
+      copy();
+      copy_s = seconds_since(t);
+    });
+    train_one_step(acc, io);
+    const double step_s = seconds_since(began);
+    copier.join();
+    alongside.push_back(step_s);
+    copies.push_back(copy_s);
+  }
+  // A whole background save: `every` steps begun just after save_state (its call included), then
+  // `every` steps after its write ended, with no save in flight.
+  std::vector<double> with_save, without_save;
+  const long every = args.integer("every");
+  for (long round = 0; !dir.empty() && round < args.integer("rounds"); ++round) {
+    auto began = Clock::now();
+    acc.save_state({}, {.async = true});
+    for (long i = 0; i < every; ++i) train_one_step(acc, io);
+    with_save.push_back(seconds_since(began));
+    acc.wait_for_checkpoint();
+    began = Clock::now();
+    for (long i = 0; i < every; ++i) train_one_step(acc, io);
+    without_save.push_back(seconds_since(began));
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  std::string saves;
+  if (!dir.empty()) {
+    std::vector<double> cost;
+    for (std::size_t i = 0; i < with_save.size(); ++i)
+      cost.push_back(with_save[i] - without_save[i]);
+    char buf[160];
+    std::snprintf(buf, sizeof buf,
+                  ", \"steps_after_save_ms\": %.2f, \"steps_without_ms\": %.2f, "
+                  "\"save_cost_ms\": %.2f",
+                  median(with_save) * 1000, median(without_save) * 1000, median(cost) * 1000);
+    saves = buf;
+  }
+  std::printf(
+      "{\"mb\": %lld, \"copied_mb\": %.1f, \"rounds\": %ld, \"step_alone_ms\": %.2f, "
+      "\"step_alongside_copy_ms\": %.2f, \"copy_ms\": %.2f%s}\n",
+      static_cast<long long>(args.integer("mb")), static_cast<double>(bytes) / 1e6,
+      args.integer("rounds"), median(alone) * 1000, median(alongside) * 1000, median(copies) * 1000,
+      saves.c_str());
+  return 0;
+}
+
 void usage(std::FILE* out) {
   std::fprintf(
       out,
-      "usage: bench_checkpoint io|stall|load|memory [flags]   (bench_checkpoint MODE --help for "
+      "usage: bench_checkpoint io|stall|load|memory|contention [flags]   (bench_checkpoint MODE "
+      "--help for "
       "the flags)\n"
       "  io    time save_state/load_state of a --mb MB model with AdamW state\n"
       "  stall time training with a checkpoint every few steps: sync, async, async-fresh or none\n"
       "  load  load a checkpoint written by io and print the error, if any\n"
-      "  memory time a copy into memory touched before, new, populated, or in huge pages\n");
+      "  memory time a copy into memory touched before, new, populated, or in huge pages\n"
+      "  contention time training steps alone and alongside a copy of the weights and state\n");
 }
 
 }  // namespace
@@ -355,6 +465,7 @@ int main(int argc, char** argv) {
   if (mode == "load") return run_load(argc - 1, argv + 1);
   if (mode == "stall") return run_stall(argc - 1, argv + 1);
   if (mode == "memory") return run_memory(argc - 1, argv + 1);
+  if (mode == "contention") return run_contention(argc - 1, argv + 1);
   usage(mode == "--help" || mode == "-h" ? stdout : stderr);
   return mode == "--help" || mode == "-h" ? 0 : 2;
 }

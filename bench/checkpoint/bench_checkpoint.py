@@ -13,6 +13,11 @@ Prints a Markdown table of medians over --runs runs, everything measured in this
     save and the slowest just after a later one (where a background save's copy is waited for;
     async_checkpoints makes the memory it copies into before the first), the mean of the
     other steps against the no-save run's, and each run's peak resident memory
+  the same in one process (bench_checkpoint contention, --contention-rounds rounds per run): a
+    training step alone against one alongside a copy of the checkpoint's bytes on another thread
+    (what a background save's writer copies first, with no checksum and no write), and the
+    --stall-every steps just after a background save against as many with no save in flight
+    (paired round by round, so that the drift of the machine between runs cancels)
   model M (784->2048->2048->10, AdamW, b=64) steps/s under acc.autocast(): bf16 vs no (fp32)
 The model M figures come from bench_train (bench/train/), whose forward pass runs under
 acc.autocast(), at ACCEL_MIXED_PRECISION=no and =bf16, on one process.
@@ -148,6 +153,10 @@ def main():
     p.add_argument("--stall-runs", type=int, default=5,
                    help="rounds of the stall runs (none, sync, async each; default 5): a background save's "
                         "cost is now smaller than the spread of a few runs")
+    p.add_argument("--contention-rounds", type=int, default=12,
+                   help="rounds of bench_checkpoint contention per run (default 12): a step alone and one "
+                        "alongside a copy of the checkpoint's bytes; --stall-every steps after a background "
+                        "save and as many without")
     p.add_argument("--tmp", default=None, help="parent of the temp folder (default: the system's temp folder)")
     a = p.parse_args()
 
@@ -193,6 +202,17 @@ def main():
                     later[save_mode].append(max(steps_after[1:], default=0.0))
                     saves = row["saves"]
 
+        # In one process, so that the machine's drift between runs cancels: a step alone against
+        # one alongside the copy a background save makes (no checksum, no write), and the
+        # --stall-every steps just after a background save against as many with none in flight.
+        contention = []
+        for _ in range(a.runs):
+            folder = os.path.join(tmp, "contention")
+            shutil.rmtree(folder, ignore_errors=True)
+            cmd = [f"{a.build}/bin/bench_checkpoint", "contention", "--mb", str(a.mb), "--rounds",
+                   str(a.contention_rounds), "--dir", folder, "--every", str(a.stall_every)]
+            contention.append(json_lines(run(cmd), cmd)[0])
+
         amp = {"no": [], "bf16": []}
         dtypes = {}
         for _ in range(a.runs):
@@ -225,6 +245,13 @@ def main():
               f"sync: {med(values['sync']) * 1000:.0f} | {med(values['async']) / med(values['sync']):.2f}x |")
     print(f"| mean of the other steps, ms | async: {med(other['async']) * 1000:.0f} | "
           f"no saves: {med(other['none']) * 1000:.0f} | {med(other['async']) / med(other['none']):.2f}x |")
+    cont = {k: med([row[k] for row in contention]) for k in contention[0] if k.endswith("_ms")}
+    print(f"| step alongside a copy of the checkpoint's bytes on another thread (no write), ms | "
+          f"{cont['step_alongside_copy_ms']:.0f} | step alone: {cont['step_alone_ms']:.0f} | "
+          f"{cont['step_alongside_copy_ms'] / cont['step_alone_ms']:.2f}x |")
+    print(f"| a background save's cost to the {a.stall_every} steps after it, paired in one process, ms | "
+          f"async: {cont['save_cost_ms']:.0f} | sync stall: {per_save['sync']:.0f} | "
+          f"{cont['save_cost_ms'] / per_save['sync']:.2f}x |")
     print(f"| peak resident memory of a run, MB | async: {med(peak['async']):.0f} | "
           f"sync: {med(peak['sync']):.0f} | {med(peak['async']) / med(peak['sync']):.2f}x |")
     print(f"| model M steps/s, bf16 autocast vs fp32 | {med(amp['bf16']):.2f} | fp32 (`no`): {med(amp['no']):.2f} | "
@@ -234,7 +261,9 @@ def main():
                                      ("fp32", amp["no"]), ("bf16", amp["bf16"]),
                                      ("train s, no saves", stall["none"]), ("sync saves", stall["sync"]),
                                      ("async saves", stall["async"]),
-                                     ("async-fresh saves", stall["async-fresh"]))))
+                                     ("async-fresh saves", stall["async-fresh"]),
+                                     ("paired save cost ms", [row["save_cost_ms"] for row in contention]),
+                                     ("copy ms", [row["copy_ms"] for row in contention]))))
     ratio = per_save["async"] / per_save["sync"]
     dd_ratio = med(save) / med(write)
     print(f"\ntargets: save_state >= 0.7x dd write: {dd_ratio:.2f}x ({'met' if dd_ratio >= 0.7 else 'NOT met'}); "
