@@ -76,6 +76,18 @@ accel::AcceleratorOptions io_options(int64_t scaler) {
   return options;
 }
 
+// Checkpoints into <dir>/checkpoints, 2 kept, no resume. `async_checkpoints` as a program that
+// saves in the background sets it (accel-launch --async-checkpoints): the memory those saves copy
+// into is made once the optimizer has its state, before the first.
+accel::AcceleratorOptions saving_options(const std::string& dir, bool async_checkpoints) {
+  auto options = io_options(0);
+  options.project.project_dir = dir;
+  options.project.total_limit = 2;
+  options.project.automatic_resume = false;
+  options.project.async_checkpoints = async_checkpoints;
+  return options;
+}
+
 IoSetup prepare_io(accel::Accelerator& acc, int64_t mb) {
   torch::manual_seed(0);
   int64_t width = 0;
@@ -216,14 +228,7 @@ int run_stall(int argc, char** argv) {
                  "bench_checkpoint stall: needs --dir and --save sync|async|async-fresh|none\n");
     return 2;
   }
-  auto options = io_options(0);
-  options.project.project_dir = args.str("dir");
-  options.project.total_limit = 2;
-  options.project.automatic_resume = false;
-  // As a program that saves in the background sets it (accel-launch --async-checkpoints): the
-  // memory those saves copy into is made once the optimizer has its state, before the first.
-  if (save == "async") options.project.async_checkpoints = true;
-  accel::Accelerator acc(options);
+  accel::Accelerator acc(saving_options(args.str("dir"), save == "async"));
   auto io = prepare_io(acc, args.integer("mb"));
   train_one_step(acc, io);  // the optimizer state exists before the clock starts
   const long steps = args.integer("steps"), every = args.integer("every");
@@ -348,15 +353,8 @@ int run_contention(int argc, char** argv) {
             "<dir>/checkpoints, 2 kept) against as many steps without a save in flight")
       .flag("every", "6", "steps after each background save (with --dir)");
   args.parse(argc, argv);
-  auto options = io_options(0);
   const std::string dir = args.str("dir");
-  if (!dir.empty()) {
-    options.project.project_dir = dir;
-    options.project.total_limit = 2;
-    options.project.automatic_resume = false;
-    options.project.async_checkpoints = true;
-  }
-  accel::Accelerator acc(options);
+  accel::Accelerator acc(dir.empty() ? io_options(0) : saving_options(dir, true));
   auto io = prepare_io(acc, args.integer("mb"));
   train_one_step(acc, io);  // the optimizer state exists from here
   std::vector<torch::Tensor> live;
