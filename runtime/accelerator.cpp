@@ -193,7 +193,7 @@ Accelerator::Accelerator(AcceleratorOptions options)
   setup_mixed_precision(which);
   if (device().is_cpu()) {
     // Why first, before any training: the switch must not race a BLAS call, and the user's
-    // model then runs on the kernels it keeps. Why debug: nothing is left for the user to do
+    // model then runs on the kernels it switched to. Why debug: nothing is left for the user to do
     // (accel env shows the kernels too); said once, by the main process.
     const auto& kernels = blas_kernels::upgrade_if_behind();
     static std::once_flag said_kernels;

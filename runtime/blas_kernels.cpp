@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <sstream>
 
 namespace accel::blas_kernels {
@@ -102,7 +103,8 @@ Outcome switch_to(const std::string& core) {
   out.from = current_core();
   if (!entry().can_switch() || out.from.empty() || core.empty() || core == out.from) return out;
   const char* before = std::getenv("OPENBLAS_CORETYPE");
-  const std::string old_env = before != nullptr ? before : "";
+  const std::optional<std::string> old_env =
+      before != nullptr ? std::optional<std::string>(before) : std::nullopt;
   out.tried = core;
   if (set_kernels(core)) {
     out.to = core;
@@ -110,10 +112,10 @@ Outcome switch_to(const std::string& core) {
   }
   // OpenBLAS did not take them (a build without them): the kernels and the variable as they were.
   set_kernels(out.from);
-  if (old_env.empty()) {
-    ::unsetenv("OPENBLAS_CORETYPE");
+  if (old_env) {
+    ::setenv("OPENBLAS_CORETYPE", old_env->c_str(), 1);
   } else {
-    ::setenv("OPENBLAS_CORETYPE", old_env.c_str(), 1);
+    ::unsetenv("OPENBLAS_CORETYPE");
   }
   return out;
 }

@@ -39,9 +39,9 @@ struct Outcome {
   [[nodiscard]] bool switched() const { return !to.empty(); }
 };
 
-// Switches OpenBLAS to `core`, or leaves its kernels as they were where it cannot run them. Sets
-// OPENBLAS_CORETYPE to the kernels it runs, so that programs this process starts inherit them.
-// Call it while no other thread runs BLAS.
+// Switches OpenBLAS to `core` and sets OPENBLAS_CORETYPE to it, so that programs this process
+// starts inherit the kernels; where OpenBLAS cannot run them, leaves its kernels and the variable
+// as they were. Call it while no other thread runs BLAS.
 Outcome switch_to(const std::string& core);
 
 // Whether this process's OpenBLAS can switch kernels at all (a DYNAMIC_ARCH build, as Debian's).
