@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -94,7 +95,9 @@ IoSetup prepare_io(accel::Accelerator& acc, int64_t mb) {
   auto model = big_model(mb, &width);
   auto opt =
       std::make_shared<torch::optim::AdamW>(model->parameters(), torch::optim::AdamWOptions(1e-3));
-  auto sched = std::make_shared<torch::optim::StepLR>(*opt, 1, 0.5);
+  // Why 0.99: a learning rate halved every step is a denormal float after about 117 steps,
+  // whose arithmetic is many times slower; the contention mode runs more steps than that.
+  auto sched = std::make_shared<torch::optim::StepLR>(*opt, 1, 0.99);
   accel::DataLoader loader(std::make_shared<accel::TensorDataset>(torch::randn({8, width})),
                            {.batch_size = 8});
   auto [m, o, dl, s] = acc.prepare(model, opt, loader, sched);
@@ -104,10 +107,13 @@ IoSetup prepare_io(accel::Accelerator& acc, int64_t mb) {
 }
 
 // One AdamW step, so the optimizer holds exp_avg and exp_avg_sq for every parameter.
-void train_one_step(accel::Accelerator& acc, IoSetup& io) {
+// `before_step`, when set, runs between the backward pass and the optimizer step.
+void train_one_step(accel::Accelerator& acc, IoSetup& io,
+                    const std::function<void()>& before_step = {}) {
   for (auto& batch : io.loader) {
     auto loss = io.model->forward(batch.input).pow(2).mean();
     acc.backward(loss);
+    if (before_step) before_step();
     io.optimizer.step();
     io.scheduler.step();
     io.optimizer.zero_grad();
@@ -337,11 +343,12 @@ int run_memory(int argc, char** argv) {
   return 0;
 }
 
-// What a background save costs training at the least on this machine: its copy of the weights
-// and the optimizer's state (a checkpoint's bytes) into memory touched before, made on another
-// thread while a training step runs, as the writer thread makes it, with no checksum and no write.
-// Rounds of two steps, one alone and one alongside a copy begun as it begins, in one process, so
-// that the machine's drift cancels; the medians of each and of the copy's time.
+// What a background save costs training, in one process so that the machine's drift cancels.
+// First its copy alone: the weights and the optimizer's state (a checkpoint's bytes) copied into
+// memory touched before, on another thread while a training step runs, as the writer thread
+// copies them, with no checksum and no write. Rounds of two steps, one alone and one alongside
+// such a copy; the medians of each and of the copy's time. With --dir, also whole background
+// saves (below).
 int run_contention(int argc, char** argv) {
   accel::examples::Args args("bench_checkpoint contention",
                              "Times training steps of a --mb MB model with AdamW, alone and "
@@ -379,53 +386,68 @@ int run_contention(int argc, char** argv) {
   };
   copy();
   train_one_step(acc, io);
+  // Each round in both orders by turns, so that neither side always runs first.
   std::vector<double> alone, alongside, copies;
   for (long round = 0; round < args.integer("rounds"); ++round) {
-    auto began = Clock::now();
-    train_one_step(acc, io);
-    alone.push_back(seconds_since(began));
-    // Why a thread of its own per copy: as a background save's writer; the step starts with it.
-    double copy_s = 0;
-    began = Clock::now();
-    std::thread copier([&] {
-      auto t = Clock::now();
-      copy();
-      copy_s = seconds_since(t);
-    });
-    train_one_step(acc, io);
-    const double step_s = seconds_since(began);
-    copier.join();
-    alongside.push_back(step_s);
-    copies.push_back(copy_s);
+    for (int side = 0; side < 2; ++side) {
+      if ((side == 0) == (round % 2 == 0)) {
+        auto began = Clock::now();
+        train_one_step(acc, io);
+        alone.push_back(seconds_since(began));
+        continue;
+      }
+      // As a background save's writer: a thread that copies from the start of the step, which
+      // waits for it before the optimizer step changes what it copies.
+      double copy_s = 0;
+      auto began = Clock::now();
+      std::jthread copier([&] {
+        auto t = Clock::now();
+        copy();
+        copy_s = seconds_since(t);
+      });
+      train_one_step(acc, io, [&copier] { copier.join(); });
+      alongside.push_back(seconds_since(began));
+      copies.push_back(copy_s);
+    }
   }
-  // A whole background save: `every` steps begun just after save_state (its call included), then
-  // `every` steps after its write ended, with no save in flight.
-  std::vector<double> with_save, without_save;
+  // A whole background save: `every` steps begun just after save_state (its call included),
+  // against `every` steps with no save in flight; and how long a save's write went on after its
+  // `every` steps (a cost those steps do not show).
+  std::vector<double> with_save, without_save, outlasted;
   const long every = args.integer("every");
   for (long round = 0; !dir.empty() && round < args.integer("rounds"); ++round) {
-    auto began = Clock::now();
-    acc.save_state({}, {.async = true});
-    for (long i = 0; i < every; ++i) train_one_step(acc, io);
-    with_save.push_back(seconds_since(began));
-    acc.wait_for_checkpoint();
-    began = Clock::now();
-    for (long i = 0; i < every; ++i) train_one_step(acc, io);
-    without_save.push_back(seconds_since(began));
+    for (int side = 0; side < 2; ++side) {
+      auto began = Clock::now();
+      if ((side == 0) == (round % 2 == 0)) {
+        for (long i = 0; i < every; ++i) train_one_step(acc, io);
+        without_save.push_back(seconds_since(began));
+        continue;
+      }
+      acc.save_state({}, {.async = true});
+      for (long i = 0; i < every; ++i) train_one_step(acc, io);
+      with_save.push_back(seconds_since(began));
+      began = Clock::now();
+      acc.wait_for_checkpoint();
+      outlasted.push_back(seconds_since(began));
+    }
   }
   auto median = [](std::vector<double> v) {
+    if (v.empty()) return 0.0;
     std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[v.size() / 2];
+    const std::size_t n = v.size();
+    return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
   };
   std::string saves;
   if (!dir.empty()) {
     std::vector<double> cost;
     for (std::size_t i = 0; i < with_save.size(); ++i)
       cost.push_back(with_save[i] - without_save[i]);
-    char buf[160];
+    char buf[200];
     std::snprintf(buf, sizeof buf,
                   ", \"steps_after_save_ms\": %.2f, \"steps_without_ms\": %.2f, "
-                  "\"save_cost_ms\": %.2f",
-                  median(with_save) * 1000, median(without_save) * 1000, median(cost) * 1000);
+                  "\"save_cost_ms\": %.2f, \"write_outlasted_ms\": %.2f",
+                  median(with_save) * 1000, median(without_save) * 1000, median(cost) * 1000,
+                  median(outlasted) * 1000);
     saves = buf;
   }
   std::printf(

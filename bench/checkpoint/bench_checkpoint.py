@@ -17,7 +17,8 @@ Prints a Markdown table of medians over --runs runs, everything measured in this
     training step alone against one alongside a copy of the checkpoint's bytes on another thread
     (what a background save's writer copies first, with no checksum and no write), and the
     --stall-every steps just after a background save against as many with no save in flight
-    (paired round by round, so that the drift of the machine between runs cancels)
+    (paired round by round, so that the drift of the machine between runs cancels); the target
+    line judges a background save's stall by this paired cost against the foreground stall
   model M (784->2048->2048->10, AdamW, b=64) steps/s under acc.autocast(): bf16 vs no (fp32)
 The model M figures come from bench_train (bench/train/), whose forward pass runs under
 acc.autocast(), at ACCEL_MIXED_PRECISION=no and =bf16, on one process.
@@ -159,6 +160,8 @@ def main():
                         "save and as many without")
     p.add_argument("--tmp", default=None, help="parent of the temp folder (default: the system's temp folder)")
     a = p.parse_args()
+    if a.contention_rounds < 1:
+        p.error("--contention-rounds must be at least 1")
 
     tmp = tempfile.mkdtemp(prefix="bench_checkpoint-", dir=a.tmp)
     try:
@@ -263,11 +266,16 @@ def main():
                                      ("async saves", stall["async"]),
                                      ("async-fresh saves", stall["async-fresh"]),
                                      ("paired save cost ms", [row["save_cost_ms"] for row in contention]),
-                                     ("copy ms", [row["copy_ms"] for row in contention]))))
+                                     ("copy ms", [row["copy_ms"] for row in contention]),
+                                     ("write after the steps ms", [row["write_outlasted_ms"] for row in contention]))))
+    # Why the paired figure decides: separate runs drift by more than the target on a small VM
+    # (the no-save runs alone spread over 10% of their time); both are printed.
     ratio = per_save["async"] / per_save["sync"]
+    paired = cont["save_cost_ms"] / per_save["sync"]
     dd_ratio = med(save) / med(write)
     print(f"\ntargets: save_state >= 0.7x dd write: {dd_ratio:.2f}x ({'met' if dd_ratio >= 0.7 else 'NOT met'}); "
-          f"background save stall <= 0.05x of a foreground one: {ratio:.2f}x ({'met' if ratio <= 0.05 else 'NOT met'})")
+          f"background save stall <= 0.05x of a foreground one, paired in one process: {paired:.2f}x "
+          f"({'met' if paired <= 0.05 else 'NOT met'}; from separate runs: {ratio:.2f}x)")
 
 
 if __name__ == "__main__":
