@@ -58,15 +58,37 @@ TEST(BlasKernels, OnlyKernelsOlderThanTheCpuAreUpgradedAndNeverTheUsersChoice) {
   EXPECT_EQ(upgrade_target(nullptr, "", kXeon5thGen), "");
 }
 
+// Puts back this process's OpenBLAS kernels and OPENBLAS_CORETYPE when a test ends, also when
+// an ASSERT ends it early, so that the tests after it run on the kernels the process started with.
+class KernelsAsTheyWere {
+ public:
+  KernelsAsTheyWere() : core_(blas_kernels::current_core()) {
+    const char* env = std::getenv("OPENBLAS_CORETYPE");
+    if (env != nullptr) env_ = env;
+  }
+  ~KernelsAsTheyWere() {
+    if (!core_.empty()) (void)blas_kernels::set_kernels(core_);
+    if (env_) {
+      ::setenv("OPENBLAS_CORETYPE", env_->c_str(), 1);
+    } else {
+      ::unsetenv("OPENBLAS_CORETYPE");
+    }
+  }
+  KernelsAsTheyWere(const KernelsAsTheyWere&) = delete;
+  KernelsAsTheyWere& operator=(const KernelsAsTheyWere&) = delete;
+
+ private:
+  std::string core_;
+  std::optional<std::string> env_;
+};
+
 // The switch itself, in this process, on this machine's OpenBLAS: to the generic kernels and
 // back, with the same product (to float rounding) on both and bit for bit after coming back.
 TEST(BlasKernels, SwitchingKernelsInARunningProcessKeepsMatmulsRightAndComesBack) {
   const std::string before = blas_kernels::current_core();
   if (before.empty() || !blas_kernels::can_switch_kernels())
     GTEST_SKIP() << "no OpenBLAS with switchable kernels in this process";
-  const char* env = std::getenv("OPENBLAS_CORETYPE");
-  const std::optional<std::string> env_before =
-      env != nullptr ? std::optional<std::string>(env) : std::nullopt;
+  const KernelsAsTheyWere restore;
   auto a = torch::arange(64 * 300, torch::kFloat).reshape({64, 300}).remainder(7.0f) - 3.0f;
   auto b = torch::arange(300 * 200, torch::kFloat).reshape({300, 200}).remainder(5.0f) * 0.5f;
   const auto reference = torch::mm(a, b);
@@ -76,11 +98,6 @@ TEST(BlasKernels, SwitchingKernelsInARunningProcessKeepsMatmulsRightAndComesBack
   EXPECT_TRUE(torch::allclose(torch::mm(a, b), reference, 1e-5, 1e-3));
   ASSERT_TRUE(blas_kernels::set_kernels(before));
   EXPECT_TRUE(torch::equal(torch::mm(a, b), reference));
-  if (env_before) {
-    ::setenv("OPENBLAS_CORETYPE", env_before->c_str(), 1);
-  } else {
-    ::unsetenv("OPENBLAS_CORETYPE");
-  }
 }
 
 // The kernels asked for are kept whatever a timer would say: the choice decides the last bits of
@@ -91,9 +108,7 @@ TEST(BlasKernels, TheKernelsAskedForAreKeptWhateverTheirSpeedAndUnknownOnesChang
   const std::string before = blas_kernels::current_core();
   if (before.empty() || !blas_kernels::can_switch_kernels())
     GTEST_SKIP() << "no OpenBLAS with switchable kernels in this process";
-  const char* env = std::getenv("OPENBLAS_CORETYPE");
-  const std::optional<std::string> env_before =
-      env != nullptr ? std::optional<std::string>(env) : std::nullopt;
+  const KernelsAsTheyWere restore;
   const std::string best = best_core_for(blas_kernels::cpu_flags());
   // From the fastest kernels this CPU runs (when OpenBLAS has them) down to the generic ones.
   if (!best.empty()) (void)blas_kernels::set_kernels(best);
@@ -117,11 +132,6 @@ TEST(BlasKernels, TheKernelsAskedForAreKeptWhateverTheirSpeedAndUnknownOnesChang
 
   EXPECT_TRUE(blas_kernels::switch_to(before).switched() || before == slow);
   EXPECT_EQ(blas_kernels::current_core(), before);
-  if (env_before) {
-    ::setenv("OPENBLAS_CORETYPE", env_before->c_str(), 1);
-  } else {
-    ::unsetenv("OPENBLAS_CORETYPE");
-  }
 }
 
 TEST(BlasKernels, TheLineNamesBothKernelsAndTheWayBack) {
