@@ -386,11 +386,13 @@ int run_contention(int argc, char** argv) {
   };
   copy();
   train_one_step(acc, io);
-  // Each round in both orders by turns, so that neither side always runs first.
+  // Each round runs its two sides in both orders by turns, so that neither always runs first:
+  // the quiet side (no copy, no save in flight) first in even rounds, second in odd ones.
+  auto quiet = [](long round, int side) { return (side == 0) == (round % 2 == 0); };
   std::vector<double> alone, alongside, copies;
   for (long round = 0; round < args.integer("rounds"); ++round) {
     for (int side = 0; side < 2; ++side) {
-      if ((side == 0) == (round % 2 == 0)) {
+      if (quiet(round, side)) {
         auto began = Clock::now();
         train_one_step(acc, io);
         alone.push_back(seconds_since(began));
@@ -418,7 +420,7 @@ int run_contention(int argc, char** argv) {
   for (long round = 0; !dir.empty() && round < args.integer("rounds"); ++round) {
     for (int side = 0; side < 2; ++side) {
       auto began = Clock::now();
-      if ((side == 0) == (round % 2 == 0)) {
+      if (quiet(round, side)) {
         for (long i = 0; i < every; ++i) train_one_step(acc, io);
         without_save.push_back(seconds_since(began));
         continue;
@@ -462,9 +464,8 @@ int run_contention(int argc, char** argv) {
 void usage(std::FILE* out) {
   std::fprintf(
       out,
-      "usage: bench_checkpoint io|stall|load|memory|contention [flags]   (bench_checkpoint MODE "
-      "--help for "
-      "the flags)\n"
+      "usage: bench_checkpoint io|stall|load|memory|contention [flags]\n"
+      "  (bench_checkpoint MODE --help for the flags)\n"
       "  io    time save_state/load_state of a --mb MB model with AdamW state\n"
       "  stall time training with a checkpoint every few steps: sync, async, async-fresh or none\n"
       "  load  load a checkpoint written by io and print the error, if any\n"
