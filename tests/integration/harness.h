@@ -7,6 +7,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -67,17 +68,46 @@ inline bool wait_until(const std::function<bool()>& pred, std::chrono::milliseco
   return pred();
 }
 
-// A TCP port on 127.0.0.1 that was free a moment ago (bound, read, closed).
+// A TCP port on 127.0.0.1 for a server the test starts later, free now and held for this test
+// process alone until it exits.
+// Why not a port the kernel picks (bind to 0, close): that port comes from the ephemeral range,
+// which every outgoing connection of the tests running beside this one draws from too, and a
+// store or client can take it before our server binds it (a coordinator port lost that way
+// once made a job reach a c10d store instead: "Socket closed"). Ports below the range are never
+// handed out by connect(), and a lock file per port (flock, dropped when this process exits)
+// keeps two test processes from choosing the same one.
 inline int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
+  static std::vector<int> held;                  // lock descriptors, open until the process exits
+  constexpr int kFirst = 12000, kCount = 14000;  // below 32768, clear of 29400/29500 defaults
+  static unsigned next = static_cast<unsigned>(::getpid()) * 7919u;
+  for (int attempt = 0; attempt < kCount; ++attempt) {
+    int port = kFirst + static_cast<int>(next++ % kCount);
+    auto lock = "/tmp/accel-test-port-" + std::to_string(port) + ".lock";
+    // Why not O_CREAT alone: /tmp's protected_regular refuses it on another user's file.
+    int lfd = ::open(lock.c_str(), O_RDONLY | O_CLOEXEC);
+    if (lfd < 0) lfd = ::open(lock.c_str(), O_RDONLY | O_CREAT | O_CLOEXEC, 0444);
+    if (lfd < 0) continue;
+    if (::flock(lfd, LOCK_EX | LOCK_NB) != 0) {
+      ::close(lfd);
+      continue;
+    }
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    bool free = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    ::close(fd);
+    if (!free) {
+      ::close(lfd);
+      continue;
+    }
+    held.push_back(lfd);
+    return port;
+  }
+  return 0;
 }
 
 inline bool pid_alive(pid_t pid) { return ::kill(pid, 0) == 0; }
