@@ -118,7 +118,9 @@ struct Accelerator::Impl {
   // Starts the writer thread: the deferred copies of the CPU state first (the next optimizer
   // step waits for them), then `write`; without copies_first, `write` itself lets the step go
   // (an in-memory snapshot, written from the live state).
-  void start_background_write(std::function<void()> write, bool copies_first = true);
+  // `target`: the checkpoint's folder, whose disk decides where the writer runs.
+  void start_background_write(std::function<void()> write, const std::filesystem::path& target,
+                              bool copies_first = true);
   // Main process, CPU training with async_checkpoints, once the optimizer has its state and
   // before the first background save: makes the buffers such a save copies into and touches
   // their pages in the background (prefault()).

@@ -14,6 +14,7 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <unordered_set>
 
@@ -35,6 +36,7 @@
 #include "runtime/stop_request.h"
 #include "runtime/term_grace.h"
 #include "runtime/tracking.h"
+#include "runtime/writer_placement.h"
 
 namespace accel {
 
@@ -335,13 +337,40 @@ std::uint64_t folder_bytes(const fs::path& folder) {
   return total;
 }
 
+// Moves the calling thread (a background save's writer, before it writes; the thread it starts
+// for the disk inherits the place) onto the CPUs ACCEL_CHECKPOINT_WRITER_CPUS names, by default
+// those taking the interrupts of the disk under `target`. Says what it did, at debug level,
+// when that differs from the last save's.
+void place_writer(const fs::path& target) {
+  static std::mutex said_m;
+  static std::string said;
+  std::string line;
+  try {
+    auto placement =
+        writer_placement::chosen(env::worker_env().checkpoint_writer_cpus.c_str(), target);
+    bool moved = !placement.cpus.empty() && writer_placement::run_calling_thread_on(placement.cpus);
+    line = moved
+               ? "background checkpoint writer runs on CPU " +
+                     writer_placement::format_cpu_list(placement.cpus) + ": " + placement.why
+               : "background checkpoint writer left where the scheduler puts it: " + placement.why +
+                     (placement.cpus.empty() ? "" : " (this process may run there alone)");
+  } catch (const std::exception& e) {
+    line =
+        std::string("background checkpoint writer left where the scheduler puts it: ") + e.what();
+  }
+  std::lock_guard<std::mutex> lock(said_m);
+  if (line != said) log::debug(line);
+  said = line;
+}
+
 }  // namespace
 
 // Starts the background save's thread: the copies of the CPU state first (the next optimizer
 // step waits for them), then `write`. Why on the calling thread's error path, before any
 // collective: a thread that cannot start is this save's error, which every rank must learn now,
 // not at a wait that only some ranks would reach.
-void Accelerator::Impl::start_background_write(std::function<void()> write, bool copies_first) {
+void Accelerator::Impl::start_background_write(std::function<void()> write, const fs::path& target,
+                                               bool copies_first) {
   term_grace::arm();  // a SIGTERM now lets the write finish first
   if (copies_first) {
     snapshot_->start();
@@ -351,7 +380,7 @@ void Accelerator::Impl::start_background_write(std::function<void()> write, bool
   term_grace::write_started();  // Why here: a SIGTERM before the thread runs waits for it too
   try {
     save_writer_ = std::async(
-        std::launch::async, [write = std::move(write), copying = snapshot_, copies_first] {
+        std::launch::async, [write = std::move(write), copying = snapshot_, copies_first, target] {
           struct Ended {
             ~Ended() { term_grace::write_ended(); }
           } ended;
@@ -363,6 +392,7 @@ void Accelerator::Impl::start_background_write(std::function<void()> write, bool
               // this thread's niceness lowers only its own priority (Linux). Not for a write that
               // the next step waits for (copies_first false).
               ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kWriterNiceness);
+              place_writer(target);
             }
             write();
           } catch (const std::exception& e) {
@@ -579,7 +609,7 @@ fs::path Accelerator::save_state(const fs::path& dir, const SaveStateOptions& op
       if (!async) {
         write();
       } else {
-        impl_->start_background_write(std::move(write));
+        impl_->start_background_write(std::move(write), target);
       }
     } catch (const std::exception& e) {
       error = e.what();

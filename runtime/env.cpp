@@ -12,6 +12,7 @@
 #include "contract/duration.h"
 #include "contract/slurm.h"
 #include "contract/worker_contract.h"
+#include "runtime/writer_placement.h"
 
 namespace accel::env {
 namespace {
@@ -228,6 +229,11 @@ WorkerEnv read_worker_env(const Lookup& outer) {
     if (*algorithm != "split" && *algorithm != "copy")
       bad(c::kShmAllreduce, *algorithm, "split or copy");
     e.shm_allreduce = *algorithm;
+  }
+  if (auto cpus = r.text({c::kCheckpointWriterCpus})) {
+    if (*cpus != "auto" && *cpus != "any" && writer_placement::parse_cpu_list(*cpus).empty())
+      bad(c::kCheckpointWriterCpus, *cpus, "auto, any or a list of CPUs such as 1 or 2-3,6");
+    e.checkpoint_writer_cpus = *cpus;
   }
   e.gloo_socket_ifname = r.text({"GLOO_SOCKET_IFNAME"});
   return e;

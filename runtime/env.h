@@ -54,6 +54,9 @@ struct WorkerEnv {
   // ACCEL_SHM_ALLREDUCE: "split" or "copy" forces that algorithm; "" (unset): timed at prepare
   // (Comm::choose_allreduce).
   std::string shm_allreduce;
+  // ACCEL_CHECKPOINT_WRITER_CPUS as given ("" when unset: auto); checked to be auto, any or a
+  // CPU list (writer_placement::chosen).
+  std::string checkpoint_writer_cpus;
   std::optional<std::string> gloo_socket_ifname;
 };
 

@@ -82,7 +82,7 @@ void Accelerator::save_snapshot() {
       impl_->snapshot_->begin();
       auto write = prepare_write(target, /*async=*/true, /*in_memory=*/true, std::move(blobs),
                                  kSnapshotsKept, began);
-      impl_->start_background_write(std::move(write), /*copies_first=*/false);
+      impl_->start_background_write(std::move(write), target, /*copies_first=*/false);
     } catch (const std::exception& ex) {
       error = *ex.what() ? ex.what() : "the snapshot failed";
     }

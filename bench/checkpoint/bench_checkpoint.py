@@ -18,7 +18,9 @@ Prints a Markdown table of medians over --runs runs, everything measured in this
     (what a background save's writer copies first, with no checksum and no write), and the
     --stall-every steps just after a background save against as many with no save in flight
     (paired round by round, so that the drift of the machine between runs cancels); the target
-    line judges a background save's stall by this paired cost against the foreground stall
+    line judges a background save's stall by this paired cost against the foreground stall;
+    each run also once with ACCEL_CHECKPOINT_WRITER_CPUS=any (the writer thread left where the
+    scheduler puts it, instead of on the CPUs taking the checkpoint disk's interrupts)
   model M (784->2048->2048->10, AdamW, b=64) steps/s under acc.autocast(): bf16 vs no (fp32)
 The model M figures come from bench_train (bench/train/), whose forward pass runs under
 acc.autocast(), at ACCEL_MIXED_PRECISION=no and =bf16, on one process.
@@ -208,13 +210,20 @@ def main():
         # In one process, so that the machine's drift between runs cancels: a step alone against
         # one alongside the copy a background save makes (no checksum, no write), and the
         # --stall-every steps just after a background save against as many with none in flight.
-        contention = []
-        for _ in range(a.runs):
-            folder = os.path.join(tmp, "contention")
-            shutil.rmtree(folder, ignore_errors=True)
-            cmd = [f"{a.build}/bin/bench_checkpoint", "contention", "--mb", str(a.mb), "--rounds",
-                   str(a.contention_rounds), "--dir", folder, "--every", str(a.stall_every)]
-            contention.append(json_lines(run(cmd), cmd)[0])
+        # Each run also once with the writer left where the scheduler puts it (=any), in
+        # alternating order, for what placing it on the disk's interrupt CPUs buys.
+        contention, unplaced, placement = [], [], "?"
+        for i in range(a.runs):
+            for where in (("auto", "any") if i % 2 == 0 else ("any", "auto")):
+                folder = os.path.join(tmp, "contention")
+                shutil.rmtree(folder, ignore_errors=True)
+                cmd = [f"{a.build}/bin/bench_checkpoint", "contention", "--mb", str(a.mb), "--rounds",
+                       str(a.contention_rounds), "--dir", folder, "--every", str(a.stall_every)]
+                proc = run(cmd, {"ACCEL_CHECKPOINT_WRITER_CPUS": where, "ACCEL_LOG_LEVEL": "debug"})
+                (contention if where == "auto" else unplaced).append(json_lines(proc, cmd)[0])
+                said = [line for line in proc.stderr.splitlines() if "background checkpoint writer" in line]
+                if where == "auto" and said:
+                    placement = said[-1].removeprefix("accel: ")
 
         amp = {"no": [], "bf16": []}
         dtypes = {}
@@ -255,6 +264,9 @@ def main():
     print(f"| a background save's cost to the {a.stall_every} steps after it, paired in one process, ms | "
           f"async: {cont['save_cost_ms']:.0f} | sync stall: {per_save['sync']:.0f} | "
           f"{cont['save_cost_ms'] / per_save['sync']:.2f}x |")
+    any_cost = med([row["save_cost_ms"] for row in unplaced])
+    print(f"| the same, the writer left where the scheduler puts it (ACCEL_CHECKPOINT_WRITER_CPUS=any), ms | "
+          f"any: {any_cost:.0f} | sync stall: {per_save['sync']:.0f} | {any_cost / per_save['sync']:.2f}x |")
     print(f"| peak resident memory of a run, MB | async: {med(peak['async']):.0f} | "
           f"sync: {med(peak['sync']):.0f} | {med(peak['async']) / med(peak['sync']):.2f}x |")
     print(f"| model M steps/s, bf16 autocast vs fp32 | {med(amp['bf16']):.2f} | fp32 (`no`): {med(amp['no']):.2f} | "
@@ -266,6 +278,7 @@ def main():
                                      ("async saves", stall["async"]),
                                      ("async-fresh saves", stall["async-fresh"]),
                                      ("paired save cost ms", [row["save_cost_ms"] for row in contention]),
+                                     ("the same, writer anywhere", [row["save_cost_ms"] for row in unplaced]),
                                      ("copy ms", [row["copy_ms"] for row in contention]),
                                      ("write after the steps ms", [row["write_outlasted_ms"] for row in contention]))))
     # Why the paired figure decides: separate runs drift by more than the target on a small VM
@@ -273,6 +286,7 @@ def main():
     ratio = per_save["async"] / per_save["sync"]
     paired = cont["save_cost_ms"] / per_save["sync"]
     dd_ratio = med(save) / med(write)
+    print(f"\nwriter: {placement}")
     print(f"\ntargets: save_state >= 0.7x dd write: {dd_ratio:.2f}x ({'met' if dd_ratio >= 0.7 else 'NOT met'}); "
           f"background save stall <= 0.05x of a foreground one, paired in one process: {paired:.2f}x "
           f"({'met' if paired <= 0.05 else 'NOT met'}; from separate runs: {ratio:.2f}x)")

@@ -504,6 +504,10 @@ TEST(Env, ABadVariableIsNamedWithItsValue) {
   EXPECT_EQ(
       env_error({{"ACCEL_GROUP_OF_ONE", "yes please"}}),
       "accel: environment variable ACCEL_GROUP_OF_ONE=\"yes please\": expected true or false");
+  EXPECT_EQ(env_error({{"ACCEL_CHECKPOINT_WRITER_CPUS", "fast"}}),
+            "accel: environment variable ACCEL_CHECKPOINT_WRITER_CPUS=\"fast\": expected auto, any "
+            "or a list of CPUs such as 1 or 2-3,6");
+  EXPECT_EQ(parse_env({{"ACCEL_CHECKPOINT_WRITER_CPUS", "2-3"}}).checkpoint_writer_cpus, "2-3");
 }
 
 TEST(Env, TheBackendAndAGroupOfOneAreRead) {

@@ -1,0 +1,185 @@
+// Where a background checkpoint's writer runs: the CPUs of a disk's interrupts, read from a
+// sysfs and procfs laid out as Linux lays them out for a virtio disk, and the thread placement.
+#include "runtime/writer_placement.h"
+
+#include <gtest/gtest.h>
+#include <sched.h>
+
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/common/files.h"
+
+namespace accel {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::TempDir;
+using testing::write_file;
+using writer_placement::Placement;
+
+// /sys and /proc of a VM whose disk vda (254:0, partition vda1 at 254:1) hangs off the virtio
+// device of PCI function 0000:00:02.0, whose MSI interrupts are 35 (configuration, raised once)
+// and 36 (the request queue), delivered to CPU 1.
+class FakeMachine {
+ public:
+  FakeMachine() {
+    auto pci = sys() / "devices/pci0000:00/0000:00:02.0";
+    auto vda = pci / "virtio1/block/vda";
+    fs::create_directories(vda / "mq/0");
+    fs::create_directories(vda / "vda1");
+    write_file(vda / "vda1/partition", "1\n");
+    fs::create_directories(pci / "msi_irqs");
+    write_file(pci / "msi_irqs/35", "msix\n");
+    write_file(pci / "msi_irqs/36", "msix\n");
+    fs::create_directory_symlink("../../../virtio1", vda / "device");
+    fs::create_directories(sys() / "dev/block");
+    fs::create_directory_symlink("../../devices/pci0000:00/0000:00:02.0/virtio1/block/vda",
+                                 sys() / "dev/block/254:0");
+    fs::create_directory_symlink("../../devices/pci0000:00/0000:00:02.0/virtio1/block/vda/vda1",
+                                 sys() / "dev/block/254:1");
+    interrupts(1, 1894439);
+    affinity(36, "1\n");
+    affinity(35, "0\n");
+  }
+  fs::path sys() const { return dir_.path() / "sys"; }
+  fs::path proc() const { return dir_.path() / "proc"; }
+  fs::path vda() const { return sys() / "devices/pci0000:00/0000:00:02.0/virtio1/block/vda"; }
+  void interrupts(unsigned long config, unsigned long queue) {
+    fs::create_directories(proc());
+    write_file(
+        proc() / "interrupts",
+        "           CPU0       CPU1       \n"
+        " 35:          0          " +
+            std::to_string(config) +
+            "  PCI-MSIX-0000:00:02.0   0-edge      virtio1-config\n"
+            " 36:          0    " +
+            std::to_string(queue) +
+            "  PCI-MSIX-0000:00:02.0   1-edge      virtio1-req.0\n"
+            " 38:       4364          0  PCI-MSIX-0000:00:03.0   1-edge      virtio2-input.0\n"
+            "NMI:          0          0   Non-maskable interrupts\n"
+            "LOC:     812345     734521   Local timer interrupts\n");
+  }
+  void affinity(int irq, const std::string& cpus) {
+    auto d = proc() / "irq" / std::to_string(irq);
+    fs::create_directories(d);
+    write_file(d / "effective_affinity_list", cpus);
+  }
+  Placement of(const std::string& dev_id) const {
+    return writer_placement::for_block_device(dev_id, sys(), proc());
+  }
+
+ private:
+  TempDir dir_;
+};
+
+TEST(WriterPlacement, CpuListsReadAndWriteAsTheKernelWritesThem) {
+  EXPECT_EQ(writer_placement::parse_cpu_list("0-2,5"), (std::vector<int>{0, 1, 2, 5}));
+  EXPECT_EQ(writer_placement::parse_cpu_list("1\n"), (std::vector<int>{1}));
+  EXPECT_EQ(writer_placement::parse_cpu_list("6,2-3,2"), (std::vector<int>{2, 3, 6}));
+  for (const char* bad : {"", "a", "3-1", "1,,2", "-1", "99999", "1-"})
+    EXPECT_TRUE(writer_placement::parse_cpu_list(bad).empty()) << bad;
+  EXPECT_EQ(writer_placement::format_cpu_list({0, 1, 2, 5, 7, 8}), "0-2,5,7-8");
+  EXPECT_EQ(writer_placement::format_cpu_list({3}), "3");
+}
+
+TEST(WriterPlacement, AOneQueueDiskPlacesTheWriterWhereItsBusiestInterruptLands) {
+  FakeMachine m;
+  auto disk = m.of("254:0");
+  EXPECT_EQ(disk.cpus, (std::vector<int>{1}));
+  EXPECT_EQ(disk.why, "/dev/vda's interrupts (IRQ 36) land on CPU 1");
+  // A folder on a partition follows the disk the partition is on.
+  EXPECT_EQ(m.of("254:1").cpus, (std::vector<int>{1}));
+  // Where the kernel has no effective affinity, the affinity asked for.
+  fs::remove(m.proc() / "irq/36/effective_affinity_list");
+  write_file(m.proc() / "irq/36/smp_affinity_list", "0-1\n");
+  EXPECT_EQ(m.of("254:0").cpus, (std::vector<int>{0, 1}));
+}
+
+TEST(WriterPlacement, NothingIsPlacedWhereTheDiskSaysNothingOrCompletesOnEveryCpu) {
+  {
+    FakeMachine m;
+    fs::create_directories(m.vda() / "mq/1");
+    auto p = m.of("254:0");
+    EXPECT_TRUE(p.cpus.empty());
+    EXPECT_EQ(p.why, "/dev/vda has 2 queues: its writes complete on the CPUs that issue them");
+  }
+  {
+    FakeMachine m;
+    m.interrupts(0, 0);
+    auto p = m.of("254:0");
+    EXPECT_TRUE(p.cpus.empty());
+    EXPECT_EQ(p.why, "/dev/vda has raised no interrupts yet");
+  }
+  {
+    FakeMachine m;
+    fs::create_directories(m.vda() / "slaves/sda");
+    EXPECT_EQ(m.of("254:0").why, "/dev/vda is built from other devices (device mapper, RAID)");
+  }
+  {
+    FakeMachine m;
+    fs::remove_all(m.sys() / "devices/pci0000:00/0000:00:02.0/msi_irqs");
+    auto p = m.of("254:0");
+    EXPECT_TRUE(p.cpus.empty());
+    EXPECT_EQ(p.why, "/dev/vda's controller has no MSI interrupts to follow");
+  }
+  {
+    FakeMachine m;
+    auto p = m.of("8:0");
+    EXPECT_TRUE(p.cpus.empty());
+    EXPECT_NE(p.why.find("no block device 8:0"), std::string::npos) << p.why;
+  }
+  // procfs has no block device under it (tmpfs, overlay and NFS neither).
+  auto p = writer_placement::for_directory("/proc/self");
+  EXPECT_TRUE(p.cpus.empty());
+  EXPECT_EQ(p.why, "/proc/self is not on a block device");
+}
+
+TEST(WriterPlacement, TheSettingChoosesAutoNoneOrTheCpusItNames) {
+  EXPECT_TRUE(writer_placement::chosen("any", "/").cpus.empty());
+  EXPECT_EQ(writer_placement::chosen("2-3", "/").cpus, (std::vector<int>{2, 3}));
+  EXPECT_EQ(writer_placement::chosen(nullptr, "/proc").why, "/proc is not on a block device");
+  EXPECT_EQ(writer_placement::chosen("auto", "/proc").why, "/proc is not on a block device");
+  try {
+    writer_placement::chosen("fast", "/");
+    FAIL() << "no error for a setting that is not a CPU list";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(),
+                 "ACCEL_CHECKPOINT_WRITER_CPUS='fast' is not auto, any or a list of CPUs such as 1 "
+                 "or 2-3,6");
+  }
+}
+
+std::vector<int> my_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  EXPECT_EQ(::sched_getaffinity(0, sizeof set, &set), 0);
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  return cpus;
+}
+
+TEST(WriterPlacement, OnlyTheCallingThreadMovesAndOnlyToCpusItMayUse) {
+  const auto all = my_cpus();
+  ASSERT_FALSE(all.empty());
+  std::thread([&] {
+    // All of its CPUs, or none it may use: it stays where it is.
+    EXPECT_FALSE(writer_placement::run_calling_thread_on(all));
+    EXPECT_FALSE(writer_placement::run_calling_thread_on({CPU_SETSIZE - 1, 100000}));
+    EXPECT_EQ(my_cpus(), all);
+    if (all.size() < 2) return;  // one CPU: nowhere else to go
+    EXPECT_TRUE(writer_placement::run_calling_thread_on({all.back(), CPU_SETSIZE - 1}));
+    EXPECT_EQ(my_cpus(), std::vector<int>{all.back()});
+    std::vector<int> inherited;
+    std::thread([&] { inherited = my_cpus(); }).join();
+    EXPECT_EQ(inherited, std::vector<int>{all.back()}) << "a thread it starts runs there too";
+  }).join();
+  EXPECT_EQ(my_cpus(), all) << "the test's own thread did not move";
+}
+
+}  // namespace
+}  // namespace accel
