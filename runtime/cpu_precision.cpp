@@ -85,22 +85,26 @@ std::string cpu_model() {
   return {};
 }
 
-std::string slow_bf16_line(const StepSpeed& speed, const std::string& cpu) {
-  if (speed.ratio() < 2.0) return {};
+std::string slow_bf16_line(const StepSpeed& speed, const std::string& cpu, bool native_bf16) {
+  if (speed.ratio() < kSlowRatio) return {};
   return "mixed_precision bf16 is slow on this CPU" + (cpu.empty() ? "" : " (" + cpu + ")") +
          ": a small training step under bf16 autocast took " + fixed(speed.ratio(), "%.1f") +
          "x as long as in fp32 (" + fixed(speed.bf16_ms, "%.2f") + " ms against " +
-         fixed(speed.fp32_ms, "%.2f") +
-         " ms, measured at start); without native bf16 (AVX-512 BF16 or AMX) autocast trains "
-         "slower, not faster: mixed_precision \"no\" (fp32) is the faster choice here";
+         fixed(speed.fp32_ms, "%.2f") + " ms, measured at start); " +
+         (native_bf16 ? "this CPU has bf16 instructions, but this libtorch's bf16 kernels train "
+                        "slower than its fp32 ones here"
+                      : "without native bf16 (AVX-512 BF16 or AMX) autocast trains slower, not "
+                        "faster") +
+         ": mixed_precision \"no\" (fp32) is the faster choice here";
 }
 
 std::string speed_text(const StepSpeed& speed) {
   return "a small training step under bf16 autocast takes " + fixed(speed.ratio(), "%.2f") +
          "x the time of fp32's (" + fixed(speed.bf16_ms, "%.3f") + " ms against " +
          fixed(speed.fp32_ms, "%.3f") + " ms)" +
-         (speed.ratio() >= 2.0 ? ": bf16 autocast is slow on this CPU; libaccel says so at start"
-                               : "");
+         (speed.ratio() >= kSlowRatio
+              ? ": bf16 autocast is slow on this CPU; libaccel says so at start"
+              : "");
 }
 
 }  // namespace accel::cpu_precision

@@ -94,18 +94,25 @@ int info() {
       blas.insert(ec ? path : real.string());
     }
   }
-  std::cout << "- bf16 on this CPU: "
-            << accel::cpu_precision::speed_text(accel::cpu_precision::measure_step()) << "\n";
+  // Why before timing bf16 against fp32: the workers time it on the kernels they switch to, and
+  // fp32 on older kernels would make bf16 look faster here than it is in training.
+  const std::string core = accel::blas_kernels::current_core();
+  const char* chosen = std::getenv("OPENBLAS_CORETYPE");
+  // The same rule as the workers' (upgrade_if_behind), so that these lines say what they do.
+  const std::string best = core.empty() ? std::string()
+                                        : accel::blas_kernels::upgrade_target(
+                                              chosen, core, accel::blas_kernels::cpu_flags());
+  const bool switched = accel::blas_kernels::upgrade_if_behind().switched();
+  std::cout << "- bf16 on this CPU"
+            << (switched ? " (timed on OpenBLAS's " + best + " kernels, as a worker runs)"
+                         : std::string())
+            << ": " << accel::cpu_precision::speed_text(accel::cpu_precision::measure_step())
+            << "\n";
   std::cout << "- BLAS loaded:";
   if (blas.empty()) std::cout << " none found in /proc/self/maps";
   for (const auto& b : blas) std::cout << " " << b;
   std::cout << "\n";
-  const std::string core = accel::blas_kernels::current_core();
   if (!core.empty()) {
-    const char* chosen = std::getenv("OPENBLAS_CORETYPE");
-    // The same rule as the workers' (upgrade_if_behind), so that this line says what they do.
-    const std::string best =
-        accel::blas_kernels::upgrade_target(chosen, core, accel::blas_kernels::cpu_flags());
     std::cout << "- OpenBLAS kernels: " << core;
     if (chosen != nullptr) {
       std::cout << " (OPENBLAS_CORETYPE=" << chosen << ")";
