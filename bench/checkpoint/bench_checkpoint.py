@@ -288,7 +288,7 @@ def main():
     dd_ratio = med(save) / med(write)
     print(f"\nwriter: {placement}")
     print(f"\ntargets: save_state >= 0.7x dd write: {dd_ratio:.2f}x ({'met' if dd_ratio >= 0.7 else 'NOT met'}); "
-          f"background save stall <= 0.05x of a foreground one, paired in one process: {paired:.2f}x "
+          f"background save stall <= 0.05x of a foreground one, paired in one process: {paired:.3f}x "
           f"({'met' if paired <= 0.05 else 'NOT met'}; from separate runs: {ratio:.2f}x)")
 
 
