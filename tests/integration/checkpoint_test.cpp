@@ -2,6 +2,7 @@
 // resume from their checkpoints and finish with the weights of a run that was never killed; a
 // process killed at every I/O step of a save leaves the previous checkpoint loadable.
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <random>
 #include <regex>
@@ -566,6 +567,79 @@ TEST(Checkpoint, Usr1AfterASaveToTheProgramsOwnFolderStillLeavesAnAutomaticCheck
     ASSERT_TRUE(std::regex_search(resumed.out, got, final_line)) << resumed.out;
     EXPECT_EQ(got[1].str(), want[1].str())
         << "the resumed weights differ from the uninterrupted run";
+  }
+}
+
+}  // namespace
+}  // namespace accel::testing
+
+namespace accel::testing {
+namespace {
+
+// A job with background checkpoints says, with ACCEL_LOG_LEVEL=debug, where its writer thread
+// runs: on the CPU ACCEL_CHECKPOINT_WRITER_CPUS names, where the scheduler puts it with "any",
+// and by default where the checkpoint disk's interrupts land or why nowhere in particular. A
+// setting that is not a CPU list stops the job with an error naming the variable.
+TEST(Checkpoint, TheBackgroundWriterRunsWhereItIsToldAndSaysSo) {
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  ASSERT_EQ(::sched_getaffinity(0, sizeof mine, &mine), 0);
+  int last = -1;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &mine)) last = c;
+  ASSERT_GE(last, 0);
+  auto run = [](const std::string& setting) {
+    TempDir dir;
+    std::map<std::string, std::string> env{{"OMP_NUM_THREADS", "1"}, {"ACCEL_LOG_LEVEL", "debug"}};
+    if (!setting.empty()) env["ACCEL_CHECKPOINT_WRITER_CPUS"] = setting;
+    auto r =
+        run_launcher(dir,
+                     {"-n", "1", "--checkpoint-dir", dir / "ck", "--checkpoint-interval", "3",
+                      "--async-checkpoints", "--", RUNTIME_WORKER_BIN, "usr1_at", "8", "-1", "-1"},
+                     60s, env);
+    const bool saved = fs::exists(dir.path() / "ck" / "checkpoints");
+    return std::make_pair(r, saved);
+  };
+  {
+    const std::string cpu = std::to_string(last);
+    auto [r, saved] = run(cpu);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_TRUE(saved);
+    const std::string want = CPU_COUNT(&mine) > 1
+                                 ? "accel: background checkpoint writer runs on CPU " + cpu +
+                                       ": ACCEL_CHECKPOINT_WRITER_CPUS=" + cpu + "\n"
+                                 : "accel: background checkpoint writer left where the scheduler "
+                                   "puts it: ACCEL_CHECKPOINT_WRITER_CPUS=" +
+                                       cpu;
+    EXPECT_NE(r.err.find(want), std::string::npos) << r.err;
+  }
+  {
+    auto [r, saved] = run("any");
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_NE(r.err.find("accel: background checkpoint writer left where the scheduler puts it: "
+                         "ACCEL_CHECKPOINT_WRITER_CPUS=any\n"),
+              std::string::npos)
+        << r.err;
+  }
+  {
+    auto [r, saved] = run("");
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    std::smatch m;
+    EXPECT_TRUE(std::regex_search(
+        r.err, m,
+        std::regex("accel: background checkpoint writer (runs on CPU [0-9,-]+: /dev/\\S+'s "
+                   "interrupts \\(IRQ [0-9]+\\) land on CPU [0-9,-]+|left where the scheduler "
+                   "puts it: .+)\n")))
+        << r.err;
+  }
+  {
+    auto [r, saved] = run("fast");
+    EXPECT_NE(r.exit_code, 0) << r.out << r.err;
+    EXPECT_FALSE(saved);
+    EXPECT_NE(r.err.find("ACCEL_CHECKPOINT_WRITER_CPUS=\"fast\": expected auto, any or a list of "
+                         "CPUs such as 1 or 2-3,6"),
+              std::string::npos)
+        << r.err;
   }
 }
 
