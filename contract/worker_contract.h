@@ -85,7 +85,8 @@ inline constexpr char kTraceCollectives[] = "ACCEL_TRACE_COLLECTIVES";  // runti
 // split | copy: how shared memory all-reduces a large private tensor (copy: for benchmarks)
 inline constexpr char kShmAllreduce[] = "ACCEL_SHM_ALLREDUCE";
 // auto | any | a CPU list ("1", "2-3"): where a background checkpoint's writer thread runs
-// (auto: on the CPUs that take the checkpoint disk's interrupts, where that disk has one queue)
+// (auto: on the CPUs that take the checkpoint disk's interrupts, where that disk has one queue
+// and training leaves a CPU to spare)
 inline constexpr char kCheckpointWriterCpus[] = "ACCEL_CHECKPOINT_WRITER_CPUS";
 inline constexpr char kLogLevel[] = "ACCEL_LOG_LEVEL";  // debug | info | warning | error
 inline constexpr char kToken[] = "ACCEL_TOKEN";  // the control plane's secret: never a worker's

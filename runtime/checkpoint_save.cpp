@@ -339,25 +339,15 @@ std::uint64_t folder_bytes(const fs::path& folder) {
 
 // Moves the calling thread (a background save's writer, before it writes; the thread it starts
 // for the disk inherits the place) onto the CPUs ACCEL_CHECKPOINT_WRITER_CPUS names, by default
-// those taking the interrupts of the disk under `target`. Says what it did, at debug level,
-// when that differs from the last save's.
+// those taking the interrupts of the disk under `target` when training leaves a CPU to spare.
+// Says what it did, at debug level, when that differs from the last save's.
 void place_writer(const fs::path& target) {
   static std::mutex said_m;
   static std::string said;
-  std::string line;
-  try {
-    auto placement =
-        writer_placement::chosen(env::worker_env().checkpoint_writer_cpus.c_str(), target);
-    bool moved = !placement.cpus.empty() && writer_placement::run_calling_thread_on(placement.cpus);
-    line = moved
-               ? "background checkpoint writer runs on CPU " +
-                     writer_placement::format_cpu_list(placement.cpus) + ": " + placement.why
-               : "background checkpoint writer left where the scheduler puts it: " + placement.why +
-                     (placement.cpus.empty() ? "" : " (this process may run there alone)");
-  } catch (const std::exception& e) {
-    line =
-        std::string("background checkpoint writer left where the scheduler puts it: ") + e.what();
-  }
+  const auto& env = env::worker_env();
+  const std::string line = writer_placement::place_calling_writer(
+      env.checkpoint_writer_cpus.c_str(), target,
+      std::max(1, env.local_world_size) * std::max(1, at::get_num_threads()));
   std::lock_guard<std::mutex> lock(said_m);
   if (line != said) log::debug(line);
   said = line;

@@ -174,6 +174,44 @@ Placement chosen(const char* setting, const fs::path& dir) {
   return {cpus, "ACCEL_CHECKPOINT_WRITER_CPUS=" + value};
 }
 
+std::vector<int> allowed_cpus() {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  std::vector<int> cpus;
+  if (::sched_getaffinity(0, sizeof allowed, &allowed) != 0) return cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+  return cpus;
+}
+
+namespace {
+const char kLeft[] = "background checkpoint writer left where the scheduler puts it: ";
+}  // namespace
+
+std::string place_calling_writer(const char* setting, const fs::path& dir, int training_threads) {
+  const bool automatic = setting == nullptr || *setting == '\0' || std::string(setting) == "auto";
+  try {
+    return place_calling_writer(chosen(setting, dir), automatic, training_threads);
+  } catch (const std::exception& e) {
+    return kLeft + std::string(e.what());
+  }
+}
+
+std::string place_calling_writer(const Placement& placement, bool automatic, int training_threads) {
+  const std::string left = kLeft;
+  if (placement.cpus.empty()) return left + placement.why;
+  const auto allowed = allowed_cpus();
+  if (automatic && training_threads >= static_cast<int>(allowed.size())) {
+    return left + placement.why + ", but training keeps every CPU this process may use busy (" +
+           std::to_string(training_threads) + " threads, CPU " + format_cpu_list(allowed) + ")";
+  }
+  if (!run_calling_thread_on(placement.cpus)) {
+    return left + placement.why + ", and this process may run on CPU " + format_cpu_list(allowed);
+  }
+  return "background checkpoint writer runs on CPU " + format_cpu_list(placement.cpus) + ": " +
+         placement.why;
+}
+
 bool run_calling_thread_on(const std::vector<int>& cpus) {
   cpu_set_t allowed;
   CPU_ZERO(&allowed);

@@ -41,8 +41,23 @@ Placement for_block_device(const std::string& dev_id, const std::filesystem::pat
 // variable, for anything else.
 Placement chosen(const char* setting, const std::filesystem::path& dir);
 
+// The CPUs the calling thread may run on (its affinity mask: taskset, a cgroup's cpuset).
+std::vector<int> allowed_cpus();
+
 // Moves the calling thread onto `cpus`, kept to those this thread may run on; does nothing when
 // that leaves all of them or none. Whether it moved. Threads it starts later inherit the set.
 bool run_calling_thread_on(const std::vector<int>& cpus);
+
+// What a background save's writer does, and the debug line that says so. `setting`: the value
+// of ACCEL_CHECKPOINT_WRITER_CPUS; `dir`: the checkpoint's folder; `training_threads`: how many
+// threads this machine's training keeps busy (local ranks x intra-op threads). With "auto", the
+// writer moves only where training leaves a CPU to spare (fewer training threads than CPUs this
+// process may run on): where training needs every CPU, the ranks' writers all on the
+// interrupts' CPU would slow the one rank that trains there, and every rank waits for it.
+// Moves the calling thread when it says so.
+std::string place_calling_writer(const char* setting, const std::filesystem::path& dir,
+                                 int training_threads);
+// The same for a placement already found; `automatic`: found for "auto" (not a list given).
+std::string place_calling_writer(const Placement& placement, bool automatic, int training_threads);
 
 }  // namespace accel::writer_placement

@@ -181,5 +181,45 @@ TEST(WriterPlacement, OnlyTheCallingThreadMovesAndOnlyToCpusItMayUse) {
   EXPECT_EQ(my_cpus(), all) << "the test's own thread did not move";
 }
 
+TEST(WriterPlacement, AutoMovesTheWriterOnlyWhereTrainingLeavesACpuToSpare) {
+  const auto all = my_cpus();
+  FakeMachine m;
+  const auto disk = m.of("254:0");
+  std::thread([&] {
+    // Training on every CPU: the writer stays, and the line says why.
+    EXPECT_EQ(writer_placement::place_calling_writer(disk, /*automatic=*/true,
+                                                     static_cast<int>(all.size())),
+              "background checkpoint writer left where the scheduler puts it: /dev/vda's "
+              "interrupts (IRQ 36) land on CPU 1, but training keeps every CPU this process may "
+              "use busy (" +
+                  std::to_string(all.size()) + " threads, CPU " +
+                  writer_placement::format_cpu_list(all) + ")");
+    EXPECT_EQ(my_cpus(), all);
+    EXPECT_EQ(
+        writer_placement::place_calling_writer({{}, "/proc is not on a block device"}, true, 0),
+        "background checkpoint writer left where the scheduler puts it: /proc is not on "
+        "a block device");
+    EXPECT_EQ(writer_placement::place_calling_writer("any", "/", 0),
+              "background checkpoint writer left where the scheduler puts it: "
+              "ACCEL_CHECKPOINT_WRITER_CPUS=any");
+    if (all.size() < 2) return;  // one CPU: nowhere else to go
+    // A CPU to spare: the writer goes where the interrupts land (here: the last CPU it may use).
+    const std::string last = std::to_string(all.back());
+    Placement there{{all.back()}, "/dev/vda's interrupts (IRQ 36) land on CPU " + last};
+    EXPECT_EQ(writer_placement::place_calling_writer(there, true, 1),
+              "background checkpoint writer runs on CPU " + last + ": " + there.why);
+    EXPECT_EQ(my_cpus(), std::vector<int>{all.back()});
+  }).join();
+  std::thread([&] {
+    // A list the user gave is followed even when training uses every CPU.
+    if (all.size() < 2) return;
+    const std::string first = std::to_string(all.front());
+    EXPECT_EQ(writer_placement::place_calling_writer(first.c_str(), "/", 1000),
+              "background checkpoint writer runs on CPU " + first +
+                  ": ACCEL_CHECKPOINT_WRITER_CPUS=" + first);
+    EXPECT_EQ(my_cpus(), std::vector<int>{all.front()});
+  }).join();
+}
+
 }  // namespace
 }  // namespace accel
