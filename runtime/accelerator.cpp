@@ -206,13 +206,9 @@ Accelerator::Accelerator(AcceleratorOptions options)
   if (impl_->mixed_precision_ == "bf16" && device().is_cpu() && is_main_process()) {
     // Why once per process, by the main process: the ranks of a job share one machine model,
     // and the user needs one line, not one per rank or per Accelerator.
-    static const std::string line = [] {
-      const auto flags = blas_kernels::cpu_flags();
-      const bool native = std::find(flags.begin(), flags.end(), "avx512_bf16") != flags.end() ||
-                          std::find(flags.begin(), flags.end(), "amx_bf16") != flags.end();
-      return cpu_precision::slow_bf16_line(cpu_precision::measure_step(),
-                                           cpu_precision::cpu_model(), native);
-    }();
+    static const std::string line =
+        cpu_precision::slow_bf16_line(cpu_precision::measure_step(), cpu_precision::cpu_model(),
+                                      cpu_precision::bf16_instructions());
     static std::once_flag said;
     if (!line.empty()) std::call_once(said, [] { log::warning(line); });
   }

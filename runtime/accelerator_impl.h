@@ -118,7 +118,8 @@ struct Accelerator::Impl {
   // Starts the writer thread: the deferred copies of the CPU state first (the next optimizer
   // step waits for them), then `write`; without copies_first, `write` itself lets the step go
   // (an in-memory snapshot, written from the live state).
-  // `target`: the checkpoint's folder, whose disk decides where the writer runs.
+  // `target`: the checkpoint's folder, whose disk decides where the writer runs after its copies
+  // (`copies_first`; an in-memory snapshot's writer is not placed).
   void start_background_write(std::function<void()> write, const std::filesystem::path& target,
                               bool copies_first = true);
   // Main process, CPU training with async_checkpoints, once the optimizer has its state and

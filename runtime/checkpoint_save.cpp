@@ -340,17 +340,22 @@ std::uint64_t folder_bytes(const fs::path& folder) {
 // Moves the calling thread (a background save's writer, before it writes; the thread it starts
 // for the disk inherits the place) onto the CPUs ACCEL_CHECKPOINT_WRITER_CPUS names, by default
 // those taking the interrupts of the disk under `target` when training leaves a CPU to spare.
-// Says what it did, at debug level, when that differs from the last save's.
-void place_writer(const fs::path& target) {
+// Says what it did, at debug level (a warning when a CPU list given could not be followed), when
+// that differs from the last save's.
+void place_writer(const fs::path& target, int training_threads) {
   static std::mutex said_m;
   static std::string said;
-  const auto& env = env::worker_env();
-  const std::string line = writer_placement::place_calling_writer(
-      env.checkpoint_writer_cpus.c_str(), target,
-      std::max(1, env.local_world_size) * std::max(1, at::get_num_threads()));
+  const auto placed = writer_placement::place_calling_writer(
+      env::worker_env().checkpoint_writer_cpus.c_str(), target, training_threads);
   std::lock_guard<std::mutex> lock(said_m);
-  if (line != said) log::debug(line);
-  said = line;
+  if (placed.line != said) {
+    if (placed.warning) {
+      log::warning(placed.line);
+    } else {
+      log::debug(placed.line);
+    }
+  }
+  said = placed.line;
 }
 
 }  // namespace
@@ -368,30 +373,34 @@ void Accelerator::Impl::start_background_write(std::function<void()> write, cons
     snapshot_->hold();
   }
   term_grace::write_started();  // Why here: a SIGTERM before the thread runs waits for it too
+  // Why here, on the training thread: its intra-op thread count is what training uses, and
+  // asking for it from a new thread could set up a thread pool there.
+  const int training_threads =
+      std::max(1, env::worker_env().local_world_size) * std::max(1, at::get_num_threads());
   try {
-    save_writer_ = std::async(
-        std::launch::async, [write = std::move(write), copying = snapshot_, copies_first, target] {
-          struct Ended {
-            ~Ended() { term_grace::write_ended(); }
-          } ended;
-          try {
-            if (copies_first) {
-              // Why first: the next optimizer step waits for these copies, not the write.
-              copying->copy();
-              // Why: the write (checksums, the disk) must not take a core from training; raising
-              // this thread's niceness lowers only its own priority (Linux). Not for a write that
-              // the next step waits for (copies_first false).
-              ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kWriterNiceness);
-              place_writer(target);
-            }
-            write();
-          } catch (const std::exception& e) {
-            return std::string(*e.what() ? e.what() : "accel: save_state failed");
-          } catch (...) {
-            return std::string("accel: save_state failed (an unknown exception)");
-          }
-          return std::string();
-        });
+    save_writer_ = std::async(std::launch::async, [write = std::move(write), copying = snapshot_,
+                                                   copies_first, target, training_threads] {
+      struct Ended {
+        ~Ended() { term_grace::write_ended(); }
+      } ended;
+      try {
+        if (copies_first) {
+          // Why first: the next optimizer step waits for these copies, not the write.
+          copying->copy();
+          // Why: the write (checksums, the disk) must not take a core from training; raising
+          // this thread's niceness lowers only its own priority (Linux). Not for a write that
+          // the next step waits for (copies_first false).
+          ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kWriterNiceness);
+          place_writer(target, training_threads);
+        }
+        write();
+      } catch (const std::exception& e) {
+        return std::string(*e.what() ? e.what() : "accel: save_state failed");
+      } catch (...) {
+        return std::string("accel: save_state failed (an unknown exception)");
+      }
+      return std::string();
+    });
   } catch (...) {
     term_grace::write_ended();
     snapshot_->abandon();

@@ -11,6 +11,7 @@
 #include <mutex>
 
 #include "accel/mixed_precision.h"
+#include "runtime/blas_kernels.h"
 
 namespace accel::cpu_precision {
 
@@ -85,16 +86,35 @@ std::string cpu_model() {
   return {};
 }
 
-std::string slow_bf16_line(const StepSpeed& speed, const std::string& cpu, bool native_bf16) {
+Bf16Instructions bf16_instructions() {
+  const auto flags = blas_kernels::cpu_flags();
+  if (flags.empty()) return Bf16Instructions::kUnknown;
+  const bool present = std::find(flags.begin(), flags.end(), "avx512_bf16") != flags.end() ||
+                       std::find(flags.begin(), flags.end(), "amx_bf16") != flags.end();
+  return present ? Bf16Instructions::kPresent : Bf16Instructions::kNone;
+}
+
+std::string slow_bf16_line(const StepSpeed& speed, const std::string& cpu,
+                           Bf16Instructions instructions) {
   if (speed.ratio() < kSlowRatio) return {};
+  std::string why;
+  switch (instructions) {
+    case Bf16Instructions::kPresent:
+      why =
+          "this CPU has bf16 instructions, but this libtorch's bf16 kernels train slower than "
+          "its fp32 ones here";
+      break;
+    case Bf16Instructions::kNone:
+      why = "without native bf16 (AVX-512 BF16 or AMX) autocast trains slower, not faster";
+      break;
+    case Bf16Instructions::kUnknown:
+      why = "this libtorch's bf16 kernels train slower than its fp32 ones on this CPU";
+      break;
+  }
   return "mixed_precision bf16 is slow on this CPU" + (cpu.empty() ? "" : " (" + cpu + ")") +
          ": a small training step under bf16 autocast took " + fixed(speed.ratio(), "%.1f") +
          "x as long as in fp32 (" + fixed(speed.bf16_ms, "%.2f") + " ms against " +
-         fixed(speed.fp32_ms, "%.2f") + " ms, measured at start); " +
-         (native_bf16 ? "this CPU has bf16 instructions, but this libtorch's bf16 kernels train "
-                        "slower than its fp32 ones here"
-                      : "without native bf16 (AVX-512 BF16 or AMX) autocast trains slower, not "
-                        "faster") +
+         fixed(speed.fp32_ms, "%.2f") + " ms, measured at start); " + why +
          ": mixed_precision \"no\" (fp32) is the faster choice here";
 }
 

@@ -23,15 +23,21 @@ StepSpeed measure_step();
 std::string cpu_model();
 
 // bf16 is "slow" from this ratio of its step time to fp32's on. Why not 2: on a CPU with
-// AVX-512 BF16 (a 5th-generation Xeon), Debian's libtorch 1.13 runs model M about 1.6x slower
-// under bf16 autocast than in fp32, and the small step measures 1.4-1.8x; a user who chose bf16
-// for speed loses a third of it there. Why not closer to 1: the small step's timing moves by
-// about a tenth between runs, and bf16 at parity must not be called slow.
+// AVX-512 BF16 and no AMX (a VM of a 5th-generation Xeon), Debian's libtorch 1.13 runs model M
+// about 1.6x slower under bf16 autocast than in fp32, and the small step measures 1.4-2.2x; a
+// user who chose bf16 for speed loses a third of it there. Why not closer to 1: the small step's
+// timing moves by about a tenth between runs, and bf16 at parity must not be called slow.
 inline constexpr double kSlowRatio = 1.25;
 
+// Whether the CPU has bf16 instructions: x86's avx512_bf16 or amx_bf16 flags; unknown where
+// /proc/cpuinfo has no x86 flags (an ARM CPU, whose bf16 the line does not judge).
+enum class Bf16Instructions { kUnknown, kNone, kPresent };
+Bf16Instructions bf16_instructions();
+
 // The line libaccel prints when bf16 takes at least kSlowRatio times fp32's time here, else "".
-// `native_bf16`: the CPU has bf16 instructions (avx512_bf16 or amx_bf16), which the line names.
-std::string slow_bf16_line(const StepSpeed& speed, const std::string& cpu, bool native_bf16);
+// It names what the CPU has or lacks, where that is known.
+std::string slow_bf16_line(const StepSpeed& speed, const std::string& cpu,
+                           Bf16Instructions instructions);
 
 // "one small training step under bf16 autocast takes 0.99x fp32's time (...)": accel env's line.
 std::string speed_text(const StepSpeed& speed);

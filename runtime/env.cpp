@@ -231,8 +231,8 @@ WorkerEnv read_worker_env(const Lookup& outer) {
     e.shm_allreduce = *algorithm;
   }
   if (auto cpus = r.text({c::kCheckpointWriterCpus})) {
-    if (*cpus != "auto" && *cpus != "any" && writer_placement::parse_cpu_list(*cpus).empty())
-      bad(c::kCheckpointWriterCpus, *cpus, "auto, any or a list of CPUs such as 1 or 2-3,6");
+    if (!writer_placement::valid_setting(*cpus))
+      bad(c::kCheckpointWriterCpus, *cpus, writer_placement::kSettingExpected);
     e.checkpoint_writer_cpus = *cpus;
   }
   e.gloo_socket_ifname = r.text({"GLOO_SOCKET_IFNAME"});

@@ -55,7 +55,7 @@ struct WorkerEnv {
   // (Comm::choose_allreduce).
   std::string shm_allreduce;
   // ACCEL_CHECKPOINT_WRITER_CPUS as given ("" when unset: auto); checked to be auto, any or a
-  // CPU list (writer_placement::chosen).
+  // CPU list (writer_placement::valid_setting).
   std::string checkpoint_writer_cpus;
   std::optional<std::string> gloo_socket_ifname;
 };

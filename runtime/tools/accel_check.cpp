@@ -102,10 +102,11 @@ int info() {
   const std::string best = core.empty() ? std::string()
                                         : accel::blas_kernels::upgrade_target(
                                               chosen, core, accel::blas_kernels::cpu_flags());
-  const bool switched = accel::blas_kernels::upgrade_if_behind().switched();
+  const auto& kernels = accel::blas_kernels::upgrade_if_behind();
   std::cout << "- bf16 on this CPU"
-            << (switched ? " (timed on OpenBLAS's " + best + " kernels, as a worker runs)"
-                         : std::string())
+            << (kernels.switched()
+                    ? " (timed on OpenBLAS's " + kernels.to + " kernels, as a worker runs)"
+                    : std::string())
             << ": " << accel::cpu_precision::speed_text(accel::cpu_precision::measure_step())
             << "\n";
   std::cout << "- BLAS loaded:";

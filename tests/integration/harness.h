@@ -7,17 +7,23 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
-#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -71,25 +77,40 @@ inline bool wait_until(const std::function<bool()>& pred, std::chrono::milliseco
 // A TCP port on 127.0.0.1 for a server the test starts later, free now and held for this test
 // process alone until it exits.
 // Why not a port the kernel picks (bind to 0, close): that port comes from the ephemeral range,
-// which every outgoing connection of the tests running beside this one draws from too, and a
-// store or client can take it before our server binds it (a coordinator port lost that way
-// once made a job reach a c10d store instead: "Socket closed"). Ports below the range are never
-// handed out by connect(), and a lock file per port (flock, dropped when this process exits)
-// keeps two test processes from choosing the same one.
+// which every outgoing connection and c10d store of the tests running beside this one draws from
+// too, and one of them can take it before our server binds it. Ports below the range are never
+// handed out by connect(), and a lock per port keeps two test processes from choosing the same
+// one: an abstract Unix socket named after the port, which lives in the network namespace as
+// the port does and goes away with the process.
 inline int free_port() {
-  static std::vector<int> held;                  // lock descriptors, open until the process exits
-  constexpr int kFirst = 12000, kCount = 14000;  // below 32768, clear of 29400/29500 defaults
-  static unsigned next = static_cast<unsigned>(::getpid()) * 7919u;
-  for (int attempt = 0; attempt < kCount; ++attempt) {
-    int port = kFirst + static_cast<int>(next++ % kCount);
-    auto lock = "/tmp/accel-test-port-" + std::to_string(port) + ".lock";
-    // Why not O_CREAT alone: /tmp's protected_regular refuses it on another user's file.
-    int lfd = ::open(lock.c_str(), O_RDONLY | O_CLOEXEC);
-    if (lfd < 0) lfd = ::open(lock.c_str(), O_RDONLY | O_CREAT | O_CLOEXEC, 0444);
-    if (lfd < 0) continue;
-    if (::flock(lfd, LOCK_EX | LOCK_NB) != 0) {
-      ::close(lfd);
-      continue;
+  static std::mutex m;
+  static std::vector<int> held;  // the lock sockets, open until the process exits
+  static unsigned next =
+      static_cast<unsigned>(::getpid()) * 7919u ^
+      static_cast<unsigned>(std::chrono::steady_clock::now().time_since_epoch().count());
+  std::lock_guard<std::mutex> lock(m);
+  int ephemeral_low = 32768;
+  std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> ephemeral_low;
+  // Why below 26000 too: clear of the default ports jobs use (29400, 29500).
+  constexpr int kFirst = 10000;
+  const int count = std::min(ephemeral_low, 26000) - kFirst;
+  if (count < 100) {
+    std::fprintf(stderr, "free_port: ip_local_port_range starts at %d, leaving no ports below it\n",
+                 ephemeral_low);
+    std::abort();
+  }
+  for (int attempt = 0; attempt < count; ++attempt) {
+    const int port = kFirst + static_cast<int>(next++ % static_cast<unsigned>(count));
+    int lock_fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un name{};
+    name.sun_family = AF_UNIX;
+    const std::string label = "accel-test-port-" + std::to_string(port);
+    std::memcpy(name.sun_path + 1, label.data(), label.size());  // sun_path[0] = 0: abstract
+    const auto name_len =
+        static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + label.size());
+    if (lock_fd < 0 || ::bind(lock_fd, reinterpret_cast<sockaddr*>(&name), name_len) != 0) {
+      if (lock_fd >= 0) ::close(lock_fd);
+      continue;  // another test process holds it
     }
     int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     int one = 1;
@@ -98,16 +119,17 @@ inline int free_port() {
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     a.sin_port = htons(static_cast<uint16_t>(port));
-    bool free = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-    ::close(fd);
+    const bool free = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    if (fd >= 0) ::close(fd);
     if (!free) {
-      ::close(lfd);
+      ::close(lock_fd);
       continue;
     }
-    held.push_back(lfd);
+    held.push_back(lock_fd);
     return port;
   }
-  return 0;
+  std::fprintf(stderr, "free_port: no free port between %d and %d\n", kFirst, ephemeral_low);
+  std::abort();
 }
 
 inline bool pid_alive(pid_t pid) { return ::kill(pid, 0) == 0; }

@@ -595,16 +595,18 @@ TEST(Accelerator, SchedulerStepsOnlyWithTheOptimizer) {
 // bf16 on this CPU: the timing gives positive figures, and the line appears only when bf16 takes
 // at least 1.25x fp32's time, naming what the CPU lacks or that it has bf16 instructions.
 TEST(CpuPrecision, TheSlowBf16LineAppearsOnlyWhenBf16IsSlowerByAQuarter) {
+  constexpr auto kNone = accel::cpu_precision::Bf16Instructions::kNone;
+  constexpr auto kPresent = accel::cpu_precision::Bf16Instructions::kPresent;
   auto measured = accel::cpu_precision::measure_step();
   EXPECT_GT(measured.fp32_ms, 0);
   EXPECT_GT(measured.bf16_ms, 0);
   EXPECT_NE(accel::cpu_precision::speed_text(measured).find("x the time of fp32's"),
             std::string::npos);
   accel::cpu_precision::StepSpeed fast{1.0, 0.7};
-  EXPECT_EQ(accel::cpu_precision::slow_bf16_line(fast, "Some CPU", false), "");
-  EXPECT_EQ(accel::cpu_precision::slow_bf16_line({1.0, 1.2}, "Some CPU", false), "");
+  EXPECT_EQ(accel::cpu_precision::slow_bf16_line(fast, "Some CPU", kNone), "");
+  EXPECT_EQ(accel::cpu_precision::slow_bf16_line({1.0, 1.2}, "Some CPU", kNone), "");
   accel::cpu_precision::StepSpeed slow{0.5, 8.0};
-  const std::string line = accel::cpu_precision::slow_bf16_line(slow, "Some CPU", false);
+  const std::string line = accel::cpu_precision::slow_bf16_line(slow, "Some CPU", kNone);
   EXPECT_NE(line.find("mixed_precision bf16 is slow on this CPU (Some CPU)"), std::string::npos)
       << line;
   EXPECT_NE(line.find("16.0x as long as in fp32 (8.00 ms against 0.50 ms"), std::string::npos)
@@ -615,7 +617,7 @@ TEST(CpuPrecision, TheSlowBf16LineAppearsOnlyWhenBf16IsSlowerByAQuarter) {
   EXPECT_NE(accel::cpu_precision::speed_text(slow).find("libaccel says so at start"),
             std::string::npos);
   // A CPU with bf16 instructions on which this libtorch's bf16 is still slower (model M: 1.6x).
-  const std::string native = accel::cpu_precision::slow_bf16_line({2.0, 3.2}, "", true);
+  const std::string native = accel::cpu_precision::slow_bf16_line({2.0, 3.2}, "", kPresent);
   EXPECT_EQ(native,
             "mixed_precision bf16 is slow on this CPU: a small training step under bf16 autocast "
             "took 1.6x as long as in fp32 (3.20 ms against 2.00 ms, measured at start); this CPU "
@@ -623,4 +625,10 @@ TEST(CpuPrecision, TheSlowBf16LineAppearsOnlyWhenBf16IsSlowerByAQuarter) {
             "ones here: mixed_precision \"no\" (fp32) is the faster choice here");
   EXPECT_NE(accel::cpu_precision::speed_text({2.0, 3.2}).find("libaccel says so at start"),
             std::string::npos);
+  // A CPU whose bf16 instructions libaccel cannot read (not x86): no claim about them.
+  EXPECT_NE(
+      accel::cpu_precision::slow_bf16_line({2.0, 3.2}, "",
+                                           accel::cpu_precision::Bf16Instructions::kUnknown)
+          .find("; this libtorch's bf16 kernels train slower than its fp32 ones on this CPU: "),
+      std::string::npos);
 }

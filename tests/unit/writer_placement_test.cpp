@@ -32,6 +32,8 @@ class FakeMachine {
     fs::create_directories(vda / "mq/0");
     fs::create_directories(vda / "vda1");
     write_file(vda / "vda1/partition", "1\n");
+    fs::create_directories(sys() / "bus/pci");
+    fs::create_directory_symlink("../../../bus/pci", pci / "subsystem");
     fs::create_directories(pci / "msi_irqs");
     write_file(pci / "msi_irqs/35", "msix\n");
     write_file(pci / "msi_irqs/36", "msix\n");
@@ -80,7 +82,7 @@ TEST(WriterPlacement, CpuListsReadAndWriteAsTheKernelWritesThem) {
   EXPECT_EQ(writer_placement::parse_cpu_list("0-2,5"), (std::vector<int>{0, 1, 2, 5}));
   EXPECT_EQ(writer_placement::parse_cpu_list("1\n"), (std::vector<int>{1}));
   EXPECT_EQ(writer_placement::parse_cpu_list("6,2-3,2"), (std::vector<int>{2, 3, 6}));
-  for (const char* bad : {"", "a", "3-1", "1,,2", "-1", "99999", "1-"})
+  for (const char* bad : {"", "a", "3-1", "1,,2", "-1", "99999", "1-", "1-2-3", "1,", "0--2"})
     EXPECT_TRUE(writer_placement::parse_cpu_list(bad).empty()) << bad;
   EXPECT_EQ(writer_placement::format_cpu_list({0, 1, 2, 5, 7, 8}), "0-2,5,7-8");
   EXPECT_EQ(writer_placement::format_cpu_list({3}), "3");
@@ -93,10 +95,14 @@ TEST(WriterPlacement, AOneQueueDiskPlacesTheWriterWhereItsBusiestInterruptLands)
   EXPECT_EQ(disk.why, "/dev/vda's interrupts (IRQ 36) land on CPU 1");
   // A folder on a partition follows the disk the partition is on.
   EXPECT_EQ(m.of("254:1").cpus, (std::vector<int>{1}));
-  // Where the kernel has no effective affinity, the affinity asked for.
+  // A folder that does not exist yet, given relative, is placed by the folder it will be in.
+  EXPECT_EQ(writer_placement::for_directory("no-such-folder/checkpoint_3").why.rfind("cannot", 0),
+            std::string::npos);
+  // No effective affinity (a kernel before 4.15): the affinity asked for is usually every CPU,
+  // so nothing is placed.
   fs::remove(m.proc() / "irq/36/effective_affinity_list");
   write_file(m.proc() / "irq/36/smp_affinity_list", "0-1\n");
-  EXPECT_EQ(m.of("254:0").cpus, (std::vector<int>{0, 1}));
+  EXPECT_EQ(m.of("254:0").why, "no effective affinity for /dev/vda's interrupt 36");
 }
 
 TEST(WriterPlacement, NothingIsPlacedWhereTheDiskSaysNothingOrCompletesOnEveryCpu) {
@@ -127,6 +133,28 @@ TEST(WriterPlacement, NothingIsPlacedWhereTheDiskSaysNothingOrCompletesOnEveryCp
     EXPECT_EQ(p.why, "/dev/vda's controller has no MSI interrupts to follow");
   }
   {
+    // A controller without MSI behind a bridge that has its own: the bridge's say nothing.
+    FakeMachine m;
+    fs::remove_all(m.sys() / "devices/pci0000:00/0000:00:02.0/msi_irqs");
+    fs::create_directories(m.sys() / "devices/pci0000:00/msi_irqs/24");
+    EXPECT_EQ(m.of("254:0").why, "/dev/vda's controller has no MSI interrupts to follow");
+  }
+  {
+    // A controller with a vector per port or per CPU: several busy ones, no one CPU.
+    FakeMachine m;
+    m.interrupts(500000, 1894439);
+    auto p = m.of("254:0");
+    EXPECT_TRUE(p.cpus.empty());
+    EXPECT_EQ(p.why,
+              "/dev/vda's controller spreads its interrupts over several busy vectors (IRQ 36, "
+              "35): no one CPU to follow");
+  }
+  {
+    FakeMachine m;
+    fs::remove(m.proc() / "interrupts");
+    EXPECT_EQ(m.of("254:0").why, "cannot read " + (m.proc() / "interrupts").string());
+  }
+  {
     FakeMachine m;
     auto p = m.of("8:0");
     EXPECT_TRUE(p.cpus.empty());
@@ -135,14 +163,21 @@ TEST(WriterPlacement, NothingIsPlacedWhereTheDiskSaysNothingOrCompletesOnEveryCp
   // procfs has no block device under it (tmpfs, overlay and NFS neither).
   auto p = writer_placement::for_directory("/proc/self");
   EXPECT_TRUE(p.cpus.empty());
-  EXPECT_EQ(p.why, "/proc/self is not on a block device");
+  EXPECT_EQ(p.why,
+            "/proc/self is on a file system without a single block device under it (tmpfs, "
+            "overlay, NFS, btrfs, ZFS)");
 }
 
 TEST(WriterPlacement, TheSettingChoosesAutoNoneOrTheCpusItNames) {
   EXPECT_TRUE(writer_placement::chosen("any", "/").cpus.empty());
   EXPECT_EQ(writer_placement::chosen("2-3", "/").cpus, (std::vector<int>{2, 3}));
-  EXPECT_EQ(writer_placement::chosen(nullptr, "/proc").why, "/proc is not on a block device");
-  EXPECT_EQ(writer_placement::chosen("auto", "/proc").why, "/proc is not on a block device");
+  const std::string proc_why =
+      "/proc is on a file system without a single block device under it (tmpfs, overlay, NFS, "
+      "btrfs, ZFS)";
+  EXPECT_EQ(writer_placement::chosen(nullptr, "/proc").why, proc_why);
+  EXPECT_EQ(writer_placement::chosen("auto", "/proc").why, proc_why);
+  EXPECT_TRUE(writer_placement::valid_setting("3,5-6"));
+  EXPECT_FALSE(writer_placement::valid_setting("1-2-3"));
   try {
     writer_placement::chosen("fast", "/");
     FAIL() << "no error for a setting that is not a CPU list";
@@ -168,11 +203,12 @@ TEST(WriterPlacement, OnlyTheCallingThreadMovesAndOnlyToCpusItMayUse) {
   ASSERT_FALSE(all.empty());
   std::thread([&] {
     // All of its CPUs, or none it may use: it stays where it is.
-    EXPECT_FALSE(writer_placement::run_calling_thread_on(all));
-    EXPECT_FALSE(writer_placement::run_calling_thread_on({CPU_SETSIZE - 1, 100000}));
+    EXPECT_TRUE(writer_placement::run_calling_thread_on(all).empty());
+    EXPECT_TRUE(writer_placement::run_calling_thread_on({CPU_SETSIZE - 1, 100000}).empty());
     EXPECT_EQ(my_cpus(), all);
     if (all.size() < 2) return;  // one CPU: nowhere else to go
-    EXPECT_TRUE(writer_placement::run_calling_thread_on({all.back(), CPU_SETSIZE - 1}));
+    EXPECT_EQ(writer_placement::run_calling_thread_on({all.back(), CPU_SETSIZE - 1}),
+              std::vector<int>{all.back()});
     EXPECT_EQ(my_cpus(), std::vector<int>{all.back()});
     std::vector<int> inherited;
     std::thread([&] { inherited = my_cpus(); }).join();
@@ -188,25 +224,27 @@ TEST(WriterPlacement, AutoMovesTheWriterOnlyWhereTrainingLeavesACpuToSpare) {
   std::thread([&] {
     // Training on every CPU: the writer stays, and the line says why.
     EXPECT_EQ(writer_placement::place_calling_writer(disk, /*automatic=*/true,
-                                                     static_cast<int>(all.size())),
+                                                     static_cast<int>(all.size()))
+                  .line,
               "background checkpoint writer left where the scheduler puts it: /dev/vda's "
               "interrupts (IRQ 36) land on CPU 1, but training keeps every CPU this process may "
               "use busy (" +
-                  std::to_string(all.size()) + " threads, CPU " +
-                  writer_placement::format_cpu_list(all) + ")");
+                  std::to_string(all.size()) + (all.size() == 1 ? " thread" : " threads") +
+                  ", CPU " + writer_placement::format_cpu_list(all) + ")");
     EXPECT_EQ(my_cpus(), all);
     EXPECT_EQ(
-        writer_placement::place_calling_writer({{}, "/proc is not on a block device"}, true, 0),
+        writer_placement::place_calling_writer({{}, "/proc is not on a block device"}, true, 0)
+            .line,
         "background checkpoint writer left where the scheduler puts it: /proc is not on "
         "a block device");
-    EXPECT_EQ(writer_placement::place_calling_writer("any", "/", 0),
+    EXPECT_EQ(writer_placement::place_calling_writer("any", "/", 0).line,
               "background checkpoint writer left where the scheduler puts it: "
               "ACCEL_CHECKPOINT_WRITER_CPUS=any");
     if (all.size() < 2) return;  // one CPU: nowhere else to go
     // A CPU to spare: the writer goes where the interrupts land (here: the last CPU it may use).
     const std::string last = std::to_string(all.back());
     Placement there{{all.back()}, "/dev/vda's interrupts (IRQ 36) land on CPU " + last};
-    EXPECT_EQ(writer_placement::place_calling_writer(there, true, 1),
+    EXPECT_EQ(writer_placement::place_calling_writer(there, true, 1).line,
               "background checkpoint writer runs on CPU " + last + ": " + there.why);
     EXPECT_EQ(my_cpus(), std::vector<int>{all.back()});
   }).join();
@@ -214,11 +252,35 @@ TEST(WriterPlacement, AutoMovesTheWriterOnlyWhereTrainingLeavesACpuToSpare) {
     // A list the user gave is followed even when training uses every CPU.
     if (all.size() < 2) return;
     const std::string first = std::to_string(all.front());
-    EXPECT_EQ(writer_placement::place_calling_writer(first.c_str(), "/", 1000),
-              "background checkpoint writer runs on CPU " + first +
-                  ": ACCEL_CHECKPOINT_WRITER_CPUS=" + first);
+    auto placed = writer_placement::place_calling_writer(first.c_str(), "/", 1000);
+    EXPECT_EQ(placed.line, "background checkpoint writer runs on CPU " + first +
+                               ": ACCEL_CHECKPOINT_WRITER_CPUS=" + first);
+    EXPECT_FALSE(placed.warning);
     EXPECT_EQ(my_cpus(), std::vector<int>{all.front()});
   }).join();
+  std::thread([&] {
+    // A list naming CPUs this process may not use: followed where it can be, with a warning.
+    const std::string may = writer_placement::format_cpu_list(all);
+    auto none = writer_placement::place_calling_writer({{CPU_SETSIZE - 1}, "a list"}, false, 1);
+    EXPECT_TRUE(none.warning);
+    EXPECT_EQ(none.line,
+              "background checkpoint writer left where the scheduler puts it: a list, "
+              "none of which this process may run on (CPU " +
+                  may + ")");
+    EXPECT_EQ(my_cpus(), all);
+    if (all.size() < 2) return;
+    auto some =
+        writer_placement::place_calling_writer({{all.back(), CPU_SETSIZE - 1}, "a list"}, false, 1);
+    EXPECT_TRUE(some.warning);
+    EXPECT_EQ(some.line, "background checkpoint writer runs on CPU " + std::to_string(all.back()) +
+                             ": a list (those of them this process may run on, CPU " + may + ")");
+  }).join();
+  // A bad setting (the environment check stops a job before this) is said, not thrown.
+  auto bad = writer_placement::place_calling_writer("fast", "/", 1);
+  EXPECT_TRUE(bad.warning);
+  EXPECT_NE(bad.line.find("ACCEL_CHECKPOINT_WRITER_CPUS='fast' is not auto, any or a list"),
+            std::string::npos)
+      << bad.line;
 }
 
 }  // namespace
