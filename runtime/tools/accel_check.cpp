@@ -94,15 +94,15 @@ int info() {
       blas.insert(ec ? path : real.string());
     }
   }
-  // Why before timing bf16 against fp32: the workers time it on the kernels they switch to, and
-  // fp32 on older kernels would make bf16 look faster here than it is in training.
-  const std::string core = accel::blas_kernels::current_core();
+  // Why read before the switch: the switch sets OPENBLAS_CORETYPE, and the line below must say
+  // whether the user had.
   const char* chosen = std::getenv("OPENBLAS_CORETYPE");
-  // The same rule as the workers' (upgrade_if_behind), so that these lines say what they do.
-  const std::string best = core.empty() ? std::string()
-                                        : accel::blas_kernels::upgrade_target(
-                                              chosen, core, accel::blas_kernels::cpu_flags());
+  const std::string user_kernels = chosen != nullptr ? chosen : "";
+  // Why switch here, as a worker does, before timing bf16 against fp32: fp32 on older kernels
+  // would make bf16 look faster here than it is in training.
   const auto& kernels = accel::blas_kernels::upgrade_if_behind();
+  const std::string core =
+      kernels.tried.empty() ? accel::blas_kernels::current_core() : kernels.from;
   std::cout << "- bf16 on this CPU"
             << (kernels.switched()
                     ? " (timed on OpenBLAS's " + kernels.to + " kernels, as a worker runs)"
@@ -116,10 +116,14 @@ int info() {
   if (!core.empty()) {
     std::cout << "- OpenBLAS kernels: " << core;
     if (chosen != nullptr) {
-      std::cout << " (OPENBLAS_CORETYPE=" << chosen << ")";
-    } else if (!best.empty()) {
-      std::cout << ", made for older CPUs than this one: libaccel switches its workers to " << best
-                << " when they start (other programs: OPENBLAS_CORETYPE=" << best << ")";
+      std::cout << " (OPENBLAS_CORETYPE=" << user_kernels << ")";
+    } else if (kernels.switched()) {
+      std::cout << ", made for older CPUs than this one: libaccel switches its workers to "
+                << kernels.to
+                << " when they start (other programs: OPENBLAS_CORETYPE=" << kernels.to << ")";
+    } else if (!kernels.tried.empty()) {
+      std::cout << ", made for older CPUs than this one; this OpenBLAS has no " << kernels.tried
+                << " kernels to switch to";
     }
     std::cout << "\n";
   }

@@ -105,54 +105,53 @@ TEST(WriterPlacement, AOneQueueDiskPlacesTheWriterWhereItsBusiestInterruptLands)
   EXPECT_EQ(m.of("254:0").why, "no effective affinity for /dev/vda's interrupt 36");
 }
 
+// No CPUs, and this reason.
+void expect_nothing(const Placement& p, const std::string& why) {
+  EXPECT_TRUE(p.cpus.empty()) << p.why;
+  EXPECT_EQ(p.why, why);
+}
+
 TEST(WriterPlacement, NothingIsPlacedWhereTheDiskSaysNothingOrCompletesOnEveryCpu) {
   {
     FakeMachine m;
     fs::create_directories(m.vda() / "mq/1");
-    auto p = m.of("254:0");
-    EXPECT_TRUE(p.cpus.empty());
-    EXPECT_EQ(p.why, "/dev/vda has 2 queues: its writes complete on the CPUs that issue them");
+    expect_nothing(m.of("254:0"),
+                   "/dev/vda has 2 queues: its writes complete on the CPUs that issue them");
   }
   {
     FakeMachine m;
     m.interrupts(0, 0);
-    auto p = m.of("254:0");
-    EXPECT_TRUE(p.cpus.empty());
-    EXPECT_EQ(p.why, "/dev/vda has raised no interrupts yet");
+    expect_nothing(m.of("254:0"), "/dev/vda has raised no interrupts yet");
   }
   {
     FakeMachine m;
     fs::create_directories(m.vda() / "slaves/sda");
-    EXPECT_EQ(m.of("254:0").why, "/dev/vda is built from other devices (device mapper, RAID)");
+    expect_nothing(m.of("254:0"), "/dev/vda is built from other devices (device mapper, RAID)");
   }
   {
     FakeMachine m;
     fs::remove_all(m.sys() / "devices/pci0000:00/0000:00:02.0/msi_irqs");
-    auto p = m.of("254:0");
-    EXPECT_TRUE(p.cpus.empty());
-    EXPECT_EQ(p.why, "/dev/vda's controller has no MSI interrupts to follow");
+    expect_nothing(m.of("254:0"), "/dev/vda's controller has no MSI interrupts to follow");
   }
   {
     // A controller without MSI behind a bridge that has its own: the bridge's say nothing.
     FakeMachine m;
     fs::remove_all(m.sys() / "devices/pci0000:00/0000:00:02.0/msi_irqs");
     fs::create_directories(m.sys() / "devices/pci0000:00/msi_irqs/24");
-    EXPECT_EQ(m.of("254:0").why, "/dev/vda's controller has no MSI interrupts to follow");
+    expect_nothing(m.of("254:0"), "/dev/vda's controller has no MSI interrupts to follow");
   }
   {
     // A controller with a vector per port or per CPU: several busy ones, no one CPU.
     FakeMachine m;
     m.interrupts(500000, 1894439);
-    auto p = m.of("254:0");
-    EXPECT_TRUE(p.cpus.empty());
-    EXPECT_EQ(p.why,
-              "/dev/vda's controller spreads its interrupts over several busy vectors (IRQ 36, "
-              "35): no one CPU to follow");
+    expect_nothing(m.of("254:0"),
+                   "/dev/vda's controller spreads its interrupts over several busy vectors (IRQ "
+                   "36, 35): no one CPU to follow");
   }
   {
     FakeMachine m;
     fs::remove(m.proc() / "interrupts");
-    EXPECT_EQ(m.of("254:0").why, "cannot read " + (m.proc() / "interrupts").string());
+    expect_nothing(m.of("254:0"), "cannot read " + (m.proc() / "interrupts").string());
   }
   {
     FakeMachine m;
@@ -161,11 +160,9 @@ TEST(WriterPlacement, NothingIsPlacedWhereTheDiskSaysNothingOrCompletesOnEveryCp
     EXPECT_NE(p.why.find("no block device 8:0"), std::string::npos) << p.why;
   }
   // procfs has no block device under it (tmpfs, overlay and NFS neither).
-  auto p = writer_placement::for_directory("/proc/self");
-  EXPECT_TRUE(p.cpus.empty());
-  EXPECT_EQ(p.why,
-            "/proc/self is on a file system without a single block device under it (tmpfs, "
-            "overlay, NFS, btrfs, ZFS)");
+  expect_nothing(writer_placement::for_directory("/proc/self"),
+                 "/proc/self is on a file system without a single block device under it (tmpfs, "
+                 "overlay, NFS, btrfs, ZFS)");
 }
 
 TEST(WriterPlacement, TheSettingChoosesAutoNoneOrTheCpusItNames) {
