@@ -85,6 +85,8 @@ void PreparedOptimizer::step() {
   auto run_step = [&slot] {
     if (slot.zero)
       slot.zero->step();
+    else if (slot.split && slot.split->step())
+      return;
     else if (!slot.fused || !detail::fused_step(*slot.optimizer))
       slot.optimizer->step();
   };
@@ -474,6 +476,26 @@ PreparedOptimizer Accelerator::prepare_optimizer(
     log::debug("ZeRO stage 1: optimizer " + std::to_string(impl_->optimizers_.size()) + " (" +
                c10::demangle(typeid(*slot->optimizer).name()) + ") sharded; rank " +
                std::to_string(process_index()) + " holds " + slot->zero->describe_shard());
+  }
+  const auto& split = env::worker_env().split_optimizer_step;
+  if (!slot->zero && slot->fused && num_processes() > 1 && split != "0") {
+    // Why a cache: the step asks for every parameter, every step; the set changes only when
+    // another model is prepared.
+    auto* impl = impl_.get();
+    auto known = std::make_shared<std::pair<std::size_t, std::unordered_set<const void*>>>(
+        std::size_t(-1), std::unordered_set<const void*>{});
+    slot->split = detail::SplitStep::create(
+        *slot->optimizer, state_,
+        [impl, known](const torch::Tensor& p) {
+          if (known->first != impl->models_.size()) {
+            known->second.clear();
+            for (auto* model : impl->models_)
+              for (auto& q : model->parameters()) known->second.insert(q.unsafeGetTensorImpl());
+            known->first = impl->models_.size();
+          }
+          return known->second.count(p.unsafeGetTensorImpl()) > 0;
+        },
+        /*any_size=*/split == "1");
   }
   impl_->optimizers_.push_back(slot);
   return PreparedOptimizer(std::move(slot), gradient_state_, impl_->scaler_);

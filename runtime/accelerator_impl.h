@@ -17,6 +17,7 @@
 #include "accel/accelerator.h"
 #include "runtime/checkpoint_snapshot.h"
 #include "runtime/grad_sync.h"
+#include "runtime/split_step.h"
 #include "runtime/tracking.h"
 #include "runtime/zero.h"
 
@@ -36,6 +37,8 @@ struct OptimizerSlot {
   int64_t own_steps = -1;
   bool fused = true;                    // AcceleratorOptions::fused_optimizer
   std::unique_ptr<ZeroOptimizer> zero;  // ZeRO stage 1 (zero.h); null without it
+  // The step split between the machine's ranks (split_step.h); null where it cannot be.
+  std::unique_ptr<SplitStep> split;
   // ZeRO: throws UsageError for a parameter outside every prepared model; run at the first step
   // (the models may be prepared after the optimizer), then cleared.
   std::function<void()> check_membership;

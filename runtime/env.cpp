@@ -230,6 +230,11 @@ WorkerEnv read_worker_env(const Lookup& outer) {
       bad(c::kShmAllreduce, *algorithm, "split or copy");
     e.shm_allreduce = *algorithm;
   }
+  if (auto split = r.text({c::kSplitOptimizerStep})) {
+    if (*split != "auto" && *split != "1" && *split != "0")
+      bad(c::kSplitOptimizerStep, *split, "auto, 1 or 0");
+    e.split_optimizer_step = *split;
+  }
   if (auto cpus = r.text({c::kCheckpointWriterCpus})) {
     if (!writer_placement::valid_setting(*cpus))
       bad(c::kCheckpointWriterCpus, *cpus, writer_placement::kSettingExpected);

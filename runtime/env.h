@@ -54,6 +54,9 @@ struct WorkerEnv {
   // ACCEL_SHM_ALLREDUCE: "split" or "copy" forces that algorithm; "" (unset): timed at prepare
   // (Comm::choose_allreduce).
   std::string shm_allreduce;
+  // ACCEL_SPLIT_OPTIMIZER_STEP: "auto", "1" or "0": whether a machine's ranks split the fused
+  // optimizer step (split_step.h).
+  std::string split_optimizer_step = "auto";
   // ACCEL_CHECKPOINT_WRITER_CPUS as given ("" when unset: auto); checked to be auto, any or a
   // CPU list (writer_placement::valid_setting).
   std::string checkpoint_writer_cpus;

@@ -9,6 +9,7 @@
 #include <torch/types.h>
 #include <torch/utils.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -25,6 +26,10 @@ namespace o = torch::optim;
 
 // Why: below this many elements a thread costs more than it saves (ATen's GRAIN_SIZE).
 constexpr int64_t kGrain = 32768;
+// Why: an update with a `written` callback goes in pieces of this many elements, so that what the
+// callback reads (the piece of the parameter just written: 128 KiB of float) is still in the
+// core's own cache, with the piece's gradient and state (4 x 128 KiB in all for Adam).
+constexpr int64_t kPiece = 32768;
 
 bool same_layout(const torch::Tensor& t, const torch::Tensor& p) {
   return t.defined() && t.device().is_cpu() && t.layout() == torch::kStrided &&
@@ -129,15 +134,33 @@ void adam_range_plain(T* p, const T* g, T* m, T* v, int64_t begin, int64_t end,
   adam_variants<T, false>(p, g, m, v, begin, end, c, decoupled, l2);
 }
 
+// Runs `body` over the elements `range` names (of `numel`): in one parallel_for, or, with a
+// `written` callback, in pieces of kPiece elements, each followed by the callback.
+void for_range(int64_t numel, const UpdateRange& range,
+               const std::function<void(int64_t, int64_t)>& body) {
+  const int64_t begin = std::clamp<int64_t>(range.begin, 0, numel);
+  const int64_t end = range.end < 0 ? numel : std::clamp<int64_t>(range.end, begin, numel);
+  if (!range.written) {
+    at::parallel_for(begin, end, kGrain, body);
+    return;
+  }
+  for (int64_t b = begin; b < end; b += kPiece) {
+    const int64_t e = std::min(end, b + kPiece);
+    at::parallel_for(b, e, kGrain, body);
+    range.written(b, e);
+  }
+}
+
 template <class T>
 void adam_param(const torch::Tensor& param, const torch::Tensor& grad, const torch::Tensor& exp_avg,
-                const torch::Tensor& exp_avg_sq, const AdamCoeffs<T>& c, bool decoupled, bool l2) {
+                const torch::Tensor& exp_avg_sq, const AdamCoeffs<T>& c, bool decoupled, bool l2,
+                const UpdateRange& range) {
   T* p = param.data_ptr<T>();
   const T* g = grad.data_ptr<T>();
   T* m = exp_avg.data_ptr<T>();
   T* v = exp_avg_sq.data_ptr<T>();
   const bool fma = cpu_has_fma();
-  at::parallel_for(0, param.numel(), kGrain, [&](int64_t begin, int64_t end) {
+  for_range(param.numel(), range, [&](int64_t begin, int64_t end) {
     if (fma)
       adam_range_fma<T>(p, g, m, v, begin, end, c, decoupled, l2);
     else
@@ -285,7 +308,7 @@ SgdRule sgd_rule(const torch::optim::OptimizerParamGroup& group) {
 
 void fused_adam_update(const torch::Tensor& param, const torch::Tensor& grad,
                        const torch::Tensor& exp_avg, const torch::Tensor& exp_avg_sq, int64_t step,
-                       const AdamRule& r) {
+                       const AdamRule& r, const UpdateRange& range) {
   const double bias1 = 1 - std::pow(r.beta1, step);
   const double bias2 = 1 - std::pow(r.beta2, step);
   auto run = [&](auto zero) {
@@ -301,7 +324,7 @@ void fused_adam_update(const torch::Tensor& param, const torch::Tensor& grad,
     c.eps = static_cast<T>(r.eps);
     c.neg_step_size = static_cast<T>(-(r.lr / bias1));
     adam_param<T>(param, grad, exp_avg, exp_avg_sq, c, r.decoupled && r.weight_decay != 0,
-                  !r.decoupled && r.weight_decay != 0);
+                  !r.decoupled && r.weight_decay != 0, range);
   };
   if (param.scalar_type() == torch::kFloat)
     run(float{});
@@ -310,7 +333,8 @@ void fused_adam_update(const torch::Tensor& param, const torch::Tensor& grad,
 }
 
 void fused_sgd_update(const torch::Tensor& param, const torch::Tensor& grad,
-                      const torch::Tensor& momentum_buffer, bool first, const SgdRule& r) {
+                      const torch::Tensor& momentum_buffer, bool first, const SgdRule& r,
+                      const UpdateRange& range) {
   auto run = [&](auto zero) {
     using T = decltype(zero);
     SgdCoeffs<T> c{};
@@ -326,7 +350,7 @@ void fused_sgd_update(const torch::Tensor& param, const torch::Tensor& grad,
     const T* g = grad.data_ptr<T>();
     T* b = c.has_momentum ? momentum_buffer.data_ptr<T>() : nullptr;
     const bool fma = cpu_has_fma();
-    at::parallel_for(0, param.numel(), kGrain, [&](int64_t begin, int64_t end) {
+    for_range(param.numel(), range, [&](int64_t begin, int64_t end) {
       if (fma)
         sgd_range_fma<T>(pp, g, b, begin, end, c);
       else

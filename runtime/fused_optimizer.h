@@ -15,6 +15,9 @@
 
 #include <torch/optim/optimizer.h>
 
+#include <cstdint>
+#include <functional>
+
 namespace accel::detail {
 
 // Steps `optimizer` with the fused loop when it is exactly torch::optim::Adam or AdamW (amsgrad
@@ -37,12 +40,22 @@ struct SgdRule {
 // A group of a torch::optim::AdamW (decoupled) or Adam; of a torch::optim::SGD.
 AdamRule adam_rule(const torch::optim::OptimizerParamGroup& group, bool decoupled);
 SgdRule sgd_rule(const torch::optim::OptimizerParamGroup& group);
+// Which elements an update touches: [begin, end) of the (flattened) tensors, all of them by
+// default; `written(b, e)`, where given, runs after elements [b, e) of the parameter were
+// written, in order, a few hundred KiB at a time (while they are still in the cache), on the
+// calling thread.
+struct UpdateRange {
+  int64_t begin = 0;
+  int64_t end = -1;  // -1: to the end
+  std::function<void(int64_t, int64_t)> written;
+};
 // One step; `step` counts this one (1 on the first).
 void fused_adam_update(const torch::Tensor& param, const torch::Tensor& grad,
                        const torch::Tensor& exp_avg, const torch::Tensor& exp_avg_sq, int64_t step,
-                       const AdamRule& rule);
+                       const AdamRule& rule, const UpdateRange& range = {});
 // `momentum_buffer`: undefined without momentum; `first`: it holds nothing yet (set to d_p).
 void fused_sgd_update(const torch::Tensor& param, const torch::Tensor& grad,
-                      const torch::Tensor& momentum_buffer, bool first, const SgdRule& rule);
+                      const torch::Tensor& momentum_buffer, bool first, const SgdRule& rule,
+                      const UpdateRange& range = {});
 
 }  // namespace accel::detail

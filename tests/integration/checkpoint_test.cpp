@@ -301,6 +301,31 @@ TEST(Checkpoint, ZeroStageOneTrainsAndResumesToTheUnshardedRunsWeights) {
                                "ZeRO stage 1: optimizer 0");
 }
 
+// The optimizer step split between the ranks (forced: this model is below the default's floor)
+// trains to the whole step's weights, bitwise; a worker killed after the first checkpoint resumes
+// to them too (each rank moves its elements of the loaded optimizer state into the machine's one
+// copy at the first step).
+TEST(Checkpoint, TheSplitOptimizerStepTrainsAndResumesToTheWholeStepsWeights) {
+  TempDir dir;
+  std::map<std::string, std::string> env{{"OMP_NUM_THREADS", "1"}};
+  auto [expected, duration] = uninterrupted_run(dir, env);
+  ASSERT_GT(expected.size(), 1000u);
+  auto split = env;
+  split["ACCEL_SPLIT_OPTIMIZER_STEP"] = "1";
+  split["ACCEL_LOG_LEVEL"] = "debug";
+  std::vector<std::string> args = {"-n", "2", "--"};
+  auto a = classifier_args(dir / "split");
+  args.insert(args.end(), a.begin(), a.end());
+  auto r = run_launcher(dir, args, 120s, split);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find("optimizer step split between this machine's 2 ranks"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(file_bytes(dir.path() / "split" / "model.safetensors"), expected)
+      << "the split step ended with other weights than the whole one";
+  expect_killed_runs_resume_to(expected, duration, split, {2u}, {},
+                               "optimizer step split between this machine's 2 ranks");
+}
+
 // One process saves checkpoint_0, trains, and saves checkpoint_1 (in the background when `async`,
 // training 3 more steps meanwhile) with a SIGKILL at its I/O operation k, for every k: the newest
 // checkpoint must load, and be checkpoint_0 or checkpoint_1 with their weights.

@@ -9,6 +9,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "accel/accel.h"
@@ -172,6 +173,49 @@ TEST(FusedOptimizer, GivesTheSameBitsOnOneThreadAndMany) {
   at::set_num_threads(before);
   for (std::size_t i = 0; i < base.size(); ++i)
     EXPECT_TRUE(torch::equal(results[0][i], results[1][i]));
+}
+
+// An update of a range of elements (what each rank of a split step runs) changes exactly those
+// elements, as the whole update changes them, and reports them written in order, in pieces that
+// cover the range once.
+TEST(FusedOptimizer, UpdatesARangeAsTheWholeUpdateAndSaysWhatItWrote) {
+  torch::manual_seed(3);
+  const int64_t n = 100'000, lo = 1'234, hi = 90'001;
+  auto p = torch::randn({n}), g = torch::randn({n});
+  auto m = torch::randn({n}).abs(), v = torch::randn({n}).abs();
+  const detail::AdamRule adam{1e-2, 0.9, 0.999, 1e-8, 0.01, true};
+  const detail::SgdRule sgd{1e-2, 0.9, 0.0, 1e-3, true};
+  for (bool is_adam : {true, false}) {
+    SCOPED_TRACE(is_adam ? "AdamW" : "SGD");
+    auto wp = p.clone(), wm = m.clone(), wv = v.clone();  // the whole update
+    auto rp = p.clone(), rm = m.clone(), rv = v.clone();  // the range
+    std::vector<std::pair<int64_t, int64_t>> pieces;
+    detail::UpdateRange range{
+        lo, hi, [&](int64_t b, int64_t e) {
+          // Written by now: the piece holds the whole update's values.
+          EXPECT_TRUE(torch::equal(rp.narrow(0, b, e - b), wp.narrow(0, b, e - b)));
+          pieces.emplace_back(b, e);
+        }};
+    if (is_adam) {
+      detail::fused_adam_update(wp, g, wm, wv, 3, adam);
+      detail::fused_adam_update(rp, g, rm, rv, 3, adam, range);
+    } else {
+      detail::fused_sgd_update(wp, g, wm, false, sgd);
+      detail::fused_sgd_update(rp, g, rm, false, sgd, range);
+    }
+    ASSERT_GT(pieces.size(), 1u);
+    EXPECT_EQ(pieces.front().first, lo);
+    EXPECT_EQ(pieces.back().second, hi);
+    for (std::size_t i = 1; i < pieces.size(); ++i)
+      EXPECT_EQ(pieces[i].first, pieces[i - 1].second) << i;
+    for (const auto& [range_result, whole, before] :
+         {std::tuple{rp, wp, p}, std::tuple{rm, wm, m}, std::tuple{rv, wv, v}}) {
+      EXPECT_TRUE(torch::equal(range_result.narrow(0, lo, hi - lo), whole.narrow(0, lo, hi - lo)));
+      EXPECT_TRUE(torch::equal(range_result.narrow(0, 0, lo), before.narrow(0, 0, lo)));
+      EXPECT_TRUE(torch::equal(range_result.narrow(0, hi, n - hi), before.narrow(0, hi, n - hi)));
+    }
+    EXPECT_FALSE(torch::equal(rp, p)) << "nothing was updated";
+  }
 }
 
 struct MyAdamW : o::AdamW {

@@ -508,6 +508,11 @@ TEST(Env, ABadVariableIsNamedWithItsValue) {
             "accel: environment variable ACCEL_CHECKPOINT_WRITER_CPUS=\"fast\": expected auto, any "
             "or a list of CPUs such as 1 or 2-3,6");
   EXPECT_EQ(parse_env({{"ACCEL_CHECKPOINT_WRITER_CPUS", "2-3"}}).checkpoint_writer_cpus, "2-3");
+  EXPECT_EQ(
+      env_error({{"ACCEL_SPLIT_OPTIMIZER_STEP", "yes"}}),
+      "accel: environment variable ACCEL_SPLIT_OPTIMIZER_STEP=\"yes\": expected auto, 1 or 0");
+  EXPECT_EQ(parse_env({}).split_optimizer_step, "auto");
+  EXPECT_EQ(parse_env({{"ACCEL_SPLIT_OPTIMIZER_STEP", "0"}}).split_optimizer_step, "0");
 }
 
 TEST(Env, TheBackendAndAGroupOfOneAreRead) {

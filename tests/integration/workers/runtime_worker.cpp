@@ -435,11 +435,12 @@ torch::Tensor same_weights_everywhere(accel::Accelerator& acc, torch::nn::Module
 }
 
 int train(int argc, char** argv) {
-  REQUIRE(argc >= 6, "train OUT GLOBAL_BATCH STEPS MODE");
+  REQUIRE(argc >= 6, "train OUT GLOBAL_BATCH STEPS MODE [adamw|adam|sgd]");
   std::string out_file = argv[2];
   auto global = std::stol(argv[3]);
   auto steps = std::stol(argv[4]);
   std::string mode = argv[5];
+  const std::string optimizer = argc > 6 ? argv[6] : "adamw";
   accel::AcceleratorOptions opts;
   if (mode == "accumulate") opts.gradient_accumulation_steps = 2;
   if (mode == "throw_acc" || mode == "throw_plain")
@@ -462,8 +463,20 @@ int train(int argc, char** argv) {
   // "tied": fc2 registered under a second name, so parameters() lists its tensors twice (as
   // libtorch does for tied weights); each must step once.
   if (mode == "tied") model->register_module("fc2_again", model->fc2);
-  auto opt =
-      std::make_shared<torch::optim::AdamW>(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  // "adam": Adam's L2 weight decay (in the gradient); "sgd": Nesterov momentum with decay.
+  std::shared_ptr<torch::optim::Optimizer> opt;
+  if (optimizer == "adam") {
+    opt = std::make_shared<torch::optim::Adam>(model->parameters(),
+                                               torch::optim::AdamOptions(1e-2).weight_decay(0.1));
+  } else if (optimizer == "sgd") {
+    opt = std::make_shared<torch::optim::SGD>(
+        model->parameters(),
+        torch::optim::SGDOptions(1e-2).momentum(0.9).nesterov(true).weight_decay(1e-3));
+  } else {
+    REQUIRE(optimizer == "adamw", "optimizer " + optimizer);
+    opt = std::make_shared<torch::optim::AdamW>(model->parameters(),
+                                                torch::optim::AdamWOptions(1e-2));
+  }
   // "frozen": fc1 frozen (in the optimizer all the same, as HF programs often leave it), and
   // after prepare() set to a value of each rank's own: no step may change it.
   if (mode == "frozen")
@@ -534,7 +547,7 @@ int train(int argc, char** argv) {
   // fresh optimizer, in parameter order.
   if (mode == "wide") {
     auto saved = acc.save_state(out_file + ".checkpoint");
-    if (acc.is_main_process()) {
+    if (acc.is_main_process() && optimizer == "adamw") {
       auto fresh = std::make_shared<NetImpl>(1300);
       torch::optim::AdamW loaded(fresh->parameters(), torch::optim::AdamWOptions(1e-2));
       const auto file = (saved / "optimizer.safetensors").string();
