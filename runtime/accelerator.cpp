@@ -606,11 +606,17 @@ void Accelerator::clip_grad_value_(const std::vector<torch::Tensor>& parameters,
 
 void Accelerator::free_memory() {
   // ZeRO: each optimizer gets its whole state back (a collective), so preparing it again, or
-  // using it alone, continues from it.
+  // using it alone, continues from it. The split step needs no barrier: each of its steps
+  // ends with one, after which no rank writes the shared state until every rank steps again.
   for (auto& slot : impl_->optimizers_) {
     if (slot->zero) {
       slot->zero->gather_state(/*install=*/true);
       slot->zero.reset();
+    }
+    // The split step: each optimizer's state gets its own memory back, so that it steps alone.
+    if (slot->split) {
+      slot->split->unshare();
+      slot->split.reset();
     }
   }
   impl_->snapshot_->release();  // the buffers a background save keeps between saves

@@ -276,6 +276,28 @@ std::vector<at::Tensor> Comm::shared_zeros(
   return out;
 }
 
+at::Tensor Comm::machine_zeros(int64_t numel, const at::TensorOptions& options,
+                               const std::string& what) {
+  if (!shm_ || world_size_ < 2 || !options.device().is_cpu() || numel <= 0) return {};
+  const auto world = static_cast<std::size_t>(world_size_);
+  const std::size_t item = options.dtype().itemsize();
+  const std::size_t share = (static_cast<std::size_t>(numel) + world - 1) / world * item;
+  // Why whole pages: the block's parts are then exactly this long and lie back to back, so the
+  // buffer runs on from rank 0's part through the others', each reserved by its own rank.
+  const std::size_t per_rank = (share + 4095) / 4096 * 4096;
+  Pending p = start("share", per_rank);
+  std::string why;
+  std::shared_ptr<ShmGroup::Block> block;
+  guarded(p, [&] { block = shm_->share(per_rank, {p.op, p.seq, p.bytes}, &why); });
+  wait(p);
+  if (!block) {
+    if (rank_ == 0) log::info(what + " stay in private memory (" + why + ")");
+    return {};
+  }
+  return at::from_blob(
+      shm_->part(*block, 0), {numel}, [block](void*) {}, options);
+}
+
 namespace {
 constexpr std::size_t kTimedFromBytes = 1u << 20;
 }  // namespace

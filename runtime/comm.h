@@ -84,6 +84,13 @@ class Comm {
   std::vector<at::Tensor> shared_zeros(
       const std::vector<std::pair<int64_t, at::TensorOptions>>& buffers, const std::string& what);
 
+  // One zeroed CPU buffer for the whole machine, at its own address in every rank: the same
+  // memory, each rank's writes seen by all (order them with collectives). Each rank reserves
+  // 1/world of its pages. Collective. Undefined where there is no shared memory between all the
+  // ranks (one process, several machines, /dev/shm too small; `what` names it in rank 0's line).
+  at::Tensor machine_zeros(int64_t numel, const at::TensorOptions& options,
+                           const std::string& what);
+
   // Rank r's copy of `t`, a tensor in a shared_zeros() buffer, on a job whose ranks all share
   // this machine's memory: a view of that rank's memory at the same place, valid while `t` is.
   // Reading it is only safe between collectives that order the writer and the reader (a barrier

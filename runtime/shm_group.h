@@ -82,6 +82,8 @@ class ShmGroup {
   void* peer_data(const at::Tensor& tensor, int r);
   // This rank's part of `block`.
   void* my_part(const Block& block) const { return data(block, rank_); }
+  // Rank r's part of `block`; the parts lie back to back, rank 0's first.
+  void* part(const Block& block, int r) const { return data(block, r); }
 
   // How an all-reduce is done: split (the default) reduces a shared block's tensor in place and
   // a private one above a threshold through the slots, each rank 1/n of it; copy copies every

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <optional>
 #include <typeinfo>
+#include <unordered_set>
 
 #include "runtime/fused_optimizer.h"
 #include "runtime/log.h"
@@ -78,10 +79,17 @@ SplitStep::Check SplitStep::check() const {
   Check need = kReady;
   std::size_t i = 0;
   std::optional<torch::ScalarType> dtype;
+  std::unordered_set<const void*> seen;
   const auto& groups = optimizer_.param_groups();
   for (std::size_t g = 0; g < groups.size(); ++g) {
     if (amsgrad(groups[g])) return kRefuse;
+    // SGD placed without momentum has no home for a momentum buffer.
+    if (kind_ == Kind::kSgd && sgd_rule(groups[g]).momentum != 0 && state_home_.empty())
+      need = kPlace;
     for (const auto& p : groups[g].params()) {
+      // Why refused: a tensor listed twice (added again after prepare()) would be placed twice,
+      // and one of its slices written where no rank's parameter lies.
+      if (!seen.insert(p.unsafeGetTensorImpl()).second) return kRefuse;
       const auto s = p.scalar_type();
       if (!p.device().is_cpu() || p.layout() != torch::kStrided || !p.is_contiguous() ||
           p.is_inference() || (s != torch::kFloat && s != torch::kDouble) ||
@@ -111,8 +119,9 @@ SplitStep::Check SplitStep::check() const {
       if (i >= params_.size() || params_[i].impl != p.unsafeGetTensorImpl() ||
           params_[i].group != g || params_[i].numel != p.numel() || !flat_.defined() ||
           flat_.scalar_type() != s ||
-          p.data_ptr() != static_cast<char*>(flat_.data_ptr()) +
-                              params_[i].offset * static_cast<int64_t>(flat_.element_size()))
+          (p.numel() > 0 &&  // an empty tensor's data_ptr() is null
+           p.data_ptr() != static_cast<char*>(flat_.data_ptr()) +
+                               params_[i].offset * static_cast<int64_t>(flat_.element_size())))
         need = kPlace;
       ++i;
     }
@@ -123,8 +132,7 @@ SplitStep::Check SplitStep::check() const {
 
 bool SplitStep::place() {
   torch::NoGradGuard no_grad;
-  params_.clear();
-  total_ = 0;
+  unshare();
   std::optional<torch::ScalarType> dtype;
   const auto& groups = optimizer_.param_groups();
   for (std::size_t g = 0; g < groups.size(); ++g) {
@@ -134,31 +142,27 @@ bool SplitStep::place() {
       total_ += p.numel();
     }
   }
-  flat_ = torch::Tensor();
-  peers_.clear();
-  state_home_.clear();
   if (total_ == 0) return false;
   const auto options = torch::TensorOptions().dtype(*dtype);
   const int world = comm().world_size(), rank = comm().rank();
   auto flat = comm().shared_zeros({{total_, options}}, "the split optimizer step's parameters")[0];
-  const std::size_t states = kind_ == Kind::kSgd ? 1 : 2;
-  auto state = comm().shared_zeros(
-      std::vector<std::pair<int64_t, torch::TensorOptions>>(states, {total_, options}),
-      "the split optimizer step's state");
+  // AdamW: exp_avg, exp_avg_sq; SGD: the momentum buffer, if a group has momentum.
+  std::size_t states = 2;
+  if (kind_ == Kind::kSgd) {
+    states = 0;
+    for (const auto& group : groups) states = sgd_rule(group).momentum != 0 ? 1 : states;
+  }
+  std::vector<torch::Tensor> homes;
+  for (std::size_t k = 0; k < states; ++k)
+    homes.push_back(comm().machine_zeros(total_, options, "the split optimizer step's state"));
   // Private memory (no room in /dev/shm) on every rank alike: nothing to write into.
-  if (!comm().peer_part(flat, 0).defined() || !comm().peer_part(state[0], 0).defined())
-    return false;
+  if (!comm().peer_part(flat, 0).defined()) return false;
+  for (const auto& home : homes)
+    if (!home.defined()) return false;
   for (int r = 0; r < world; ++r) {
     if (r != rank) peers_.push_back(static_cast<char*>(comm().peer_part(flat, r).data_ptr()));
   }
-  for (const auto& mine : state) {
-    // Why the deleter keeps `mine`: it holds the block, which rank 0's part lies in too; the
-    // optimizer's state tensors may outlive this object.
-    state_home_.push_back(
-        rank == 0 ? mine
-                  : torch::from_blob(
-                        comm().peer_part(mine, 0).data_ptr(), {total_}, [mine](void*) {}, options));
-  }
+  state_home_ = std::move(homes);
   std::size_t i = 0;
   for (const auto& group : groups) {
     for (const auto& p : group.params()) {
@@ -279,8 +283,12 @@ bool SplitStep::step() {
   auto agreed = torch::tensor({static_cast<int>(check())}, torch::kInt);
   comm().allreduce(agreed, c10d::ReduceOp::MAX);
   const int need = agreed.item<int>();
-  if (need == kRefuse) return false;
+  if (need == kRefuse) {
+    unshare();
+    return false;
+  }
   if (need == kPlace && !place()) {
+    unshare();
     off_ = true;
     return false;
   }
@@ -298,6 +306,38 @@ bool SplitStep::step() {
   }
   comm().barrier();
   return true;
+}
+
+void SplitStep::unshare() {
+  torch::NoGradGuard no_grad;
+  auto shared = [&](const torch::Tensor& t) {
+    if (!t.defined() || t.numel() == 0) return false;
+    const auto* p = static_cast<const char*>(t.data_ptr());
+    for (const auto& home : state_home_) {
+      const auto* begin = static_cast<const char*>(home.data_ptr());
+      if (p >= begin && p < begin + home.numel() * static_cast<int64_t>(home.element_size()))
+        return true;
+    }
+    return false;
+  };
+  for (auto& [key, held] : optimizer_.state()) {
+    if (auto* s = dynamic_cast<o::SGDParamState*>(held.get())) {
+      if (shared(s->momentum_buffer())) s->momentum_buffer(s->momentum_buffer().clone());
+      continue;
+    }
+    with_adam_state(held.get(), kind_ == Kind::kAdamW, [&](auto* a) {
+      if (a == nullptr) return;
+      if (shared(a->exp_avg())) a->exp_avg(a->exp_avg().clone());
+      if (shared(a->exp_avg_sq())) a->exp_avg_sq(a->exp_avg_sq().clone());
+    });
+  }
+  // The parameters stay in this rank's part of their block (their own memory); the next split
+  // step places them again, with everything else.
+  state_home_.clear();
+  peers_.clear();
+  params_.clear();
+  flat_ = torch::Tensor();
+  total_ = 0;
 }
 
 std::string SplitStep::describe() const {

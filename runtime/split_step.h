@@ -59,6 +59,14 @@ class SplitStep {
   // "elements [a, b) of N" once placed, for the debug line.
   std::string describe() const;
 
+  // Gives every state tensor of the optimizer that lies in the machine's shared copy a private
+  // copy of its own, and forgets the placement (a later step() places again). Run where the
+  // optimizer steps unsplit from now on (a refusal, free_memory()): each rank's whole step would
+  // otherwise update the one copy at once. Reads the shared copy only, so it needs no barrier
+  // while no rank writes it: between the entry collective and the update, or on every rank after
+  // the last step.
+  void unshare();
+
  private:
   enum class Kind { kAdam, kAdamW, kSgd };
   enum Check : int { kReady = 0, kPlace = 1, kRefuse = 2 };
@@ -98,7 +106,7 @@ class SplitStep {
   int64_t mine_begin_ = 0, mine_end_ = 0;  // this rank's elements of the sequence
   torch::Tensor flat_;                     // this rank's parameters, in its part of the block
   std::vector<char*> peers_;               // every other rank's copy of flat_
-  std::vector<torch::Tensor> state_home_;  // rank 0's part of the state block, per state tensor
+  std::vector<torch::Tensor> state_home_;  // the machine's one copy of each state tensor
 };
 
 }  // namespace accel::detail

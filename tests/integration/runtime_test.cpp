@@ -265,9 +265,11 @@ TEST(Runtime, ZeroStageOneTrainsBitwiseLikeTheUnshardedRun) {
 // one copy per machine. Every element's update is the whole step's arithmetic, so the weights
 // are bitwise those of every rank running the whole step (ACCEL_SPLIT_OPTIMIZER_STEP=0): with
 // AdamW, Adam's L2 decay and Nesterov SGD, gradient accumulation, tied weights, frozen
-// parameters each rank holds its own values of, gradients dropped after each step, and on 3
-// processes (the slices then cut parameters apart). "wide" also compares the optimizer state its
-// checkpoint holds, which every rank's optimizer.state() must show whole.
+// parameters each rank holds its own values of, gradients dropped after each step, a tensor of
+// no prepared model added to the optimizer after 3 steps (from then on every rank steps whole,
+// on its own copy of the state), and on 3 processes (the slices then cut parameters apart). "wide"
+// also compares the optimizer state its checkpoint holds, which every rank's optimizer.state() must
+// show whole.
 TEST(Runtime, TheSplitOptimizerStepTrainsBitwiseLikeEveryRanksWholeStep) {
   TempDir dir;
   struct Case {
@@ -275,9 +277,10 @@ TEST(Runtime, TheSplitOptimizerStepTrainsBitwiseLikeEveryRanksWholeStep) {
     int n;
   };
   const std::vector<Case> cases = {
-      {"plain", "adamw", 2},      {"plain", "adam", 3}, {"plain", "sgd", 2},
-      {"accumulate", "adamw", 2}, {"wide", "adamw", 2}, {"wide", "adamw", 3},
-      {"tied", "adamw", 2},       {"frozen", "sgd", 3}, {"set_to_none", "adamw", 2}};
+      {"plain", "adamw", 2},      {"plain", "adam", 3},   {"plain", "sgd", 2},
+      {"accumulate", "adamw", 2}, {"wide", "adamw", 2},   {"wide", "adamw", 3},
+      {"tied", "adamw", 2},       {"frozen", "sgd", 3},   {"set_to_none", "adamw", 2},
+      {"add_group", "adamw", 2},  {"add_group", "sgd", 3}};
   for (const auto& c : cases) {
     const std::string name = c.mode + "-" + c.optimizer + "-" + std::to_string(c.n);
     const std::string whole = dir / ("whole-" + name), split = dir / ("split-" + name);

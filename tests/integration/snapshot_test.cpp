@@ -57,7 +57,8 @@ int64_t newest_snapshot(const fs::path& folder) {
 // further back than the newest snapshot seen before the kill, and end with `expected`.
 void expect_resumes_from_memory(const std::string& expected, const std::vector<std::string>& extra,
                                 std::initializer_list<unsigned> seeds,
-                                std::map<std::string, std::string> env = {}) {
+                                std::map<std::string, std::string> env = {},
+                                const std::string& expect_in_err = "") {
   env["OMP_NUM_THREADS"] = "1";
   for (unsigned seed : seeds) {
     std::mt19937 rng(seed);
@@ -84,6 +85,7 @@ void expect_resumes_from_memory(const std::string& expected, const std::vector<s
     ::kill(workers[static_cast<std::size_t>(victim)], SIGKILL);
     auto r = job.wait(180s);
     ASSERT_EQ(r.exit_code, 0) << "seed " << seed << "\n" << r.out << r.err;
+    if (!expect_in_err.empty()) EXPECT_NE(r.err.find(expect_in_err), std::string::npos) << r.err;
     std::smatch m;
     const std::regex resumed(R"(accel: resumed from the in-memory snapshot (\S+) at step (\d+))");
     ASSERT_TRUE(std::regex_search(r.out, m, resumed)) << "seed " << seed << "\n" << r.out << r.err;
@@ -145,7 +147,9 @@ TEST(Snapshots, WithTheSplitOptimizerStepTheResumedRunEndsWithTheWholeStepsWeigh
   TempDir dir;
   auto base = uninterrupted(dir);
   ASSERT_GT(base.model.size(), 1000u);
-  expect_resumes_from_memory(base.model, {}, {5u}, {{"ACCEL_SPLIT_OPTIMIZER_STEP", "1"}});
+  expect_resumes_from_memory(base.model, {}, {5u},
+                             {{"ACCEL_SPLIT_OPTIMIZER_STEP", "1"}, {"ACCEL_LOG_LEVEL", "debug"}},
+                             "optimizer step split between this machine's 2 ranks");
 }
 
 // A lost node: 2 nodes x 2 processes under standing agents, snapshots at every step and no disk

@@ -519,6 +519,12 @@ int train(int argc, char** argv) {
       o.step();
       o.zero_grad();
     }
+    // "add_group": after 3 steps the optimizer gets a tensor of no prepared model (which never
+    // gets a gradient); a split step must then step whole, as it would have all along.
+    if (mode == "add_group" && micro_step == 2) {
+      o.inner().add_param_group(
+          torch::optim::OptimizerParamGroup({torch::zeros({4}, torch::requires_grad())}));
+    }
     ++micro_step;
   }
   REQUIRE(micro_step == steps * micro, "micro-steps " + std::to_string(micro_step));
