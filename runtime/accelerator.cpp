@@ -480,13 +480,16 @@ PreparedOptimizer Accelerator::prepare_optimizer(
   const auto& split = env::worker_env().split_optimizer_step;
   if (!slot->zero && slot->fused && num_processes() > 1 && split != "0") {
     // Why a cache: the step asks for every parameter, every step; the set changes only when
-    // another model is prepared.
+    // another model is prepared. Why `alive`: a prepared optimizer may outlive its Accelerator
+    // (every rank's then alike: no parameter counts as averaged, and the step runs whole).
     auto* impl = impl_.get();
+    std::weak_ptr<Accelerator*> alive = impl_->self_;
     auto known = std::make_shared<std::pair<std::size_t, std::unordered_set<const void*>>>(
         std::size_t(-1), std::unordered_set<const void*>{});
     slot->split = detail::SplitStep::create(
         *slot->optimizer, state_,
-        [impl, known](const torch::Tensor& p) {
+        [impl, alive, known](const torch::Tensor& p) {
+          if (alive.expired()) return false;
           if (known->first != impl->models_.size()) {
             known->second.clear();
             for (auto* model : impl->models_)
