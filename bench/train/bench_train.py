@@ -180,23 +180,29 @@ def main():
 
     results, phases = {}, {}
     models = a.models.split(",")
+    # Why each side's 1- and 2-process runs alternate, back to back: a scaling efficiency divides
+    # one by the other, and a VM's speed drifts by more than the targets' margins within minutes.
+    def train(model, side, n):
+        if side == "ddp":
+            return ddp_train(model, n, ddp_env)
+        if side == "accel-libtorch":
+            return accel_train(a.build, model, n, "libtorch")
+        env = {"accel-copy": {"ACCEL_SHM_ALLREDUCE": "copy"},
+               "accel-whole": {"ACCEL_SPLIT_OPTIMIZER_STEP": "0"}}.get(side)
+        return accel_train(a.build, model, n, env_extra=env)
+
     for model in models:
-        for n in (1, 2):
-            sides = [("accel", lambda: accel_train(a.build, model, n)),
-                     ("accel-libtorch", lambda: accel_train(a.build, model, n, "libtorch")),
-                     ("ddp", lambda: ddp_train(model, n, ddp_env))]
-            if n == 2:
-                sides.append(("accel-copy", lambda: accel_train(a.build, model, n,
-                                                                 env_extra={"ACCEL_SHM_ALLREDUCE": "copy"})))
-                sides.append(("accel-whole", lambda: accel_train(a.build, model, n,
-                                                                  env_extra={"ACCEL_SPLIT_OPTIMIZER_STEP": "0"})))
-            for side, fn in sides:
-                runs = [fn() for _ in range(a.runs)]
-                results[(model, n, side)] = (statistics.median(r["steps_per_s"] for r in runs),
-                                             statistics.median(r["samples_per_s"] for r in runs))
+        for side, ns in (("accel", (1, 2)), ("accel-libtorch", (1, 2)), ("ddp", (1, 2)), ("accel-copy", (2,)),
+                         ("accel-whole", (2,))):
+            runs = {n: [] for n in ns}
+            for _ in range(a.runs):
+                for n in ns:
+                    runs[n].append(train(model, side, n))
+            for n in ns:
+                results[(model, n, side)] = (statistics.median(r["steps_per_s"] for r in runs[n]),
+                                             statistics.median(r["samples_per_s"] for r in runs[n]))
                 if side == "accel":
-                    phases[(model, n)] = {k: statistics.median(r["phase_ms"][k] for r in runs)
-                                          for k in PHASES}
+                    phases[(model, n)] = {k: statistics.median(r["phase_ms"][k] for r in runs[n]) for k in PHASES}
     print("| model | processes | accel steps/s | accel samples/s | accel, libtorch step: steps/s | "
           "accel, unsplit all-reduce: steps/s | accel, whole optimizer step on every rank: steps/s | "
           "DDP steps/s | DDP samples/s | accel / DDP |")
