@@ -277,7 +277,13 @@ bool SplitStep::step() {
   int64_t elements = 0;
   for (const auto& group : optimizer_.param_groups())
     for (const auto& p : group.params()) elements += p.numel();
-  if (elements < min_elements_) return false;
+  if (elements < min_elements_) {
+    // Placed when it was larger (a parameter shrunk since): each rank's whole step needs its own
+    // state. No collective needed: the last split step ended with a barrier, and every rank
+    // counts the same elements.
+    if (!state_home_.empty()) unshare();
+    return false;
+  }
   // Why a collective first, also when this rank is ready: it is the barrier that keeps every
   // rank's writes out of the others' parameters and state until each has finished with them.
   auto agreed = torch::tensor({static_cast<int>(check())}, torch::kInt);

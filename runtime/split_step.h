@@ -7,11 +7,11 @@
 // (S = ceil(N / world)) with the fused rule (fused_optimizer.h), writing each updated piece into
 // its own parameters and, while the piece is still in its cache, into every other rank's. For
 // that the parameters move, at the first step, into a shared-memory block (each rank its own copy,
-// which the others can write), and the optimizer's state tensors are one copy per machine, in rank
-// 0's part of a second block, seen by every rank's optimizer.state(): each rank updates its
-// elements of it. The step opens with a collective that every rank reaches only after its own
-// work on the parameters is done (a background save's copies), and ends with a barrier, so no
-// rank sees another's writes outside its own step().
+// which the others can write), and the optimizer's state tensors are one copy per machine
+// (Comm::machine_zeros: each rank reserves 1/world of its pages), seen by every rank's
+// optimizer.state(): each rank updates its elements of it. The step opens with a collective that
+// every rank reaches only after its own work on the parameters is done (a background save's
+// copies), and ends with a barrier, so no rank sees another's writes outside its own step().
 //
 // Results: bitwise the unsplit fused step's (each element's update is the same arithmetic on the
 // same averaged gradient), and every rank's optimizer.state() holds the whole state, so saving,
@@ -82,7 +82,8 @@ class SplitStep {
   Comm& comm() const { return state_->comm(); }
   // What this rank needs before the step can run: nothing, placing, or the unsplit step.
   Check check() const;
-  // Collective: the parameters into a fresh shared block, the state's home in another. False on
+  // Collective: the parameters into a fresh shared block, the state's homes into the machine's
+  // one copy each. False on
   // every rank when /dev/shm has no room.
   bool place();
   // A view of the machine's one copy of state tensor `k` (0: exp_avg or momentum, 1: exp_avg_sq)
