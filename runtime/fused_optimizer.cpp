@@ -181,7 +181,7 @@ bool state_fusable(o::Optimizer& optimizer, const torch::Tensor& p) {
 
 // Adam (decoupled = false) and AdamW (true): their options and states have the same fields.
 template <class Options, class State>
-bool adam_step(o::Optimizer& optimizer, bool decoupled) {
+bool adam_fits(o::Optimizer& optimizer) {
   for (auto& group : optimizer.param_groups()) {
     auto& opts = static_cast<Options&>(group.options());
     if (opts.amsgrad()) return false;
@@ -189,6 +189,12 @@ bool adam_step(o::Optimizer& optimizer, bool decoupled) {
       if (!fusable_param(p) || !state_fusable<State>(optimizer, p)) return false;
     }
   }
+  return true;
+}
+
+// Adam (decoupled = false) and AdamW (true), once adam_fits said yes.
+template <class State>
+void adam_step(o::Optimizer& optimizer, bool decoupled) {
   torch::NoGradGuard no_grad;
   for (auto& group : optimizer.param_groups()) {
     const AdamRule rule = adam_rule(group, decoupled);
@@ -208,7 +214,6 @@ bool adam_step(o::Optimizer& optimizer, bool decoupled) {
       fused_adam_update(p, p.grad(), state.exp_avg(), state.exp_avg_sq(), state.step(), rule);
     }
   }
-  return true;
 }
 
 // Per element, libtorch 1.13's C++ SGD step (ATen's add with alpha rounds as an FMA, above):
@@ -248,7 +253,7 @@ void sgd_range_plain(T* p, const T* g, T* buf, int64_t begin, int64_t end, const
   sgd_body<T, false>(p, g, buf, begin, end, c);
 }
 
-bool sgd_step(o::Optimizer& optimizer) {
+bool sgd_fits(o::Optimizer& optimizer) {
   for (auto& group : optimizer.param_groups()) {
     for (auto& p : group.params()) {
       if (!fusable_param(p)) return false;
@@ -259,6 +264,10 @@ bool sgd_step(o::Optimizer& optimizer) {
         return false;
     }
   }
+  return true;
+}
+
+void sgd_step(o::Optimizer& optimizer) {
   torch::NoGradGuard no_grad;
   for (auto& group : optimizer.param_groups()) {
     auto& opts = static_cast<o::SGDOptions&>(group.options());
@@ -285,7 +294,6 @@ bool sgd_step(o::Optimizer& optimizer) {
       fused_sgd_update(p, p.grad(), buf, first, rule);
     }
   }
-  return true;
 }
 
 }  // namespace
@@ -365,15 +373,25 @@ void fused_sgd_update(const torch::Tensor& param, const torch::Tensor& grad,
     run(double{});
 }
 
-bool fused_step(torch::optim::Optimizer& optimizer) {
+bool fused_step_fits(torch::optim::Optimizer& optimizer) {
   // Exact types only: a subclass may have its own step().
   const auto& type = typeid(optimizer);
-  if (type == typeid(o::AdamW))
-    return adam_step<o::AdamWOptions, o::AdamWParamState>(optimizer, true);
-  if (type == typeid(o::Adam))
-    return adam_step<o::AdamOptions, o::AdamParamState>(optimizer, false);
-  if (type == typeid(o::SGD)) return sgd_step(optimizer);
+  if (type == typeid(o::AdamW)) return adam_fits<o::AdamWOptions, o::AdamWParamState>(optimizer);
+  if (type == typeid(o::Adam)) return adam_fits<o::AdamOptions, o::AdamParamState>(optimizer);
+  if (type == typeid(o::SGD)) return sgd_fits(optimizer);
   return false;
+}
+
+bool fused_step(torch::optim::Optimizer& optimizer) {
+  if (!fused_step_fits(optimizer)) return false;
+  const auto& type = typeid(optimizer);
+  if (type == typeid(o::AdamW))
+    adam_step<o::AdamWParamState>(optimizer, true);
+  else if (type == typeid(o::Adam))
+    adam_step<o::AdamParamState>(optimizer, false);
+  else
+    sgd_step(optimizer);
+  return true;
 }
 
 }  // namespace accel::detail

@@ -25,6 +25,8 @@ namespace accel::detail {
 // with a dense contiguous gradient (and state) of the same dtype. Returns false, having changed
 // nothing, otherwise: the caller then runs optimizer.step().
 bool fused_step(torch::optim::Optimizer& optimizer);
+// Whether fused_step would step `optimizer` now (what it checks before changing anything).
+bool fused_step_fits(torch::optim::Optimizer& optimizer);
 
 // The pieces fused_step is made of, for ZeRO (runtime/zero.h), which updates one contiguous slice
 // of a parameter with the slices of its state. Every tensor: CPU, contiguous, the parameter's

@@ -23,18 +23,6 @@ namespace {
 
 namespace o = torch::optim;
 
-bool dense_like(const torch::Tensor& t, const torch::Tensor& p) {
-  return t.defined() && t.device().is_cpu() && t.layout() == torch::kStrided &&
-         t.scalar_type() == p.scalar_type() && t.is_contiguous() && t.sizes() == p.sizes() &&
-         !t.is_inference();
-}
-
-bool amsgrad(const o::OptimizerParamGroup& group) {
-  if (auto* w = dynamic_cast<const o::AdamWOptions*>(&group.options())) return w->amsgrad();
-  if (auto* a = dynamic_cast<const o::AdamOptions*>(&group.options())) return a->amsgrad();
-  return false;
-}
-
 // Adam's and AdamW's states have the same fields; `Fn` gets the one the optimizer keeps.
 template <class Fn>
 void with_adam_state(o::OptimizerParamState* s, bool decoupled, Fn&& fn) {
@@ -76,13 +64,14 @@ SplitStep::SplitStep(torch::optim::Optimizer& optimizer, std::shared_ptr<State> 
       min_elements_(min_elements) {}
 
 SplitStep::Check SplitStep::check() const {
+  // What the fused step takes (options, gradients, state), and below what placing needs besides.
+  if (!fused_step_fits(optimizer_)) return kRefuse;
   Check need = kReady;
   std::size_t i = 0;
   std::optional<torch::ScalarType> dtype;
   std::unordered_set<const void*> seen;
   const auto& groups = optimizer_.param_groups();
   for (std::size_t g = 0; g < groups.size(); ++g) {
-    if (amsgrad(groups[g])) return kRefuse;
     // SGD placed without momentum has no home for a momentum buffer.
     if (kind_ == Kind::kSgd && sgd_rule(groups[g]).momentum != 0 && state_home_.empty())
       need = kPlace;
@@ -90,30 +79,14 @@ SplitStep::Check SplitStep::check() const {
       // Why refused: a tensor listed twice (added again after prepare()) would be placed twice,
       // and one of its slices written where no rank's parameter lies.
       if (!seen.insert(p.unsafeGetTensorImpl()).second) return kRefuse;
+      // Every parameter, with a gradient or not (the fused step looks only at those with one):
+      // each moves into the block of one dtype.
       const auto s = p.scalar_type();
       if (!p.device().is_cpu() || p.layout() != torch::kStrided || !p.is_contiguous() ||
           p.is_inference() || (s != torch::kFloat && s != torch::kDouble) ||
           (dtype && *dtype != s) || !averaged_(p))
         return kRefuse;
       dtype = s;
-      const auto& grad = p.grad();
-      if (grad.defined() && !dense_like(grad, p)) return kRefuse;
-      auto it = optimizer_.state().find(state_key(p));
-      if (it != optimizer_.state().end()) {
-        auto* held = it->second.get();
-        if (kind_ == Kind::kSgd) {
-          auto* sgd = dynamic_cast<o::SGDParamState*>(held);
-          if (sgd == nullptr ||
-              (sgd->momentum_buffer().defined() && !dense_like(sgd->momentum_buffer(), p)))
-            return kRefuse;
-        } else {
-          bool fits = false;
-          with_adam_state(held, kind_ == Kind::kAdamW, [&](auto* a) {
-            fits = a != nullptr && dense_like(a->exp_avg(), p) && dense_like(a->exp_avg_sq(), p);
-          });
-          if (!fits) return kRefuse;
-        }
-      }
       // Why compared by address: a parameter replaced, resized, retyped or moved out of the
       // block (set_, a load that swaps storage) is placed again, with all the others.
       if (i >= params_.size() || params_[i].impl != p.unsafeGetTensorImpl() ||
