@@ -240,7 +240,8 @@ at::Tensor Comm::allreduce_copy(const at::Tensor& input, c10d::ReduceOp op) {
 }
 
 std::vector<at::Tensor> Comm::shared_zeros(
-    const std::vector<std::pair<int64_t, at::TensorOptions>>& buffers, const std::string& what) {
+    const std::vector<std::pair<int64_t, at::TensorOptions>>& buffers, const std::string& what,
+    const std::string& instead) {
   ShmGroup* shm = shm_ ? shm_.get() : hier_ ? hier_->shm.get() : nullptr;
   bool cpu = true;
   for (const auto& [numel, options] : buffers) cpu = cpu && options.device().is_cpu();
@@ -259,9 +260,7 @@ std::vector<at::Tensor> Comm::shared_zeros(
     std::string why;
     guarded(p, [&] { block = shm->share(bytes, {p.op, p.seq, p.bytes}, &why); });
     wait(p);
-    if (!block && rank_ == 0)
-      log::info(what + " stay in private memory (" + why +
-                "): they go through shared memory's slots instead");
+    if (!block && rank_ == 0) log::info(what + " stay in private memory (" + why + "): " + instead);
   }
   for (std::size_t i = 0; i < buffers.size(); ++i) {
     const auto& [numel, options] = buffers[i];
@@ -277,7 +276,7 @@ std::vector<at::Tensor> Comm::shared_zeros(
 }
 
 at::Tensor Comm::machine_zeros(int64_t numel, const at::TensorOptions& options,
-                               const std::string& what) {
+                               const std::string& what, const std::string& instead) {
   if (!shm_ || world_size_ < 2 || !options.device().is_cpu() || numel <= 0) return {};
   const auto world = static_cast<std::size_t>(world_size_);
   const std::size_t item = options.dtype().itemsize();
@@ -291,7 +290,7 @@ at::Tensor Comm::machine_zeros(int64_t numel, const at::TensorOptions& options,
   guarded(p, [&] { block = shm_->share(per_rank, {p.op, p.seq, p.bytes}, &why); });
   wait(p);
   if (!block) {
-    if (rank_ == 0) log::info(what + " stay in private memory (" + why + ")");
+    if (rank_ == 0) log::info(what + " stay in private memory (" + why + "): " + instead);
     return {};
   }
   return at::from_blob(

@@ -80,16 +80,19 @@ class Comm {
   // peers' data where it lies instead of copying it in. Collective: every rank asks for the same
   // sizes in the same order. Private memory where there is no shared memory (one process, gloo,
   // a CUDA buffer, /dev/shm too small), so the caller need not care which it got.
-  // `what` names the buffers in rank 0's line when they stay private ("gradient buckets").
+  // `what` names the buffers in rank 0's line when they stay private ("gradient buckets"), and
+  // `instead` says what happens then.
   std::vector<at::Tensor> shared_zeros(
-      const std::vector<std::pair<int64_t, at::TensorOptions>>& buffers, const std::string& what);
+      const std::vector<std::pair<int64_t, at::TensorOptions>>& buffers, const std::string& what,
+      const std::string& instead = "they go through shared memory's slots instead");
 
   // One zeroed CPU buffer for the whole machine, at its own address in every rank: the same
   // memory, each rank's writes seen by all (order them with collectives). Each rank reserves
   // 1/world of its pages. Collective. Undefined where there is no shared memory between all the
-  // ranks (one process, several machines, /dev/shm too small; `what` names it in rank 0's line).
-  at::Tensor machine_zeros(int64_t numel, const at::TensorOptions& options,
-                           const std::string& what);
+  // ranks (one process, several machines, /dev/shm too small: rank 0 then says so, naming `what`
+  // and what happens `instead`).
+  at::Tensor machine_zeros(int64_t numel, const at::TensorOptions& options, const std::string& what,
+                           const std::string& instead);
 
   // Rank r's copy of `t`, a tensor in a shared_zeros() buffer, on a job whose ranks all share
   // this machine's memory: a view of that rank's memory at the same place, valid while `t` is.

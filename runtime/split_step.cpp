@@ -118,7 +118,11 @@ bool SplitStep::place() {
   if (total_ == 0) return false;
   const auto options = torch::TensorOptions().dtype(*dtype);
   const int world = comm().world_size(), rank = comm().rank();
-  auto flat = comm().shared_zeros({{total_, options}}, "the split optimizer step's parameters")[0];
+  const std::string instead = "every process runs the whole optimizer step instead";
+  auto flat =
+      comm().shared_zeros({{total_, options}}, "the split optimizer step's parameters", instead)[0];
+  // Private memory (no room in /dev/shm), on every rank alike: nothing to write into.
+  if (!comm().peer_part(flat, 0).defined()) return false;
   // AdamW: exp_avg, exp_avg_sq; SGD: the momentum buffer, if a group has momentum.
   std::size_t states = 2;
   if (kind_ == Kind::kSgd) {
@@ -126,12 +130,11 @@ bool SplitStep::place() {
     for (const auto& group : groups) states = sgd_rule(group).momentum != 0 ? 1 : states;
   }
   std::vector<torch::Tensor> homes;
-  for (std::size_t k = 0; k < states; ++k)
-    homes.push_back(comm().machine_zeros(total_, options, "the split optimizer step's state"));
-  // Private memory (no room in /dev/shm) on every rank alike: nothing to write into.
-  if (!comm().peer_part(flat, 0).defined()) return false;
-  for (const auto& home : homes)
-    if (!home.defined()) return false;
+  for (std::size_t k = 0; k < states; ++k) {
+    homes.push_back(
+        comm().machine_zeros(total_, options, "the split optimizer step's state buffers", instead));
+    if (!homes.back().defined()) return false;  // on every rank alike
+  }
   for (int r = 0; r < world; ++r) {
     if (r != rank) peers_.push_back(static_cast<char*>(comm().peer_part(flat, r).data_ptr()));
   }
