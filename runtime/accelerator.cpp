@@ -50,6 +50,14 @@ int64_t detail::own_step_count(torch::optim::Optimizer& optimizer) {
 
 namespace {
 
+// Every prepared model's parameters (their TensorImpls): the ones whose gradients are averaged.
+std::unordered_set<const void*> averaged_parameters(const std::vector<torch::nn::Module*>& models) {
+  std::unordered_set<const void*> known;
+  for (auto* model : models)
+    for (auto& p : model->parameters()) known.insert(p.unsafeGetTensorImpl());
+  return known;
+}
+
 // Why: the original handle steps on accumulation micro-steps and past the loss scaler's
 // inf/NaN check; nothing else would say so, and the run would just train differently.
 void check_own_steps(const detail::OptimizerSlot& slot, const std::string& which) {
@@ -455,9 +463,7 @@ PreparedOptimizer Accelerator::prepare_optimizer(
     auto* impl = impl_.get();
     auto* opt = slot->optimizer.get();
     slot->check_membership = [impl, opt] {
-      std::unordered_set<const void*> known;
-      for (auto* model : impl->models_)
-        for (auto& p : model->parameters()) known.insert(p.unsafeGetTensorImpl());
+      const auto known = averaged_parameters(impl->models_);
       std::size_t index = 0;
       for (auto& group : opt->param_groups()) {
         for (auto& p : group.params()) {
@@ -491,9 +497,7 @@ PreparedOptimizer Accelerator::prepare_optimizer(
         [impl, alive, known](const torch::Tensor& p) {
           if (alive.expired()) return false;
           if (known->first != impl->models_.size()) {
-            known->second.clear();
-            for (auto* model : impl->models_)
-              for (auto& q : model->parameters()) known->second.insert(q.unsafeGetTensorImpl());
+            known->second = averaged_parameters(impl->models_);
             known->first = impl->models_.size();
           }
           return known->second.count(p.unsafeGetTensorImpl()) > 0;
