@@ -87,6 +87,9 @@ inline constexpr char kShmAllreduce[] = "ACCEL_SHM_ALLREDUCE";
 // auto (default) | 1 | 0: the ranks of one machine split the fused optimizer step between them
 // (auto: for optimizers of 256 Ki elements and more; 1: whatever the size; 0: never)
 inline constexpr char kSplitOptimizerStep[] = "ACCEL_SPLIT_OPTIMIZER_STEP";
+// true (default) | false: libaccel fixes glibc's malloc thresholds so that memory a training step
+// frees stays in the process for the next step (false: glibc's moving thresholds)
+inline constexpr char kKeepFreedMemory[] = "ACCEL_KEEP_FREED_MEMORY";
 // auto | any | a CPU list ("1", "2-3"): where a background checkpoint's writer thread runs
 // (auto: on the CPUs that take the checkpoint disk's interrupts, where that disk has one queue
 // and training leaves a CPU to spare)

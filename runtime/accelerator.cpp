@@ -19,6 +19,7 @@
 #include "runtime/env.h"
 #include "runtime/fused_optimizer.h"
 #include "runtime/grad_sync.h"
+#include "runtime/heap_tuning.h"
 #include "runtime/log.h"
 #include "runtime/optimizer_steps.h"
 #include "runtime/progress.h"
@@ -201,6 +202,15 @@ Accelerator::Accelerator(AcceleratorOptions options)
     which = e.mixed_precision_variable;
   }
   setup_mixed_precision(which);
+  {
+    // Why here, before the first step: the thresholds decide where every later large tensor
+    // comes from. Why debug: nothing is left for the user to do; said once, by the main process.
+    const auto& heap = heap_tuning::keep_freed_memory();
+    static std::once_flag said_heap;
+    if (is_main_process()) {
+      std::call_once(said_heap, [&] { log::debug(heap_tuning::describe(heap)); });
+    }
+  }
   if (device().is_cpu()) {
     // Why first, before any training: the switch must not race a BLAS call, and the user's
     // model then runs on the kernels it switched to. Why debug: nothing is left for the user to do

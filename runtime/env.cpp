@@ -235,6 +235,7 @@ WorkerEnv read_worker_env(const Lookup& outer) {
       bad(c::kSplitOptimizerStep, *split, "auto, 1 or 0");
     e.split_optimizer_step = *split;
   }
+  e.keep_freed_memory = r.boolean({c::kKeepFreedMemory}, true);
   if (auto cpus = r.text({c::kCheckpointWriterCpus})) {
     if (!writer_placement::valid_setting(*cpus))
       bad(c::kCheckpointWriterCpus, *cpus, writer_placement::kSettingExpected);

@@ -513,6 +513,11 @@ TEST(Env, ABadVariableIsNamedWithItsValue) {
       "accel: environment variable ACCEL_SPLIT_OPTIMIZER_STEP=\"yes\": expected auto, 1 or 0");
   EXPECT_EQ(parse_env({}).split_optimizer_step, "auto");
   EXPECT_EQ(parse_env({{"ACCEL_SPLIT_OPTIMIZER_STEP", "0"}}).split_optimizer_step, "0");
+  EXPECT_TRUE(parse_env({}).keep_freed_memory);
+  EXPECT_FALSE(parse_env({{"ACCEL_KEEP_FREED_MEMORY", "0"}}).keep_freed_memory);
+  EXPECT_EQ(env_error({{"ACCEL_KEEP_FREED_MEMORY", "sometimes"}}),
+            "accel: environment variable ACCEL_KEEP_FREED_MEMORY=\"sometimes\": expected true or "
+            "false");
 }
 
 TEST(Env, TheBackendAndAGroupOfOneAreRead) {
