@@ -192,6 +192,9 @@ struct AutocastPause {
 Accelerator::Accelerator(AcceleratorOptions options)
     : options_(std::move(options)), impl_(std::make_unique<Impl>()) {
   impl_->self_ = std::make_shared<Accelerator*>(this);
+  // Why first, before the process group: its threads allocate and free too, and a free racing
+  // the change could set glibc's moving thresholds back over it.
+  const auto& heap = heap_tuning::keep_freed_memory();
   state_ = State::shared({options_.cpu, options_.collective_timeout});
   const env::WorkerEnv& e = env::worker_env();
   std::string which = "option mixed_precision";
@@ -203,9 +206,7 @@ Accelerator::Accelerator(AcceleratorOptions options)
   }
   setup_mixed_precision(which);
   {
-    // Why here, before the first step: the thresholds decide where every later large tensor
-    // comes from. Why debug: nothing is left for the user to do; said once, by the main process.
-    const auto& heap = heap_tuning::keep_freed_memory();
+    // Why debug: nothing is left for the user to do; said once, by the main process.
     static std::once_flag said_heap;
     if (is_main_process()) {
       std::call_once(said_heap, [&] { log::debug(heap_tuning::describe(heap)); });

@@ -2,6 +2,7 @@
 #include "runtime/heap_tuning.h"
 
 #include <cstdlib>
+#include <limits>
 #include <optional>
 
 #if defined(__GLIBC__)
@@ -28,7 +29,7 @@ namespace {
 Outcome apply() {
   Outcome out;
   if (!env::worker_env().keep_freed_memory) {
-    out.why_not = "ACCEL_KEEP_FREED_MEMORY=0";
+    out.why_not = "ACCEL_KEEP_FREED_MEMORY is off";
     return out;
   }
   const std::string user = users_setting([](const char* name) -> std::optional<std::string> {
@@ -41,6 +42,7 @@ Outcome apply() {
     return out;
   }
 #if defined(__GLIBC__)
+  static_assert(kTrimThreshold <= static_cast<std::size_t>(std::numeric_limits<int>::max()));
   // Why both: setting either one stops glibc moving them, and a trim threshold alone would leave
   // the mmap threshold at its 128 KiB start, mapping every large tensor afresh.
   out.applied = ::mallopt(M_MMAP_THRESHOLD, static_cast<int>(kMmapThreshold)) == 1 &&
@@ -61,7 +63,7 @@ const Outcome& keep_freed_memory() {
 
 std::string describe(const Outcome& outcome) {
   if (outcome.applied) {
-    return "malloc keeps freed memory for the next step: allocations under 32 MiB come "
+    return "malloc keeps freed memory for the next step: allocations below about 32 MiB come "
            "from its heap, and up to 1 GiB free at the heap's top stays mapped "
            "(ACCEL_KEEP_FREED_MEMORY=0 leaves glibc's moving thresholds)";
   }

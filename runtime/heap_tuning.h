@@ -6,10 +6,10 @@
 // before (glibc's "dynamic threshold"), so whether a step pays a page fault for every 4 KiB of
 // them depends on the allocation history: measured on model M (784->2048->2048->10), one of two
 // ranks of the same job faulted about 1,200 times a step and the other never. libaccel fixes the
-// thresholds when an Accelerator is made: allocations under 32 MiB (the ceiling of glibc's
+// thresholds when an Accelerator is made: allocations below about 32 MiB (the ceiling of glibc's
 // moving mmap threshold) come from the heap, and up to 1 GiB free at its top stays mapped.
-// Larger allocations are still mapped and unmapped as before, so a one-off huge buffer still
-// goes back to the kernel.
+// Larger ones are mapped afresh when the heap has no free room for them, as before; one cut from
+// memory the heap keeps free stays with the heap after it is freed.
 #pragma once
 
 #include <cstddef>
@@ -33,7 +33,9 @@ struct Outcome {
 };
 
 // Fixes glibc's thresholds in this process, once (later calls return the first outcome), unless
-// the worker environment turns it off or the user set the allocator. Thread-safe.
+// the worker environment turns it off or the user set the allocator through the environment (a
+// program's own mallopt() calls before it are overridden). Thread-safe; throws the worker
+// environment's ConfigError.
 const Outcome& keep_freed_memory();
 
 // The debug line libaccel logs about an outcome (log::debug adds "accel: ").

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Training throughput and collective cost: libaccel against PyTorch DDP and c10d gloo, in one run.
 
-Prints Markdown tables (medians over --runs runs; models M and L's scaling over --scaling-rounds
-back-to-back rounds) and checks these targets:
+Prints Markdown tables (medians over --runs runs; models M and L's accel and DDP rows over
+--scaling-rounds back-to-back rounds of a 1- and a 2-process run, each scaling efficiency the
+median of its rounds') and checks these targets:
   model T (10->64->1, b=8) 2 processes: accel >= 2x Python DDP steps/s
   model M (784->2048->2048->10, b=64) 2 processes: accel >= 1.0x Python DDP steps/s
   model M 1 process: accel >= 1.1x Python steps/s; 2 processes: scaling efficiency >= 95%
@@ -170,7 +171,8 @@ def main():
         for row in two_machines_collectives(a.build):
             print(json.dumps(row))
         return
-    print(f"BLAS: {blas()}; {os.cpu_count()} CPUs; medians of {a.runs} runs\n")
+    print(f"BLAS: {blas()}; {os.cpu_count()} CPUs; medians of {a.runs} runs (models M and L's accel and DDP "
+          f"rows: of {max(a.runs, a.scaling_rounds)})\n")
     # Why: libaccel's workers switch OpenBLAS away from kernels older than the CPU; PyTorch's
     # side gets the same kernels, so that the table compares the frameworks, not two BLAS.
     found, switched = openblas_kernels(a.build)
