@@ -245,11 +245,13 @@ WorkerEnv read_worker_env(const Lookup& outer) {
   return e;
 }
 
+std::optional<std::string> process_variable(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? std::nullopt : std::optional<std::string>(v);
+}
+
 const WorkerEnv& worker_env() {
-  static const WorkerEnv kParsed = read_worker_env([](const char* name) {
-    const char* v = std::getenv(name);
-    return v == nullptr ? std::nullopt : std::optional<std::string>(v);
-  });
+  static const WorkerEnv kParsed = read_worker_env(process_variable);
   return kParsed;
 }
 

@@ -75,6 +75,9 @@ WorkerEnv read_worker_env(const Lookup& lookup);
 // This process's, read on the first call (a ConfigError is thrown again on the next call).
 const WorkerEnv& worker_env();
 
+// This process's environment as a Lookup (std::getenv; an empty value is returned as it is).
+std::optional<std::string> process_variable(const char* name);
+
 // "30m", "90s", "500ms", "2h", or a plain number of seconds, positive; ConfigError otherwise.
 // `what` names the source in the error.
 std::chrono::milliseconds parse_duration(const std::string& text, const std::string& what);

@@ -1,9 +1,7 @@
 // glibc's malloc thresholds fixed for training (see heap_tuning.h).
 #include "runtime/heap_tuning.h"
 
-#include <cstdlib>
 #include <limits>
-#include <optional>
 
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -19,7 +17,7 @@ std::string users_setting(const env::Lookup& lookup) {
   // glibc's older names for the same tunables, still read.
   for (const char* name : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_",
                            "MALLOC_MMAP_MAX_"}) {
-    if (lookup(name)) return name;
+    if (auto v = lookup(name); v && !v->empty()) return name;
   }
   return "";
 }
@@ -32,11 +30,7 @@ Outcome apply() {
     out.why_not = "ACCEL_KEEP_FREED_MEMORY is off";
     return out;
   }
-  const std::string user = users_setting([](const char* name) -> std::optional<std::string> {
-    const char* v = std::getenv(name);
-    if (v == nullptr || *v == '\0') return std::nullopt;
-    return std::string(v);
-  });
+  const std::string user = users_setting(env::process_variable);
   if (!user.empty()) {
     out.why_not = user + " is set";
     return out;

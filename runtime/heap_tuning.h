@@ -29,7 +29,8 @@ std::string users_setting(const env::Lookup& lookup);
 
 struct Outcome {
   bool applied = false;
-  std::string why_not;  // when not applied: the user's variable, ACCEL_KEEP_FREED_MEMORY=0, ...
+  std::string
+      why_not;  // when not applied: "MALLOC_TOP_PAD_ is set", "ACCEL_KEEP_FREED_MEMORY is off"
 };
 
 // Fixes glibc's thresholds in this process, once (later calls return the first outcome), unless

@@ -83,8 +83,7 @@ class SplitStep {
   // What this rank needs before the step can run: nothing, placing, or the unsplit step.
   Check check() const;
   // Collective: the parameters into a fresh shared block, the state's homes into the machine's
-  // one copy each. False on
-  // every rank when /dev/shm has no room.
+  // one copy each. False on every rank when /dev/shm has no room.
   bool place();
   // A view of the machine's one copy of state tensor `k` (0: exp_avg or momentum, 1: exp_avg_sq)
   // for the parameter at `z`, shaped like `param`.

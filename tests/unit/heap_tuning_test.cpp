@@ -32,6 +32,7 @@ TEST(HeapTuning, TheUsersOwnMallocSettingIsLeftAlone) {
   EXPECT_EQ(setting_of({{"MALLOC_TRIM_THRESHOLD_", "131072"}}), "MALLOC_TRIM_THRESHOLD_");
   EXPECT_EQ(setting_of({{"MALLOC_MMAP_THRESHOLD_", "65536"}}), "MALLOC_MMAP_THRESHOLD_");
   EXPECT_EQ(setting_of({{"MALLOC_ARENA_MAX", "2"}}), "");  // not a threshold
+  EXPECT_EQ(setting_of({{"MALLOC_TOP_PAD_", ""}}), "");    // empty: unset
 }
 
 // The probe, run only in a process of its own (below): page faults of 8 "steps" after 2 warm-up
