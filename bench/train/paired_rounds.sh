@@ -4,12 +4,17 @@
 #
 #   bench/train/paired_rounds.sh ROUNDS NAME:VAR=VALUE...
 #
-# A NAME starting with 1p runs on 1 process, any other under accel-launch -n 2; VAR=VALUE is put
-# in that run's environment (X=1 for none). Prints each run, then per configuration the median
+# A NAME starting with 1p runs on 1 process, one starting with 2x1p runs two 1-process runs at once
+# (no collectives between them; their mean steps/s is printed), any other under accel-launch
+# -n 2; VAR=VALUE is put in that run's environment (X=1 for none). Prints each run, then per configuration the median
 # steps/s and the median of the rounds' ratios to the first configuration. Example (the split
 # optimizer step against the whole step on every process, docs/benchmarks.md):
 #
 #   bench/train/paired_rounds.sh 8 1p:X=1 split:X=1 whole:ACCEL_SPLIT_OPTIMIZER_STEP=0
+#
+# and two processes without collectives against one alone:
+#
+#   bench/train/paired_rounds.sh 4 1p:X=1 2x1p:X=1 2p:X=1
 set -euo pipefail
 build=${BUILD:-build}
 rounds=$1
@@ -21,14 +26,20 @@ for _ in $(seq "$rounds"); do
   for cfg in "$@"; do
     name=${cfg%%:*}
     vars=${cfg#*:}
-    if [[ $name == 1p* ]]; then
+    if [[ $name == 1p* || $name == 2x1p* ]]; then
       run=("$build/bin/bench_train")
     else
       run=("$build/bin/accel-launch" -n 2 -- "$build/bin/bench_train")
     fi
-    # shellcheck disable=SC2086  # VAR=VALUE words, split on purpose
-    env $vars "${run[@]}" --model M --steps 150 --warmup 15 2>/dev/null | grep -o '{.*' |
-      python3 -c "import json,sys; print('$name', json.load(sys.stdin)['steps_per_s'])" | tee -a "$out"
+    copies=1
+    [[ $name == 2x1p* ]] && copies=2
+    for _ in $(seq "$copies"); do
+      # shellcheck disable=SC2086  # VAR=VALUE words, split on purpose
+      env $vars "${run[@]}" --model M --steps 150 --warmup 15 2>/dev/null | grep -o '{.*' &
+    done | python3 -c "
+import json, sys
+rates = [json.loads(line)['steps_per_s'] for line in sys.stdin]
+print('$name', round(sum(rates) / len(rates), 2))" | tee -a "$out"
   done
 done
 python3 - "$out" "$@" <<'PY'
