@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -152,11 +153,20 @@ Comm::Pending Comm::allreduce_async(at::Tensor& tensor, c10d::ReduceOp op, bool 
   Pending p = start("allreduce", nbytes(tensor));
   if (!group_) return p;
   if (shm_ && ShmGroup::can_reduce(tensor) && shm_reduces(op)) {
-    // Why synchronous: local shared-memory reduction takes microseconds; overlap buys nothing.
+    const double scale = average && ShmGroup::can_scale(tensor) ? 1.0 / world_size_ : 1.0;
+    const ShmGroup::Call call{p.op, p.seq, p.bytes, detail(tensor, 0, op, average)};
+    // A tensor in a shared block (a gradient bucket) is posted: this rank goes on with its
+    // backward, and wait() does its share of the reduction (ShmGroup::post). Any other is
+    // reduced now: local shared-memory reduction takes microseconds.
+    std::optional<uint64_t> ticket;
+    guarded(p, [&] { ticket = shm_->post(tensor, op, call, scale); });
+    if (ticket) {
+      p.posted = *ticket + 1;
+      if (average && scale == 1.0) p.divide = tensor;
+      return p;
+    }
     guarded(p, [&] {
-      double scale = average && ShmGroup::can_scale(tensor) ? 1.0 / world_size_ : 1.0;
-      shm_->allreduce(tensor, op, {p.op, p.seq, p.bytes, detail(tensor, 0, op, average)}, nullptr,
-                      scale);
+      shm_->allreduce(tensor, op, call, nullptr, scale);
       if (average && scale == 1.0) tensor.div_(world_size_);
     });
     return p;
@@ -186,6 +196,15 @@ Comm::Pending Comm::allreduce_async(at::Tensor& tensor, c10d::ReduceOp op, bool 
 }
 
 void Comm::wait(Pending& pending) {
+  if (pending.posted != 0) {
+    const uint64_t ticket = pending.posted - 1;
+    pending.posted = 0;
+    guarded(pending, [&] { shm_->finish(ticket); });
+    if (pending.divide.defined()) {
+      pending.divide.div_(world_size_);
+      pending.divide = at::Tensor();
+    }
+  }
   if (!pending.work && !pending.node_broadcast.defined()) {
     progress::collective_finished(pending.seq);
     return;

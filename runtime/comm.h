@@ -44,6 +44,8 @@ class Comm {
     // Hierarchical all-reduce: the machine's leader broadcasts the result to its ranks in wait().
     at::Tensor node_broadcast;
     std::uint64_t detail = 0;
+    // Shared memory's posted all-reduce: its ticket + 1, finished in wait() (0: none).
+    std::uint64_t posted = 0;
   };
 
   // A single process: every collective is the identity and nothing is created.

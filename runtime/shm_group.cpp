@@ -15,8 +15,17 @@
 #include <vector>
 
 #include "contract/worker_contract.h"
+#include "runtime/shm_layout.h"
 
 namespace accel {
+using shm::controls;
+using shm::data_offset;
+using shm::describe;
+using shm::Header;
+using shm::op_code;
+using shm::RankControl;
+using shm::reduce;
+
 namespace {
 
 // Why: a large result tensor is usually fresh memory (reduce()'s output, gather()'s), which
@@ -41,59 +50,6 @@ void advise_huge_pages(void* data, std::size_t bytes) {
   if (end > begin) {
     ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);  // advice only
   }
-}
-
-constexpr uint64_t kMagic = 0x616363656c73686dULL;  // "accelshm"
-// Why: /dev/shm is often small in containers (64 MiB by default in Docker); 8 MiB of slots per
-// set over all ranks keeps the segment at ~16 MiB whatever the process count.
-constexpr std::size_t kSlotBudgetBytes = 8u << 20;
-constexpr std::size_t kMinSlotBytes = 256u << 10;
-constexpr int kSpinsBeforeYield = 2000;
-constexpr std::chrono::milliseconds kYieldPhase{2};
-constexpr std::chrono::microseconds kSleepQuantum{100};
-
-// Why two call records: a rank may publish generation g+1's call while a slower rank still checks
-// generation g's; records alternate by parity like the slots.
-struct alignas(64) RankControl {
-  std::atomic<uint64_t> arrived;
-  std::atomic<uint64_t> call_seq[2];
-  std::atomic<uint64_t> call_word[2];    // op code << 56 | payload bytes
-  std::atomic<uint64_t> call_detail[2];  // dtype, root, reduce op
-  std::atomic<uint64_t> call_where[2];   // offset in a shared block, or kPrivate
-  std::atomic<uint64_t> mapped;          // share(): (generation << 1) | mapped it
-};
-
-constexpr int kNumOps = 6;
-const char* const kOps[kNumOps] = {"?", "allreduce", "broadcast", "allgather", "barrier", "share"};
-
-uint64_t op_code(const char* op) {
-  for (uint64_t i = 1; i < kNumOps; ++i)
-    if (std::strcmp(op, kOps[i]) == 0) return i;
-  return 0;
-}
-
-std::string describe(uint64_t word, uint64_t seq) {
-  uint64_t code = word >> 56;
-  return std::string(kOps[code < kNumOps ? code : 0]) + " #" + std::to_string(seq) + " (" +
-         std::to_string(word & ((1ULL << 56) - 1)) + " bytes)";
-}
-
-struct Header {
-  uint64_t magic;
-  uint64_t world;
-  uint64_t slot_bytes;
-  char block_name[96];  // share(): the new segment's name, written by rank 0
-};
-
-std::size_t controls_offset() { return 128; }
-static_assert(sizeof(Header) <= 128);
-std::size_t data_offset(int world) {
-  return (controls_offset() + sizeof(RankControl) * static_cast<std::size_t>(world) + 4095) / 4096 *
-         4096;
-}
-
-RankControl* controls(void* base) {
-  return reinterpret_cast<RankControl*>(static_cast<char*>(base) + controls_offset());
 }
 
 std::size_t nbytes(const at::Tensor& t) {
@@ -182,8 +138,10 @@ void reduce_narrow(void* out, const void* const* slots, int n, std::size_t count
   }
 }
 
-void reduce(at::ScalarType type, void* out, const void* const* in, int n, std::size_t count,
-            c10d::ReduceOp op, double scale) {
+}  // namespace
+
+void shm::reduce(at::ScalarType type, void* out, const void* const* in, int n, std::size_t count,
+                 c10d::ReduceOp op, double scale) {
   if (op != c10d::ReduceOp::SUM && op != c10d::ReduceOp::MAX && op != c10d::ReduceOp::MIN)
     throw std::runtime_error("shared-memory allreduce supports sum, max and min");
   switch (type) {
@@ -203,6 +161,8 @@ void reduce(at::ScalarType type, void* out, const void* const* in, int n, std::s
       throw std::runtime_error("shared-memory allreduce got an unsupported dtype");
   }
 }
+
+namespace {
 
 // Rank r's slice [lo, hi) of `count` elements: equal parts, each a whole number of cache lines
 // long, so that no two ranks write the same line of a tensor that starts on one (the buckets do).
@@ -227,8 +187,8 @@ bool ShmGroup::can_reduce(const at::Tensor& t) {
 std::unique_ptr<ShmGroup> ShmGroup::create(c10d::Store& store, CollectiveGroup& group, int rank,
                                            int world, std::chrono::milliseconds timeout,
                                            std::string* why) {
-  const std::size_t slot =
-      std::max(kMinSlotBytes, kSlotBudgetBytes / static_cast<std::size_t>(world) / 4096 * 4096);
+  const std::size_t slot = std::max(
+      shm::kMinSlotBytes, shm::kSlotBudgetBytes / static_cast<std::size_t>(world) / 4096 * 4096);
   const std::size_t size = data_offset(world) + 2 * static_cast<std::size_t>(world) * slot;
   std::string name;
   int fd = -1;
@@ -280,7 +240,7 @@ std::unique_ptr<ShmGroup> ShmGroup::create(c10d::Store& store, CollectiveGroup& 
   }
   if (rank == 0) {
     auto* h = static_cast<Header*>(base);
-    h->magic = kMagic;
+    h->magic = shm::kMagic;
     h->world = static_cast<uint64_t>(world);
     h->slot_bytes = slot;
   }
@@ -314,26 +274,18 @@ uint64_t ShmGroup::arrive_and_wait(const Call& call) {
   ctl[rank_].call_detail[parity].store(call.detail, std::memory_order_relaxed);
   ctl[rank_].call_where[parity].store(call.where, std::memory_order_relaxed);
   ctl[rank_].arrived.store(g, std::memory_order_release);
-  const auto start = std::chrono::steady_clock::now();
-  const auto deadline = start + timeout_;
+  shm::Pacer pacer(timeout_);
   for (int r = 0; r < world_; ++r) {
-    int spins = 0;
     while (ctl[r].arrived.load(std::memory_order_acquire) < g) {
-      // Three phases: spin (a peer a few microseconds behind), yield (more ranks than cores),
-      // then sleep, so a rank waiting for a peer in a long computation does not burn a core.
-      if (++spins < kSpinsBeforeYield) {
-        __builtin_ia32_pause();
-        continue;
-      }
-      auto now = std::chrono::steady_clock::now();
-      if (now > deadline) {
+      // A rank that posted an all-reduce this rank did not will never come here. Why `arrived`
+      // is read again: the rank may have come, gone on, and posted the next one since it was
+      // read above.
+      if (pacer.slow() && ctl[r].posted.load(std::memory_order_acquire) > posts_ &&
+          ctl[r].arrived.load(std::memory_order_acquire) < g)
+        throw std::runtime_error(posted_mismatch(r, posts_, describe(word, call.seq)));
+      if (!pacer.pause()) {
         throw std::runtime_error("local rank " + std::to_string(r) +
                                  " did not reach this collective in shared memory");
-      }
-      if (now - start < kYieldPhase) {
-        ::sched_yield();
-      } else {
-        std::this_thread::sleep_for(kSleepQuantum);
       }
     }
   }
@@ -360,22 +312,13 @@ uint64_t ShmGroup::arrive_and_wait(const Call& call) {
   return g;
 }
 
-struct ShmGroup::Block {
-  uint64_t id = 0;  // share() calls so far, counted alike on every rank
-  void* base = nullptr;
-  std::size_t size = 0;      // world * per_rank
-  std::size_t per_rank = 0;  // each rank's part, a whole number of pages
-  ~Block() {
-    if (base != nullptr) ::munmap(base, size);
-  }
-};
-
 void* ShmGroup::data(const Block& block, int rank) {
   return static_cast<char*>(block.base) + static_cast<std::size_t>(rank) * block.per_rank;
 }
 
 std::shared_ptr<ShmGroup::Block> ShmGroup::share(std::size_t bytes, const Call& call,
                                                  std::string* why) {
+  drain();
   auto block = std::make_shared<Block>();
   block->id = ++blocks_made_;  // collective: the same count on every rank
   block->per_rank = std::max<std::size_t>(4096, (bytes + 4095) / 4096 * 4096);
@@ -478,6 +421,7 @@ void* ShmGroup::peer_data(const at::Tensor& tensor, int r) {
 
 void ShmGroup::allreduce(at::Tensor& tensor, c10d::ReduceOp op, const Call& call,
                          const at::Tensor* source, double scale) {
+  drain();
   const std::size_t total = nbytes(tensor);
   if (total == 0) return;  // same shape on every rank: all of them skip
   char* data = static_cast<char*>(tensor.data_ptr());
@@ -501,6 +445,24 @@ void ShmGroup::allreduce(at::Tensor& tensor, c10d::ReduceOp op, const Call& call
   allreduce_slots(tensor, op, copied, from, scale, /*split=*/false);
 }
 
+// Elements [lo, hi) of every part, reduced kScratchBytes at a time into a buffer that stays in
+// L1, then written to every part.
+void ShmGroup::reduce_range(at::ScalarType type, char* const* part, std::size_t lo, std::size_t hi,
+                            c10d::ReduceOp op, double scale) {
+  const std::size_t elem = c10::elementSize(type);
+  scratch_.resize(kScratchBytes);
+  const std::size_t per_chunk = kScratchBytes / elem;
+  std::vector<const void*> in(static_cast<std::size_t>(world_));
+  for (std::size_t begin = lo; begin < hi; begin += per_chunk) {
+    const std::size_t n = std::min(per_chunk, hi - begin);
+    for (int r = 0; r < world_; ++r)
+      in[static_cast<std::size_t>(r)] = part[static_cast<std::size_t>(r)] + begin * elem;
+    reduce(type, scratch_.data(), in.data(), world_, n, op, scale);
+    for (int r = 0; r < world_; ++r)
+      std::memcpy(part[static_cast<std::size_t>(r)] + begin * elem, scratch_.data(), n * elem);
+  }
+}
+
 // Every rank's data already lies in its part of the block: after one wait, rank r reduces the
 // r-th slice from all parts and writes the result into all of them; after a second, every part
 // holds the whole result. Each rank reads and writes the tensor's size once.
@@ -509,21 +471,11 @@ void ShmGroup::allreduce_in_place(at::Tensor& tensor, c10d::ReduceOp op, const C
   const std::size_t elem = tensor.element_size();
   const auto count = static_cast<std::size_t>(tensor.numel());
   const auto [lo, hi] = slice_of(rank_, world_, count, elem);
-  scratch_.resize(kScratchBytes);
-  const std::size_t per_chunk = kScratchBytes / elem;
-  std::vector<const void*> in(static_cast<std::size_t>(world_));
   std::vector<char*> part(static_cast<std::size_t>(world_));
   for (int r = 0; r < world_; ++r)
     part[static_cast<std::size_t>(r)] = static_cast<char*>(data(block, r)) + offset;
   arrive_and_wait(call);  // every rank's data is in place
-  for (std::size_t begin = lo; begin < hi; begin += per_chunk) {
-    const std::size_t n = std::min(per_chunk, hi - begin);
-    for (int r = 0; r < world_; ++r)
-      in[static_cast<std::size_t>(r)] = part[static_cast<std::size_t>(r)] + begin * elem;
-    reduce(tensor.scalar_type(), scratch_.data(), in.data(), world_, n, op, scale);
-    for (int r = 0; r < world_; ++r)
-      std::memcpy(part[static_cast<std::size_t>(r)] + begin * elem, scratch_.data(), n * elem);
-  }
+  reduce_range(tensor.scalar_type(), part.data(), lo, hi, op, scale);
   arrive_and_wait(call);  // every slice is in every part
 }
 
@@ -568,6 +520,7 @@ void ShmGroup::allreduce_slots(at::Tensor& tensor, c10d::ReduceOp op, const Call
 }
 
 void ShmGroup::broadcast(at::Tensor& tensor, int root, const Call& call) {
+  drain();
   const std::size_t total = nbytes(tensor);
   if (total == 0) return;
   char* data = static_cast<char*>(tensor.data_ptr());
@@ -583,6 +536,7 @@ void ShmGroup::broadcast(at::Tensor& tensor, int root, const Call& call) {
 }
 
 void ShmGroup::allgather(at::Tensor& output, const at::Tensor& input, const Call& call) {
+  drain();
   const std::size_t total = nbytes(input);
   if (total == 0) return;
   const char* src = static_cast<const char*>(input.data_ptr());
@@ -600,6 +554,9 @@ void ShmGroup::allgather(at::Tensor& output, const at::Tensor& input, const Call
   } while (begin < total);
 }
 
-void ShmGroup::barrier(const Call& call) { arrive_and_wait(call); }
+void ShmGroup::barrier(const Call& call) {
+  drain();
+  arrive_and_wait(call);
+}
 
 }  // namespace accel

@@ -6,8 +6,8 @@
 //
 // Contract: the same collectives, in the same order, with the same results on every rank as
 // gloo's (sums are taken in rank order 0..n-1 on every rank, so all ranks get bitwise-equal
-// results; they may differ from gloo's ring order by float rounding). Blocking, one at a time,
-// called from one thread per process (Comm serializes).
+// results; they may differ from gloo's ring order by float rounding). Blocking, one at a time
+// (but for the posted all-reduce), called from one thread per process (Comm serializes).
 //
 // Protocol: two sets of per-rank slots alternate by generation; each rank publishes its
 // generation counter after writing its slot and waits until every rank has published it, then
@@ -19,12 +19,16 @@
 // only the r-th slice of each chunk and publishes it, and every rank copies the slices back
 // (reduce-scatter + all-gather, two waits per chunk; each rank does 1/n of the arithmetic).
 // A tensor that lives in a shared block (share(): the gradient buckets) is not copied in at all:
-// rank r reads the r-th slice from every rank's block and writes the sum into all of them.
+// rank r reads the r-th slice from every rank's block and writes the sum into all of them. Or,
+// posted (post() and finish(), shm_posted.cpp): no rank waits for the others at the start, and
+// the ranks take chunks of the sum from a shared counter, the earliest doing the most.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -100,6 +104,21 @@ class ShmGroup {
   void allreduce(at::Tensor& tensor, c10d::ReduceOp op, const Call& call,
                  const at::Tensor* source = nullptr, double scale = 1.0);
   static bool can_scale(const at::Tensor& t) { return t.is_floating_point(); }
+
+  // The posted all-reduce (a sum, max or min of a tensor in a shared block, split algorithm): the
+  // gradient buckets' way. post() publishes that this rank's part is ready and returns at once;
+  // finish() then does a share of the work and returns once every rank's part holds the result.
+  // The work is handed out in 256 KiB chunks to whichever rank asks first, so a rank that
+  // finished its backward early reduces more of it while a slower one still computes, instead of
+  // waiting for it. The same bits as allreduce(): each chunk is reduced in rank order by whoever
+  // takes it. Posts are finished in the order posted; any other collective of this group
+  // finishes the outstanding ones first. The caller must not touch `tensor` until finish().
+  // Returns the ticket to finish, or nothing (and does nothing) when `tensor` is empty, lies in
+  // no shared block, or the copy algorithm is in use: the caller then runs allreduce().
+  std::optional<uint64_t> post(at::Tensor& tensor, c10d::ReduceOp op, const Call& call,
+                               double scale = 1.0);
+  // Finishes the posts up to and including `ticket` (nothing if they are finished already).
+  void finish(uint64_t ticket);
   void broadcast(at::Tensor& tensor, int root, const Call& call);
   void allgather(at::Tensor& output, const at::Tensor& input, const Call& call);
   void barrier(const Call& call);
@@ -116,6 +135,26 @@ class ShmGroup {
   static void* data(const Block& block, int rank);
   // The block and offset `tensor` lies at, or null (Call::where = kPrivate).
   std::shared_ptr<Block> find_block(const at::Tensor& tensor, uint64_t* offset);
+  // Elements [lo, hi) of every rank's `part`, reduced and written back to every part.
+  void reduce_range(at::ScalarType type, char* const* part, std::size_t lo, std::size_t hi,
+                    c10d::ReduceOp op, double scale);
+  struct Posted {
+    uint64_t number = 0;  // posts before it on this rank (and on every rank)
+    std::shared_ptr<Block> block;
+    uint64_t offset = 0;  // in every rank's part
+    at::ScalarType type;
+    std::size_t count = 0;  // elements
+    c10d::ReduceOp op;
+    double scale = 1.0;
+    Call call;
+  };
+  void finish_oldest();
+  // Finishes every outstanding post: the start of every other collective.
+  void drain() {
+    while (!outstanding_.empty()) finish_oldest();
+  }
+  // The error for rank r, which posted all-reduce `number` while this rank called `mine`.
+  std::string posted_mismatch(int r, uint64_t number, const std::string& mine) const;
   void allreduce_in_place(at::Tensor& tensor, c10d::ReduceOp op, const Call& call,
                           const Block& block, uint64_t offset, double scale);
   // A private tensor through the slots, split (reduce-scatter + all-gather) or not.
@@ -131,6 +170,8 @@ class ShmGroup {
   std::vector<std::weak_ptr<Block>> blocks_;
   uint64_t blocks_made_ = 0;
   std::vector<char> scratch_;  // one reduced chunk, before it is written to every block
+  std::deque<Posted> outstanding_;
+  uint64_t posts_ = 0;  // posted so far
 };
 
 }  // namespace accel

@@ -1,13 +1,20 @@
 // ShmGroup on one process: what a shared block is when /dev/shm cannot hold it (null, and a reason
-// that names /dev/shm, so Comm keeps the buckets private), and where tensors in a block lie. The
-// collectives between processes are tested in tests/integration (runtime_worker collectives:
-// exact answers on 2 and 3 processes and on 2 machines of 2).
+// that names /dev/shm, so Comm keeps the buckets private), and where tensors in a block lie; and
+// the posted all-reduce between two ranks run as threads, each with its own mapping (the
+// ranks arriving at different times, more posts in flight than the ring holds, a rank in another
+// collective). The collectives between processes are tested in tests/integration (runtime_worker
+// collectives: exact answers on 2 and 3 processes and on 2 machines of 2).
 #include "runtime/shm_group.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <chrono>
+#include <functional>
+#include <string>
+#include <thread>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <vector>
 
 namespace accel {
 namespace {
@@ -61,6 +68,143 @@ TEST(ShmGroup, OnOneRankThePrivatePathsReturnTheInput) {
   auto h = torch::full({5000}, 0.1, torch::kHalf);
   one.shm->allreduce(h, c10d::ReduceOp::MAX, {"allreduce", 1, 10000});
   EXPECT_TRUE(torch::equal(h, torch::full({5000}, 0.1, torch::kHalf)));
+}
+
+// Two ranks as two threads of this process, each with its own gloo group and its own mapping of
+// the segment: runs `body(rank, shm)` on both and returns what each threw ("" for nothing).
+std::vector<std::string> on_two_ranks(std::chrono::milliseconds timeout,
+                                      const std::function<void(int, ShmGroup&)>& body) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        auto opts = c10d::ProcessGroupGloo::Options::create();
+        opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+        auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, 2, opts);
+        std::string why;
+        auto shm = ShmGroup::create(*store, *gloo, rank, 2, timeout, &why);
+        if (!shm) throw std::runtime_error("no shared memory: " + why);
+        body(rank, *shm);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(rank)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+// Each rank's data: the same seed on every run, another per rank.
+torch::Tensor rank_data(int rank, int64_t n, int salt) {
+  auto gen = at::detail::createCPUGenerator(static_cast<uint64_t>(1000 * rank + salt));
+  return torch::randn({n}, gen);
+}
+
+// A late rank (rank 1 sleeps before each post) does not change the bits: three posted
+// all-reduces of a block's tensors (2.8 MB, 11 chunks; 4 KB; one left outstanding until a
+// barrier finishes it) equal the synchronous in-place all-reduce of the same data.
+TEST(ShmGroup, APostedAllReduceGivesTheSynchronousBitsWhicheverRankComesFirst) {
+  constexpr int64_t kBig = 700001, kSmall = 1000, kLast = 70000;
+  std::vector<std::vector<torch::Tensor>> posted(2), synchronous(2);
+  auto errors = on_two_ranks(std::chrono::seconds(30), [&](int rank, ShmGroup& shm) {
+    const std::size_t bytes = (kBig + kSmall + kLast) * 4 + 128;
+    std::string why;
+    auto block = shm.share(bytes, {"share", 0, bytes}, &why);
+    if (!block) throw std::runtime_error(why);
+    auto all = torch::from_blob(shm.my_part(*block), {kBig + kSmall + kLast}, torch::kFloat);
+    std::vector<torch::Tensor> parts{all.narrow(0, 0, kBig), all.narrow(0, kBig, kSmall),
+                                     all.narrow(0, kBig + kSmall, kLast)};
+    auto fill = [&] {
+      for (std::size_t i = 0; i < parts.size(); ++i)
+        parts[i].copy_(rank_data(rank, parts[i].numel(), static_cast<int>(i)));
+    };
+    fill();
+    uint64_t seq = 1, last = 0;
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      const uint64_t b = static_cast<uint64_t>(parts[i].numel()) * 4;
+      auto ticket = shm.post(parts[i], c10d::ReduceOp::SUM, {"allreduce", seq++, b}, 0.5);
+      if (!ticket) throw std::runtime_error("a tensor in a shared block was not posted");
+      if (i == 1) shm.finish(*ticket);  // the first two; the third waits for the barrier
+      last = *ticket;
+    }
+    shm.barrier({"barrier", seq++, 0});
+    shm.finish(last);  // finished already: nothing to do
+    for (auto& t : parts) posted[static_cast<std::size_t>(rank)].push_back(t.clone());
+    fill();
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      const uint64_t b = static_cast<uint64_t>(parts[i].numel()) * 4;
+      shm.allreduce(parts[i], c10d::ReduceOp::SUM, {"allreduce", seq++, b}, nullptr, 0.5);
+      synchronous[static_cast<std::size_t>(rank)].push_back(parts[i].clone());
+    }
+    auto priv = torch::zeros({10});
+    if (shm.post(priv, c10d::ReduceOp::SUM, {"allreduce", seq++, 40}))
+      throw std::runtime_error("a private tensor was posted");
+  });
+  ASSERT_EQ(errors, std::vector<std::string>(2, ""));
+  for (std::size_t i = 0; i < 3; ++i) {
+    auto expected = (rank_data(0, posted[0][i].numel(), static_cast<int>(i)) +
+                     rank_data(1, posted[0][i].numel(), static_cast<int>(i))) *
+                    0.5;
+    EXPECT_TRUE(torch::equal(posted[0][i], expected)) << "tensor " << i;
+    EXPECT_TRUE(torch::equal(posted[1][i], expected)) << "tensor " << i;
+    EXPECT_TRUE(torch::equal(posted[0][i], synchronous[0][i])) << "tensor " << i;
+    EXPECT_TRUE(torch::equal(posted[1][i], synchronous[1][i])) << "tensor " << i;
+  }
+}
+
+// 150 posts outstanding on each rank, more than the ring of records and counters holds: the
+// oldest are finished as new ones are posted, and every result is right.
+TEST(ShmGroup, MorePostsThanTheRingHoldsFinishInOrder) {
+  constexpr int kPosts = 150, kEach = 100;
+  std::vector<torch::Tensor> results(2);
+  auto errors = on_two_ranks(std::chrono::seconds(30), [&](int rank, ShmGroup& shm) {
+    std::string why;
+    auto block = shm.share(kPosts * kEach * 8, {"share", 0, kPosts * kEach * 8}, &why);
+    if (!block) throw std::runtime_error(why);
+    auto all = torch::from_blob(shm.my_part(*block), {kPosts * kEach}, torch::kLong);
+    all.copy_(torch::arange(kPosts * kEach, torch::kLong) * (rank + 1));
+    uint64_t last = 0;
+    for (int i = 0; i < kPosts; ++i) {
+      auto t = all.narrow(0, i * kEach, kEach);
+      if (rank == 1 && i % 40 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      last = *shm.post(t, c10d::ReduceOp::SUM, {"allreduce", static_cast<uint64_t>(i + 1), 800});
+    }
+    shm.finish(last);
+    results[static_cast<std::size_t>(rank)] = all.clone();
+  });
+  ASSERT_EQ(errors, std::vector<std::string>(2, ""));
+  auto expected = torch::arange(kPosts * kEach, torch::kLong) * 3;
+  EXPECT_TRUE(torch::equal(results[0], expected));
+  EXPECT_TRUE(torch::equal(results[1], expected));
+}
+
+// One rank posts an all-reduce while the other waits in a barrier: both fail at once (not at the
+// 60 s timeout), each naming the other's collective and its own.
+TEST(ShmGroup, APostAgainstAnotherCollectiveFailsAtOnceNamingBoth) {
+  const auto start = std::chrono::steady_clock::now();
+  auto errors = on_two_ranks(std::chrono::seconds(60), [&](int rank, ShmGroup& shm) {
+    std::string why;
+    auto block = shm.share(4096, {"share", 0, 4096}, &why);
+    if (!block) throw std::runtime_error(why);
+    auto t = torch::from_blob(shm.my_part(*block), {1024}, torch::kFloat);
+    if (rank == 0) {
+      shm.finish(*shm.post(t, c10d::ReduceOp::SUM, {"allreduce", 1, 4096}));
+    } else {
+      shm.barrier({"barrier", 1, 0});
+    }
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+  EXPECT_NE(errors[0].find("mismatched collectives: rank 1 called barrier #1"), std::string::npos)
+      << errors[0];
+  EXPECT_NE(errors[0].find("while this rank called allreduce #1 (4096 bytes)"), std::string::npos)
+      << errors[0];
+  EXPECT_NE(errors[1].find("mismatched collectives: rank 0 called allreduce #1 (4096 bytes)"),
+            std::string::npos)
+      << errors[1];
+  EXPECT_NE(errors[1].find("while this rank called barrier #1"), std::string::npos) << errors[1];
 }
 
 }  // namespace
