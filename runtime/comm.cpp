@@ -199,11 +199,11 @@ void Comm::wait(Pending& pending) {
   if (pending.posted != 0) {
     const uint64_t ticket = pending.posted - 1;
     pending.posted = 0;
-    guarded(pending, [&] { shm_->finish(ticket); });
-    if (pending.divide.defined()) {
-      pending.divide.div_(world_size_);
-      pending.divide = at::Tensor();
-    }
+    guarded(pending, [&] {
+      shm_->finish(ticket);
+      if (pending.divide.defined()) pending.divide.div_(world_size_);
+    });
+    pending.divide = at::Tensor();
   }
   if (!pending.work && !pending.node_broadcast.defined()) {
     progress::collective_finished(pending.seq);

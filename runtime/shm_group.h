@@ -148,11 +148,15 @@ class ShmGroup {
     double scale = 1.0;
     Call call;
   };
+  // Finishes the oldest outstanding post. After it failed, this and every later post, finish
+  // and collective fail at once, naming the first failure: a peer still missing must not cost
+  // each remaining bucket the whole timeout again, and a post removed by the failure must not
+  // read as finished.
   void finish_oldest();
   // Finishes every outstanding post: the start of every other collective.
-  void drain() {
-    while (!outstanding_.empty()) finish_oldest();
-  }
+  void drain();
+  void throw_if_failed() const;
+  void finish_posted(const Posted& p);
   // The error for rank r, which posted all-reduce `number` while this rank called `mine`.
   std::string posted_mismatch(int r, uint64_t number, const std::string& mine) const;
   void allreduce_in_place(at::Tensor& tensor, c10d::ReduceOp op, const Call& call,
@@ -172,6 +176,7 @@ class ShmGroup {
   std::vector<char> scratch_;  // one reduced chunk, before it is written to every block
   std::deque<Posted> outstanding_;
   uint64_t posts_ = 0;  // posted so far
+  std::string failed_;  // the first posted all-reduce that failed, and why
 };
 
 }  // namespace accel

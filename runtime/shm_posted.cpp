@@ -66,7 +66,10 @@ std::string mismatch(int r, const std::string& theirs, const std::string& mine) 
 
 std::optional<uint64_t> ShmGroup::post(at::Tensor& tensor, c10d::ReduceOp op, const Call& call,
                                        double scale) {
-  if (algorithm_ != Algorithm::kSplit || tensor.numel() == 0) return std::nullopt;
+  throw_if_failed();
+  if (algorithm_ != Algorithm::kSplit || tensor.numel() == 0 || !can_reduce(tensor) ||
+      (op != c10d::ReduceOp::SUM && op != c10d::ReduceOp::MAX && op != c10d::ReduceOp::MIN))
+    return std::nullopt;
   uint64_t offset = 0;
   auto block = find_block(tensor, &offset);
   if (!block) return std::nullopt;
@@ -77,7 +80,7 @@ std::optional<uint64_t> ShmGroup::post(at::Tensor& tensor, c10d::ReduceOp op, co
                              " elements is too large for shared memory's chunk counter");
   // The slot this post takes was last used by post (number - kPostRing): finish it first.
   while (posts_ - (outstanding_.empty() ? posts_ : outstanding_.front().number) >= shm::kPostRing)
-    finish_oldest();
+    finish_oldest();  // the error names the post it was
   Posted p{posts_, std::move(block), offset, tensor.scalar_type(), count, op, scale, call};
   // Which block and where in it, as allreduce() checks it.
   p.call.where = p.block->id << 40 | offset;
@@ -98,7 +101,18 @@ std::optional<uint64_t> ShmGroup::post(at::Tensor& tensor, c10d::ReduceOp op, co
 }
 
 void ShmGroup::finish(uint64_t ticket) {
+  throw_if_failed();
   while (!outstanding_.empty() && outstanding_.front().number <= ticket) finish_oldest();
+}
+
+void ShmGroup::drain() {
+  throw_if_failed();
+  while (!outstanding_.empty()) finish_oldest();
+}
+
+void ShmGroup::throw_if_failed() const {
+  if (!failed_.empty())
+    throw std::runtime_error("an earlier all-reduce in shared memory failed: " + failed_);
 }
 
 std::string ShmGroup::posted_mismatch(int r, uint64_t number, const std::string& mine) const {
@@ -114,9 +128,20 @@ std::string ShmGroup::posted_mismatch(int r, uint64_t number, const std::string&
 }
 
 void ShmGroup::finish_oldest() {
-  // Popped on every way out: after an error this group is not used again (Comm fails the job).
+  throw_if_failed();
   Posted p = std::move(outstanding_.front());
   outstanding_.pop_front();
+  try {
+    finish_posted(p);
+  } catch (const std::exception& e) {
+    failed_ = shm::describe(shm::op_code(p.call.op) << 56 | (p.call.bytes & ((1ULL << 56) - 1)),
+                            p.call.seq) +
+              ": " + e.what();
+    throw std::runtime_error(failed_);
+  }
+}
+
+void ShmGroup::finish_posted(const Posted& p) {
   shm::RankControl* ctl = shm::controls(base_);
   const uint64_t tag = p.number + 1;
   const uint64_t word = shm::op_code(p.call.op) << 56 | (p.call.bytes & ((1ULL << 56) - 1));

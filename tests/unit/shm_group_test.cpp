@@ -102,9 +102,11 @@ torch::Tensor rank_data(int rank, int64_t n, int salt) {
   return torch::randn({n}, gen);
 }
 
-// A late rank (rank 1 sleeps before each post) does not change the bits: three posted
-// all-reduces of a block's tensors (2.8 MB, 11 chunks; 4 KB; one left outstanding until a
-// barrier finishes it) equal the synchronous in-place all-reduce of the same data.
+// A late rank (rank 1 sleeps, then writes its data, before each post) does not change the bits:
+// three posted all-reduces of a block's tensors (2.8 MB in 11 chunks, a plain sum, so that a
+// chunk summed twice or before the late rank's data is there shows; 4 KB averaged; one left
+// outstanding until a barrier finishes it) equal the synchronous in-place all-reduce of the same
+// data and the sums computed here.
 TEST(ShmGroup, APostedAllReduceGivesTheSynchronousBitsWhicheverRankComesFirst) {
   constexpr int64_t kBig = 700001, kSmall = 1000, kLast = 70000;
   std::vector<std::vector<torch::Tensor>> posted(2), synchronous(2);
@@ -120,12 +122,16 @@ TEST(ShmGroup, APostedAllReduceGivesTheSynchronousBitsWhicheverRankComesFirst) {
       for (std::size_t i = 0; i < parts.size(); ++i)
         parts[i].copy_(rank_data(rank, parts[i].numel(), static_cast<int>(i)));
     };
-    fill();
+    const double scale[] = {1.0, 0.5, 0.5};
+    if (rank == 0) fill();
     uint64_t seq = 1, last = 0;
     for (std::size_t i = 0; i < parts.size(); ++i) {
-      if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      if (rank == 1) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(30));
+        parts[i].copy_(rank_data(rank, parts[i].numel(), static_cast<int>(i)));
+      }
       const uint64_t b = static_cast<uint64_t>(parts[i].numel()) * 4;
-      auto ticket = shm.post(parts[i], c10d::ReduceOp::SUM, {"allreduce", seq++, b}, 0.5);
+      auto ticket = shm.post(parts[i], c10d::ReduceOp::SUM, {"allreduce", seq++, b}, scale[i]);
       if (!ticket) throw std::runtime_error("a tensor in a shared block was not posted");
       if (i == 1) shm.finish(*ticket);  // the first two; the third waits for the barrier
       last = *ticket;
@@ -136,7 +142,7 @@ TEST(ShmGroup, APostedAllReduceGivesTheSynchronousBitsWhicheverRankComesFirst) {
     fill();
     for (std::size_t i = 0; i < parts.size(); ++i) {
       const uint64_t b = static_cast<uint64_t>(parts[i].numel()) * 4;
-      shm.allreduce(parts[i], c10d::ReduceOp::SUM, {"allreduce", seq++, b}, nullptr, 0.5);
+      shm.allreduce(parts[i], c10d::ReduceOp::SUM, {"allreduce", seq++, b}, nullptr, scale[i]);
       synchronous[static_cast<std::size_t>(rank)].push_back(parts[i].clone());
     }
     auto priv = torch::zeros({10});
@@ -147,7 +153,7 @@ TEST(ShmGroup, APostedAllReduceGivesTheSynchronousBitsWhicheverRankComesFirst) {
   for (std::size_t i = 0; i < 3; ++i) {
     auto expected = (rank_data(0, posted[0][i].numel(), static_cast<int>(i)) +
                      rank_data(1, posted[0][i].numel(), static_cast<int>(i))) *
-                    0.5;
+                    (i == 0 ? 1.0 : 0.5);
     EXPECT_TRUE(torch::equal(posted[0][i], expected)) << "tensor " << i;
     EXPECT_TRUE(torch::equal(posted[1][i], expected)) << "tensor " << i;
     EXPECT_TRUE(torch::equal(posted[0][i], synchronous[0][i])) << "tensor " << i;
@@ -170,7 +176,10 @@ TEST(ShmGroup, MorePostsThanTheRingHoldsFinishInOrder) {
     for (int i = 0; i < kPosts; ++i) {
       auto t = all.narrow(0, i * kEach, kEach);
       if (rank == 1 && i % 40 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      last = *shm.post(t, c10d::ReduceOp::SUM, {"allreduce", static_cast<uint64_t>(i + 1), 800});
+      auto ticket =
+          shm.post(t, c10d::ReduceOp::SUM, {"allreduce", static_cast<uint64_t>(i + 1), 800});
+      if (!ticket) throw std::runtime_error("a tensor in a shared block was not posted");
+      last = *ticket;
     }
     shm.finish(last);
     results[static_cast<std::size_t>(rank)] = all.clone();
@@ -191,7 +200,9 @@ TEST(ShmGroup, APostAgainstAnotherCollectiveFailsAtOnceNamingBoth) {
     if (!block) throw std::runtime_error(why);
     auto t = torch::from_blob(shm.my_part(*block), {1024}, torch::kFloat);
     if (rank == 0) {
-      shm.finish(*shm.post(t, c10d::ReduceOp::SUM, {"allreduce", 1, 4096}));
+      auto ticket = shm.post(t, c10d::ReduceOp::SUM, {"allreduce", 1, 4096});
+      if (!ticket) throw std::runtime_error("a tensor in a shared block was not posted");
+      shm.finish(*ticket);
     } else {
       shm.barrier({"barrier", 1, 0});
     }
@@ -205,6 +216,54 @@ TEST(ShmGroup, APostAgainstAnotherCollectiveFailsAtOnceNamingBoth) {
             std::string::npos)
       << errors[1];
   EXPECT_NE(errors[1].find("while this rank called barrier #1"), std::string::npos) << errors[1];
+}
+
+// A rank that never posts: the first finish fails at the timeout, naming it; the next finish, a
+// post and a barrier then fail at once with that cause, instead of waiting out the timeout each.
+TEST(ShmGroup, AfterAPostFailsEveryLaterCallFailsAtOnceWithItsCause) {
+  std::vector<std::string> later;
+  std::chrono::steady_clock::duration after{};
+  auto errors = on_two_ranks(std::chrono::milliseconds(500), [&](int rank, ShmGroup& shm) {
+    std::string why;
+    auto block = shm.share(8192, {"share", 0, 8192}, &why);
+    if (!block) throw std::runtime_error(why);
+    if (rank == 1) {  // stays, mapped and silent, past rank 0's timeout
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      return;
+    }
+    auto all = torch::from_blob(shm.my_part(*block), {2048}, torch::kFloat);
+    auto low = all.narrow(0, 0, 1024), high = all.narrow(0, 1024, 1024);
+    auto first = shm.post(low, c10d::ReduceOp::SUM, {"allreduce", 1, 4096});
+    auto second = shm.post(high, c10d::ReduceOp::SUM, {"allreduce", 2, 4096});
+    if (!first || !second) throw std::runtime_error("a tensor in a shared block was not posted");
+    try {
+      shm.finish(*first);
+      later.push_back("the first finish returned");
+    } catch (const std::exception& e) {
+      later.push_back(e.what());
+    }
+    const auto start = std::chrono::steady_clock::now();
+    for (auto call : {0, 1, 2}) {
+      try {
+        if (call == 0) shm.finish(*second);
+        if (call == 1) shm.post(low, c10d::ReduceOp::SUM, {"allreduce", 3, 4096});
+        if (call == 2) shm.barrier({"barrier", 4, 0});
+        later.push_back("call " + std::to_string(call) + " returned");
+      } catch (const std::exception& e) {
+        later.push_back(e.what());
+      }
+    }
+    after = std::chrono::steady_clock::now() - start;
+  });
+  ASSERT_EQ(errors, std::vector<std::string>(2, ""));
+  ASSERT_EQ(later.size(), 4u);
+  EXPECT_EQ(
+      later[0],
+      "allreduce #1 (4096 bytes): local rank 1 did not reach this collective in shared memory");
+  for (std::size_t i = 1; i < 4; ++i) {
+    EXPECT_EQ(later[i], "an earlier all-reduce in shared memory failed: " + later[0]) << i;
+  }
+  EXPECT_LT(after, std::chrono::milliseconds(250)) << "the later calls waited";
 }
 
 }  // namespace
