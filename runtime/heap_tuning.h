@@ -29,8 +29,8 @@ std::string users_setting(const env::Lookup& lookup);
 
 struct Outcome {
   bool applied = false;
-  std::string
-      why_not;  // when not applied: "MALLOC_TOP_PAD_ is set", "ACCEL_KEEP_FREED_MEMORY is off"
+  // When not applied: "MALLOC_TOP_PAD_ is set", "ACCEL_KEEP_FREED_MEMORY is off".
+  std::string why_not;
 };
 
 // Fixes glibc's thresholds in this process, once (later calls return the first outcome), unless

@@ -268,7 +268,7 @@ uint64_t ShmGroup::arrive_and_wait(const Call& call) {
   uint64_t g = ++generation_;
   RankControl* ctl = controls(base_);
   const std::size_t parity = g % 2;
-  const uint64_t word = op_code(call.op) << 56 | (call.bytes & ((1ULL << 56) - 1));
+  const uint64_t word = shm::word_of(call.op, call.bytes);
   ctl[rank_].call_seq[parity].store(call.seq, std::memory_order_relaxed);
   ctl[rank_].call_word[parity].store(word, std::memory_order_relaxed);
   ctl[rank_].call_detail[parity].store(call.detail, std::memory_order_relaxed);

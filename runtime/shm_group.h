@@ -147,6 +147,7 @@ class ShmGroup {
     c10d::ReduceOp op;
     double scale = 1.0;
     Call call;
+    uint64_t word = 0;  // shm::word_of(call)
   };
   // Finishes the oldest outstanding post. After it failed, this and every later post, finish
   // and collective fail at once, naming the first failure: a peer still missing must not cost

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <thread>
 #include <torch/csrc/distributed/c10d/Types.hpp>
@@ -111,6 +112,26 @@ inline uint64_t op_code(const char* op) {
   for (uint64_t i = 1; i < kNumOps; ++i)
     if (std::strcmp(op, kOps[i]) == 0) return i;
   return 0;
+}
+
+// A call's op and payload size in one word, as records hold them.
+inline uint64_t word_of(const char* op, uint64_t bytes) {
+  return op_code(op) << 56 | (bytes & ((1ULL << 56) - 1));
+}
+
+// What a rank's record of a post says, read as a seqlock: nothing when the record does not (or
+// no longer) hold post `tag` - 1.
+struct RecordCopy {
+  uint64_t seq, word, detail, where;
+};
+inline std::optional<RecordCopy> read_record(const PostRecord& rec, uint64_t tag) {
+  const uint64_t before = rec.tag.load(std::memory_order_acquire);
+  RecordCopy copy{rec.seq.load(std::memory_order_relaxed), rec.word.load(std::memory_order_relaxed),
+                  rec.detail.load(std::memory_order_relaxed),
+                  rec.where.load(std::memory_order_relaxed)};
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (before != tag || rec.tag.load(std::memory_order_relaxed) != tag) return std::nullopt;
+  return copy;
 }
 
 inline std::string describe(uint64_t word, uint64_t seq) {

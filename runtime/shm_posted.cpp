@@ -81,7 +81,15 @@ std::optional<uint64_t> ShmGroup::post(at::Tensor& tensor, c10d::ReduceOp op, co
   // The slot this post takes was last used by post (number - kPostRing): finish it first.
   while (posts_ - (outstanding_.empty() ? posts_ : outstanding_.front().number) >= shm::kPostRing)
     finish_oldest();  // the error names the post it was
-  Posted p{posts_, std::move(block), offset, tensor.scalar_type(), count, op, scale, call};
+  Posted p{posts_,
+           std::move(block),
+           offset,
+           tensor.scalar_type(),
+           count,
+           op,
+           scale,
+           call,
+           shm::word_of(call.op, call.bytes)};
   // Which block and where in it, as allreduce() checks it.
   p.call.where = p.block->id << 40 | offset;
   const uint64_t number = posts_++;
@@ -89,8 +97,7 @@ std::optional<uint64_t> ShmGroup::post(at::Tensor& tensor, c10d::ReduceOp op, co
   rec.tag.store(0, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
   rec.seq.store(call.seq, std::memory_order_relaxed);
-  rec.word.store(shm::op_code(call.op) << 56 | (call.bytes & ((1ULL << 56) - 1)),
-                 std::memory_order_relaxed);
+  rec.word.store(p.word, std::memory_order_relaxed);
   rec.detail.store(call.detail, std::memory_order_relaxed);
   rec.where.store(p.call.where, std::memory_order_relaxed);
   rec.tag.store(number + 1, std::memory_order_release);
@@ -116,15 +123,8 @@ void ShmGroup::throw_if_failed() const {
 }
 
 std::string ShmGroup::posted_mismatch(int r, uint64_t number, const std::string& mine) const {
-  auto& rec = shm::record(base_, world_, r, number);
-  const uint64_t tag = rec.tag.load(std::memory_order_acquire);
-  const uint64_t seq = rec.seq.load(std::memory_order_relaxed);
-  const uint64_t word = rec.word.load(std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_acquire);
-  const std::string theirs = rec.tag.load(std::memory_order_relaxed) == tag && tag == number + 1
-                                 ? shm::describe(word, seq)
-                                 : std::string("an all-reduce");
-  return mismatch(r, theirs, mine);
+  const auto theirs = shm::read_record(shm::record(base_, world_, r, number), number + 1);
+  return mismatch(r, theirs ? shm::describe(theirs->word, theirs->seq) : "an all-reduce", mine);
 }
 
 void ShmGroup::finish_oldest() {
@@ -134,9 +134,7 @@ void ShmGroup::finish_oldest() {
   try {
     finish_posted(p);
   } catch (const std::exception& e) {
-    failed_ = shm::describe(shm::op_code(p.call.op) << 56 | (p.call.bytes & ((1ULL << 56) - 1)),
-                            p.call.seq) +
-              ": " + e.what();
+    failed_ = shm::describe(p.word, p.call.seq) + ": " + e.what();
     throw std::runtime_error(failed_);
   }
 }
@@ -144,7 +142,7 @@ void ShmGroup::finish_oldest() {
 void ShmGroup::finish_posted(const Posted& p) {
   shm::RankControl* ctl = shm::controls(base_);
   const uint64_t tag = p.number + 1;
-  const uint64_t word = shm::op_code(p.call.op) << 56 | (p.call.bytes & ((1ULL << 56) - 1));
+  auto mine = [&] { return shm::describe(p.word, p.call.seq); };  // for errors only
   shm::Pacer pacer(timeout_);
   for (int r = 0; r < world_; ++r) {
     while (ctl[r].posted.load(std::memory_order_acquire) < tag) {
@@ -158,7 +156,7 @@ void ShmGroup::finish_posted(const Posted& p) {
             mismatch(r,
                      shm::describe(ctl[r].call_word[parity].load(std::memory_order_relaxed),
                                    ctl[r].call_seq[parity].load(std::memory_order_relaxed)),
-                     shm::describe(word, p.call.seq)));
+                     mine()));
       }
       if (!pacer.pause()) {
         throw std::runtime_error("local rank " + std::to_string(r) +
@@ -168,23 +166,14 @@ void ShmGroup::finish_posted(const Posted& p) {
   }
   for (int r = 0; r < world_; ++r) {
     if (r == rank_) continue;
-    auto& rec = shm::record(base_, world_, r, p.number);
-    const uint64_t t1 = rec.tag.load(std::memory_order_acquire);
-    const uint64_t seq = rec.seq.load(std::memory_order_relaxed);
-    const uint64_t their_word = rec.word.load(std::memory_order_relaxed);
-    const uint64_t detail = rec.detail.load(std::memory_order_relaxed);
-    const uint64_t where = rec.where.load(std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_acquire);
-    // Rewritten meanwhile: that rank finished this post, after every rank had posted it.
-    if (t1 != tag || rec.tag.load(std::memory_order_relaxed) != tag) continue;
-    if (their_word != word || seq != p.call.seq) {
+    // Nothing: that rank finished this post and rewrote its record, after every rank posted.
+    const auto theirs = shm::read_record(shm::record(base_, world_, r, p.number), tag);
+    if (!theirs) continue;
+    if (theirs->word != p.word || theirs->seq != p.call.seq)
+      throw std::runtime_error(mismatch(r, shm::describe(theirs->word, theirs->seq), mine()));
+    if (theirs->detail != p.call.detail || theirs->where != p.call.where) {
       throw std::runtime_error("mismatched collectives: rank " + std::to_string(r) + " called " +
-                               shm::describe(their_word, seq) + " while this rank called " +
-                               shm::describe(word, p.call.seq));
-    }
-    if (detail != p.call.detail || where != p.call.where) {
-      throw std::runtime_error("mismatched collectives: rank " + std::to_string(r) + " called " +
-                               shm::describe(word, p.call.seq) +
+                               mine() +
                                " with another dtype, reduce op or shared block than this rank");
     }
   }
