@@ -194,7 +194,8 @@ void ShmGroup::finish_posted(const Posted& p) {
   while (count_for(work.done, tag) < chunks) {
     if (!done.pause()) {
       throw std::runtime_error(
-          "a local rank took part of this all-reduce in shared memory and did not finish it");
+          "another local rank took a part of this all-reduce in shared memory and did not "
+          "finish it within the collective timeout (it stopped or hangs)");
     }
   }
 }
