@@ -3,12 +3,14 @@
 
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <sstream>
 
 #include "accel/error.h"
 #include "runtime/log.h"
@@ -126,8 +128,42 @@ void GradSync::install_hooks() {
           if (auto self = weak.lock()) self->on_grad_ready(i);
           return outputs;
         }));
+    // Why a pre hook as well: a second accumulation must be refused before it writes into the
+    // bucket, which the other ranks may be summing.
+    struct BeforeAccumulate : torch::autograd::FunctionPreHook {
+      std::weak_ptr<GradSync> sync;
+      std::size_t param;
+      BeforeAccumulate(std::weak_ptr<GradSync> s, std::size_t i) : sync(std::move(s)), param(i) {}
+      torch::autograd::variable_list operator()(
+          const torch::autograd::variable_list& grads) override {
+        if (auto self = sync.lock()) self->before_accumulate(param);
+        return grads;
+      }
+    };
+    acc->add_pre_hook(std::make_unique<BeforeAccumulate>(weak, i));
     accumulators_.push_back(std::move(acc));
   }
+}
+
+void GradSync::before_accumulate(std::size_t param) {
+  if (!require_sync_) return;
+  std::lock_guard lock(mu_);
+  // Why only then: a parameter that fires again before its bucket is launched is summed with the
+  // rest of the bucket, as on one process.
+  if (!round_active_ || !ready_[param] || !buckets_[bucket_of_[param]].launched) return;
+  std::ostringstream shape;
+  shape << params_[param].sizes();
+  throw UsageError(
+      "accel: backward accumulated a second gradient into trainable parameter #" +
+      std::to_string(param) + " (shape " + shape.str() +
+      ", counting the prepared model's trainable parameters in parameters() order) after its "
+      "gradient had been handed to the all-reduce: a backward ran inside this one (reentrant "
+      "activation checkpointing, or an autograd Function whose backward calls backward) and "
+      "used a parameter that this backward had already finished. Its gradient would miss the "
+      "average (DistributedDataParallel refuses this too: \"Expected to mark a variable ready "
+      "only once\"). Compute that part in the outer backward (non-reentrant checkpointing), or "
+      "run this backward under no_sync(model) and average the gradients with reduce(). This "
+      "step's gradients are incomplete; zero_grad() and the next step start clean.");
 }
 
 // Rides in the engine's final callback of one round. When backward throws, the engine drops its

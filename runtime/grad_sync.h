@@ -10,9 +10,12 @@
 // (the optimizer then skips it, as DDP's find_unused_parameters does), with no extra collective. A
 // backward that throws is drained before the exception leaves backward: every launched bucket is
 // waited for (so no reduction lands in .grad after the caller's zero_grad) and its progress entry
-// closed (so the agent does not take it for a hang). Thread: hooks run on the autograd engine's
-// thread (the caller's, on CPU); everything else on the training thread. Backward passes do not
-// overlap.
+// closed (so the agent does not take it for a hang). A gradient accumulated into a parameter a
+// second time in one backward after its bucket was launched (a backward run inside this one, as
+// reentrant activation checkpointing does) is refused before it is added: it would land in a
+// buffer the other ranks are summing, or after the sum, and DDP refuses it too. Thread: hooks run
+// on the autograd engine's thread (the caller's, on CPU); everything else on the training thread.
+// Backward passes do not overlap.
 #pragma once
 
 #include <torch/types.h>
@@ -77,6 +80,7 @@ class GradSync : public std::enable_shared_from_this<GradSync> {
   GradSync(Comm& comm, std::vector<torch::Tensor> params, GradSyncOptions options);
   void install_hooks();
   void on_grad_ready(std::size_t param);
+  void before_accumulate(std::size_t param);
   void launch_ready_buckets();
   void launch(Bucket& bucket);
   void attach_grad(Bucket& bucket, std::size_t k);

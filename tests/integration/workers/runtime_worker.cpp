@@ -8,6 +8,7 @@
 //   {plain|set_to_none|accumulate|no_sync|throw_acc|throw_plain|wide|huge|tied|frozen}
 //   runtime_worker foreign (ZeRO: an optimizer holding a tensor of no prepared model)
 //   runtime_worker mismatch
+//   runtime_worker reentrant (a second gradient into a launched bucket, by a nested backward)
 //   {sleep|other_collective|dtype|place} runtime_worker backward_throws {acc|plain} [STEP_MS]
 //   runtime_worker save_killed DIR K [async] (one process: checkpoint_0, then SIGKILL at I/O op K
 //   of checkpoint_1) runtime_worker load_newest DIR [STEPS] (load_state() of the newest
@@ -45,6 +46,7 @@ using runtime_worker::g_rank;
 using runtime_worker::late_order;
 using runtime_worker::load_newest;
 using runtime_worker::NetImpl;
+using runtime_worker::reentrant;
 using runtime_worker::save_killed;
 using runtime_worker::usr1_at;
 
@@ -729,6 +731,7 @@ int main(int argc, char** argv) {
   if (mode == "load_newest" && argc > 2)
     return load_newest(argv[2], argc > 3 ? std::atoi(argv[3]) : 0);
   if (mode == "foreign") return foreign();
+  if (mode == "reentrant") return reentrant();
   if (mode == "usr1_at" && argc > 4)
     return usr1_at(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]));
   if (mode == "late_order" && argc > 5) {

@@ -53,5 +53,7 @@ int load_newest(const std::string& dir, int steps);
 int late_order(int steps, int kill_rank, int kill_at, const std::string& model_dir);
 int foreign();
 int usr1_at(int steps, int save_at, int signal_at);
+// runtime_worker_reentrant.cpp
+int reentrant();
 
 }  // namespace runtime_worker

@@ -1,0 +1,106 @@
+// runtime_worker reentrant: a parameter whose gradient is accumulated a second time in one
+// backward, by a backward run inside it (as reentrant activation checkpointing does), after its
+// bucket's all-reduce has begun. That second gradient would be added into a buffer other ranks
+// are summing (a race) or into the average (a wrong step), so backward must refuse it, on every
+// rank, naming the parameter, and leave the run able to go on.
+#include <torch/torch.h>
+
+#include <string>
+
+#include "accel/accel.h"
+#include "tests/integration/workers/runtime_worker.h"
+
+namespace runtime_worker {
+
+namespace {
+
+// Holds fc2's weight outside autograd's inputs, so that the outer graph has no edge to it: the
+// weight is reached only through the backward this Function's backward runs (what reentrant
+// checkpointing does with the parameters of the segment it recomputes).
+struct Weight {
+  torch::Tensor w;
+};
+
+// forward: h @ w^T without a graph; backward: recomputes it with one and runs backward on it.
+struct ReentrantUse : torch::autograd::Function<ReentrantUse> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& h,
+                               Weight weight) {
+    ctx->save_for_backward({h});
+    ctx->saved_data["w"] = weight.w;
+    torch::NoGradGuard no_grad;
+    return h.matmul(weight.w.t());
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto h = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    auto w = ctx->saved_data["w"].toTensor();
+    torch::AutoGradMode grad_on(true);
+    torch::autograd::backward({h.matmul(w.t())}, {grads[0]});
+    return {h.grad(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+int reentrant() {
+  accel::AcceleratorOptions options;
+  options.bucket_cap_bytes = 64;  // fc2's weight in a bucket of its own, launched before the rest
+  accel::Accelerator acc(options);
+  g_rank = acc.process_index();
+  torch::manual_seed(5);
+  auto model = std::make_shared<NetImpl>();
+  auto opt = std::make_shared<torch::optim::SGD>(model->parameters(), 0.1);
+  auto [m, o] = acc.prepare(model, opt);
+  torch::manual_seed(100 + acc.process_index());  // every rank trains on different data
+  const auto x = torch::randn({4, 6}), y = torch::randn({4, 2});
+  // Why the Function's node is made before fc2's: backward runs the later node first, so fc2's
+  // weight gets its gradient (and its bucket is launched) before the inner backward adds more.
+  auto loss_of = [&] {
+    auto h = torch::tanh(m->fc1->forward(x));
+    auto again = ReentrantUse::apply(h, Weight{m->fc2->weight});
+    return torch::mse_loss(m->fc2->forward(h) + again, y);
+  };
+  // What a synced backward would have to give: each rank's own gradients, averaged by hand.
+  std::vector<torch::Tensor> expected;
+  {
+    auto scope = acc.no_sync(m);
+    acc.backward(loss_of());
+  }
+  for (auto& p : m->parameters())
+    expected.push_back(p.grad().defined() ? acc.reduce(p.grad(), accel::ReduceOp::kMean)
+                                          : torch::Tensor());
+  o.zero_grad();
+  std::string refused;
+  try {
+    acc.backward(loss_of());
+  } catch (const accel::UsageError& e) {
+    refused = e.what();
+  }
+  if (refused.empty()) {
+    auto params = m->parameters();
+    double worst = 0;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      if (expected[i].defined())
+        worst = std::max(worst, (params[i].grad() - expected[i]).abs().max().item<double>());
+    }
+    REQUIRE(false,
+            "a second gradient into a launched bucket was accepted; the gradients differ "
+            "from the average of the ranks' own by up to " +
+                std::to_string(worst));
+  }
+  std::printf("rank %d refused: %s\n", acc.process_index(), refused.c_str());
+  // The run goes on: the failed backward's buckets were drained, and a plain step syncs.
+  o.zero_grad();
+  acc.backward(torch::mse_loss(m->forward(x), y));
+  o.step();
+  std::vector<torch::Tensor> flat;
+  for (auto& p : m->parameters()) flat.push_back(p.detach().reshape({-1}));
+  auto weights = torch::cat(flat);
+  auto spread =
+      acc.reduce(weights, accel::ReduceOp::kMax) - acc.reduce(weights, accel::ReduceOp::kMin);
+  REQUIRE(spread.abs().max().item<float>() == 0.0f, "ranks disagree on the weights after a step");
+  acc.print("OK reentrant refused on every rank, and the next step synced");
+  return 0;
+}
+
+}  // namespace runtime_worker
