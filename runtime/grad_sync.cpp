@@ -28,6 +28,7 @@ GradSync::GradSync(Comm& comm, std::vector<torch::Tensor> params, GradSyncOption
     : comm_(comm), params_(std::move(params)) {
   bucket_of_.assign(params_.size(), 0);
   ready_.assign(params_.size(), false);
+  reopened_.assign(params_.size(), false);
   // Reverse order: the last layers' gradients are ready first in backward.
   Bucket current;
   std::size_t bytes = 0;
@@ -148,22 +149,34 @@ void GradSync::install_hooks() {
 void GradSync::before_accumulate(std::size_t param) {
   if (!require_sync_) return;
   std::lock_guard lock(mu_);
-  // Why only then: a parameter that fires again before its bucket is launched is summed with the
-  // rest of the bucket, as on one process.
-  if (!round_active_ || !ready_[param] || !buckets_[bucket_of_[param]].launched) return;
+  // A parameter's first gradient of a backward, or one of a round whose backward has ended.
+  if (!round_active_ || token_.expired() || !ready_[param]) return;
+  auto& bucket = buckets_[bucket_of_[param]];
+  if (!bucket.launched) {
+    // Its bucket not yet launched: the second gradient is summed with the rest, as on one
+    // process. Why count it again: with gradients on several engine threads (CPU and CUDA),
+    // another thread could launch the bucket before this accumulation; now it waits for it.
+    if (!reopened_[param]) {
+      reopened_[param] = true;
+      ++bucket.pending;
+    }
+    return;
+  }
   std::ostringstream shape;
   shape << params_[param].sizes();
   throw UsageError(
       "accel: backward accumulated a second gradient into trainable parameter #" +
       std::to_string(param) + " (shape " + shape.str() +
-      ", counting the prepared model's trainable parameters in parameters() order) after its "
-      "gradient had been handed to the all-reduce: a backward ran inside this one (reentrant "
-      "activation checkpointing, or an autograd Function whose backward calls backward) and "
-      "used a parameter that this backward had already finished. Its gradient would miss the "
-      "average (DistributedDataParallel refuses this too: \"Expected to mark a variable ready "
-      "only once\"). Compute that part in the outer backward (non-reentrant checkpointing), or "
-      "run this backward under no_sync(model) and average the gradients with reduce(). This "
-      "step's gradients are incomplete; zero_grad() and the next step start clean.");
+      "; counting each trainable tensor of the prepared model once, in parameters() order) "
+      "after its gradient had been handed to the all-reduce: a backward ran inside this one "
+      "(reentrant activation checkpointing, or an autograd Function whose backward calls "
+      "backward) and used a parameter that this backward had already finished. Its gradient "
+      "would miss the average (DistributedDataParallel refuses this too: \"Expected to mark a "
+      "variable ready only once\"). Compute that part in the outer backward (non-reentrant "
+      "checkpointing), or "
+      "run the whole (outer) backward under no_sync(model) and average the gradients with "
+      "reduce(). This step's gradients are incomplete; zero_grad() and the next step start "
+      "clean.");
 }
 
 // Rides in the engine's final callback of one round. When backward throws, the engine drops its
@@ -202,7 +215,15 @@ void GradSync::on_grad_ready(std::size_t param) {
     token_ = token;
     round_active_ = true;
   }
-  if (ready_[param]) return;  // a parameter used twice fires once per use; count it once
+  if (ready_[param]) {
+    // A second gradient in this backward (a backward run inside it), admitted by
+    // before_accumulate while the bucket was still open: the bucket waited for it.
+    if (reopened_[param]) {
+      reopened_[param] = false;
+      if (--buckets_[bucket_of_[param]].pending == 0) launch_ready_buckets();
+    }
+    return;
+  }
   ready_[param] = true;
   auto& bucket = buckets_[bucket_of_[param]];
   if (--bucket.pending == 0) launch_ready_buckets();
@@ -307,6 +328,7 @@ void GradSync::drain_and_reset_round() {
     b.work = {};
   }
   std::fill(ready_.begin(), ready_.end(), false);
+  std::fill(reopened_.begin(), reopened_.end(), false);
   next_to_launch_ = 0;
   round_active_ = false;
 }

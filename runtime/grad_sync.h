@@ -94,6 +94,9 @@ class GradSync : public std::enable_shared_from_this<GradSync> {
   std::vector<std::size_t> bucket_of_;  // param index -> bucket index
   std::vector<Bucket> buckets_;
   std::vector<bool> ready_;
+  // A parameter whose second gradient of this backward was admitted (its bucket not yet
+  // launched) and is not yet accumulated: its bucket's `pending` counts it again.
+  std::vector<bool> reopened_;
   // Why: hooks live on these nodes
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::size_t next_to_launch_ = 0;
@@ -102,7 +105,7 @@ class GradSync : public std::enable_shared_from_this<GradSync> {
   std::weak_ptr<RoundToken> token_;  // the open round's, held by the engine's callback
   bool require_sync_ = true;
   std::mutex mu_;  // guards the round state (ready_, buckets_' counters, next_to_launch_,
-                   // round_active_, round_, token_)
+                   // round_active_, round_, token_, reopened_)
 };
 
 }  // namespace accel

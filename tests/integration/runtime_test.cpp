@@ -450,11 +450,11 @@ TEST(Runtime, GradientsStillSyncAfterABackwardThatThrew) {
 // gradient into a parameter whose bucket is already being all-reduced: before, that gradient
 // missed the average (the gradients differed from the ranks' own averaged by 0.26 over both
 // transports); now backward refuses it on every rank, naming the parameter, before it is added,
-// and the next step syncs as usual.
+// and the next step syncs as usual. One that arrives before its bucket is launched is averaged.
 TEST(Runtime, ASecondGradientIntoALaunchedBucketIsRefusedOnEveryRankAndTheRunGoesOn) {
   TempDir dir;
   for (std::string shm : {"1", "0"}) {
-    auto r = run_worker(dir, 2, {"reentrant"}, {{"ACCEL_SHM_COLLECTIVES", shm}});
+    auto r = run_worker(dir, 2, {"reentrant", "launched"}, {{"ACCEL_SHM_COLLECTIVES", shm}});
     EXPECT_JOB_OK(r) << "ACCEL_SHM_COLLECTIVES=" << shm;
     for (std::string rank : {"0", "1"}) {
       EXPECT_NE(r.out.find("rank " + rank +
@@ -467,6 +467,13 @@ TEST(Runtime, ASecondGradientIntoALaunchedBucketIsRefusedOnEveryRankAndTheRunGoe
     EXPECT_NE(r.out.find("OK reentrant refused on every rank, and the next step synced"),
               std::string::npos)
         << r.out;
+    // One bucket, held until backward ends by a parameter no rank uses: the second gradient
+    // arrives before the launch and is averaged with the rest.
+    auto held = run_worker(dir, 2, {"reentrant", "held"}, {{"ACCEL_SHM_COLLECTIVES", shm}});
+    EXPECT_JOB_OK(held) << "ACCEL_SHM_COLLECTIVES=" << shm;
+    EXPECT_NE(held.out.find("OK reentrant accepted before the launch, gradients averaged"),
+              std::string::npos)
+        << held.out;
   }
 }
 

@@ -54,6 +54,6 @@ int late_order(int steps, int kill_rank, int kill_at, const std::string& model_d
 int foreign();
 int usr1_at(int steps, int save_at, int signal_at);
 // runtime_worker_reentrant.cpp
-int reentrant();
+int reentrant(bool launched);
 
 }  // namespace runtime_worker
