@@ -415,18 +415,35 @@ int run_contention(int argc, char** argv) {
   // A whole background save: `every` steps begun just after save_state (its call included),
   // against `every` steps with no save in flight; and how long a save's write went on after its
   // `every` steps (a cost those steps do not show).
-  std::vector<double> with_save, without_save, outlasted;
+  // Also each step's time by its place after the save (and in the quiet run), and the save_state
+  // call's own: where the cost lands.
+  std::vector<double> with_save, without_save, outlasted, calls;
   const long every = args.integer("every");
+  if (every < 1) {
+    std::fprintf(stderr, "bench_checkpoint contention: --every must be at least 1\n");
+    return 2;
+  }
+  std::vector<std::vector<double>> step_with(static_cast<std::size_t>(every)),
+      step_without(static_cast<std::size_t>(every));
   for (long round = 0; !dir.empty() && round < args.integer("rounds"); ++round) {
     for (int side = 0; side < 2; ++side) {
       auto began = Clock::now();
       if (quiet(round, side)) {
-        for (long i = 0; i < every; ++i) train_one_step(acc, io);
+        for (long i = 0; i < every; ++i) {
+          auto t = Clock::now();
+          train_one_step(acc, io);
+          step_without[static_cast<std::size_t>(i)].push_back(seconds_since(t));
+        }
         without_save.push_back(seconds_since(began));
         continue;
       }
       acc.save_state({}, {.async = true});
-      for (long i = 0; i < every; ++i) train_one_step(acc, io);
+      calls.push_back(seconds_since(began));
+      for (long i = 0; i < every; ++i) {
+        auto t = Clock::now();
+        train_one_step(acc, io);
+        step_with[static_cast<std::size_t>(i)].push_back(seconds_since(t));
+      }
       with_save.push_back(seconds_since(began));
       began = Clock::now();
       acc.wait_for_checkpoint();
@@ -451,6 +468,15 @@ int run_contention(int argc, char** argv) {
                   median(with_save) * 1000, median(without_save) * 1000, median(cost) * 1000,
                   median(outlasted) * 1000);
     saves = buf;
+    saves +=
+        ", \"save_call_ms\": " + std::to_string(median(calls) * 1000) + ", \"per_step_cost_ms\": [";
+    for (std::size_t i = 0; i < step_with.size(); ++i) {
+      std::vector<double> d;
+      for (std::size_t r = 0; r < step_with[i].size(); ++r)
+        d.push_back(step_with[i][r] - step_without[i][r]);
+      saves += (i ? ", " : "") + std::to_string(median(d) * 1000);
+    }
+    saves += "]";
   }
   std::printf(
       "{\"mb\": %lld, \"copied_mb\": %.1f, \"rounds\": %ld, \"step_alone_ms\": %.2f, "

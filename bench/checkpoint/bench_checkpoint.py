@@ -17,7 +17,8 @@ Prints a Markdown table of medians over --runs runs, everything measured in this
     training step alone against one alongside a copy of the checkpoint's bytes on another thread
     (what a background save's writer copies first, with no checksum and no write), and the
     --stall-every steps just after a background save against as many with no save in flight
-    (paired round by round, so that the drift of the machine between runs cancels); the target
+    (paired round by round, so that the drift of the machine between runs cancels; also by step
+    after the save, and the save_state call's own time); the target
     line judges a background save's stall by this paired cost against the foreground stall;
     each run also once with ACCEL_CHECKPOINT_WRITER_CPUS=any (the writer thread left where the
     scheduler puts it, instead of on the CPUs taking the checkpoint disk's interrupts)
@@ -281,7 +282,12 @@ def main():
                                      ("paired save cost ms", [row["save_cost_ms"] for row in contention]),
                                      ("the same, writer anywhere", [row["save_cost_ms"] for row in unplaced]),
                                      ("copy ms", [row["copy_ms"] for row in contention]),
-                                     ("write after the steps ms", [row["write_outlasted_ms"] for row in contention]))))
+                                     ("write after the steps ms", [row["write_outlasted_ms"] for row in contention]),
+                                     ("save_state call ms", [row["save_call_ms"] for row in contention]))))
+    # Where a background save's paired cost lands: the median extra time of the 1st, 2nd, ...
+    # step after it (the write runs during the first few; the later ones should read about 0).
+    print("paired cost by step after a background save, ms, per run: " +
+          "; ".join(", ".join(f"{v:.1f}" for v in row["per_step_cost_ms"]) for row in contention))
     # Why the paired figure decides: separate runs drift by more than the target on a small VM
     # (the no-save runs alone spread over 10% of their time); both are printed.
     ratio = per_save["async"] / per_save["sync"]
