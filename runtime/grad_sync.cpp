@@ -156,6 +156,8 @@ void GradSync::before_accumulate(std::size_t param) {
     // Its bucket not yet launched: the second gradient is summed with the rest, as on one
     // process. Why count it again: with gradients on several engine threads (CPU and CUDA),
     // another thread could launch the bucket before this accumulation; now it waits for it.
+    // Not covered: the same parameter accumulated on two threads at once (its first gradient's
+    // post hook not yet run, or a third gradient in flight beside the second).
     if (!reopened_[param]) {
       reopened_[param] = true;
       ++bucket.pending;

@@ -361,6 +361,10 @@ int run_contention(int argc, char** argv) {
       .flag("every", "6", "steps after each background save (with --dir)");
   args.parse(argc, argv);
   const std::string dir = args.str("dir");
+  if (!dir.empty() && args.integer("every") < 1) {
+    std::fprintf(stderr, "bench_checkpoint contention: --every must be at least 1\n");
+    return 2;
+  }
   accel::Accelerator acc(dir.empty() ? io_options(0) : saving_options(dir, true));
   auto io = prepare_io(acc, args.integer("mb"));
   train_one_step(acc, io);  // the optimizer state exists from here
@@ -419,10 +423,6 @@ int run_contention(int argc, char** argv) {
   // call's own: where the cost lands.
   std::vector<double> with_save, without_save, outlasted, calls;
   const long every = args.integer("every");
-  if (every < 1) {
-    std::fprintf(stderr, "bench_checkpoint contention: --every must be at least 1\n");
-    return 2;
-  }
   std::vector<std::vector<double>> step_with(static_cast<std::size_t>(every)),
       step_without(static_cast<std::size_t>(every));
   for (long round = 0; !dir.empty() && round < args.integer("rounds"); ++round) {

@@ -259,7 +259,8 @@ def main():
               f"sync: {med(values['sync']) * 1000:.0f} | {med(values['async']) / med(values['sync']):.2f}x |")
     print(f"| mean of the other steps, ms | async: {med(other['async']) * 1000:.0f} | "
           f"no saves: {med(other['none']) * 1000:.0f} | {med(other['async']) / med(other['none']):.2f}x |")
-    cont = {k: med([row[k] for row in contention]) for k in contention[0] if k.endswith("_ms")}
+    cont = {k: med([row[k] for row in contention]) for k in contention[0]
+            if k.endswith("_ms") and not isinstance(contention[0][k], list)}
     print(f"| step alongside a copy of the checkpoint's bytes on another thread (no write), ms | "
           f"{cont['step_alongside_copy_ms']:.0f} | step alone: {cont['step_alone_ms']:.0f} | "
           f"{cont['step_alongside_copy_ms'] / cont['step_alone_ms']:.2f}x |")

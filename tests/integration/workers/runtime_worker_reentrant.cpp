@@ -58,8 +58,9 @@ double worst_difference(torch::nn::Module& model, const std::vector<torch::Tenso
 
 int reentrant(bool launched) {
   accel::AcceleratorOptions options;
-  // "launched": fc2's weight in a bucket of its own, launched before the inner backward adds to
-  // it. Otherwise all in one bucket, which unused_head (no gradient) holds until backward ends.
+  // "launched": fc2's weight and bias in the first bucket, launched before the inner backward
+  // adds to the weight. Otherwise all in one bucket, which unused_head (no gradient) holds until
+  // backward ends.
   if (launched) options.bucket_cap_bytes = 64;
   accel::Accelerator acc(options);
   g_rank = acc.process_index();
