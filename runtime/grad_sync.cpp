@@ -117,6 +117,16 @@ bool GradSync::is_attached(const Bucket& bucket, std::size_t k) const {
 GradSync::~GradSync() = default;
 
 void GradSync::install_hooks() {
+  struct BeforeAccumulate : torch::autograd::FunctionPreHook {
+    std::weak_ptr<GradSync> sync;
+    std::size_t param;
+    BeforeAccumulate(std::weak_ptr<GradSync> s, std::size_t i) : sync(std::move(s)), param(i) {}
+    torch::autograd::variable_list operator()(
+        const torch::autograd::variable_list& grads) override {
+      if (auto self = sync.lock()) self->before_accumulate(param);
+      return grads;
+    }
+  };
   std::weak_ptr<GradSync> weak = weak_from_this();
   for (std::size_t i = 0; i < params_.size(); ++i) {
     auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
@@ -131,16 +141,6 @@ void GradSync::install_hooks() {
         }));
     // Why a pre hook as well: a second accumulation must be refused before it writes into the
     // bucket, which the other ranks may be summing.
-    struct BeforeAccumulate : torch::autograd::FunctionPreHook {
-      std::weak_ptr<GradSync> sync;
-      std::size_t param;
-      BeforeAccumulate(std::weak_ptr<GradSync> s, std::size_t i) : sync(std::move(s)), param(i) {}
-      torch::autograd::variable_list operator()(
-          const torch::autograd::variable_list& grads) override {
-        if (auto self = sync.lock()) self->before_accumulate(param);
-        return grads;
-      }
-    };
     acc->add_pre_hook(std::make_unique<BeforeAccumulate>(weak, i));
     accumulators_.push_back(std::move(acc));
   }
@@ -175,10 +175,9 @@ void GradSync::before_accumulate(std::size_t param) {
       "backward) and used a parameter that this backward had already finished. Its gradient "
       "would miss the average (DistributedDataParallel refuses this too: \"Expected to mark a "
       "variable ready only once\"). Compute that part in the outer backward (non-reentrant "
-      "checkpointing), or "
-      "run the whole (outer) backward under no_sync(model) and average the gradients with "
-      "reduce(). This step's gradients are incomplete; zero_grad() and the next step start "
-      "clean.");
+      "checkpointing), or run the whole (outer) backward under no_sync(model) and average the "
+      "gradients with reduce(). This step's gradients are incomplete; zero_grad() and the next "
+      "step start clean.");
 }
 
 // Rides in the engine's final callback of one round. When backward throws, the engine drops its

@@ -39,7 +39,30 @@
 #include "runtime/safetensors.h"
 
 namespace runtime_worker {
+
 int g_rank = 0;
+
+torch::Tensor same_weights_everywhere(accel::Accelerator& acc, torch::nn::Module& model,
+                                      const std::string& what) {
+  std::vector<torch::Tensor> flat;
+  for (auto& p : model.parameters()) flat.push_back(p.detach().reshape({-1}));
+  auto weights = torch::cat(flat);
+  auto spread =
+      acc.reduce(weights, accel::ReduceOp::kMax) - acc.reduce(weights, accel::ReduceOp::kMin);
+  REQUIRE(spread.abs().max().item<float>() == 0.0f, what);
+  return weights;
+}
+
+SmallSgd prepare_small_sgd(accel::Accelerator& acc) {
+  g_rank = acc.process_index();
+  torch::manual_seed(5);
+  auto model = std::make_shared<NetImpl>();
+  auto opt = std::make_shared<torch::optim::SGD>(model->parameters(), 0.1);
+  auto [m, o] = acc.prepare(model, opt);
+  torch::manual_seed(100 + acc.process_index());  // every rank trains on different data
+  return {m, o};
+}
+
 }  // namespace runtime_worker
 
 using runtime_worker::foreign;
@@ -47,7 +70,9 @@ using runtime_worker::g_rank;
 using runtime_worker::late_order;
 using runtime_worker::load_newest;
 using runtime_worker::NetImpl;
+using runtime_worker::prepare_small_sgd;
 using runtime_worker::reentrant;
+using runtime_worker::same_weights_everywhere;
 using runtime_worker::save_killed;
 using runtime_worker::usr1_at;
 
@@ -425,18 +450,6 @@ int open_collectives_on_progress_page() {
   return open;
 }
 
-// All of the model's weights, flattened; fails with `what` unless every rank holds the same bits.
-torch::Tensor same_weights_everywhere(accel::Accelerator& acc, torch::nn::Module& model,
-                                      const std::string& what) {
-  std::vector<torch::Tensor> flat;
-  for (auto& p : model.parameters()) flat.push_back(p.detach().reshape({-1}));
-  auto weights = torch::cat(flat);
-  auto spread =
-      acc.reduce(weights, accel::ReduceOp::kMax) - acc.reduce(weights, accel::ReduceOp::kMin);
-  REQUIRE(spread.abs().max().item<float>() == 0.0f, what);
-  return weights;
-}
-
 int train(int argc, char** argv) {
   REQUIRE(argc >= 6, "train OUT GLOBAL_BATCH STEPS MODE [adamw|adam|sgd]");
   std::string out_file = argv[2];
@@ -594,12 +607,7 @@ int backward_throws(bool plain, int step_ms) {
   accel::AcceleratorOptions options;
   options.bucket_cap_bytes = 64;  // small buckets: several are launched before the throw
   accel::Accelerator acc(options);
-  g_rank = acc.process_index();
-  torch::manual_seed(5);
-  auto model = std::make_shared<NetImpl>();
-  auto opt = std::make_shared<torch::optim::SGD>(model->parameters(), 0.1);
-  auto [m, o] = acc.prepare(model, opt);
-  torch::manual_seed(100 + acc.process_index());  // every rank trains on different data
+  auto [m, o] = prepare_small_sgd(acc);
   auto step = [&] {
     run_backward(acc, torch::mse_loss(m->forward(torch::randn({4, 6})), torch::randn({4, 2})),
                  plain);

@@ -1,5 +1,5 @@
 // What runtime_worker's source files share: the rank its messages name, REQUIRE, the equivalence
-// model, and the modes that live in runtime_worker_checkpoints.cpp.
+// model and its small SGD setup, the weights check, and the modes that live in the other files.
 #pragma once
 
 #include <torch/torch.h>
@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+
+#include "accel/accel.h"
 
 namespace runtime_worker {
 
@@ -47,13 +49,26 @@ struct NetImpl : torch::nn::Module {
 // xxh64 of every parameter's bytes, in order: equal hashes = bitwise-equal weights.
 std::string weights_hash(torch::nn::Module& model);
 
+// All of the model's weights, flattened; fails with `what` unless every rank holds the same bits.
+torch::Tensor same_weights_everywhere(accel::Accelerator& acc, torch::nn::Module& model,
+                                      const std::string& what);
+
+// The gradient-sync tests' setup: NetImpl with seed 5's weights (every rank alike, before the
+// broadcast) and SGD at 0.1, prepared; g_rank set; then seed 100 + rank, so that every rank
+// draws different data.
+struct SmallSgd {
+  accel::PreparedModel<NetImpl> model;
+  accel::PreparedOptimizer optimizer;
+};
+SmallSgd prepare_small_sgd(accel::Accelerator& acc);
+
 // The checkpoint modes (runtime_worker_checkpoints.cpp); see runtime_worker.cpp's usage.
 int save_killed(const std::string& dir, int kill_at, bool async);
 int load_newest(const std::string& dir, int steps);
 int late_order(int steps, int kill_rank, int kill_at, const std::string& model_dir);
 int foreign();
 int usr1_at(int steps, int save_at, int signal_at);
-// runtime_worker_reentrant.cpp
+// The nested-backward mode (runtime_worker_reentrant.cpp).
 int reentrant(bool launched);
 
 }  // namespace runtime_worker

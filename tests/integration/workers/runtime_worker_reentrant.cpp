@@ -63,12 +63,7 @@ int reentrant(bool launched) {
   // backward ends.
   if (launched) options.bucket_cap_bytes = 64;
   accel::Accelerator acc(options);
-  g_rank = acc.process_index();
-  torch::manual_seed(5);
-  auto model = std::make_shared<NetImpl>();
-  auto opt = std::make_shared<torch::optim::SGD>(model->parameters(), 0.1);
-  auto [m, o] = acc.prepare(model, opt);
-  torch::manual_seed(100 + acc.process_index());  // every rank trains on different data
+  auto [m, o] = prepare_small_sgd(acc);
   const auto x = torch::randn({4, 6}), y = torch::randn({4, 2});
   // A plain synced backward first: from then on each .grad is a view of its bucket.
   acc.backward(torch::mse_loss(m->forward(x), y));
@@ -131,12 +126,7 @@ int reentrant(bool launched) {
   o.zero_grad();
   acc.backward(torch::mse_loss(m->forward(x), y));
   o.step();
-  std::vector<torch::Tensor> flat;
-  for (auto& p : m->parameters()) flat.push_back(p.detach().reshape({-1}));
-  auto weights = torch::cat(flat);
-  auto spread =
-      acc.reduce(weights, accel::ReduceOp::kMax) - acc.reduce(weights, accel::ReduceOp::kMin);
-  REQUIRE(spread.abs().max().item<float>() == 0.0f, "ranks disagree on the weights after a step");
+  same_weights_everywhere(acc, *m, "ranks disagree on the weights after a step");
   acc.print("OK reentrant refused on every rank, and the next step synced");
   return 0;
 }
