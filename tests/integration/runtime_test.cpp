@@ -449,24 +449,29 @@ TEST(Runtime, GradientsStillSyncAfterABackwardThatThrew) {
 // A backward run inside a backward (reentrant activation checkpointing) that adds a second
 // gradient into a parameter whose bucket is already being all-reduced: before, that gradient
 // missed the average (the gradients differed from the ranks' own averaged by 0.26 over both
-// transports); now backward refuses it on every rank, naming the parameter, before it is added,
-// and the next step syncs as usual. One that arrives before its bucket is launched is averaged.
+// transports); now backward (acc.backward or a bare loss.backward()) refuses it on every rank,
+// naming the parameter, before it is added, and the next step syncs as usual. One that arrives
+// before its bucket is launched is averaged.
 TEST(Runtime, ASecondGradientIntoALaunchedBucketIsRefusedOnEveryRankAndTheRunGoesOn) {
   TempDir dir;
   for (std::string shm : {"1", "0"}) {
-    auto r = run_worker(dir, 2, {"reentrant", "launched"}, {{"ACCEL_SHM_COLLECTIVES", shm}});
-    EXPECT_JOB_OK(r) << "ACCEL_SHM_COLLECTIVES=" << shm;
-    for (std::string rank : {"0", "1"}) {
-      EXPECT_NE(r.out.find("rank " + rank +
-                           " refused: accel: backward accumulated a second gradient into "
-                           "trainable parameter #4 (shape [2, 16]"),
+    // Through acc.backward, and through a bare loss.backward() as an HF-style program writes it.
+    for (std::string how : {"acc", "plain"}) {
+      auto r = run_worker(dir, 2, {"reentrant", "launched", how}, {{"ACCEL_SHM_COLLECTIVES", shm}});
+      EXPECT_JOB_OK(r) << "ACCEL_SHM_COLLECTIVES=" << shm << " " << how;
+      for (std::string rank : {"0", "1"}) {
+        EXPECT_NE(r.out.find("rank " + rank +
+                             " refused: accel: backward accumulated a second gradient into "
+                             "trainable parameter #4 (shape [2, 16]"),
+                  std::string::npos)
+            << "ACCEL_SHM_COLLECTIVES=" << shm << " " << how << "\n"
+            << r.out;
+      }
+      EXPECT_NE(r.out.find("OK reentrant refused on every rank, and the next step synced"),
                 std::string::npos)
-          << "ACCEL_SHM_COLLECTIVES=" << shm << "\n"
+          << how << "\n"
           << r.out;
     }
-    EXPECT_NE(r.out.find("OK reentrant refused on every rank, and the next step synced"),
-              std::string::npos)
-        << r.out;
     // One bucket, held until backward ends by a parameter no rank uses: the second gradient
     // arrives before the launch and is averaged with the rest.
     auto held = run_worker(dir, 2, {"reentrant", "held"}, {{"ACCEL_SHM_COLLECTIVES", shm}});

@@ -8,8 +8,8 @@
 //   {plain|set_to_none|accumulate|no_sync|throw_acc|throw_plain|wide|huge|tied|frozen}
 //   runtime_worker foreign (ZeRO: an optimizer holding a tensor of no prepared model)
 //   runtime_worker mismatch
-//   runtime_worker reentrant {launched|held} (a second gradient, by a nested backward, into a
-//   launched bucket: refused; into one not yet launched: summed)
+//   runtime_worker reentrant {launched|held} [plain] (a second gradient, by a nested backward,
+//   into a launched bucket: refused; into one not yet launched: summed; plain: loss.backward())
 //   {sleep|other_collective|dtype|place} runtime_worker backward_throws {acc|plain} [STEP_MS]
 //   runtime_worker save_killed DIR K [async] (one process: checkpoint_0, then SIGKILL at I/O op K
 //   of checkpoint_1) runtime_worker load_newest DIR [STEPS] (load_state() of the newest
@@ -740,7 +740,9 @@ int main(int argc, char** argv) {
   if (mode == "load_newest" && argc > 2)
     return load_newest(argv[2], argc > 3 ? std::atoi(argv[3]) : 0);
   if (mode == "foreign") return foreign();
-  if (mode == "reentrant" && argc > 2) return reentrant(std::string(argv[2]) == "launched");
+  if (mode == "reentrant" && argc > 2)
+    return reentrant(std::string(argv[2]) == "launched",
+                     argc > 3 && std::string(argv[3]) == "plain");
   if (mode == "usr1_at" && argc > 4)
     return usr1_at(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]));
   if (mode == "late_order" && argc > 5) {

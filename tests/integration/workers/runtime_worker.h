@@ -69,6 +69,6 @@ int late_order(int steps, int kill_rank, int kill_at, const std::string& model_d
 int foreign();
 int usr1_at(int steps, int save_at, int signal_at);
 // The nested-backward mode (runtime_worker_reentrant.cpp).
-int reentrant(bool launched);
+int reentrant(bool launched, bool plain);
 
 }  // namespace runtime_worker

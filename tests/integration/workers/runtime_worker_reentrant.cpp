@@ -56,7 +56,7 @@ double worst_difference(torch::nn::Module& model, const std::vector<torch::Tenso
   return worst;
 }
 
-int reentrant(bool launched) {
+int reentrant(bool launched, bool plain) {
   accel::AcceleratorOptions options;
   // "launched": fc2's weight and bias in the first bucket, launched before the inner backward
   // adds to the weight. Otherwise all in one bucket, which unused_head (no gradient) holds until
@@ -95,8 +95,13 @@ int reentrant(bool launched) {
   REQUIRE((expected[4] - outer_only[4]).abs().max().item<double>() > 1e-3,
           "the inner backward adds nothing to fc2's weight: the checks below could not tell");
   std::string refused;
+  // `plain`: a bare loss.backward(), as a program ported from HF Accelerate may call it.
   try {
-    acc.backward(loss_of(true));
+    if (plain) {
+      loss_of(true).backward();
+    } else {
+      acc.backward(loss_of(true));
+    }
   } catch (const accel::UsageError& e) {
     refused = e.what();
   }
