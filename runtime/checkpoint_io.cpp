@@ -33,6 +33,9 @@ namespace {
 
 // write_stream starts the write-back of every this many bytes as they are written.
 constexpr off_t kWriteBackBytes = off_t{8} << 20;
+// write_stream hashes what it writes with O_DIRECT in pieces of this many bytes (a multiple of
+// the block size).
+constexpr std::size_t kHashPiece = std::size_t{8} << 20;
 
 [[noreturn]] void fail(const fs::path& path, const std::string& what) {
   throw CheckpointError("accel: checkpoint: " + path.string() + ": " + what);
@@ -59,8 +62,10 @@ std::atomic<CheckpointFs*> g_override{nullptr};
 // disk, without the kernel copying them into the page cache first (that copy, and the page
 // cache's dirty-page throttling, took most of a large save here). While one buffer is being
 // written by a thread of its own, the producer fills the other, so serializing and hashing
-// overlap the disk. A file system that refuses an aligned O_DIRECT write (EINVAL) gets the rest
-// through the page cache instead; the tail that is not a whole block always does.
+// overlap the disk. Bytes the producer already has in page-aligned memory, at a page-aligned
+// place in the file (a background save's file, laid out in memory as the file), are written from
+// that memory, with no copy. A file system that refuses an aligned O_DIRECT write (EINVAL) gets
+// the rest through the page cache instead; the tail that is not a whole block always does.
 class DirectWriter {
  public:
   DirectWriter(int fd, const fs::path& path) : fd_(fd), path_(path) {}
@@ -77,7 +82,15 @@ class DirectWriter {
     }
   }
 
+  // `part` must stay valid until the next append() or finish() returns.
   void append(std::string_view part) {
+    if (bufs_[filling_].used == 0 && offset_ % kAlign == 0 &&
+        reinterpret_cast<std::uintptr_t>(part.data()) % kAlign == 0 && part.size() >= kAlign) {
+      const std::size_t whole = part.size() / kAlign * kAlign;
+      hand_over(part.data(), whole);
+      offset_ += static_cast<off_t>(whole);
+      part.remove_prefix(whole);
+    }
     while (!part.empty()) {
       Buffer& b = bufs_[filling_];
       if (!b.data) allocate(b);
@@ -134,16 +147,21 @@ class DirectWriter {
     b.data.reset(static_cast<char*>(p));
   }
 
-  // Hands the filled buffer to the thread, once it has written the previous one.
-  void submit() {
+  // Hands `n` bytes at `p` to the thread, to be written at offset_, once it has written what it
+  // had.
+  void hand_over(const char* p, std::size_t n) {
     if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
     wait_idle();
     {
       std::lock_guard<std::mutex> lock(m_);
-      pending_ = filling_;
-      pending_offset_ = offset_;
+      pending_ = Job{p, n, offset_};
     }
     cv_.notify_all();
+  }
+
+  // Hands the filled buffer to the thread, once it has written the previous one.
+  void submit() {
+    hand_over(bufs_[filling_].data.get(), bufs_[filling_].used);
     offset_ += static_cast<off_t>(bufs_[filling_].used);
     filling_ = 1 - filling_;
     if (!bufs_[filling_].data) allocate(bufs_[filling_]);
@@ -152,27 +170,26 @@ class DirectWriter {
 
   void wait_idle() {
     std::unique_lock<std::mutex> lock(m_);
-    cv_.wait(lock, [this] { return pending_ < 0; });
+    cv_.wait(lock, [this] { return !pending_; });
     if (error_ != 0) fail(path_, "write failed", error_);
   }
 
   void run() {
     std::unique_lock<std::mutex> lock(m_);
     for (;;) {
-      cv_.wait(lock, [this] { return stop_ || pending_ >= 0; });
-      if (pending_ < 0) return;  // stopped with nothing to write
-      Buffer& b = bufs_[pending_];
-      off_t at = pending_offset_;
+      cv_.wait(lock, [this] { return stop_ || pending_; });
+      if (!pending_) return;  // stopped with nothing to write
+      const Job job = *pending_;
       lock.unlock();
       int err = 0;
       try {
-        write_all(b.data.get(), b.used, at);
+        write_all(job.p, job.n, job.at);
       } catch (const std::system_error& e) {
         err = e.code().value();
       }
       lock.lock();
       if (err != 0 && error_ == 0) error_ = err;
-      pending_ = -1;
+      pending_.reset();
       cv_.notify_all();
     }
   }
@@ -205,8 +222,13 @@ class DirectWriter {
   std::thread thread_;
   std::mutex m_;
   std::condition_variable cv_;
-  int pending_ = -1;  // the buffer the thread writes, or -1
-  off_t pending_offset_ = 0;
+  // What the thread writes: a buffer of ours, or the producer's own memory.
+  struct Job {
+    const char* p;
+    std::size_t n;
+    off_t at;
+  };
+  std::optional<Job> pending_;
   bool stop_ = false;
   int error_ = 0;
 };
@@ -278,9 +300,19 @@ WrittenFile CheckpointFs::write_stream(const fs::path& path,
   if (direct) writer.emplace(f.fd, path);
   off_t flushed = 0;  // buffered: bytes whose write-back has been started
   auto sink = [&](std::string_view part) {
+    if (writer) {
+      // Why in pieces: each is hashed while the thread writes the one before, in particular a
+      // whole file the writer sends from the producer's memory.
+      for (std::size_t at = 0; at < part.size(); at += kHashPiece) {
+        auto piece = part.substr(at, kHashPiece);
+        XXH64_update(&state, piece.data(), piece.size());
+        out.size += piece.size();
+        writer->append(piece);
+      }
+      return;
+    }
     XXH64_update(&state, part.data(), part.size());
     out.size += part.size();
-    if (writer) return writer->append(part);
     write_all(f.fd, part, path);
     // Why: start the disk writing what is written so far while the rest is produced, instead
     // of all of it at the fsync below; the fsync then waits for the tail only. Advice: a file

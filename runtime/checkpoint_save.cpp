@@ -122,31 +122,46 @@ OutFile optimizer_archived_now(std::string name, const torch::optim::Optimizer& 
   return bytes_file(std::move(name), std::move(bytes));
 }
 
-// An optimizer's state tensors for a background save: those on the CPU as buffers that the
-// writer thread fills before the next optimizer step (`copies`); the others copied to the CPU now.
-safetensors::NamedTensors deferred(safetensors::NamedTensors tensors,
-                                   ckpt::SnapshotCopies& copies) {
-  for (auto& [name, t] : tensors) {
-    t = t.device().is_cpu() && t.layout() == torch::kStrided ? copies.defer(t) : cpu_copy(t);
-  }
-  return tensors;
+// Which of an optimizer's state tensors a background save copies later, on the writer thread,
+// before the next optimizer step (SnapshotCopies): those on the CPU. The others (on a GPU) are
+// copied now.
+std::vector<bool> state_copied_later(const safetensors::NamedTensors& tensors) {
+  std::vector<bool> later;
+  for (const auto& [name, t] : tensors)
+    later.push_back(t.device().is_cpu() && t.layout() == torch::kStrided);
+  return later;
 }
 
-// A model's tensors for a background save: its CPU parameters as buffers that the writer thread
-// fills before the next optimizer step (`copies`); everything else copied now (buffers such as
-// BatchNorm's running statistics change in the next forward; GPU tensors come to the CPU).
-safetensors::NamedTensors snapshot(safetensors::NamedTensors tensors,
-                                   const torch::nn::Module& model, ckpt::SnapshotCopies& copies) {
+// Which of a model's tensors a background save copies later, on the writer thread: its CPU
+// parameters, which only an optimizer step changes. Everything else is copied now (buffers such
+// as BatchNorm's running statistics change in the next forward; GPU tensors come to the CPU).
+std::vector<bool> parameters_copied_later(const safetensors::NamedTensors& tensors,
+                                          const torch::nn::Module& model) {
   std::unordered_set<const void*> parameters;
   for (const auto& p : model.parameters()) parameters.insert(p.data_ptr());
-  for (auto& [name, t] : tensors) {
-    if (t.device().is_cpu() && t.layout() == torch::kStrided && parameters.contains(t.data_ptr())) {
-      t = copies.defer(t);
-    } else {
-      t = cpu_copy(t);
-    }
+  std::vector<bool> later;
+  for (const auto& [name, t] : tensors) {
+    later.push_back(t.device().is_cpu() && t.layout() == torch::kStrided &&
+                    parameters.contains(t.data_ptr()));
   }
-  return tensors;
+  return later;
+}
+
+// A model's file for a background save, laid out in the save's kept memory (SnapshotCopies).
+safetensors::Encoded background_model_file(const torch::nn::Module& model,
+                                           ckpt::SnapshotCopies& copies, const std::string& where) {
+  auto tensors = module_tensors(model);
+  return copies.defer_file(tensors, parameters_copied_later(tensors, model), {{"format", "pt"}},
+                           where);
+}
+
+// An optimizer's file for a background save, as background_model_file.
+safetensors::Encoded background_optimizer_file(const torch::optim::Optimizer& optimizer,
+                                               ckpt::SnapshotCopies& copies,
+                                               const std::string& where) {
+  std::map<std::string, std::string> metadata;
+  auto tensors = ckpt::optimizer_tensors(optimizer, metadata);
+  return copies.defer_file(tensors, state_copied_later(tensors), metadata, where);
 }
 
 // A model's tensors for an in-memory snapshot: its CPU parameters as they are (the writer thread
@@ -412,13 +427,14 @@ void Accelerator::Impl::prefault_background_copies() {
   prefaulted_ = true;
   auto& copies = *snapshot_;
   if (copies.has_buffers()) return;  // a background save made them
-  // The same defer() calls, in the same order, as a background save's (prepare_write).
+  // The same defer_file() calls, in the same order, as a background save's (prepare_write).
   copies.begin();
-  for (const auto& model : models_) (void)snapshot(module_tensors(*model), *model, copies);
+  for (const auto& model : models_)
+    (void)background_model_file(*model, copies, "accel: background checkpoint memory");
   for (const auto& slot : optimizers_) {
-    if (!ckpt::has_tensor_state(*slot->optimizer)) continue;
-    std::map<std::string, std::string> metadata;
-    (void)deferred(ckpt::optimizer_tensors(*slot->optimizer, metadata), copies);
+    if (ckpt::has_tensor_state(*slot->optimizer))
+      (void)background_optimizer_file(*slot->optimizer, copies,
+                                      "accel: background checkpoint memory");
   }
   copies.prefault();
 }
@@ -430,14 +446,16 @@ std::function<void()> Accelerator::prepare_write(const fs::path& target, bool as
   std::vector<OutFile> files;
   for (std::size_t i = 0; i < impl_->models_.size(); ++i) {
     auto name = indexed("model", i, ".safetensors");
-    auto tensors = module_tensors(*impl_->models_[i]);
-    if (in_memory) {
-      tensors = live_parameters(std::move(tensors), *impl_->models_[i]);
-    } else if (async) {
-      tensors = snapshot(std::move(tensors), *impl_->models_[i], copies);
+    const auto where = (target / name).string();
+    if (async && !in_memory) {
+      files.push_back(
+          safetensors_file(name, background_model_file(*impl_->models_[i], copies, where)));
+      continue;
     }
-    files.push_back(safetensors_file(
-        name, safetensors::encode(tensors, {{"format", "pt"}}, (target / name).string())));
+    auto tensors = module_tensors(*impl_->models_[i]);
+    if (in_memory) tensors = live_parameters(std::move(tensors), *impl_->models_[i]);
+    files.push_back(
+        safetensors_file(name, safetensors::encode(tensors, {{"format", "pt"}}, where)));
   }
   json optimizer_steps = json::array(), optimizer_lrs = json::array();
   for (std::size_t i = 0; i < impl_->optimizers_.size(); ++i) {
@@ -452,11 +470,15 @@ std::function<void()> Accelerator::prepare_write(const fs::path& target, bool as
       // tensors' memory (or, in the background, from copies), without libtorch's archive (a zip
       // whose every record is CRC-32'd: most of a save's time otherwise).
       auto name = indexed("optimizer", i, ".safetensors");
-      std::map<std::string, std::string> metadata;
-      auto tensors = ckpt::optimizer_tensors(optimizer, metadata);
-      if (async && !in_memory) tensors = deferred(std::move(tensors), copies);
-      files.push_back(
-          safetensors_file(name, safetensors::encode(tensors, metadata, (target / name).string())));
+      const auto where = (target / name).string();
+      if (async && !in_memory) {
+        files.push_back(
+            safetensors_file(name, background_optimizer_file(optimizer, copies, where)));
+      } else {
+        std::map<std::string, std::string> metadata;
+        auto tensors = ckpt::optimizer_tensors(optimizer, metadata);
+        files.push_back(safetensors_file(name, safetensors::encode(tensors, metadata, where)));
+      }
     } else {
       // Any other optimizer: libtorch's archive. An in-memory snapshot's holds the live state,
       // written before the next step may change it.

@@ -1,20 +1,75 @@
 // SnapshotCopies (checkpoint_snapshot.h).
 #include "runtime/checkpoint_snapshot.h"
 
+#include <sys/mman.h>
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdint>
 #include <cstring>
+#include <stdexcept>
 #include <system_error>
+
+#include "accel/error.h"
 
 namespace accel::ckpt {
 
 namespace {
+
+constexpr std::size_t kPage = 4096;
+constexpr std::size_t kHugePage = std::size_t{2} << 20;
+
 std::function<void()>& copy_hook() {
   static std::function<void()> hook;
   return hook;
 }
+
+std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+
 }  // namespace
+
+struct SnapshotCopies::Block {
+  char* data = nullptr;  // the start of the mapping, aligned
+  std::size_t capacity = 0;
+  // Files of this block a save (or the program, through a tensor it kept) still holds: while
+  // any, a save must not write into it.
+  std::atomic<int> handed_out{0};
+
+  Block() = default;
+  Block(const Block&) = delete;
+  Block& operator=(const Block&) = delete;
+  ~Block() {
+    if (data) ::munmap(data, capacity);
+  }
+
+  static std::shared_ptr<Block> make(std::size_t bytes, const std::string& where) {
+    const bool huge = bytes >= kHugePage;
+    const std::size_t align = huge ? kHugePage : kPage;
+    const std::size_t capacity = round_up(std::max<std::size_t>(bytes, 1), align);
+    // Why map more and trim: mmap aligns to a page only; a huge page needs its 2 MiB boundary.
+    const std::size_t mapped = capacity + (huge ? kHugePage : 0);
+    void* p = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      throw CheckpointError(
+          where + ": cannot map " + std::to_string(capacity) +
+          " bytes for a background save's copy: " + std::generic_category().message(errno));
+    }
+    auto* base = static_cast<char*>(p);
+    auto* data = reinterpret_cast<char*>(round_up(reinterpret_cast<std::uintptr_t>(base), align));
+    if (data > base) ::munmap(base, static_cast<std::size_t>(data - base));
+    if (base + mapped > data + capacity)
+      ::munmap(data + capacity, static_cast<std::size_t>(base + mapped - (data + capacity)));
+    // Why: a 2 MiB page is one fault and one TLB entry where 4 KiB pages are 512 of each, for
+    // the copy while training runs. Advice only: a kernel without transparent huge pages, or
+    // with them off, gives small pages as before.
+    if (huge) (void)::madvise(data, capacity, MADV_HUGEPAGE);
+    auto block = std::make_shared<Block>();
+    block->data = data;
+    block->capacity = capacity;
+    return block;
+  }
+};
 
 void set_copy_hook_for_testing(std::function<void()> hook) { copy_hook() = std::move(hook); }
 
@@ -24,29 +79,62 @@ void SnapshotCopies::begin() {
   next_ = 0;
 }
 
-torch::Tensor SnapshotCopies::defer(const torch::Tensor& live) {
-  torch::Tensor buffer;
-  // Why use_count: a buffer still held by a writer (or by the program, through a tensor it got
-  // from a checkpoint) must not be written into; a fresh one is made instead.
-  if (next_ < kept_.size() && kept_[next_].use_count() == 1 &&
-      kept_[next_].scalar_type() == live.scalar_type() && kept_[next_].sizes() == live.sizes()) {
-    buffer = kept_[next_];
+safetensors::Encoded SnapshotCopies::defer_file(const safetensors::NamedTensors& tensors,
+                                                const std::vector<bool>& copy_later,
+                                                const std::map<std::string, std::string>& metadata,
+                                                const std::string& where) {
+  if (copy_later.size() != tensors.size())
+    throw std::invalid_argument("SnapshotCopies::defer_file: copy_later has " +
+                                std::to_string(copy_later.size()) + " entries for " +
+                                std::to_string(tensors.size()) + " tensors");
+  const std::string header = safetensors::encode_header(tensors, metadata, where, kPage);
+  std::size_t bytes = header.size();
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const auto& t = tensors[i].second;
+    if (copy_later[i] && !(t.device().is_cpu() && t.layout() == torch::kStrided))
+      throw std::invalid_argument("SnapshotCopies::defer_file: " + where + ": tensor \"" +
+                                  tensors[i].first + "\" is not a strided CPU tensor");
+    bytes += static_cast<std::size_t>(t.numel()) * t.element_size();
+  }
+  std::shared_ptr<Block> block;
+  if (next_ < kept_.size() && kept_[next_]->handed_out.load() == 0 &&
+      kept_[next_]->capacity >= bytes) {
+    block = kept_[next_];
   } else {
-    buffer = torch::empty(live.sizes(), live.options().device(torch::kCPU).requires_grad(false),
-                          torch::MemoryFormat::Contiguous);
+    // Why a page more: the header changes with the metadata (an optimizer's learning rate), and
+    // a header grown past its page would otherwise need a new block at the next save.
+    block = Block::make(bytes + kPage, where);
     if (next_ < kept_.size()) {
-      kept_[next_] = buffer;
+      kept_[next_] = block;
     } else {
-      kept_.push_back(buffer);
+      kept_.push_back(block);
     }
   }
   ++next_;
-  queued_.emplace_back(buffer, live.detach());
-  return buffer;
+  ++block->handed_out;
+  torch::Tensor file = torch::from_blob(
+      block->data, {static_cast<int64_t>(bytes)}, [block](void*) { --block->handed_out; },
+      torch::TensorOptions().dtype(torch::kUInt8));
+  std::memcpy(block->data, header.data(), header.size());
+  std::size_t offset = header.size();
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const auto& t = tensors[i].second;
+    const auto n = static_cast<std::size_t>(t.numel()) * t.element_size();
+    if (copy_later[i]) {
+      queued_.push_back({file, offset, t.detach()});
+    } else if (n > 0) {
+      auto cpu = t.detach().to(torch::kCPU).resolve_conj().resolve_neg().contiguous();
+      std::memcpy(block->data + offset, cpu.data_ptr(), n);
+    }
+    offset += n;
+  }
+  safetensors::Encoded out;
+  out.data.push_back(std::move(file));
+  return out;
 }
 
 void SnapshotCopies::start() {
-  kept_.resize(std::min(kept_.size(), next_));  // a model or optimizer fewer than last time
+  kept_.resize(std::min(kept_.size(), next_));  // fewer files than last time
   std::lock_guard lock(mutex_);
   pending_ = !queued_.empty();
 }
@@ -61,18 +149,19 @@ void SnapshotCopies::copy() {
     SnapshotCopies& self;
     ~Done() { self.abandon(); }
   } done{*this};
-  // Why: its zeros must not land on a copy. Not for a writer that copies nothing (an in-memory
-  // snapshot): the step would wait for the touching.
+  // Why: the copies should land in pages already mapped, not race the touching for them. Not for
+  // a writer that copies nothing (an in-memory snapshot): the step would wait for the touching.
   if (!queued_.empty()) join_touching();
   if (copy_hook()) copy_hook()();
-  for (auto& [buffer, live] : queued_) {
+  for (auto& [file, offset, live] : queued_) {
+    char* to = static_cast<char*>(file.data_ptr()) + offset;
     // Why memcpy for the usual case: at::copy_ may split a large copy over ATen's intra-op
-    // threads, which the training thread is using; this thread copies alone. (A buffer has its
-    // tensor's dtype and shape, contiguous.)
+    // threads, which the training thread is using; this thread copies alone.
     if (live.is_contiguous()) {
-      std::memcpy(buffer.data_ptr(), live.data_ptr(), live.nbytes());
+      std::memcpy(to, live.data_ptr(), live.nbytes());
     } else {
-      buffer.copy_(live);
+      torch::from_blob(to, live.sizes(), torch::TensorOptions().dtype(live.scalar_type()))
+          .copy_(live);
     }
   }
   queued_.clear();  // the live tensors are the program's again
@@ -94,25 +183,22 @@ void SnapshotCopies::wait() {
 void SnapshotCopies::prefault() {
   kept_.resize(std::min(kept_.size(), next_));
   queued_.clear();
-  // Why storages, not tensors: a tensor held elsewhere counts as busy in defer(), which would then
-  // make the first save a fresh buffer; a storage keeps the memory alive without that, also when
-  // a save drops a buffer that no longer fits while this thread still touches it.
-  struct Pages {
-    c10::Storage storage;
-    char* p;
-    std::size_t n;
-  };
-  std::vector<Pages> pages;
-  for (const auto& b : kept_)
-    pages.push_back({b.storage(), static_cast<char*>(b.data_ptr()), b.nbytes()});
+  // Why the blocks, not their files: a file handed out counts as held in defer_file(), which
+  // would then make the first save a fresh block; the block itself keeps the memory alive
+  // without that, also when a save drops a block that no longer fits while this thread still
+  // touches it.
+  std::vector<std::shared_ptr<Block>> blocks = kept_;
   std::lock_guard lock(mutex_);
   try {
-    touching_ = std::async(std::launch::async, [pages = std::move(pages)] {
-      constexpr std::size_t kPage = 4096;
-      for (const auto& [storage, p, n] : pages) {
-        auto* bytes = static_cast<volatile char*>(p);
-        for (std::size_t at = 0; at < n; at += kPage) bytes[at] = 0;
-        if (n > 0) bytes[n - 1] = 0;  // the last page, when the buffer does not start on one
+    touching_ = std::async(std::launch::async, [blocks = std::move(blocks)] {
+      for (const auto& b : blocks) {
+        // Why not plain stores: a save may already be writing its header into the block (in
+        // defer_file, on the program's thread), which a zero stored here could overwrite.
+        // MADV_POPULATE_WRITE maps the pages as a write would, without writing; before Linux
+        // 5.14, an atomic "or 0" per page does the same, never losing a concurrent store.
+        if (::madvise(b->data, b->capacity, MADV_POPULATE_WRITE) == 0) continue;
+        for (std::size_t at = 0; at < b->capacity; at += kPage)
+          (void)__atomic_fetch_or(b->data + at, char{0}, __ATOMIC_RELAXED);
       }
     });
   } catch (const std::system_error&) {

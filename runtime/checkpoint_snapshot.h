@@ -1,30 +1,44 @@
 // SnapshotCopies: what a background save (SaveStateOptions::async) copies of the live state, and
-// when. save_state queues each CPU tensor that only an optimizer step changes (parameters,
-// optimizer state) and gets back the buffer its copy will be in; the writer thread makes the
-// copies before it writes, while the program's next forward and backward run; the next optimizer
-// step waits for them (wait()), usually finished by then. The buffers are kept from one save to
-// the next (same shapes, same order), so a save after the first copies into memory that is
-// already mapped.
+// when, and into what. save_state lays each safetensors file out as the file itself, in one block
+// of page-aligned memory: the header (padded so the data starts on a page), then each tensor's
+// bytes. Those of CPU tensors that only an optimizer step changes (parameters, optimizer state)
+// are queued; the writer thread copies them in before it writes, while the program's next
+// forward and backward run; the next optimizer step waits for them (wait()), usually finished by
+// then. The writer then sends the block to the disk as it is (O_DIRECT from this memory, no copy
+// into write buffers). The blocks are kept from one save to the next, so a save after the first
+// copies into memory that is already mapped.
 #pragma once
 
 #include <torch/types.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <functional>
 #include <future>
+#include <map>
+#include <memory>
 #include <mutex>
-#include <utility>
+#include <string>
 #include <vector>
+
+#include "runtime/safetensors.h"
 
 namespace accel::ckpt {
 
 class SnapshotCopies {
  public:
-  // A save begins: nothing queued, the kept buffers handed out again from the first.
+  // A save begins: nothing queued, the kept blocks handed out again from the first.
   void begin();
-  // A CPU tensor of `live`'s dtype and shape that holds its values once copy() has run.
-  torch::Tensor defer(const torch::Tensor& live);
+  // The safetensors file of `tensors` (with `metadata`), laid out in a kept block (or a new one
+  // when the next is still held, or too small): its one data tensor is the whole file's bytes,
+  // starting on a page. The bytes of tensors[i] for which copy_later[i] holds (a CPU tensor,
+  // strided) are filled in by copy(); the others' are copied now. Throws CheckpointError, with
+  // `where` (the file) first, for tensors safetensors cannot hold or memory that cannot be had.
+  safetensors::Encoded defer_file(const safetensors::NamedTensors& tensors,
+                                  const std::vector<bool>& copy_later,
+                                  const std::map<std::string, std::string>& metadata,
+                                  const std::string& where);
   // The copies queued since the last start() are about to be handed to a writer: wait() blocks
   // until copy() or abandon() runs.
   void start();
@@ -37,21 +51,30 @@ class SnapshotCopies {
   void abandon();
   // Blocks until the copies are made. At once when none are pending.
   void wait();
-  // Forgets the kept buffers (free_memory()); a copy in flight keeps its own until written.
+  // Forgets the kept blocks (free_memory()); a file in flight keeps its own until written.
   void release();
-  // After begin() and the defer() calls a save would make, instead of start(): keeps the buffers
-  // and forgets the copies, then touches every page of the buffers on a thread of its own, so
-  // that the first background save copies into memory already mapped (on a VM a page fault every
-  // 4 KiB made most of that copy's time). copy() (with copies queued) and release() wait for
-  // the touching to end; the thread keeps the memory it touches alive by itself.
+  // After begin() and the defer_file() calls a save would make, instead of start(): keeps the
+  // blocks and forgets the copies, then touches every page of the blocks on a thread of its own,
+  // so that the first background save copies into memory already mapped (on a VM a page fault
+  // every 4 KiB made most of that copy's time). copy() (with copies queued) and release() wait
+  // for the touching to end; the thread keeps the memory it touches alive by itself.
   void prefault();
-  // Whether buffers are kept (a background save ran, or prefault()).
+  // Whether blocks are kept (a background save ran, or prefault()).
   bool has_buffers() const { return !kept_.empty(); }
 
+  // Memory of our own, page-aligned (on 2 MiB and advised for huge pages when that large), which
+  // a save hands out as the bytes of one file.
+  struct Block;
+
  private:
-  std::vector<std::pair<torch::Tensor, torch::Tensor>> queued_;  // (buffer, live)
-  std::vector<torch::Tensor> kept_;  // the buffers of the last save, in the order deferred
-  std::size_t next_ = 0;             // kept_ index of the next defer()
+  struct Queued {
+    torch::Tensor file;  // the file's bytes, as handed out
+    std::size_t offset;  // where the tensor's bytes start in it
+    torch::Tensor live;
+  };
+  std::vector<Queued> queued_;
+  std::vector<std::shared_ptr<Block>> kept_;  // the blocks of the last save, file by file
+  std::size_t next_ = 0;                      // kept_ index of the next defer_file()
   std::mutex mutex_;
   std::condition_variable done_;
   bool pending_ = false;

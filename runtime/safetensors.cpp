@@ -9,6 +9,7 @@
 #include <cstring>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <tuple>
 #include <unordered_set>
 
@@ -130,14 +131,16 @@ uint64_t read_u64_le(std::string_view bytes) {
   return n;
 }
 
-std::string dump_header(const OrderedJson& header, const std::string& where) {
+// The length prefix and the JSON, padded with spaces (as the format allows) so that the data
+// after it starts at a multiple of `data_align` bytes.
+std::string dump_header(const OrderedJson& header, const std::string& where, uint64_t data_align) {
   std::string json;
   try {
     json = header.dump();
   } catch (const nlohmann::json::type_error& e) {
     fail(where, std::string("a metadata string is not valid UTF-8: ") + e.what());
   }
-  json.append((8 - json.size() % 8) % 8, ' ');
+  json.append((data_align - (8 + json.size()) % data_align) % data_align, ' ');
   return length_prefix(json.size()) + json;
 }
 
@@ -155,24 +158,33 @@ uint64_t Encoded::size() const {
   return n;
 }
 
-Encoded encode(const NamedTensors& tensors, const std::map<std::string, std::string>& metadata,
-               const std::string& where) {
+std::string encode_header(const NamedTensors& tensors,
+                          const std::map<std::string, std::string>& metadata,
+                          const std::string& where, uint64_t data_align) {
+  if (data_align == 0 || data_align % 8 != 0)
+    throw std::invalid_argument("safetensors::encode_header: data_align " +
+                                std::to_string(data_align) + " is not a multiple of 8");
   check_tensors(tensors, where);
   OrderedJson header = OrderedJson::object();
   if (!metadata.empty()) header[kMetadataKey] = metadata;
-  Encoded out;
   uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
-    torch::Tensor cpu = to_cpu_contiguous(t);
+    const auto bytes = static_cast<uint64_t>(t.numel()) * t.element_size();
     OrderedJson entry = OrderedJson::object();
-    entry["dtype"] = find_dtype(cpu.scalar_type())->name;
-    entry["shape"] = cpu.sizes().vec();
-    entry["data_offsets"] = {offset, offset + cpu.nbytes()};
+    entry["dtype"] = find_dtype(t.scalar_type())->name;
+    entry["shape"] = t.sizes().vec();
+    entry["data_offsets"] = {offset, offset + bytes};
     header[name] = std::move(entry);
-    offset += cpu.nbytes();
-    out.data.push_back(std::move(cpu));
+    offset += bytes;
   }
-  out.header = dump_header(header, where);
+  return dump_header(header, where, data_align);
+}
+
+Encoded encode(const NamedTensors& tensors, const std::map<std::string, std::string>& metadata,
+               const std::string& where) {
+  Encoded out;
+  out.header = encode_header(tensors, metadata, where);
+  for (const auto& [name, t] : tensors) out.data.push_back(to_cpu_contiguous(t));
   return out;
 }
 

@@ -41,6 +41,15 @@ struct Encoded {
 Encoded encode(const NamedTensors& tensors, const std::map<std::string, std::string>& metadata = {},
                const std::string& where = "accel: safetensors");
 
+// The header encode() writes for `tensors`, from their dtypes and shapes alone (nothing is
+// copied), with the JSON padded with spaces, as the format allows, so that the tensors' bytes
+// start `data_align` bytes-aligned in the file (a multiple of 8; 4096 lets a writer send a file
+// laid out in page-aligned memory to the disk with O_DIRECT, no copy). Throws as encode() does;
+// std::invalid_argument for another `data_align`.
+std::string encode_header(const NamedTensors& tensors,
+                          const std::map<std::string, std::string>& metadata = {},
+                          const std::string& where = "accel: safetensors", uint64_t data_align = 8);
+
 struct Decoded {
   NamedTensors tensors;  // in data-offset order, on the CPU
   std::map<std::string, std::string> metadata;

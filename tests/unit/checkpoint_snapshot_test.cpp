@@ -1,4 +1,5 @@
-// SnapshotCopies: what a background save copies, into which buffers, and when a step may go on.
+// SnapshotCopies: what a background save copies, into which memory laid out as which file, and
+// when a step may go on.
 #include "runtime/checkpoint_snapshot.h"
 
 #include <gtest/gtest.h>
@@ -9,6 +10,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
+#include <map>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -18,18 +22,39 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// wait() returns only once copy() has made every copy, and the buffers then hold the values the
-// live tensors had when copied (a strided view included), not whatever came after.
+// A file defer_file() laid out, read back as a reader of the format reads it (its tensors are
+// views of the file's bytes), after checking that the file's data starts on a page.
+safetensors::Decoded read_back(const safetensors::Encoded& file) {
+  auto parts = file.parts();
+  std::string_view bytes = parts.back();
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(bytes.data()) % 4096, 0u)
+      << "the file is page-aligned";
+  uint64_t header = 0;
+  std::memcpy(&header, bytes.data(), 8);
+  EXPECT_EQ((8 + header) % 4096, 0u) << "the tensors' bytes start on a page";
+  EXPECT_EQ(file.size(), bytes.size());
+  return safetensors::decode(bytes, "test", safetensors::Memory::kBorrow);
+}
+
+// A file of one tensor, copied later.
+safetensors::Encoded later(SnapshotCopies& copies, const torch::Tensor& live) {
+  return copies.defer_file({{"t", live}}, {true}, {}, "test");
+}
+
+const void* address(const safetensors::Encoded& file) { return file.parts().back().data(); }
+
+// wait() returns only once copy() has made every copy; the file then holds the values the live
+// tensors had when copied (a strided view included), not whatever came after, and the tensors
+// copied at once hold the values they had then.
 TEST(SnapshotCopies, WaitReturnsOnlyOnceTheWriterHasCopied) {
   SnapshotCopies copies;
   auto weight = torch::arange(12, torch::kFloat).reshape({3, 4});
   auto strided = torch::arange(20, torch::kDouble).reshape({4, 5}).t();  // not contiguous
+  auto now = torch::arange(3, torch::kLong);
   copies.begin();
-  auto a = copies.defer(weight);
-  auto b = copies.defer(strided);
-  EXPECT_TRUE(a.is_contiguous());
-  EXPECT_EQ(a.scalar_type(), torch::kFloat);
-  EXPECT_EQ(b.sizes(), strided.sizes());
+  auto file = copies.defer_file({{"w", weight}, {"s", strided}, {"n", now}}, {true, true, false},
+                                {{"format", "pt"}}, "test");
+  now.add_(10);  // copied already: the file keeps 0, 1, 2
   copies.start();
   std::atomic<bool> copied{false};
   std::thread writer([&] {
@@ -40,27 +65,33 @@ TEST(SnapshotCopies, WaitReturnsOnlyOnceTheWriterHasCopied) {
   copies.wait();
   // Why not EXPECT_TRUE(copied) alone: the flag is set just after copy() returns; the values are
   // what wait() promises.
-  EXPECT_TRUE(torch::equal(a, weight));
-  EXPECT_TRUE(torch::equal(b, strided));
+  auto decoded = read_back(file);
+  ASSERT_EQ(decoded.tensors.size(), 3u);
+  EXPECT_EQ(decoded.metadata, (std::map<std::string, std::string>{{"format", "pt"}}));
+  EXPECT_EQ(decoded.tensors[0].first, "w");
+  EXPECT_TRUE(torch::equal(decoded.tensors[0].second, weight));
+  EXPECT_TRUE(torch::equal(decoded.tensors[1].second, strided));
+  EXPECT_TRUE(torch::equal(decoded.tensors[2].second, torch::arange(3, torch::kLong)));
   writer.join();
   EXPECT_TRUE(copied);
   weight.add_(1);  // the live tensor is the program's again: the copy keeps the old values
-  EXPECT_FALSE(torch::equal(a, weight));
+  EXPECT_FALSE(torch::equal(read_back(file).tensors[0].second, weight));
   copies.wait();  // nothing pending: at once
+  EXPECT_THROW(copies.defer_file({{"t", weight}}, {}, {}, "test"), std::invalid_argument);
 }
 
 // hold(): a writer that reads the live state itself (an in-memory snapshot) queues nothing, yet
-// the step must wait until it says it is done (copy()) or gives up (abandon()); and the buffers
+// the step must wait until it says it is done (copy()) or gives up (abandon()); and the blocks
 // an earlier background save kept stay kept.
 TEST(SnapshotCopies, HoldBlocksTheStepWithNothingQueuedUntilTheWriterIsDone) {
   SnapshotCopies copies;
   auto x = torch::ones({64});
   copies.begin();
-  auto kept = copies.defer(x);
+  auto kept = later(copies, x);
   copies.start();
   copies.copy();
-  const void* kept_at = kept.data_ptr();
-  kept = torch::Tensor();  // the program does not hold it: reusable
+  const void* kept_at = address(kept);
+  kept = safetensors::Encoded();  // the program does not hold it: reusable
   for (bool give_up : {false, true}) {
     copies.begin();
     copies.hold();
@@ -75,52 +106,55 @@ TEST(SnapshotCopies, HoldBlocksTheStepWithNothingQueuedUntilTheWriterIsDone) {
     writer.join();
   }
   copies.begin();
-  EXPECT_EQ(copies.defer(x).data_ptr(), kept_at) << "hold() dropped the kept buffers";
+  EXPECT_EQ(address(later(copies, x)), kept_at) << "hold() dropped the kept blocks";
   copies.start();
   copies.copy();
 }
 
-// The second save copies into the first one's buffers (already mapped), unless the program still
-// holds one (then a fresh one), or the shape or dtype changed.
-TEST(SnapshotCopies, BuffersAreReusedFromOneSaveToTheNext) {
+// The second save copies into the first one's blocks (already mapped), also when its header grew
+// (a longer learning rate in the metadata), unless the program still holds the file (then a
+// fresh block), or the file no longer fits.
+TEST(SnapshotCopies, BlocksAreReusedFromOneSaveToTheNext) {
   SnapshotCopies copies;
   auto x = torch::ones({256});
   auto y = torch::ones({16});
-  auto save = [&](const torch::Tensor& first, const torch::Tensor& second) {
+  auto save = [&](const torch::Tensor& first, const torch::Tensor& second,
+                  const std::string& lr = "0.001") {
     copies.begin();
-    auto a = copies.defer(first);
-    auto b = copies.defer(second);
+    auto a = copies.defer_file({{"x", first}}, {true}, {{"lr", lr}}, "test");
+    auto b = later(copies, second);
     copies.start();
     copies.copy();
     copies.wait();
-    return std::pair{a.data_ptr(), b.data_ptr()};
+    return std::pair{a, b};
   };
-  auto [a1, b1] = save(x, y);
-  auto [a2, b2] = save(x, y);
-  EXPECT_EQ(a1, a2);
-  EXPECT_EQ(b1, b2);
-  copies.begin();
-  auto held = copies.defer(x);  // the program keeps this one
-  copies.start();
-  copies.copy();
-  // Why no address comparison for the new shape: a freed buffer's memory may come back.
-  copies.begin();
-  auto a3 = copies.defer(x);
-  auto b3 = copies.defer(torch::ones({17}));
-  copies.start();
-  copies.copy();
-  EXPECT_NE(a3.data_ptr(), held.data_ptr());
-  EXPECT_EQ(b3.numel(), 17);
-  EXPECT_TRUE(torch::equal(b3, torch::ones({17})));
-  EXPECT_TRUE(torch::equal(held, x));
+  const void* a1 = nullptr;
+  const void* b1 = nullptr;
+  {
+    auto [a, b] = save(x, y);
+    a1 = address(a);
+    b1 = address(b);
+  }
+  {
+    auto [a, b] = save(x, y, std::string(3000, '9'));
+    EXPECT_EQ(address(a), a1) << "a header grown by less than a page needs no new block";
+    EXPECT_EQ(address(b), b1);
+    EXPECT_EQ(read_back(a).metadata.at("lr"), std::string(3000, '9'));
+    EXPECT_TRUE(torch::equal(read_back(a).tensors[0].second, x));
+  }
+  auto [held, unused] = save(x, y);  // the program keeps the first file
+  // Why no address comparison for the larger file: a freed block's memory may come back.
+  auto [a3, b3] = save(x, torch::ones({100000}));
+  EXPECT_NE(address(a3), address(held));
+  EXPECT_TRUE(torch::equal(read_back(b3).tensors[0].second, torch::ones({100000})));
+  EXPECT_TRUE(torch::equal(read_back(held).tensors[0].second, x));
 }
 
-// A save that fails before its writer starts lets a step go on at once.
-// How many of the pages of `t`'s memory are resident (mincore), and how many it spans.
-std::pair<std::size_t, std::size_t> resident_pages(const torch::Tensor& t) {
+// How many of the pages of a file's memory are resident (mincore), and how many it spans.
+std::pair<std::size_t, std::size_t> resident_pages(const safetensors::Encoded& file) {
   const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-  auto start = reinterpret_cast<std::uintptr_t>(t.data_ptr()) / page * page;
-  auto end = reinterpret_cast<std::uintptr_t>(t.data_ptr()) + t.nbytes();
+  auto start = reinterpret_cast<std::uintptr_t>(address(file)) / page * page;
+  auto end = reinterpret_cast<std::uintptr_t>(address(file)) + file.size();
   std::vector<unsigned char> in((end - start + page - 1) / page);
   if (::mincore(reinterpret_cast<void*>(start), end - start, in.data()) != 0) return {0, in.size()};
   std::size_t n = 0;
@@ -128,54 +162,77 @@ std::pair<std::size_t, std::size_t> resident_pages(const torch::Tensor& t) {
   return {n, in.size()};
 }
 
-// prefault(): the buffers a save of these tensors would use are made and their pages touched on
-// a thread of its own (a background save's first copy then goes into memory already mapped);
-// the next save reuses exactly those buffers, and its copy is not overwritten by the touching.
-TEST(SnapshotCopies, PrefaultTouchesTheBuffersTheFirstSaveThenCopiesInto) {
+// prefault(): the blocks a save of these tensors would use are made and their pages touched on a
+// thread of its own (a background save's first copy then goes into memory already mapped); the
+// next save reuses exactly those blocks, and its copy is not overwritten by the touching.
+TEST(SnapshotCopies, PrefaultTouchesTheBlocksTheFirstSaveThenCopiesInto) {
   SnapshotCopies copies;
   auto live = torch::arange(16 << 20, torch::kFloat);  // 64 MiB: its own mapping, untouched
   copies.begin();
-  auto buffer = copies.defer(live);
-  const void* at = buffer.data_ptr();
-  ASSERT_LT(resident_pages(buffer).first, resident_pages(buffer).second / 2)
-      << "a new buffer's pages are not touched yet";
+  auto file = later(copies, live);
+  const void* at = address(file);
+  ASSERT_LT(resident_pages(file).first, resident_pages(file).second / 2)
+      << "a new block's pages are not touched yet";
   copies.prefault();
   EXPECT_TRUE(copies.has_buffers());
   auto deadline = std::chrono::steady_clock::now() + 20s;
-  while (resident_pages(buffer).first < resident_pages(buffer).second &&
+  while (resident_pages(file).first < resident_pages(file).second &&
          std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(5ms);
-  EXPECT_EQ(resident_pages(buffer).first, resident_pages(buffer).second)
-      << "prefault() touched every page of the buffer";
-  buffer = torch::Tensor();  // the program does not hold it: reusable
+  EXPECT_EQ(resident_pages(file).first, resident_pages(file).second)
+      << "prefault() touched every page of the block";
+  file = safetensors::Encoded();  // the program does not hold it: reusable
   copies.begin();
-  auto again = copies.defer(live);
-  EXPECT_EQ(again.data_ptr(), at) << "the first save copies into the prefaulted buffer";
+  auto again = later(copies, live);
+  EXPECT_EQ(address(again), at) << "the first save copies into the prefaulted block";
   copies.start();
   copies.copy();
   copies.wait();
-  EXPECT_TRUE(torch::equal(again, live));
+  EXPECT_TRUE(torch::equal(read_back(again).tensors[0].second, live));
   copies.release();
   EXPECT_FALSE(copies.has_buffers());
 }
 
-// A save right after prefault() whose tensors no longer fit the buffers (another shape, fewer
-// tensors) drops them while the thread may still be touching them: the thread keeps their memory
-// alive itself, and the save's own copies are right.
-TEST(SnapshotCopies, ASaveThatDropsPrefaultedBuffersWhileTheyAreTouchedIsSafe) {
+// A save right after prefault() whose files no longer fit the blocks (a larger one, fewer files)
+// drops them while the thread may still be touching them: the thread keeps their memory alive
+// itself, and neither the save's header, written at once, nor its copies are overwritten.
+TEST(SnapshotCopies, ASaveThatDropsPrefaultedBlocksWhileTheyAreTouchedIsSafe) {
   for (int round = 0; round < 3; ++round) {
     SnapshotCopies copies;
     copies.begin();
-    (void)copies.defer(torch::zeros({8 << 20}));  // 32 MiB each
-    (void)copies.defer(torch::zeros({8 << 20}));
+    (void)later(copies, torch::zeros({8 << 20}));  // 32 MiB each
+    (void)later(copies, torch::zeros({8 << 20}));
     copies.prefault();
     copies.begin();  // at once: the touching has most of its pages still to go
-    auto other = torch::arange(1000, torch::kFloat);
-    auto copy = copies.defer(other);
-    copies.start();  // drops the second buffer; the first was replaced in defer()
+    auto other = torch::arange(9 << 20, torch::kFloat);
+    auto file = later(copies, other);
+    copies.start();  // drops the second block; the first was replaced in defer_file()
     copies.copy();
     copies.wait();
-    EXPECT_TRUE(torch::equal(copy, other));
+    EXPECT_TRUE(torch::equal(read_back(file).tensors[0].second, other));
+    copies.release();
+  }
+}
+
+// A save into a block the touching thread is still touching: its header (written at once) and
+// its copies survive the touching.
+TEST(SnapshotCopies, ASaveIntoABlockStillBeingTouchedKeepsItsBytes) {
+  for (int round = 0; round < 3; ++round) {
+    SnapshotCopies copies;
+    auto live = torch::arange(16 << 20, torch::kFloat);
+    copies.begin();
+    (void)copies.defer_file({{"a", live}, {"b", torch::ones({3})}}, {true, false}, {}, "test");
+    copies.prefault();
+    copies.begin();
+    auto file =
+        copies.defer_file({{"a", live}, {"b", torch::full({3}, 7.0)}}, {true, false}, {}, "test");
+    copies.start();
+    copies.copy();
+    copies.wait();
+    auto decoded = read_back(file);
+    ASSERT_EQ(decoded.tensors.size(), 2u);
+    EXPECT_TRUE(torch::equal(decoded.tensors[0].second, live));
+    EXPECT_TRUE(torch::equal(decoded.tensors[1].second, torch::full({3}, 7.0)));
     copies.release();
   }
 }
@@ -184,7 +241,7 @@ TEST(SnapshotCopies, ASaveThatDropsPrefaultedBuffersWhileTheyAreTouchedIsSafe) {
 TEST(SnapshotCopies, AnAbandonedSaveDoesNotBlockTheStep) {
   SnapshotCopies copies;
   copies.begin();
-  copies.defer(torch::ones({4}));
+  (void)later(copies, torch::ones({4}));
   copies.start();
   copies.abandon();
   copies.wait();
@@ -196,7 +253,7 @@ TEST(SnapshotCopies, AnAbandonedSaveDoesNotBlockTheStep) {
 TEST(SnapshotCopies, ACopyThatThrowsStillReleasesTheStep) {
   SnapshotCopies copies;
   copies.begin();
-  copies.defer(torch::ones({4}));
+  (void)later(copies, torch::ones({4}));
   copies.start();
   set_copy_hook_for_testing([] { throw std::runtime_error("no memory"); });
   std::thread writer([&] { EXPECT_THROW(copies.copy(), std::runtime_error); });

@@ -258,6 +258,48 @@ TEST(CheckpointFsWrite, EverySizeAroundTheBlockAndBufferEdgesIsWrittenExactly) {
   fs::remove_all(shm, ec);
 }
 
+// Bytes that lie in page-aligned memory and fall at a page-aligned place in the file (a
+// background save's files, laid out in memory as the file) are written from that memory, not
+// copied: sizes around the block and 8 MiB edges, alone, after and before parts that do not line
+// up, and two aligned parts in a row, come back byte for byte with the checksum of what was
+// written.
+TEST(CheckpointFsWrite, PartsInPageAlignedMemoryAreWrittenExactly) {
+  TempDir tmp;
+  std::vector<fs::path> folders{tmp.path()};
+  std::error_code ec;
+  fs::path shm = fs::path("/dev/shm") / ("accel-test-aligned-" + std::to_string(::getpid()));
+  if (fs::create_directory(shm, ec)) folders.push_back(shm);
+  const std::size_t mib8 = std::size_t{8} << 20, total = 2 * mib8 + 8192;
+  void* memory = nullptr;
+  ASSERT_EQ(::posix_memalign(&memory, 4096, total), 0);
+  std::unique_ptr<char, decltype(&std::free)> owned(static_cast<char*>(memory), &std::free);
+  for (std::size_t i = 0; i < total; ++i)
+    owned.get()[i] = static_cast<char>((i * 2654435761u) >> 11);
+  const std::string_view aligned(owned.get(), total);
+  using Parts = std::vector<std::string_view>;
+  std::vector<std::pair<std::string, Parts>> cases;
+  for (std::size_t size :
+       {std::size_t{4096}, std::size_t{4097}, mib8 - 1, mib8, mib8 + 4096, 2 * mib8 + 4999})
+    cases.push_back({"alone, " + std::to_string(size), {aligned.substr(0, size)}});
+  cases.push_back({"after 3 bytes", {"abc", aligned.substr(0, mib8 + 10)}});
+  cases.push_back(
+      {"before 3 bytes", {aligned.substr(0, 3 * 4096), "xyz", aligned.substr(0, 5000)}});
+  cases.push_back({"two in a row", {aligned.substr(0, 8192), aligned.substr(4096, mib8 + 1)}});
+  for (const auto& folder : folders) {
+    for (const auto& [what, parts] : cases) {
+      SCOPED_TRACE(folder.string() + ", " + what);
+      std::string expected;
+      for (auto part : parts) expected.append(part);
+      auto path = folder / "f.bin";
+      auto written = ckpt::CheckpointFs().write_file(path, parts);
+      EXPECT_EQ(written.size, expected.size());
+      EXPECT_EQ(written.checksum, ckpt::checksum(expected));
+      EXPECT_TRUE(read_file(path) == expected) << "the bytes on disk differ";
+    }
+  }
+  fs::remove_all(shm, ec);
+}
+
 // The writer thread's failures reach the caller: a file-size limit just past the first 8 MiB
 // buffer makes the second O_DIRECT write short, then refused (EINVAL), then the page-cache retry
 // fails with EFBIG: a CheckpointError naming the file and the OS error, with the thread joined.
