@@ -637,7 +637,7 @@ void Accelerator::free_memory() {
       slot->split.reset();
     }
   }
-  impl_->snapshot_->release();  // the buffers a background save keeps between saves
+  impl_->snapshot_->release();  // the memory a background save keeps between saves
   impl_->syncs_.clear();
   impl_->prepared_.clear();
   impl_->models_.clear();

@@ -105,7 +105,8 @@ struct Accelerator::Impl {
   std::filesystem::path save_target_;
   // Main process: the writer thread's result ("" = written), until joined into save_error_.
   std::future<std::string> save_writer_;
-  // Main process: what a background save copies of the state, and the buffers it keeps.
+  // Main process: what a background save copies of the state, and the memory it keeps (laid out
+  // as the checkpoint's files).
   std::shared_ptr<ckpt::SnapshotCopies> snapshot_ = std::make_shared<ckpt::SnapshotCopies>();
   std::string save_error_;
   // The save in flight is an in-memory snapshot: each node's local main writes one, and its
@@ -126,8 +127,8 @@ struct Accelerator::Impl {
   void start_background_write(std::function<void()> write, const std::filesystem::path& target,
                               bool copies_first = true);
   // Main process, CPU training with async_checkpoints, once the optimizer has its state and
-  // before the first background save: makes the buffers such a save copies into and touches
-  // their pages in the background (prefault()).
+  // before the first background save: makes the memory such a save copies into and maps its
+  // pages in the background (prefault()).
   void prefault_background_copies();
   bool prefaulted_ = false;
   // Loaders' boundary hooks hold this weakly: a loader may outlive its Accelerator.

@@ -33,9 +33,9 @@ namespace {
 
 // write_stream starts the write-back of every this many bytes as they are written.
 constexpr off_t kWriteBackBytes = off_t{8} << 20;
-// write_stream hashes what it writes with O_DIRECT in pieces of this many bytes (a multiple of
-// the block size).
-constexpr std::size_t kHashPiece = std::size_t{8} << 20;
+// write_stream hashes and writes a part in pieces of this many bytes (a multiple of the block
+// size).
+constexpr std::size_t kPiece = std::size_t{8} << 20;
 
 [[noreturn]] void fail(const fs::path& path, const std::string& what) {
   throw CheckpointError("accel: checkpoint: " + path.string() + ": " + what);
@@ -82,12 +82,14 @@ class DirectWriter {
     }
   }
 
-  // `part` must stay valid until the next append() or finish() returns.
+  // What append() wrote from the caller's memory may still be being written when it returns:
+  // the caller keeps that memory as it is until settle() (or finish()) returns.
   void append(std::string_view part) {
     if (bufs_[filling_].used == 0 && offset_ % kAlign == 0 &&
         reinterpret_cast<std::uintptr_t>(part.data()) % kAlign == 0 && part.size() >= kAlign) {
       const std::size_t whole = part.size() / kAlign * kAlign;
       hand_over(part.data(), whole);
+      borrowed_ = true;
       offset_ += static_cast<off_t>(whole);
       part.remove_prefix(whole);
     }
@@ -100,6 +102,13 @@ class DirectWriter {
       part.remove_prefix(n);
       if (b.used == kBufferBytes) submit();
     }
+  }
+
+  // Returns once nothing is being written from the caller's memory.
+  void settle() {
+    if (!borrowed_) return;
+    wait_idle();
+    borrowed_ = false;
   }
 
   // Writes what is left; the caller fsyncs.
@@ -139,7 +148,8 @@ class DirectWriter {
 
   // Why lazily: most files of a checkpoint (the manifest, RNG states) are a few KiB, written
   // whole from the first buffer's tail; only a file that fills a buffer gets the second one and
-  // the thread. The pages of a buffer are touched only as far as it is filled.
+  // the thread (or one written from the producer's memory: the thread, and a buffer for its
+  // tail). The pages of a buffer are touched only as far as it is filled.
   void allocate(Buffer& b) {
     void* p = nullptr;
     int err = ::posix_memalign(&p, kAlign, kBufferBytes);
@@ -162,6 +172,7 @@ class DirectWriter {
   // Hands the filled buffer to the thread, once it has written the previous one.
   void submit() {
     hand_over(bufs_[filling_].data.get(), bufs_[filling_].used);
+    borrowed_ = false;
     offset_ += static_cast<off_t>(bufs_[filling_].used);
     filling_ = 1 - filling_;
     if (!bufs_[filling_].data) allocate(bufs_[filling_]);
@@ -229,6 +240,7 @@ class DirectWriter {
     off_t at;
   };
   std::optional<Job> pending_;
+  bool borrowed_ = false;  // the job handed over last was the caller's memory (writer's side)
   bool stop_ = false;
   int error_ = 0;
 };
@@ -299,29 +311,30 @@ WrittenFile CheckpointFs::write_stream(const fs::path& path,
   std::optional<DirectWriter> writer;  // after `f`: joined before the descriptor closes
   if (direct) writer.emplace(f.fd, path);
   off_t flushed = 0;  // buffered: bytes whose write-back has been started
+  // Why in pieces: with O_DIRECT each is hashed while the thread writes the one before (a whole
+  // file the writer sends from the producer's memory, in particular); through the page cache,
+  // the write-back of each starts while the next is written.
   auto sink = [&](std::string_view part) {
-    if (writer) {
-      // Why in pieces: each is hashed while the thread writes the one before, in particular a
-      // whole file the writer sends from the producer's memory.
-      for (std::size_t at = 0; at < part.size(); at += kHashPiece) {
-        auto piece = part.substr(at, kHashPiece);
-        XXH64_update(&state, piece.data(), piece.size());
-        out.size += piece.size();
+    for (std::size_t at = 0; at < part.size(); at += kPiece) {
+      auto piece = part.substr(at, kPiece);
+      XXH64_update(&state, piece.data(), piece.size());
+      out.size += piece.size();
+      if (writer) {
         writer->append(piece);
+        continue;
       }
-      return;
+      write_all(f.fd, piece, path);
+      // Why: start the disk writing what is written so far while the rest is produced, instead
+      // of all of it at the fsync below; the fsync then waits for the tail only. Advice: a file
+      // system without it (EINVAL, ENOSYS, ESPIPE) writes back at the fsync as before.
+      const auto written = static_cast<off_t>(out.size);
+      if (written - flushed >= kWriteBackBytes) {
+        (void)::sync_file_range(f.fd, flushed, written - flushed, SYNC_FILE_RANGE_WRITE);
+        flushed = written;
+      }
     }
-    XXH64_update(&state, part.data(), part.size());
-    out.size += part.size();
-    write_all(f.fd, part, path);
-    // Why: start the disk writing what is written so far while the rest is produced, instead
-    // of all of it at the fsync below; the fsync then waits for the tail only. Advice: a file
-    // system without it (EINVAL, ENOSYS, ESPIPE) writes back at the fsync as before.
-    const auto written = static_cast<off_t>(out.size);
-    if (written - flushed >= kWriteBackBytes) {
-      (void)::sync_file_range(f.fd, flushed, written - flushed, SYNC_FILE_RANGE_WRITE);
-      flushed = written;
-    }
+    // Why: a producer may free or reuse a part once the sink returns (libtorch's archive does).
+    if (writer) writer->settle();
   };
   try {
     produce(sink);

@@ -46,7 +46,8 @@ class MappedFile {
   std::size_t size_ = 0;
 };
 
-// Receives a file's bytes in order, in pieces of any size.
+// Receives a file's bytes in order, in pieces of any size. The sink is done with a piece when it
+// returns (the writer may have sent it to the disk from the caller's memory until then).
 using Sink = std::function<void(std::string_view)>;
 
 // The OS seam. Every method throws CheckpointError (accel/error.h) naming the path and the

@@ -18,7 +18,6 @@ namespace accel::ckpt {
 namespace {
 
 constexpr std::size_t kPage = 4096;
-constexpr std::size_t kHugePage = std::size_t{2} << 20;
 
 std::function<void()>& copy_hook() {
   static std::function<void()> hook;
@@ -44,32 +43,45 @@ struct SnapshotCopies::Block {
   }
 
   static std::shared_ptr<Block> make(std::size_t bytes, const std::string& where) {
-    const bool huge = bytes >= kHugePage;
-    const std::size_t align = huge ? kHugePage : kPage;
-    const std::size_t capacity = round_up(std::max<std::size_t>(bytes, 1), align);
-    // Why map more and trim: mmap aligns to a page only; a huge page needs its 2 MiB boundary.
-    const std::size_t mapped = capacity + (huge ? kHugePage : 0);
-    void* p = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    // Why no huge pages (MADV_HUGEPAGE): on a VM, the first touch of huge pages the hypervisor
+    // had not backed yet took about 0.9 s for 300 MB, and a first save's step waited 1.0-1.2 s.
+    const std::size_t capacity = round_up(std::max<std::size_t>(bytes, 1), kPage);
+    void* p = ::mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
       throw CheckpointError(
           where + ": cannot map " + std::to_string(capacity) +
           " bytes for a background save's copy: " + std::generic_category().message(errno));
     }
-    auto* base = static_cast<char*>(p);
-    auto* data = reinterpret_cast<char*>(round_up(reinterpret_cast<std::uintptr_t>(base), align));
-    if (data > base) ::munmap(base, static_cast<std::size_t>(data - base));
-    if (base + mapped > data + capacity)
-      ::munmap(data + capacity, static_cast<std::size_t>(base + mapped - (data + capacity)));
-    // Why: a 2 MiB page is one fault and one TLB entry where 4 KiB pages are 512 of each, for
-    // the copy while training runs. Advice only: a kernel without transparent huge pages, or
-    // with them off, gives small pages as before.
-    if (huge) (void)::madvise(data, capacity, MADV_HUGEPAGE);
     auto block = std::make_shared<Block>();
-    block->data = data;
+    block->data = static_cast<char*>(p);
     block->capacity = capacity;
     return block;
   }
 };
+
+namespace {
+
+// Copies `t` (any device, any layout) into `to`, as a contiguous tensor of its dtype and shape.
+void copy_into(char* to, const torch::Tensor& t) {
+  const auto n = static_cast<std::size_t>(t.numel()) * t.element_size();
+  if (n == 0) return;
+  // Why the common cases apart: memcpy for a contiguous CPU tensor (at::copy_ may split a large
+  // copy over ATen's intra-op threads, which the training thread is using; the writer thread
+  // copies alone); at::copy_ straight into the file for a GPU tensor or a strided one, when the
+  // place is aligned for the dtype (safetensors packs tensors with no padding, so a float after
+  // an odd count of bf16 values is not); else through a contiguous CPU copy.
+  if (t.device().is_cpu() && t.is_contiguous() && !t.is_conj() && !t.is_neg()) {
+    std::memcpy(to, t.data_ptr(), n);
+  } else if (reinterpret_cast<std::uintptr_t>(to) % t.element_size() == 0) {
+    torch::from_blob(to, t.sizes(), torch::TensorOptions().dtype(t.scalar_type()))
+        .copy_(t.detach().resolve_conj().resolve_neg());
+  } else {
+    auto cpu = t.detach().to(torch::kCPU).resolve_conj().resolve_neg().contiguous();
+    std::memcpy(to, cpu.data_ptr(), n);
+  }
+}
+
+}  // namespace
 
 void set_copy_hook_for_testing(std::function<void()> hook) { copy_hook() = std::move(hook); }
 
@@ -111,10 +123,10 @@ safetensors::Encoded SnapshotCopies::defer_file(const safetensors::NamedTensors&
     }
   }
   ++next_;
-  ++block->handed_out;
   torch::Tensor file = torch::from_blob(
       block->data, {static_cast<int64_t>(bytes)}, [block](void*) { --block->handed_out; },
       torch::TensorOptions().dtype(torch::kUInt8));
+  ++block->handed_out;
   std::memcpy(block->data, header.data(), header.size());
   std::size_t offset = header.size();
   for (std::size_t i = 0; i < tensors.size(); ++i) {
@@ -122,9 +134,8 @@ safetensors::Encoded SnapshotCopies::defer_file(const safetensors::NamedTensors&
     const auto n = static_cast<std::size_t>(t.numel()) * t.element_size();
     if (copy_later[i]) {
       queued_.push_back({file, offset, t.detach()});
-    } else if (n > 0) {
-      auto cpu = t.detach().to(torch::kCPU).resolve_conj().resolve_neg().contiguous();
-      std::memcpy(block->data + offset, cpu.data_ptr(), n);
+    } else {
+      copy_into(block->data + offset, t);
     }
     offset += n;
   }
@@ -153,17 +164,8 @@ void SnapshotCopies::copy() {
   // a writer that copies nothing (an in-memory snapshot): the step would wait for the touching.
   if (!queued_.empty()) join_touching();
   if (copy_hook()) copy_hook()();
-  for (auto& [file, offset, live] : queued_) {
-    char* to = static_cast<char*>(file.data_ptr()) + offset;
-    // Why memcpy for the usual case: at::copy_ may split a large copy over ATen's intra-op
-    // threads, which the training thread is using; this thread copies alone.
-    if (live.is_contiguous()) {
-      std::memcpy(to, live.data_ptr(), live.nbytes());
-    } else {
-      torch::from_blob(to, live.sizes(), torch::TensorOptions().dtype(live.scalar_type()))
-          .copy_(live);
-    }
-  }
+  for (auto& [file, offset, live] : queued_)
+    copy_into(static_cast<char*>(file.data_ptr()) + offset, live);
   queued_.clear();  // the live tensors are the program's again
 }
 

@@ -4,9 +4,10 @@
 // bytes. Those of CPU tensors that only an optimizer step changes (parameters, optimizer state)
 // are queued; the writer thread copies them in before it writes, while the program's next
 // forward and backward run; the next optimizer step waits for them (wait()), usually finished by
-// then. The writer then sends the block to the disk as it is (O_DIRECT from this memory, no copy
-// into write buffers). The blocks are kept from one save to the next, so a save after the first
-// copies into memory that is already mapped.
+// then. The writer then sends the block to the disk as it is (O_DIRECT from this memory: only
+// the last partial 4 KiB block, or a file system that refuses O_DIRECT, takes a copy). The
+// blocks are kept from one save to the next, so a save after the first copies into memory that
+// is already mapped.
 #pragma once
 
 #include <torch/types.h>
@@ -54,22 +55,24 @@ class SnapshotCopies {
   // Forgets the kept blocks (free_memory()); a file in flight keeps its own until written.
   void release();
   // After begin() and the defer_file() calls a save would make, instead of start(): keeps the
-  // blocks and forgets the copies, then touches every page of the blocks on a thread of its own,
+  // blocks and forgets the copies, then maps every page of the blocks on a thread of its own,
   // so that the first background save copies into memory already mapped (on a VM a page fault
   // every 4 KiB made most of that copy's time). copy() (with copies queued) and release() wait
-  // for the touching to end; the thread keeps the memory it touches alive by itself.
+  // for that thread to end; it keeps the memory it maps alive by itself, and writes nothing into
+  // it.
   void prefault();
   // Whether blocks are kept (a background save ran, or prefault()).
   bool has_buffers() const { return !kept_.empty(); }
 
-  // Memory of our own, page-aligned (on 2 MiB and advised for huge pages when that large), which
-  // a save hands out as the bytes of one file.
+  // Memory of our own, page-aligned, which a save hands out as the bytes of one file.
   struct Block;
 
  private:
   struct Queued {
     torch::Tensor file;  // the file's bytes, as handed out
     std::size_t offset;  // where the tensor's bytes start in it
+    // Detached when queued: its sizes stay those the header gives it, whatever the program
+    // does to the parameter meanwhile.
     torch::Tensor live;
   };
   std::vector<Queued> queued_;

@@ -25,7 +25,8 @@ using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 NamedTensors module_tensors(const torch::nn::Module& module);
 
 // A file ready to be written: `header` (length prefix + JSON, padded with spaces to a multiple of
-// 8 bytes) followed by the bytes of each tensor in `data`, in order.
+// 8 bytes) followed by the bytes of each tensor in `data`, in order. (A background save's file,
+// from SnapshotCopies::defer_file, is the whole file in one uint8 tensor, with an empty header.)
 struct Encoded {
   std::string header;
   std::vector<torch::Tensor> data;  // contiguous CPU tensors, in file order

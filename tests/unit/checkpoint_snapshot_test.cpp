@@ -51,10 +51,21 @@ TEST(SnapshotCopies, WaitReturnsOnlyOnceTheWriterHasCopied) {
   auto weight = torch::arange(12, torch::kFloat).reshape({3, 4});
   auto strided = torch::arange(20, torch::kDouble).reshape({4, 5}).t();  // not contiguous
   auto now = torch::arange(3, torch::kLong);
+  // Copied now too: strided, at a place aligned for its dtype, and after 3 bf16 values (6 bytes,
+  // so the floats' place in the file is not aligned for them).
+  auto half = torch::ones({3}, torch::kBFloat16);
+  auto strided_now = torch::arange(6, torch::kFloat).reshape({2, 3}).t();
   copies.begin();
-  auto file = copies.defer_file({{"w", weight}, {"s", strided}, {"n", now}}, {true, true, false},
-                                {{"format", "pt"}}, "test");
+  auto file =
+      copies.defer_file({{"w", weight},
+                         {"s", strided},
+                         {"n", now},
+                         {"a", strided_now},
+                         {"h", half},
+                         {"u", strided_now}},
+                        {true, true, false, false, false, false}, {{"format", "pt"}}, "test");
   now.add_(10);  // copied already: the file keeps 0, 1, 2
+  strided_now.add_(10);
   copies.start();
   std::atomic<bool> copied{false};
   std::thread writer([&] {
@@ -66,12 +77,17 @@ TEST(SnapshotCopies, WaitReturnsOnlyOnceTheWriterHasCopied) {
   // Why not EXPECT_TRUE(copied) alone: the flag is set just after copy() returns; the values are
   // what wait() promises.
   auto decoded = read_back(file);
-  ASSERT_EQ(decoded.tensors.size(), 3u);
+  ASSERT_EQ(decoded.tensors.size(), 6u);
   EXPECT_EQ(decoded.metadata, (std::map<std::string, std::string>{{"format", "pt"}}));
   EXPECT_EQ(decoded.tensors[0].first, "w");
   EXPECT_TRUE(torch::equal(decoded.tensors[0].second, weight));
   EXPECT_TRUE(torch::equal(decoded.tensors[1].second, strided));
   EXPECT_TRUE(torch::equal(decoded.tensors[2].second, torch::arange(3, torch::kLong)));
+  const auto old_strided = torch::arange(6, torch::kFloat).reshape({2, 3}).t();
+  EXPECT_TRUE(torch::equal(decoded.tensors[3].second, old_strided));
+  EXPECT_TRUE(torch::equal(decoded.tensors[4].second, half));
+  EXPECT_EQ(decoded.tensors[5].first, "u");
+  EXPECT_TRUE(torch::equal(decoded.tensors[5].second, old_strided));
   writer.join();
   EXPECT_TRUE(copied);
   weight.add_(1);  // the live tensor is the program's again: the copy keeps the old values
@@ -136,10 +152,14 @@ TEST(SnapshotCopies, BlocksAreReusedFromOneSaveToTheNext) {
     b1 = address(b);
   }
   {
-    auto [a, b] = save(x, y, std::string(3000, '9'));
-    EXPECT_EQ(address(a), a1) << "a header grown by less than a page needs no new block";
+    // A learning rate just long enough to push the header onto a second page.
+    std::string lr = "0.001";
+    while (safetensors::encode_header({{"x", x}}, {{"lr", lr}}, "test", 4096).size() == 4096)
+      lr += '9';
+    auto [a, b] = save(x, y, lr);
+    EXPECT_EQ(address(a), a1) << "a header grown by up to a page needs no new block";
     EXPECT_EQ(address(b), b1);
-    EXPECT_EQ(read_back(a).metadata.at("lr"), std::string(3000, '9'));
+    EXPECT_EQ(read_back(a).metadata.at("lr"), lr);
     EXPECT_TRUE(torch::equal(read_back(a).tensors[0].second, x));
   }
   auto [held, unused] = save(x, y);  // the program keeps the first file

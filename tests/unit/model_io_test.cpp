@@ -300,6 +300,35 @@ TEST(CheckpointFsWrite, PartsInPageAlignedMemoryAreWrittenExactly) {
   fs::remove_all(shm, ec);
 }
 
+// A producer may reuse a part's memory as soon as the sink returns (libtorch's archive does): a
+// part written from the producer's memory is on its way to the disk by then. Here each part is
+// overwritten right after the sink takes it, and the file holds what was passed, not what came
+// after.
+TEST(CheckpointFsWrite, APartReusedOnceTheSinkReturnsIsWrittenAsItWasPassed) {
+  TempDir tmp;
+  // One piece per part: the sink hands it to the writer's thread and returns.
+  const std::size_t size = std::size_t{8} << 20;
+  void* memory = nullptr;
+  ASSERT_EQ(::posix_memalign(&memory, 4096, size), 0);
+  std::unique_ptr<char, decltype(&std::free)> owned(static_cast<char*>(memory), &std::free);
+  std::string expected;
+  auto path = tmp.path() / "reused.bin";
+  auto written = ckpt::CheckpointFs().write_stream(path, [&](const ckpt::Sink& sink) {
+    for (char fill : {'a', 'b', 'c'}) {
+      std::memset(owned.get(), fill, size);
+      sink(std::string_view(owned.get(), size));
+      expected.append(size, fill);
+    }
+    std::memset(owned.get(), 'z', size);
+    sink("end");
+    expected += "end";
+  });
+  EXPECT_EQ(written.size, expected.size());
+  EXPECT_EQ(written.checksum, ckpt::checksum(expected));
+  EXPECT_TRUE(read_file(path) == expected)
+      << "a part changed after the sink returned reached the disk";
+}
+
 // The writer thread's failures reach the caller: a file-size limit just past the first 8 MiB
 // buffer makes the second O_DIRECT write short, then refused (EINVAL), then the page-cache retry
 // fails with EFBIG: a CheckpointError naming the file and the OS error, with the thread joined.

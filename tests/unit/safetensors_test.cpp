@@ -177,6 +177,36 @@ TEST(Safetensors, HeaderIsPaddedWithSpacesToEightBytes) {
   }
 }
 
+// encode_header with a data alignment (what a background save's files use): the same header
+// JSON as encode()'s, padded with spaces so the tensors start on a 4096-byte boundary, and a file
+// made of it decodes as one made by encode(). Any other alignment than a multiple of 8 is refused.
+TEST(Safetensors, TheHeaderCanBePaddedSoTheDataStartsOnAPage) {
+  NamedTensors tensors{{"a", torch::arange(5, torch::kFloat)},
+                       {"b", torch::ones({2, 3}, torch::kBFloat16)}};
+  for (std::size_t names : {std::size_t{1}, std::size_t{300}}) {  // under a page; over one
+    SCOPED_TRACE(std::to_string(names) + " extra tensors");
+    NamedTensors all = tensors;
+    for (std::size_t i = 0; i < names; ++i)
+      all.emplace_back("extra." + std::to_string(i), torch::zeros({1}));
+    const std::string header = encode_header(all, {{"format", "pt"}}, kWhere, 4096);
+    EXPECT_EQ(header.size() % 4096, 0u);
+    Encoded plain = encode(all, {{"format", "pt"}}, kWhere);
+    std::size_t brace = header.rfind('}');
+    EXPECT_EQ(header.substr(8, brace - 7), plain.header.substr(8, plain.header.rfind('}') - 7));
+    EXPECT_EQ(header.find_first_not_of(' ', brace + 1), std::string::npos);
+    std::string file = header;
+    for (const auto& t : plain.data) file += raw_bytes(t);
+    Decoded d = decode(file, kWhere);
+    ASSERT_EQ(d.tensors.size(), all.size());
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      EXPECT_EQ(d.tensors[i].first, all[i].first);
+      EXPECT_TRUE(torch::equal(d.tensors[i].second, all[i].second));
+    }
+  }
+  for (uint64_t bad : {uint64_t{0}, uint64_t{12}})
+    EXPECT_THROW(encode_header(tensors, {}, kWhere, bad), std::invalid_argument);
+}
+
 TEST(Safetensors, EncodeRejectsBadNamesAndDtypes) {
   auto one = torch::ones({1});
   EXPECT_NE(error_of([&] { encode({{"", one}}); }).find("empty name"), std::string::npos);
@@ -574,6 +604,25 @@ TEST(SafetensorsPython, AnIndependentReaderAgrees) {
   auto [status, out] = run(python + " " + script + " " + tmp.path().string() + " --check");
   EXPECT_EQ(status, 0) << out;
   EXPECT_NE(out.find("checked 6 tensors in 4 files: OK"), std::string::npos) << out;
+
+  // The same model in one file whose header is padded so its data starts on a page, as a
+  // background save writes it.
+  TempDir one;
+  std::vector<std::string> bytes{encode_header(python_model(), {{"format", "pt"}}, kWhere, 4096)};
+  for (const auto& [name, t] : python_model()) bytes.push_back(raw_bytes(t));
+  ckpt::checkpoint_fs().write_file(one.path() / "model.safetensors",
+                                   std::vector<std::string_view>(bytes.begin(), bytes.end()));
+  std::tie(status, out) =
+      run(python + " " + script + " " + (one.path() / "model.safetensors").string() + " --json");
+  ASSERT_EQ(status, 0) << out;
+  auto read = nlohmann::json::parse(out);
+  EXPECT_EQ(read["metadata"]["format"], "pt");
+  ASSERT_EQ(read["tensors"].size(), python_model().size()) << out;
+  for (const auto& [name, t] : python_model()) {
+    auto flat = t.to(torch::kDouble).flatten();
+    std::vector<double> expected(flat.data_ptr<double>(), flat.data_ptr<double>() + flat.numel());
+    EXPECT_EQ(read["tensors"][name].get<std::vector<double>>(), expected) << name;
+  }
 
   torch::Tensor wrong = torch::arange(6, torch::kFloat) / 4;
   wrong[5] = 0;
