@@ -18,7 +18,8 @@ Prints a Markdown table of medians over --runs runs, everything measured in this
     (what a background save's writer copies first, with no checksum and no write), and the
     --stall-every steps just after a background save against as many with no save in flight
     (paired round by round, so that the drift of the machine between runs cancels; also by step
-    after the save, and the save_state call's own time); the target
+    after the save, the save_state call's own time, and a 95% interval of the paired median
+    over the rounds, which says how far one run's figure can be trusted); the target
     line judges a background save's stall by this paired cost against the foreground stall;
     each run also once with ACCEL_CHECKPOINT_WRITER_CPUS=any (the writer thread left where the
     scheduler puts it, instead of on the CPUs taking the checkpoint disk's interrupts)
@@ -289,6 +290,10 @@ def main():
     # step after it (the write runs during the first few; the later ones should read about 0).
     print("paired cost by step after a background save, ms, per run: " +
           "; ".join(", ".join(f"{v:.1f}" for v in row["per_step_cost_ms"]) for row in contention))
+    # How far one run's paired figure can be trusted: the rounds' spread, as a 95% interval of
+    # their median (order statistics; bench_checkpoint contention computes it).
+    print("paired save cost, 95% interval of the median over the rounds, ms, per run: " +
+          "; ".join(f"{lo:.1f} to {hi:.1f}" for lo, hi in (row["save_cost_interval_ms"] for row in contention)))
     # Why the paired figure decides: separate runs drift by more than the target on a small VM
     # (the no-save runs alone spread over 10% of their time); both are printed.
     ratio = per_save["async"] / per_save["sync"]
@@ -297,7 +302,10 @@ def main():
     print(f"\nwriter: {placement}")
     print(f"\ntargets: save_state >= 0.7x dd write: {dd_ratio:.2f}x ({'met' if dd_ratio >= 0.7 else 'NOT met'}); "
           f"background save stall <= 0.05x of a foreground one, paired in one process: {paired:.3f}x "
-          f"({'met' if paired <= 0.05 else 'NOT met'}; from separate runs: {ratio:.2f}x)")
+          f"({'met' if paired <= 0.05 else 'NOT met'}; the median's 95% interval over the rounds "
+          f"{med([r['save_cost_interval_ms'][0] for r in contention]) / per_save['sync']:.3f}x to "
+          f"{med([r['save_cost_interval_ms'][1] for r in contention]) / per_save['sync']:.3f}x; "
+          f"from separate runs: {ratio:.2f}x)")
 
 
 if __name__ == "__main__":
