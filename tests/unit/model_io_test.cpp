@@ -221,20 +221,32 @@ TEST(StateHooks, SaveAndLoadPreHooksRunFirstAndCanBeRemoved) {
   EXPECT_FALSE(fs::exists(tmp.path() / "c"));
 }
 
+// The folders the write tests write in: one on the disk (O_DIRECT) and, where it can be made, one
+// in /dev/shm (tmpfs, which may refuse O_DIRECT: the page-cache path), removed at the end.
+struct WriteFolders {
+  TempDir tmp;
+  fs::path shm = fs::path("/dev/shm") / ("accel-test-" + std::to_string(::getpid()));
+  std::vector<fs::path> all{tmp.path()};
+  WriteFolders() {
+    std::error_code ec;
+    if (fs::create_directory(shm, ec)) all.push_back(shm);
+  }
+  ~WriteFolders() {
+    std::error_code ec;
+    fs::remove_all(shm, ec);
+  }
+};
+
 // write_stream writes large files with O_DIRECT through two aligned buffers and the last partial
 // block through the page cache: every size around the block (4 KiB) and buffer (8 MiB) edges,
 // fed in parts that do not line up with either, must come back byte for byte, with the checksum
 // of what was written. /dev/shm (tmpfs) may refuse O_DIRECT, which takes the page-cache path.
 TEST(CheckpointFsWrite, EverySizeAroundTheBlockAndBufferEdgesIsWrittenExactly) {
-  TempDir tmp;
-  std::vector<fs::path> folders{tmp.path()};
-  std::error_code ec;
-  fs::path shm = fs::path("/dev/shm") / ("accel-test-" + std::to_string(::getpid()));
-  if (fs::create_directory(shm, ec)) folders.push_back(shm);
+  WriteFolders folders;
   const std::size_t mib8 = std::size_t{8} << 20;
   std::string all(mib8 * 2 + 5000, '\0');
   for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<char>((i * 2654435761u) >> 13);
-  for (const auto& folder : folders) {
+  for (const auto& folder : folders.all) {
     for (std::size_t size : {std::size_t{0}, std::size_t{1}, std::size_t{4095}, std::size_t{4096},
                              std::size_t{4097}, mib8 - 1, mib8, mib8 + 4097, 2 * mib8 + 4999}) {
       SCOPED_TRACE(folder.string() + ", " + std::to_string(size) + " bytes");
@@ -255,7 +267,6 @@ TEST(CheckpointFsWrite, EverySizeAroundTheBlockAndBufferEdgesIsWrittenExactly) {
       EXPECT_TRUE(read_file(path) == content) << "the bytes on disk differ";
     }
   }
-  fs::remove_all(shm, ec);
 }
 
 // Bytes that lie in page-aligned memory and fall at a page-aligned place in the file (a
@@ -264,11 +275,7 @@ TEST(CheckpointFsWrite, EverySizeAroundTheBlockAndBufferEdgesIsWrittenExactly) {
 // up, and two aligned parts in a row, come back byte for byte with the checksum of what was
 // written.
 TEST(CheckpointFsWrite, PartsInPageAlignedMemoryAreWrittenExactly) {
-  TempDir tmp;
-  std::vector<fs::path> folders{tmp.path()};
-  std::error_code ec;
-  fs::path shm = fs::path("/dev/shm") / ("accel-test-aligned-" + std::to_string(::getpid()));
-  if (fs::create_directory(shm, ec)) folders.push_back(shm);
+  WriteFolders folders;
   const std::size_t mib8 = std::size_t{8} << 20, total = 2 * mib8 + 8192;
   void* memory = nullptr;
   ASSERT_EQ(::posix_memalign(&memory, 4096, total), 0);
@@ -285,7 +292,7 @@ TEST(CheckpointFsWrite, PartsInPageAlignedMemoryAreWrittenExactly) {
   cases.push_back(
       {"before 3 bytes", {aligned.substr(0, 3 * 4096), "xyz", aligned.substr(0, 5000)}});
   cases.push_back({"two in a row", {aligned.substr(0, 8192), aligned.substr(4096, mib8 + 1)}});
-  for (const auto& folder : folders) {
+  for (const auto& folder : folders.all) {
     for (const auto& [what, parts] : cases) {
       SCOPED_TRACE(folder.string() + ", " + what);
       std::string expected;
@@ -297,7 +304,6 @@ TEST(CheckpointFsWrite, PartsInPageAlignedMemoryAreWrittenExactly) {
       EXPECT_TRUE(read_file(path) == expected) << "the bytes on disk differ";
     }
   }
-  fs::remove_all(shm, ec);
 }
 
 // A producer may reuse a part's memory as soon as the sink returns (libtorch's archive does): a
