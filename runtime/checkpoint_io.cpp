@@ -104,10 +104,18 @@ class DirectWriter {
     }
   }
 
-  // Returns once nothing is being written from the caller's memory.
+  // Returns once nothing is being written from the caller's memory; throws what the write met.
   void settle() {
     if (!borrowed_) return;
     wait_idle();
+    borrowed_ = false;
+  }
+
+  // As settle(), for a sink left by an exception: waits, throws nothing (the error, if any, is
+  // the writer's to report later, or lost with the file the exception abandons).
+  void quiesce() noexcept {
+    std::unique_lock<std::mutex> lock(m_);
+    cv_.wait(lock, [this] { return !pending_; });
     borrowed_ = false;
   }
 
@@ -315,6 +323,15 @@ WrittenFile CheckpointFs::write_stream(const fs::path& path,
   // file the writer sends from the producer's memory, in particular); through the page cache,
   // the write-back of each starts while the next is written.
   auto sink = [&](std::string_view part) {
+    // Why: a throw below (a buffer that cannot be allocated) must not leave the thread writing
+    // from `part` while the producer unwinds and frees it.
+    struct Quiesce {
+      DirectWriter* writer;
+      int unwinding = std::uncaught_exceptions();
+      ~Quiesce() {
+        if (writer && std::uncaught_exceptions() > unwinding) writer->quiesce();
+      }
+    } on_throw{writer ? &*writer : nullptr};
     for (std::size_t at = 0; at < part.size(); at += kPiece) {
       auto piece = part.substr(at, kPiece);
       XXH64_update(&state, piece.data(), piece.size());

@@ -55,15 +55,22 @@ TEST(SnapshotCopies, WaitReturnsOnlyOnceTheWriterHasCopied) {
   // so the floats' place in the file is not aligned for them).
   auto half = torch::ones({3}, torch::kBFloat16);
   auto strided_now = torch::arange(6, torch::kFloat).reshape({2, 3}).t();
+  // And a 0-dim tensor (an optimizer's step count) and an empty one, each way.
+  auto step = torch::tensor(int64_t{5});
+  auto empty = torch::zeros({0, 3});
   copies.begin();
-  auto file =
-      copies.defer_file({{"w", weight},
-                         {"s", strided},
-                         {"n", now},
-                         {"a", strided_now},
-                         {"h", half},
-                         {"u", strided_now}},
-                        {true, true, false, false, false, false}, {{"format", "pt"}}, "test");
+  auto file = copies.defer_file({{"w", weight},
+                                 {"s", strided},
+                                 {"n", now},
+                                 {"a", strided_now},
+                                 {"h", half},
+                                 {"u", strided_now},
+                                 {"step_later", step},
+                                 {"step_now", step},
+                                 {"empty_later", empty},
+                                 {"empty_now", empty}},
+                                {true, true, false, false, false, false, true, false, true, false},
+                                {{"format", "pt"}}, "test");
   now.add_(10);  // copied already: the file keeps 0, 1, 2
   strided_now.add_(10);
   copies.start();
@@ -77,7 +84,7 @@ TEST(SnapshotCopies, WaitReturnsOnlyOnceTheWriterHasCopied) {
   // Why not EXPECT_TRUE(copied) alone: the flag is set just after copy() returns; the values are
   // what wait() promises.
   auto decoded = read_back(file);
-  ASSERT_EQ(decoded.tensors.size(), 6u);
+  ASSERT_EQ(decoded.tensors.size(), 10u);
   EXPECT_EQ(decoded.metadata, (std::map<std::string, std::string>{{"format", "pt"}}));
   EXPECT_EQ(decoded.tensors[0].first, "w");
   EXPECT_TRUE(torch::equal(decoded.tensors[0].second, weight));
@@ -88,6 +95,14 @@ TEST(SnapshotCopies, WaitReturnsOnlyOnceTheWriterHasCopied) {
   EXPECT_TRUE(torch::equal(decoded.tensors[4].second, half));
   EXPECT_EQ(decoded.tensors[5].first, "u");
   EXPECT_TRUE(torch::equal(decoded.tensors[5].second, old_strided));
+  // Zero-byte tensors share their offset with the next: by name, not by place.
+  std::map<std::string, torch::Tensor> by_name(decoded.tensors.begin(), decoded.tensors.end());
+  for (const char* name : {"step_later", "step_now"}) {
+    EXPECT_EQ(by_name.at(name).dim(), 0) << name;
+    EXPECT_EQ(by_name.at(name).item<int64_t>(), 5) << name;
+  }
+  for (const char* name : {"empty_later", "empty_now"})
+    EXPECT_EQ(by_name.at(name).sizes(), empty.sizes()) << name;
   writer.join();
   EXPECT_TRUE(copied);
   weight.add_(1);  // the live tensor is the program's again: the copy keeps the old values
