@@ -83,7 +83,9 @@ class DirectWriter {
   }
 
   // What append() wrote from the caller's memory may still be being written when it returns:
-  // the caller keeps that memory as it is until settle() (or finish()) returns.
+  // the caller keeps that memory as it is until settle() (or finish()) returns. Nothing that
+  // can throw runs here while such a write is in flight, except waiting for it (which throws
+  // only once it has ended).
   void append(std::string_view part) {
     if (bufs_[filling_].used == 0 && offset_ % kAlign == 0 &&
         reinterpret_cast<std::uintptr_t>(part.data()) % kAlign == 0 && part.size() >= kAlign) {
@@ -95,7 +97,12 @@ class DirectWriter {
     }
     while (!part.empty()) {
       Buffer& b = bufs_[filling_];
-      if (!b.data) allocate(b);
+      if (!b.data) {
+        // Why wait first: the allocation may throw, and nothing that throws may run while the
+        // thread writes from the caller's memory, which the caller frees as the throw unwinds.
+        settle();
+        allocate(b);
+      }
       std::size_t n = std::min(part.size(), kBufferBytes - b.used);
       std::memcpy(b.data.get() + b.used, part.data(), n);
       b.used += n;
@@ -107,16 +114,8 @@ class DirectWriter {
   // Returns once nothing is being written from the caller's memory; throws what the write met.
   void settle() {
     if (!borrowed_) return;
+    borrowed_ = false;
     wait_idle();
-    borrowed_ = false;
-  }
-
-  // As settle(), for a sink left by an exception: waits, throws nothing (the error, if any, is
-  // the writer's to report later, or lost with the file the exception abandons).
-  void quiesce() noexcept {
-    std::unique_lock<std::mutex> lock(m_);
-    cv_.wait(lock, [this] { return !pending_; });
-    borrowed_ = false;
   }
 
   // Writes what is left; the caller fsyncs.
@@ -323,15 +322,6 @@ WrittenFile CheckpointFs::write_stream(const fs::path& path,
   // file the writer sends from the producer's memory, in particular); through the page cache,
   // the write-back of each starts while the next is written.
   auto sink = [&](std::string_view part) {
-    // Why: a throw below (a buffer that cannot be allocated) must not leave the thread writing
-    // from `part` while the producer unwinds and frees it.
-    struct Quiesce {
-      DirectWriter* writer;
-      int unwinding = std::uncaught_exceptions();
-      ~Quiesce() {
-        if (writer && std::uncaught_exceptions() > unwinding) writer->quiesce();
-      }
-    } on_throw{writer ? &*writer : nullptr};
     for (std::size_t at = 0; at < part.size(); at += kPiece) {
       auto piece = part.substr(at, kPiece);
       XXH64_update(&state, piece.data(), piece.size());

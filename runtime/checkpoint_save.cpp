@@ -122,28 +122,15 @@ OutFile optimizer_archived_now(std::string name, const torch::optim::Optimizer& 
   return bytes_file(std::move(name), std::move(bytes));
 }
 
-// Which of an optimizer's state tensors a background save copies later, on the writer thread,
-// before the next optimizer step (SnapshotCopies): those on the CPU. The others (on a GPU) are
-// copied now.
-std::vector<bool> state_copied_later(const safetensors::NamedTensors& tensors) {
-  std::vector<bool> later;
-  for (const auto& [name, t] : tensors)
-    later.push_back(t.device().is_cpu() && t.layout() == torch::kStrided);
-  return later;
-}
-
-// Which of a model's tensors a background save copies later, on the writer thread: its CPU
-// parameters, which only an optimizer step changes. Everything else is copied now (buffers such
-// as BatchNorm's running statistics change in the next forward; GPU tensors come to the CPU).
+// Which of a model's tensors only an optimizer step changes, so that a background save may copy
+// them later, on the writer thread (SnapshotCopies): its parameters. Everything else is copied
+// during the call (buffers such as BatchNorm's running statistics change in the next forward).
 std::vector<bool> parameters_copied_later(const safetensors::NamedTensors& tensors,
                                           const torch::nn::Module& model) {
   std::unordered_set<const void*> parameters;
   for (const auto& p : model.parameters()) parameters.insert(p.data_ptr());
   std::vector<bool> later;
-  for (const auto& [name, t] : tensors) {
-    later.push_back(t.device().is_cpu() && t.layout() == torch::kStrided &&
-                    parameters.contains(t.data_ptr()));
-  }
+  for (const auto& [name, t] : tensors) later.push_back(parameters.contains(t.data_ptr()));
   return later;
 }
 
@@ -161,7 +148,8 @@ safetensors::Encoded background_optimizer_file(const torch::optim::Optimizer& op
                                                const std::string& where) {
   std::map<std::string, std::string> metadata;
   auto tensors = ckpt::optimizer_tensors(optimizer, metadata);
-  return copies.defer_file(tensors, state_copied_later(tensors), metadata, where);
+  // All of an optimizer's state changes only in its step.
+  return copies.defer_file(tensors, std::vector<bool>(tensors.size(), true), metadata, where);
 }
 
 // A model's tensors for an in-memory snapshot: its CPU parameters as they are (the writer thread
@@ -426,7 +414,7 @@ void Accelerator::Impl::start_background_write(std::function<void()> write, cons
 void Accelerator::Impl::prefault_background_copies() {
   prefaulted_ = true;
   auto& copies = *snapshot_;
-  if (copies.has_buffers()) return;  // a background save made them
+  if (copies.has_blocks()) return;  // a background save made them
   // The same defer_file() calls, in the same order, as a background save's (prepare_write).
   copies.begin();
   for (const auto& model : models_)

@@ -101,13 +101,8 @@ safetensors::Encoded SnapshotCopies::defer_file(const safetensors::NamedTensors&
                                 std::to_string(tensors.size()) + " tensors");
   const std::string header = safetensors::encode_header(tensors, metadata, where, kPage);
   std::size_t bytes = header.size();
-  for (std::size_t i = 0; i < tensors.size(); ++i) {
-    const auto& t = tensors[i].second;
-    if (copy_later[i] && !(t.device().is_cpu() && t.layout() == torch::kStrided))
-      throw std::invalid_argument("SnapshotCopies::defer_file: " + where + ": tensor \"" +
-                                  tensors[i].first + "\" is not a strided CPU tensor");
+  for (const auto& [name, t] : tensors)
     bytes += static_cast<std::size_t>(t.numel()) * t.element_size();
-  }
   std::shared_ptr<Block> block;
   if (next_ < kept_.size() && kept_[next_]->handed_out.load() == 0 &&
       kept_[next_]->capacity >= bytes) {
@@ -132,7 +127,9 @@ safetensors::Encoded SnapshotCopies::defer_file(const safetensors::NamedTensors&
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const auto& t = tensors[i].second;
     const auto n = static_cast<std::size_t>(t.numel()) * t.element_size();
-    if (copy_later[i]) {
+    // Why only CPU tensors later: the writer thread copies host memory alone; a GPU tensor's
+    // copy would need the training thread's stream.
+    if (copy_later[i] && t.device().is_cpu()) {
       queued_.push_back({file, offset, t.detach()});
     } else {
       copy_into(block->data + offset, t);

@@ -33,9 +33,10 @@ class SnapshotCopies {
   void begin();
   // The safetensors file of `tensors` (with `metadata`), laid out in a kept block (or a new one
   // when the next is still held, or too small): its one data tensor is the whole file's bytes,
-  // starting on a page. The bytes of tensors[i] for which copy_later[i] holds (a CPU tensor,
-  // strided) are filled in by copy(); the others' are copied now. Throws CheckpointError, with
-  // `where` (the file) first, for tensors safetensors cannot hold or memory that cannot be had.
+  // starting on a page. The bytes of the CPU tensors for which copy_later[i] holds (those only an
+  // optimizer step changes) are filled in by copy(); the others' (GPU tensors included) are
+  // copied now. Throws CheckpointError, with `where` (the file) first, for tensors safetensors
+  // cannot hold or memory that cannot be had.
   safetensors::Encoded defer_file(const safetensors::NamedTensors& tensors,
                                   const std::vector<bool>& copy_later,
                                   const std::map<std::string, std::string>& metadata,
@@ -62,7 +63,7 @@ class SnapshotCopies {
   // it.
   void prefault();
   // Whether blocks are kept (a background save ran, or prefault()).
-  bool has_buffers() const { return !kept_.empty(); }
+  bool has_blocks() const { return !kept_.empty(); }
 
   // Memory of our own, page-aligned, which a save hands out as the bytes of one file.
   struct Block;

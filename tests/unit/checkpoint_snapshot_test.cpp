@@ -209,7 +209,7 @@ TEST(SnapshotCopies, PrefaultTouchesTheBlocksTheFirstSaveThenCopiesInto) {
   ASSERT_LT(resident_pages(file).first, resident_pages(file).second / 2)
       << "a new block's pages are not touched yet";
   copies.prefault();
-  EXPECT_TRUE(copies.has_buffers());
+  EXPECT_TRUE(copies.has_blocks());
   auto deadline = std::chrono::steady_clock::now() + 20s;
   while (resident_pages(file).first < resident_pages(file).second &&
          std::chrono::steady_clock::now() < deadline)
@@ -225,7 +225,7 @@ TEST(SnapshotCopies, PrefaultTouchesTheBlocksTheFirstSaveThenCopiesInto) {
   copies.wait();
   EXPECT_TRUE(torch::equal(read_back(again).tensors[0].second, live));
   copies.release();
-  EXPECT_FALSE(copies.has_buffers());
+  EXPECT_FALSE(copies.has_blocks());
 }
 
 // A save right after prefault() whose files no longer fit the blocks (a larger one, fewer files)
