@@ -274,7 +274,8 @@ namespace {
 void check_contents(const CheckpointReader& ckpt,
                     const std::vector<std::pair<const char*, std::size_t>>& prepared,
                     bool has_scaler) {
-  const auto& c = CheckpointReader::field(ckpt.manifest(), "contents", ckpt.dir() / kManifest);
+  const auto manifest = ckpt.dir() / kManifest;
+  const auto& c = CheckpointReader::field(ckpt.manifest(), "contents", manifest);
   for (const auto& [kind, count] : prepared) {
     auto saved = c.value(kind, static_cast<std::size_t>(0));
     if (saved != count) {

@@ -6,6 +6,7 @@
 
 #include "accel/error.h"
 #include "contract/json_depth.h"
+#include "runtime/optimizer_steps.h"
 
 namespace accel::ckpt {
 
@@ -30,16 +31,6 @@ std::vector<torch::Tensor> parameters(const o::Optimizer& optimizer) {
   for (const auto& group : optimizer.param_groups())
     for (const auto& p : group.params()) out.push_back(p);
   return out;
-}
-
-// libtorch's key of `p` in state(): a string in 1.13, the TensorImpl pointer later.
-template <class Map>
-typename Map::key_type key_of(const torch::Tensor& p) {
-  if constexpr (std::is_same_v<typename Map::key_type, std::string>) {
-    return c10::guts::to_string(p.unsafeGetTensorImpl());
-  } else {
-    return p.unsafeGetTensorImpl();
-  }
 }
 
 using StateMap = std::remove_reference_t<decltype(std::declval<o::Optimizer&>().state())>;
@@ -118,7 +109,7 @@ safetensors::NamedTensors optimizer_tensors(const o::Optimizer& optimizer,
   json steps = json::object();
   const auto params = parameters(optimizer);
   for (std::size_t k = 0; k < params.size(); ++k) {
-    auto it = state.find(key_of<StateMap>(params[k]));
+    auto it = state.find(detail::state_key(params[k]));
     if (it == state.end()) continue;
     const std::string prefix = std::to_string(k) + ".";
     int64_t* step = visit(type, *it->second, [&](const char* name, torch::Tensor& t) {
@@ -184,7 +175,7 @@ void load_optimizer_tensors(o::Optimizer& optimizer, const safetensors::Decoded&
       ++used;
     });
     if (step != nullptr) *step = steps[index].get<int64_t>();
-    built.emplace_back(key_of<StateMap>(params[k]), std::move(state));
+    built.emplace_back(detail::state_key(params[k]), std::move(state));
   }
   if (used != decoded.tensors.size()) {
     fail(where, "holds " + std::to_string(decoded.tensors.size() - used) +

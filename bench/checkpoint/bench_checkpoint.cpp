@@ -20,6 +20,7 @@
 
 #include "accel/accel.h"
 #include "examples/common/args.h"
+#include "runtime/optimizer_steps.h"
 
 namespace {
 
@@ -372,7 +373,7 @@ int run_contention(int argc, char** argv) {
   for (const auto& p : io.model->parameters()) {
     live.push_back(p.detach());
     auto& state = io.optimizer.inner().state();
-    auto it = state.find(c10::guts::to_string(p.unsafeGetTensorImpl()));
+    auto it = state.find(accel::detail::state_key(p));
     if (it == state.end()) continue;
     auto& adam = static_cast<torch::optim::AdamWParamState&>(*it->second);
     live.push_back(adam.exp_avg());

@@ -29,6 +29,7 @@
 #include "contract/json_depth.h"
 #include "runtime/checkpoint_io.h"
 #include "runtime/checkpoint_snapshot.h"
+#include "runtime/optimizer_steps.h"
 #include "runtime/safetensors.h"
 #include "tests/common/files.h"
 
@@ -210,7 +211,7 @@ inline Snapshot snapshot(Rig& rig) {
   s.params = copies(rig.model->parameters());
   s.buffers = copies(rig.model->buffers());
   for (const auto& p : rig.adamw->param_groups()[0].params()) {
-    auto it = rig.adamw->state().find(c10::guts::to_string(p.unsafeGetTensorImpl()));
+    auto it = rig.adamw->state().find(accel::detail::state_key(p));
     if (it == rig.adamw->state().end()) continue;
     auto& state = static_cast<torch::optim::AdamWParamState&>(*it->second);
     s.exp_avg.push_back(state.exp_avg().clone());

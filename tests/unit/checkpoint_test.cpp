@@ -1,6 +1,7 @@
 // Checkpoints in one process: bitwise save_state/load_state round trips (resuming inside an
 // epoch included), the optimizer's safetensors file and the older archive, automatic naming,
 // rotation and resume, and the refusal of corrupt or foreign checkpoints.
+#include "runtime/optimizer_steps.h"
 #include "tests/unit/checkpoint_fixtures.h"
 
 namespace accel {
@@ -119,7 +120,7 @@ TEST(CheckpointRoundTrip, AnIndependentReaderFindsAdamWsStateInOptimizerSafetens
   for (std::size_t k = 0; k < params.size(); ++k) {
     SCOPED_TRACE("parameter " + std::to_string(k));
     const auto& state = static_cast<const torch::optim::AdamWParamState&>(
-        *rig.adamw->state().at(c10::guts::to_string(params[k].unsafeGetTensorImpl())));
+        *rig.adamw->state().at(accel::detail::state_key(params[k])));
     EXPECT_EQ(steps[std::to_string(k)], state.step());
     for (const auto& [field, live] :
          {std::pair{"exp_avg", state.exp_avg()}, std::pair{"exp_avg_sq", state.exp_avg_sq()}}) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "accel/accel.h"
+#include "runtime/optimizer_steps.h"
 
 namespace accel {
 namespace {
@@ -138,7 +139,7 @@ TEST(FusedOptimizer, ContinuesLibtorchsStateAndSerializesAsLibtorch) {
   }
   for (std::size_t i = 0; i < ref_params.size(); ++i)
     EXPECT_TRUE(torch::equal(mixed_params[i], ref_params[i])) << i;
-  auto key = c10::guts::to_string(mixed_params[0].unsafeGetTensorImpl());
+  auto key = accel::detail::state_key(mixed_params[0]);
   EXPECT_EQ(static_cast<o::AdamWParamState&>(*mixed->state().at(key)).step(), 10);
 
   std::ostringstream saved;
