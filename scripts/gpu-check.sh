@@ -186,29 +186,52 @@ if [ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && [ $RC -eq 0 ]; then
   row "2 ranks train to the 1-process weights" PASS "$(last_line "$OUT/compare-2.log"); $(grep -m1 -o 'eval_accuracy [0-9.]*' "$OUT/train-2.log" | tail -1)"
 else row "2 ranks train to the 1-process weights" FAIL "exits $rc1/$rc2/$RC: $(last_line "$OUT/compare-2.log")"; fi
 
-# 8. A rank SIGKILLed after the first checkpoint: the group restarts, resumes, and ends on the
-# weights of the run that was never killed.
-timeout -k 5 300 "$L/accel-launch" --max-restarts 2 --checkpoint-dir "$W/ck" --checkpoint-interval 10 \
-  -n 2 -- "${CLS[@]}" --batch-size 32 --save-model "$W/wk" >"$OUT/kill-resume.log" 2>&1 &
-bounded=$!
-killed=""
-for _ in $(seq 1 1200); do
-  if compgen -G "$W/ck/checkpoints/checkpoint_*" >/dev/null; then
-    # timeout's child is the launcher; the launcher's children are the workers.
-    launcher="$(pgrep -P "$bounded" | head -1)"
-    victim="$(pgrep -P "${launcher:-0}" | head -1)"
-    [ -n "$victim" ] && kill -9 "$victim" 2>/dev/null && killed="$victim"
-    break
-  fi
-  kill -0 "$bounded" 2>/dev/null || break
-  sleep 0.02
-done
-wait "$bounded"; rck=$?
-run compare-kill 60 "$B/device_checks" compare-weights "$W/w2/model.safetensors" "$W/wk/model.safetensors" "$TOL"
-resumed="$(grep -m1 -o 'resumed from .*' "$OUT/kill-resume.log" | sed 's|.*/checkpoints/||' | cut -c1-60)"
-if [ -n "$killed" ] && [ $rck -eq 0 ] && [ -n "$resumed" ] && [ $RC -eq 0 ]; then
-  row "killed rank restarts and resumes" PASS "pid $killed SIGKILLed, resumed from $resumed; $(last_line "$OUT/compare-kill.log")"
-else row "killed rank restarts and resumes" FAIL "killed '${killed:-none}', exit $rck, resumed '${resumed:-no}': $(last_line "$OUT/compare-kill.log")"; fi
+# 8. A rank SIGKILLed mid-run: the group restarts, resumes, and ends on the weights of the run that
+# was never killed. Three ways to resume: a checkpoint written during the step, one written by a
+# background thread (--async-checkpoints: the GPU state is copied to host memory during the call),
+# and the node's in-memory snapshot (--snapshot-interval: /dev/shm, no checkpoint folder).
+# kill_and_resume NAME TITLE WAIT EXPECT FLAGS...: launches 2 ranks with FLAGS, SIGKILLs one once
+# WAIT (a function, given NAME; it sees kill_and_resume's $bounded) succeeds, and passes when the
+# job succeeded, resumed from something matching EXPECT, and ended within TOL of $W/w2.
+first_checkpoint() { compgen -G "$W/$1/checkpoints/checkpoint_*" >/dev/null; }
+# The snapshot folder is private to the job: the workers are told it in ACCEL_SNAPSHOT_DIR.
+first_snapshot() {
+  local launcher worker dir
+  launcher="$(pgrep -P "$bounded" | head -1)"
+  worker="$(pgrep -P "${launcher:-0}" | head -1)"
+  [ -n "$worker" ] || return 1
+  dir="$(tr '\0' '\n' <"/proc/$worker/environ" 2>/dev/null | sed -n 's/^ACCEL_SNAPSHOT_DIR=//p')"
+  [ -n "$dir" ] && compgen -G "$dir/checkpoint_*" >/dev/null
+}
+kill_and_resume() {
+  local name="$1" title="$2" ready="$3" expect="$4"; shift 4
+  timeout -k 5 300 "$L/accel-launch" --max-restarts 2 "$@" \
+    -n 2 -- "${CLS[@]}" --batch-size 32 --save-model "$W/w-$name" >"$OUT/$name.log" 2>&1 &
+  local bounded=$! killed="" launcher victim rck resumed
+  for _ in $(seq 1 1200); do
+    if "$ready" "$name"; then
+      # timeout's child is the launcher; the launcher's children are the workers.
+      launcher="$(pgrep -P "$bounded" | head -1)"
+      victim="$(pgrep -P "${launcher:-0}" | head -1)"
+      [ -n "$victim" ] && kill -9 "$victim" 2>/dev/null && killed="$victim"
+      break
+    fi
+    kill -0 "$bounded" 2>/dev/null || break
+    sleep 0.02
+  done
+  wait "$bounded"; rck=$?
+  run "compare-$name" 60 "$B/device_checks" compare-weights "$W/w2/model.safetensors" "$W/w-$name/model.safetensors" "$TOL"
+  resumed="$(grep -m1 -o 'resumed from .*' "$OUT/$name.log" | sed 's|^resumed from ||; s|/dev/shm/accel-snapshots-[^/]*/||; s|.*/checkpoints/||' | cut -c1-70)"
+  if [ -n "$killed" ] && [ $rck -eq 0 ] && grep -qE "resumed from $expect" "$OUT/$name.log" && [ $RC -eq 0 ]; then
+    row "$title" PASS "pid $killed SIGKILLed, resumed from $resumed; $(last_line "$OUT/compare-$name.log")"
+  else row "$title" FAIL "killed '${killed:-none}', exit $rck, resumed '${resumed:-no}' (expected '$expect'): $(last_line "$OUT/compare-$name.log")"; fi
+}
+kill_and_resume kill-resume "killed rank restarts and resumes" first_checkpoint "/.*/checkpoint_" \
+  --checkpoint-dir "$W/kill-resume" --checkpoint-interval 10
+kill_and_resume kill-resume-async "... from a background save" first_checkpoint "/.*/checkpoint_" \
+  --checkpoint-dir "$W/kill-resume-async" --checkpoint-interval 10 --async-checkpoints
+kill_and_resume kill-resume-snapshot "... from an in-memory snapshot" first_snapshot "the in-memory snapshot " \
+  --snapshot-interval 5
 
 # 9. Two launchers (two "machines" of one rank each on this host) meet through the gRPC
 # coordinator and run accel-check. Why gloo on a GPU: both ranks would share the one GPU, which
