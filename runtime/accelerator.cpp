@@ -120,6 +120,29 @@ void PreparedOptimizer::zero_grad() {
   if (state_->sync_gradients()) slot_->optimizer->zero_grad();
 }
 
+namespace {
+// libtorch's in-place zeroing of the gradients: zero_grad(false) from 2.0 on (true, the default,
+// sets them to none), zero_grad() in 1.13 (always in place). A template so that only the branch
+// for this libtorch is compiled.
+template <class Optimizer>
+void zero_grads_in_place(Optimizer& optimizer) {
+  if constexpr (requires { optimizer.zero_grad(false); })
+    optimizer.zero_grad(false);
+  else
+    optimizer.zero_grad();
+}
+}  // namespace
+
+void PreparedOptimizer::zero_grad(bool set_to_none) {
+  if (!state_->sync_gradients()) return;
+  auto& optimizer = *slot_->optimizer;
+  if (!set_to_none) return zero_grads_in_place(optimizer);
+  // Why nothing else: a prepared model's gradient sync copies a new gradient into its bucket and
+  // makes .grad a view of it again after the all-reduce.
+  for (auto& group : optimizer.param_groups())
+    for (auto& p : group.params()) p.mutable_grad() = torch::Tensor();
+}
+
 void PreparedScheduler::step() {
   if (!step_with_optimizer_) {
     slot_->scheduler->step();

@@ -328,6 +328,75 @@ TEST(Accelerator, AccumulationSyncsAtWindowEndsAndAtTheEndOfTheLoader) {
   }
 }
 
+// Two parameters; b takes part only when asked, as an expert a router did not pick.
+struct TwoPartsImpl : torch::nn::Module {
+  TwoPartsImpl() {
+    a = register_parameter("a", torch::randn({3}));
+    b = register_parameter("b", torch::randn({3}));
+  }
+  torch::Tensor forward(const torch::Tensor& x, bool use_b) {
+    return use_b ? (x * a + x * b).pow(2).sum() : (x * a).pow(2).sum();
+  }
+  torch::Tensor a, b;
+};
+TORCH_MODULE(TwoParts);
+
+// zero_grad(true) drops the gradients, so AdamW leaves a parameter that got none since as it is
+// (PyTorch 2's optimizer.zero_grad()); zero_grad(false) zeroes them in place, and AdamW steps the
+// parameter anyway (weight decay, momentum). Each trains as the same loop on libtorch's own
+// optimizer with the gradients dropped or zeroed by hand; neither does anything on a micro-step.
+TEST(Accelerator, ZeroGradSetToNoneDropsGradientsSoAnUnusedParameterIsNotStepped) {
+  for (bool set_to_none : {true, false}) {
+    SCOPED_TRACE(set_to_none ? "set_to_none" : "in place");
+    torch::manual_seed(3);
+    TwoParts reference, model;
+    {
+      torch::NoGradGuard no_grad;
+      for (std::size_t i = 0; i < 2; ++i) model->parameters()[i].copy_(reference->parameters()[i]);
+    }
+    auto options = torch::optim::AdamWOptions(0.1).weight_decay(0.5);
+    torch::optim::AdamW ref_opt(reference->parameters(), options);
+    Accelerator acc;
+    auto [m, o] =
+        acc.prepare(model, std::make_shared<torch::optim::AdamW>(model->parameters(), options));
+    const auto x = torch::tensor({1.0f, -2.0f, 0.5f});
+    for (bool use_b : {true, false, false}) {
+      reference->forward(x, use_b).backward();
+      ref_opt.step();
+      for (auto& p : reference->parameters()) {
+        if (set_to_none)
+          p.mutable_grad() = torch::Tensor();
+        else
+          p.mutable_grad().zero_();
+      }
+      const auto b_before = model->b.detach().clone();
+      acc.backward(m->forward(x, use_b));
+      o.step();
+      // Without a gradient since the last zero_grad, b is stepped only if it was zeroed in place.
+      if (!use_b) {
+        EXPECT_EQ(torch::equal(model->b, b_before), set_to_none);
+      }
+      o.zero_grad(set_to_none);
+      for (const auto& p : model->parameters()) EXPECT_EQ(p.grad().defined(), !set_to_none);
+    }
+    for (std::size_t i = 0; i < 2; ++i) {
+      EXPECT_TRUE(torch::allclose(model->parameters()[i], reference->parameters()[i], 1e-6, 1e-7))
+          << i << ": " << model->parameters()[i] << " against " << reference->parameters()[i];
+    }
+  }
+  // On an accumulation micro-step the gradients stay, whichever way.
+  auto model = TwoParts();
+  Accelerator acc({.gradient_accumulation_steps = 2});
+  auto [m, o] = acc.prepare(model, std::make_shared<torch::optim::SGD>(model->parameters(), 0.1));
+  auto scope = acc.accumulate(m);
+  acc.backward(m->forward(torch::ones({3}), true));
+  o.step();
+  ASSERT_FALSE(acc.sync_gradients());
+  o.zero_grad(true);
+  o.zero_grad(false);
+  EXPECT_TRUE(model->a.grad().defined() && model->a.grad().abs().sum().item<float>() > 0);
+}
+
 TEST(Accelerator, BackwardScalesTheLossByTheAccumulationSteps) {
   Accelerator acc({.gradient_accumulation_steps = 4});
   auto w = torch::ones({1}, torch::requires_grad());

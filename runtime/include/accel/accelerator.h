@@ -189,7 +189,13 @@ struct SchedulerSlot;
 class PreparedOptimizer {
  public:
   void step();
+  // As the linked libtorch's own zero_grad(), and PyTorch's optimizer.zero_grad() of the same
+  // release: gradients zeroed in place in 1.13 (Debian's libtorch), set to none from 2.0 on.
   void zero_grad();
+  // set_to_none true: every gradient becomes undefined, so a parameter that gets none before the
+  // next step() is not stepped (AdamW then leaves it and its moments as they are); false: zeroed
+  // in place, kept defined. Both do nothing on an accumulation micro-step, as step() does.
+  void zero_grad(bool set_to_none);
   torch::optim::Optimizer& inner() const;
   torch::optim::Optimizer* operator->() const { return &inner(); }
   const std::shared_ptr<torch::optim::Optimizer>& shared() const;

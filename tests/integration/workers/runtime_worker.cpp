@@ -528,7 +528,7 @@ int train(int argc, char** argv) {
       // them.
       acc.backward(torch::mse_loss(m->forward(batch.input), batch.target));
       o.step();
-      for (auto& p : m->parameters()) p.mutable_grad() = torch::Tensor();
+      o.zero_grad(/*set_to_none=*/true);
     } else {
       auto scope = acc.accumulate(m);
       acc.backward(torch::mse_loss(m->forward(batch.input), batch.target));
