@@ -62,8 +62,16 @@ int main(int argc, char** argv) {
       .flag("warmup", "100", "untimed steps first")
       .flag("optimizer-step", "fused",
             "fused (the prepared optimizer's one-pass step) or libtorch (AdamW::step)")
-      .flag("zero-stage", "0", "1: ZeRO stage 1 (the optimizer state sharded across processes)");
+      .flag("zero-stage", "0", "1: ZeRO stage 1 (the optimizer state sharded across processes)")
+      .flag("zero-grad", "libtorch",
+            "libtorch (zero_grad(): libtorch's own default), none (zero_grad(true)) or in-place "
+            "(zero_grad(false))");
   args.parse(argc, argv);
+  const std::string zero_grad = args.str("zero-grad");
+  if (zero_grad != "libtorch" && zero_grad != "none" && zero_grad != "in-place") {
+    std::fprintf(stderr, "bench_train: --zero-grad must be libtorch, none or in-place\n");
+    return 2;
+  }
   const bool big = args.str("model") == "M", lm = args.str("model") == "L";
   if (!big && !lm && args.str("model") != "T") {
     std::fprintf(stderr, "bench_train: --model must be T, M or L\n");
@@ -135,7 +143,10 @@ int main(int argc, char** argv) {
     lap(t, 1);
     o.step();
     lap(t, 2);
-    o.zero_grad();
+    if (zero_grad == "libtorch")
+      o.zero_grad();
+    else
+      o.zero_grad(zero_grad == "none");
     lap(t, 3);
   };
   for (int64_t i = 0; i < args.integer("warmup"); ++i) step(i);
