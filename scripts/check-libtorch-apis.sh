@@ -8,19 +8,20 @@ src=$(cd "${1:-$(dirname "$0")/..}" && pwd)
 cd "$src"
 # pattern<TAB>what to use instead
 removed=(
-  $'c10::guts::\tc10::guts is libtorch'"'"'s C++14 polyfill namespace, emptied release by release (to_string is gone from 2.11): use the standard library, or accel::detail::state_key (runtime/optimizer_steps.h) for an optimizer state key'
+  $'c10::guts\tc10::guts is libtorch'"'"'s C++14 polyfill namespace, emptied release by release (to_string is gone from 2.11): use the standard library, or accel::detail::state_key (runtime/optimizer_steps.h) for an optimizer state key'
 )
 if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
   mapfile -t files < <(git ls-files -co --exclude-standard -- '*.cpp' '*.h' '*.hpp' '*.cc' 'docs/*.md')
 else
   mapfile -t files < <(find -L . \( -path ./build -o -path './build-*' -o -path ./.git \) -prune -o \
-                         \( -name '*.cpp' -o -name '*.h' -o -path './docs/*.md' \) -print)
+                         \( -name '*.cpp' -o -name '*.h' -o -name '*.hpp' -o -name '*.cc' -o -path './docs/*.md' \) -print)
 fi
 # file:line:text of every code line: a C++ file's lines, and the lines inside a docs page's
 # ```cpp blocks (the page's prose may name an API).
 code_lines() {
   local f
   for f in "${files[@]}"; do
+    [ -f "$f" ] || continue  # deleted in the work tree, still listed by git
     case "$f" in
       *.md) awk -v f="$f" '/^ *```/ { inside = !inside && $0 ~ /```(cpp|c\+\+)/; next }
                           inside { print f ":" FNR ":" $0 }' "$f" ;;

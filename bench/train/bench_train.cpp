@@ -181,6 +181,7 @@ int main(int argc, char** argv) {
         "\"%s\", \"processes\": %d, \"mixed_precision\": "
         "\"%s\", "
         "\"forward_dtype\": \"%s\", \"optimizer_step\": \"%s\", \"zero_stage\": %ld, "
+        "\"zero_grad\": \"%s\", "
         "\"peak_rss_bytes\": %ld, \"rss_anon_bytes\": %ld, \"rss_shmem_bytes\": %ld, "
         "\"heap_in_use_bytes\": %ld, \"phase_ms\": {\"forward\": %.2f, \"backward\": %.2f, "
         "\"step\": %.2f, \"zero_grad\": %.2f}}\n",
@@ -188,9 +189,9 @@ int main(int argc, char** argv) {
         lm ? sps * static_cast<double>(batch * kBlock) * acc.num_processes() : 0.0,
         acc.device().str().c_str(), acc.num_processes(), acc.mixed_precision().c_str(),
         c10::toString(forward_dtype), args.str("optimizer-step").c_str(),
-        args.integer("zero-stage"), peak_kb * 1024, anon_kb * 1024, shmem_kb * 1024, heap_in_use,
-        1e3 * phase_s[0] / per, 1e3 * phase_s[1] / per, 1e3 * phase_s[2] / per,
-        1e3 * phase_s[3] / per);
+        args.integer("zero-stage"), zero_grad.c_str(), peak_kb * 1024, anon_kb * 1024,
+        shmem_kb * 1024, heap_in_use, 1e3 * phase_s[0] / per, 1e3 * phase_s[1] / per,
+        1e3 * phase_s[2] / per, 1e3 * phase_s[3] / per);
   }
   return 0;
 }

@@ -6,8 +6,8 @@
 #
 # A NAME starting with 1p runs on 1 process, one starting with 2x1p runs two 1-process runs at once
 # (no collectives between them; their mean steps/s is printed), any other under accel-launch
-# -n 2; VAR=VALUE is put in that run's environment (X=1 for none), a --flag=value word is given to
-# bench_train. Prints each run, then per configuration the median
+# -n 2; VAR=VALUE is put in that run's environment (X=1 for none), a --flag=value word (one word,
+# with =) is given to bench_train. Prints each run, then per configuration the median
 # steps/s and the median of the rounds' ratios to the first configuration. Example (the split
 # optimizer step against the whole step on every process, docs/benchmarks.md):
 #
@@ -17,10 +17,17 @@
 #
 #   bench/train/paired_rounds.sh 4 1p:X=1 2x1p:X=1 2p:X=1
 set -euo pipefail
-shopt -s extglob
 build=${BUILD:-build}
-# The --flag=value words of a configuration (given to bench_train); the rest go to env.
-flags() { local w; for w in $1; do [[ $w == --* ]] && printf '%s ' "$w"; done; return 0; }
+# A configuration's words: those that start with -- are bench_train's flags, the rest env's.
+words() {
+  local w kind
+  for w in $2; do
+    kind=env
+    [[ $w == --* ]] && kind=flags
+    [[ $kind == "$1" ]] && printf '%s ' "$w"
+  done
+  return 0
+}
 rounds=$1
 shift
 export OMP_NUM_THREADS=1
@@ -38,8 +45,8 @@ for _ in $(seq "$rounds"); do
     copies=1
     [[ $name == 2x1p* ]] && copies=2
     for _ in $(seq "$copies"); do
-      # shellcheck disable=SC2086  # VAR=VALUE words, split on purpose
-      env ${vars//--*([^ ])/} "${run[@]}" --model M --steps 150 --warmup 15 $(flags "$vars") 2>/dev/null |
+      # shellcheck disable=SC2046  # VAR=VALUE and --flag=value words, split on purpose
+      env $(words env "$vars") "${run[@]}" --model M --steps 150 --warmup 15 $(words flags "$vars") 2>/dev/null |
         grep -o '{.*' &
     done | python3 -c "
 import json, sys
