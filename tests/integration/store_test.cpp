@@ -342,10 +342,11 @@ TEST(Store, AWellBehavedRendezvousStaysFastUnderEachAttack) {
   for (const auto& [attack, took] : during) {
     // Why more for a million waits: registering and forgetting them is about a million hash
     // insertions and erasures in the store's one loop (0.2-0.4 s on a 2-vCPU VM in a flat table,
-    // 0.9 s, 1.6 s under CI's load, in std::unordered_map; 67 s before waits were indexed per
-    // connection); the job waits for that work once.
+    // 0.9 s, 1.6 s under CI's load, in std::unordered_map; 1.5 s in a fresh-clone CI on
+    // 2026-11-30, 1 ms past a bound of 1.5 s; 67 s before waits were indexed per connection); the
+    // job waits for that work once. 10x kBound is 3x the slowest seen, 13x under the unindexed.
     const bool million = attack.find("million") != std::string::npos;
-    EXPECT_LT(took, million ? 3 * kBound : kBound) << "during " << attack;
+    EXPECT_LT(took, million ? 10 * kBound : kBound) << "during " << attack;
   }
 }
 
