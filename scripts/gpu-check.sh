@@ -191,7 +191,7 @@ else row "2 ranks train to the 1-process weights" FAIL "exits $rc1/$rc2/$RC: $(l
 # background thread (--async-checkpoints: the GPU state is copied to host memory during the call),
 # and the node's in-memory snapshot (--snapshot-interval: /dev/shm, no checkpoint folder).
 # kill_and_resume NAME TITLE WAIT EXPECT FLAGS...: launches 2 ranks with FLAGS, SIGKILLs one once
-# WAIT (a function, given NAME; it sees kill_and_resume's $bounded) succeeds, and passes when the
+# WAIT (a function, given NAME; it and a_worker see kill_and_resume's $bounded) succeeds, and passes when the
 # job succeeded, resumed from something matching EXPECT before the last step, and ended within
 # TOL of the unkilled run's weights.
 # Why ten times the samples of check 7: a kill that polls for a file lands some 0.1-0.3 s after it
@@ -200,14 +200,16 @@ else row "2 ranks train to the 1-process weights" FAIL "exits $rc1/$rc2/$RC: $(l
 KCLS=("$B/train_classifier" --epochs "$epochs" --train-samples 38400 --seed 1 --batch-size 32)
 run train-2-long 300 "$L/accel-launch" -n 2 -- "${KCLS[@]}" --save-model "$W/w2-long"
 rc_long=$RC
+# A worker of the job that timeout ($bounded) runs: timeout's child is the launcher, whose children are
+# the workers.
+a_worker() { pgrep -P "$(pgrep -P "$bounded" | head -1)" 2>/dev/null | head -1; }
 first_checkpoint() { compgen -G "$W/$1/checkpoints/checkpoint_*" >/dev/null; }
 # The snapshot folder is private to the job: the workers are told it in ACCEL_SNAPSHOT_DIR, read
 # once (a poll must be cheap: on the CPU a --quick job lasts a second or two).
 first_snapshot() {
   if [ -z "$snapshot_dir" ]; then
-    local launcher worker
-    launcher="$(pgrep -P "$bounded" | head -1)"
-    worker="$(pgrep -P "${launcher:-0}" | head -1)"
+    local worker
+    worker="$(a_worker)"
     [ -n "$worker" ] || return 1
     snapshot_dir="$(tr '\0' '\n' 2>/dev/null <"/proc/$worker/environ" | sed -n 's/^ACCEL_SNAPSHOT_DIR=//p')"
     [ -n "$snapshot_dir" ] || return 1
@@ -220,12 +222,10 @@ kill_and_resume() {
   snapshot_dir=""
   timeout -k 5 "$limit" "$L/accel-launch" --max-restarts 2 "$@" \
     -n 2 -- "${KCLS[@]}" --save-model "$W/w-$name" >"$OUT/$name.log" 2>&1 &
-  local bounded=$! killed="" launcher victim rck resumed
+  local bounded=$! killed="" victim rck resumed
   for _ in $(seq 1 1200); do
     if "$ready" "$name"; then
-      # timeout's child is the launcher; the launcher's children are the workers.
-      launcher="$(pgrep -P "$bounded" | head -1)"
-      victim="$(pgrep -P "${launcher:-0}" | head -1)"
+      victim="$(a_worker)"
       [ -n "$victim" ] && kill -9 "$victim" 2>/dev/null && killed="$victim"
       break
     fi
