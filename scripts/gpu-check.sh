@@ -200,8 +200,8 @@ else row "2 ranks train to the 1-process weights" FAIL "exits $rc1/$rc2/$RC: $(l
 KCLS=("$B/train_classifier" --epochs "$epochs" --train-samples 38400 --seed 1 --batch-size 32)
 run train-2-long 300 "$L/accel-launch" -n 2 -- "${KCLS[@]}" --save-model "$W/w2-long"
 rc_long=$RC
-# A worker of the job that timeout ($bounded) runs: timeout's child is the launcher, whose children are
-# the workers.
+# A worker of the job that timeout ($bounded) runs: timeout's child is the launcher, whose
+# children are the workers.
 a_worker() { pgrep -P "$(pgrep -P "$bounded" | head -1)" 2>/dev/null | head -1; }
 first_checkpoint() { compgen -G "$W/$1/checkpoints/checkpoint_*" >/dev/null; }
 # The snapshot folder is private to the job: the workers are told it in ACCEL_SNAPSHOT_DIR, read
