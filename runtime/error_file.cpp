@@ -2,6 +2,7 @@
 #include "runtime/error_file.h"
 
 #include <c10/util/Backtrace.h>
+#include <c10/util/Exception.h>
 #include <cxxabi.h>
 #include <fcntl.h>
 #include <unistd.h>

@@ -176,6 +176,9 @@ class Launched {
           kv.rfind("PYTHONUNBUFFERED=", 0) != 0)
         env[kv.substr(0, eq)] = kv.substr(eq + 1);
     }
+    // Why TMPDIR: an agent's default state folder ($TMPDIR/accel-agent-<uid>-<node id>) outlives
+    // it by design, and in /tmp it would outlive the test too; a test may still give its own.
+    env["TMPDIR"] = dir.path().string();
     for (const auto& [k, v] : extra_env) env[k] = v;
     env["HOME"] = dir.path().string();  // no user config file leaks into tests
     std::vector<std::string> env_strings;
