@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "accel/data.h"
+
 namespace accel {
 
 namespace {

@@ -10,9 +10,9 @@
 #include <map>
 #include <string>
 
-#include "accel/data.h"
-
 namespace accel {
+
+struct PassProgress;  // accel/data.h
 
 class ProgressBar {
  public:
