@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "tests/common/files.h"
+#include "tests/common/paths.h"
 
 extern char** environ;  // NOLINT
 

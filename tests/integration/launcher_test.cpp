@@ -771,8 +771,8 @@ TEST(Launcher, APython3WorkersPrintArrivesBeforeItEnds) {
 
 TEST(Launcher, PythonTorchDistributedAllReduce) {
   TempDir dir;
-  auto r = run_launcher(dir, {"-n", "2", ACCEL_TEST_WORKERS_DIR "/allreduce.py"}, 180s,
-                        {{"PYTHON_EXEC", "/usr/bin/python3"}});
+  auto r = run_launcher(dir, {"-n", "2", std::string(ACCEL_TEST_WORKERS_DIR) + "/allreduce.py"},
+                        180s, {{"PYTHON_EXEC", "/usr/bin/python3"}});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("[rank 0] rank 0/2 allreduce=3"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("[rank 1] rank 1/2 allreduce=3"), std::string::npos) << r.out;

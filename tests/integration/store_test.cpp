@@ -67,7 +67,8 @@ void expect_client_passes(const std::string& binary, std::vector<std::string> ar
 }
 
 TEST(Store, TorchPythonClientEveryOperation) {
-  expect_client_passes(kPython, {ACCEL_TEST_WORKERS_DIR "/store_client.py"}, {"ops"});
+  expect_client_passes(kPython, {std::string(ACCEL_TEST_WORKERS_DIR) + "/store_client.py"},
+                       {"ops"});
 }
 
 TEST(Store, LibtorchCppClientEveryOperation) { expect_client_passes(STORE_CLIENT_BIN, {}, {}); }
@@ -75,10 +76,10 @@ TEST(Store, LibtorchCppClientEveryOperation) { expect_client_passes(STORE_CLIENT
 TEST(Store, AStoreThatGoesAwayFailsAWaitingClientFast) {
   TempDir dir;
   ServedStore served;
-  Launched client(
-      dir, kPython,
-      {ACCEL_TEST_WORKERS_DIR "/store_client.py", std::to_string(served.port()), "wait"}, {},
-      "client");
+  Launched client(dir, kPython,
+                  {std::string(ACCEL_TEST_WORKERS_DIR) + "/store_client.py",
+                   std::to_string(served.port()), "wait"},
+                  {}, "client");
   ASSERT_TRUE(
       wait_until([&] { return client.out_so_far().find("waiting") != std::string::npos; }, 60s))
       << client.err_so_far();

@@ -108,10 +108,9 @@ TEST(Tracking, TrainLmLogsToTensorBoardAndJsonlAndAResumedRunLogsEveryStepOnce) 
   }
   ASSERT_EQ(events.size(), 1u) << "one event file, continued after the resume";
   int status = -1;
-  auto read = command_output("/usr/bin/python3 " ACCEL_SOURCE_DIR
-                             "/tests/tracking/read_tfevents.py " ACCEL_SOURCE_DIR
-                             "/runtime/tensorboard/event.proto '" +
-                                 events[0].string() + "'",
+  const std::string src = ACCEL_SOURCE_DIR;
+  auto read = command_output("/usr/bin/python3 " + src + "/tests/tracking/read_tfevents.py " + src +
+                                 "/runtime/tensorboard/event.proto '" + events[0].string() + "'",
                              &status);
   ASSERT_EQ(status, 0) << read;
   std::map<int64_t, double> tb_loss;

@@ -1,6 +1,7 @@
 // Checkpoints in one process: bitwise save_state/load_state round trips (resuming inside an
 // epoch included), the optimizer's safetensors file and the older archive, automatic naming,
 // rotation and resume, and the refusal of corrupt or foreign checkpoints.
+#include "tests/common/paths.h"
 #include "tests/unit/checkpoint_fixtures.h"
 
 namespace accel {

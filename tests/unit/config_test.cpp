@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "agent/config/config_loader.h"
+#include "tests/common/paths.h"
 
 namespace accel::config {
 namespace {
@@ -388,7 +389,7 @@ TEST_F(ConfigSourcesTest, AHugeFileIsRefusedUnreadAndErrorsQuoteAtMost80BytesOfA
 
 TEST(ConfigExamples, ShippedClusterYamlLoads) {
   ClusterConfig cfg;
-  Status s = load_yaml_file(cfg, ACCEL_SOURCE_DIR "/configs/cluster.yaml");
+  Status s = load_yaml_file(cfg, std::string(ACCEL_SOURCE_DIR) + "/configs/cluster.yaml");
   ASSERT_TRUE(s.is_ok()) << s.message();
   EXPECT_EQ(cfg.num_processes, 2);
   EXPECT_EQ(cfg.max_restarts, 3);

@@ -17,6 +17,7 @@
 #include "agent/config/key_flags.h"
 #include "agent/coordinator/request_limits.h"
 #include "agent/rpc/job_spec_proto.h"
+#include "tests/common/paths.h"
 
 namespace accel::config {
 namespace {

@@ -19,6 +19,7 @@
 #include "accel/error.h"
 #include "runtime/checkpoint_io.h"
 #include "tests/common/files.h"
+#include "tests/common/paths.h"
 
 namespace accel::safetensors {
 namespace {
