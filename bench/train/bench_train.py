@@ -26,7 +26,12 @@ column, with AcceleratorOptions::fused_optimizer = false (libtorch's AdamW::step
 Both sides run 1 thread per process (OMP_NUM_THREADS=1) on whatever BLAS libblas.so.3 points
 to (printed); where libaccel switches OpenBLAS to newer kernels than it picked by itself
 (docs/runtime.md), the PyTorch side gets the same OPENBLAS_CORETYPE (printed too). DDP is Debian's python3-torch 1.13 under torchrun (--redirects 9:0 --tee 9:0, see
-docs/benchmarks.md); its 1-process figure is the same loop without DDP.
+docs/benchmarks.md); its 1-process figure is the same loop without DDP. The PyTorch side also
+runs with the malloc thresholds libaccel fixes in its workers (MALLOC_MMAP_THRESHOLD_ and
+MALLOC_TRIM_THRESHOLD_, as runtime/heap_tuning.h), so that the targets compare the frameworks,
+not two allocator settings; "DDP as it comes" (glibc's own moving thresholds) is printed beside
+it, not judged: glibc's thresholds can make one process alone fault in its tensors' pages at
+every step, slower than each of two.
 """
 import argparse
 import json
@@ -40,6 +45,10 @@ PYTHON = "/usr/bin/python3"
 HERE = os.path.dirname(os.path.abspath(__file__))
 STEPS = {"T": (2000, 100), "M": (150, 15), "L": (200, 20)}
 PHASES = ("forward", "backward", "step", "zero_grad")  # bench_train's phase_ms
+# libaccel's malloc thresholds (runtime/heap_tuning.h: kMmapThreshold, kTrimThreshold), as glibc's
+# environment variables for the PyTorch side.
+HEAP_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
+HEAP_USER_VARS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
 
 
 def run_json(cmd, env_extra=None, many=False):
@@ -176,13 +185,26 @@ def main():
     # Why: libaccel's workers switch OpenBLAS away from kernels older than the CPU; PyTorch's
     # side gets the same kernels, so that the table compares the frameworks, not two BLAS.
     found, switched = openblas_kernels(a.build)
-    ddp_env = None
+    plain_env = {}
     if switched:
-        ddp_env = {"OPENBLAS_CORETYPE": switched}
+        plain_env = {"OPENBLAS_CORETYPE": switched}
         print(f"OpenBLAS picks its {found} kernels on this CPU by itself; libaccel's workers switch to {switched}, "
               f"and the PyTorch side runs with OPENBLAS_CORETYPE={switched}, so both use the same kernels\n")
     elif found:
         print(f"OpenBLAS kernels: {found} (both sides)\n")
+    # Why: the same for malloc. libaccel leaves glibc's thresholds alone where the user set them
+    # (or ACCEL_KEEP_FREED_MEMORY=0), and then so does this side.
+    ddp_env = dict(plain_env)
+    users = [v for v in HEAP_USER_VARS if os.environ.get(v)]
+    if "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""):
+        users.append("GLIBC_TUNABLES")
+    if users or os.environ.get("ACCEL_KEEP_FREED_MEMORY") == "0":
+        print(f"malloc: libaccel leaves glibc's thresholds as set here ({', '.join(users) or 'ACCEL_KEEP_FREED_MEMORY=0'}); "
+              f"so does the PyTorch side\n")
+    else:
+        ddp_env.update(HEAP_ENV)
+        print("malloc: the PyTorch side runs with libaccel's thresholds (" +
+              " ".join(f"{k}={v}" for k, v in HEAP_ENV.items()) + "); 'DDP as it comes' is without them\n")
 
     results, phases = {}, {}
     models = a.models.split(",")
@@ -191,6 +213,8 @@ def main():
     def train(model, side, n):
         if side == "ddp":
             return ddp_train(model, n, ddp_env)
+        if side == "ddp-plain":
+            return ddp_train(model, n, plain_env)
         if side == "accel-libtorch":
             return accel_train(a.build, model, n, "libtorch")
         env = {"accel-copy": {"ACCEL_SHM_ALLREDUCE": "copy"},
@@ -202,11 +226,11 @@ def main():
     # runs of the same build); the median of several back-to-back pairs does not.
     scaling = {}
     for model in models:
-        for side, ns in (("accel", (1, 2)), ("accel-libtorch", (1, 2)), ("ddp", (1, 2)), ("accel-copy", (2,)),
-                         ("accel-whole", (2,))):
+        for side, ns in (("accel", (1, 2)), ("accel-libtorch", (1, 2)), ("ddp", (1, 2)), ("ddp-plain", (1, 2)),
+                         ("accel-copy", (2,)), ("accel-whole", (2,))):
             runs = {n: [] for n in ns}
             rounds = a.runs
-            if model != "T" and side in ("accel", "ddp"):
+            if model != "T" and side in ("accel", "ddp", "ddp-plain"):
                 rounds = max(a.runs, a.scaling_rounds)
             for _ in range(rounds):
                 for n in ns:
@@ -221,16 +245,17 @@ def main():
                     phases[(model, n)] = {k: statistics.median(r["phase_ms"][k] for r in runs[n]) for k in PHASES}
     print("| model | processes | accel steps/s | accel samples/s | accel, libtorch step: steps/s | "
           "accel, unsplit all-reduce: steps/s | accel, whole optimizer step on every rank: steps/s | "
-          "DDP steps/s | DDP samples/s | accel / DDP |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "DDP steps/s | DDP samples/s | accel / DDP | DDP as it comes: steps/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for model in models:
         for n in (1, 2):
             acc, ddp = results[(model, n, "accel")], results[(model, n, "ddp")]
             lib = results[(model, n, "accel-libtorch")]
             copy = f"{results[(model, n, 'accel-copy')][0]:.1f}" if n == 2 else "-"
             whole = f"{results[(model, n, 'accel-whole')][0]:.1f}" if n == 2 else "-"
+            plain = results[(model, n, "ddp-plain")]
             print(f"| {model} | {n} | {acc[0]:.1f} | {acc[1]:.0f} | {lib[0]:.1f} | {copy} | {whole} | {ddp[0]:.1f} | "
-                  f"{ddp[1]:.0f} | {acc[0] / ddp[0]:.2f}x |")
+                  f"{ddp[1]:.0f} | {acc[0] / ddp[0]:.2f}x | {plain[0]:.1f} |")
 
     print("\nWhere accel's step goes (rank 0, ms per step; backward includes the gradient all-reduce, "
           "which runs in its hooks):\n")
@@ -247,8 +272,8 @@ def main():
     print("| model | side | rounds | median |")
     print("|---|---|---|---|")
     for (model, side), effs in scaling.items():
-        if side in ("accel", "ddp"):
-            print(f"| {model} | {side} | {', '.join(f'{e:.0%}' for e in effs)} | {statistics.median(effs):.0%} |")
+        if side in ("accel", "ddp", "ddp-plain"):
+            print(f"| {model} | {'ddp as it comes' if side == 'ddp-plain' else side} | {', '.join(f'{e:.0%}' for e in effs)} | {statistics.median(effs):.0%} |")
 
     checks = []
     for model, target in (("T", 2.0), ("M", 1.0), ("L", 1.0)):
