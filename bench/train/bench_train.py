@@ -31,7 +31,8 @@ runs with the malloc thresholds libaccel fixes in its workers (MALLOC_MMAP_THRES
 MALLOC_TRIM_THRESHOLD_, as runtime/heap_tuning.h), so that the targets compare the frameworks,
 not two allocator settings; "DDP as it comes" (glibc's own moving thresholds) is printed beside
 it, not judged: glibc's thresholds can make one process alone fault in its tensors' pages at
-every step, slower than each of two.
+every step, slower than each of two. Where the environment sets malloc's thresholds itself (or
+ACCEL_KEEP_FREED_MEMORY turns libaccel's off), both sides keep them and that column is "-".
 """
 import argparse
 import json
@@ -198,9 +199,12 @@ def main():
     users = [v for v in HEAP_USER_VARS if os.environ.get(v)]
     if "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""):
         users.append("GLIBC_TUNABLES")
-    if users or os.environ.get("ACCEL_KEEP_FREED_MEMORY") == "0":
-        print(f"malloc: libaccel leaves glibc's thresholds as set here ({', '.join(users) or 'ACCEL_KEEP_FREED_MEMORY=0'}); "
-              f"so does the PyTorch side\n")
+    keep = os.environ.get("ACCEL_KEEP_FREED_MEMORY", "").strip().lower()
+    if keep in ("0", "false", "no", "off"):
+        users.append(f"ACCEL_KEEP_FREED_MEMORY={keep}")
+    if users:
+        print(f"malloc: libaccel leaves glibc's thresholds as set here ({', '.join(users)}); so does the "
+              f"PyTorch side\n")
     else:
         ddp_env.update(HEAP_ENV)
         print("malloc: the PyTorch side runs with libaccel's thresholds (" +
@@ -228,6 +232,8 @@ def main():
     for model in models:
         for side, ns in (("accel", (1, 2)), ("accel-libtorch", (1, 2)), ("ddp", (1, 2)), ("ddp-plain", (1, 2)),
                          ("accel-copy", (2,)), ("accel-whole", (2,))):
+            if side == "ddp-plain" and ddp_env == plain_env:
+                continue  # the same runs as "ddp"
             runs = {n: [] for n in ns}
             rounds = a.runs
             if model != "T" and side in ("accel", "ddp", "ddp-plain"):
@@ -253,9 +259,10 @@ def main():
             lib = results[(model, n, "accel-libtorch")]
             copy = f"{results[(model, n, 'accel-copy')][0]:.1f}" if n == 2 else "-"
             whole = f"{results[(model, n, 'accel-whole')][0]:.1f}" if n == 2 else "-"
-            plain = results[(model, n, "ddp-plain")]
+            plain = results.get((model, n, "ddp-plain"))
+            plain = f"{plain[0]:.1f}" if plain else "-"
             print(f"| {model} | {n} | {acc[0]:.1f} | {acc[1]:.0f} | {lib[0]:.1f} | {copy} | {whole} | {ddp[0]:.1f} | "
-                  f"{ddp[1]:.0f} | {acc[0] / ddp[0]:.2f}x | {plain[0]:.1f} |")
+                  f"{ddp[1]:.0f} | {acc[0] / ddp[0]:.2f}x | {plain} |")
 
     print("\nWhere accel's step goes (rank 0, ms per step; backward includes the gradient all-reduce, "
           "which runs in its hooks):\n")
@@ -273,7 +280,7 @@ def main():
     print("|---|---|---|---|")
     for (model, side), effs in scaling.items():
         if side in ("accel", "ddp", "ddp-plain"):
-            print(f"| {model} | {'ddp as it comes' if side == 'ddp-plain' else side} | {', '.join(f'{e:.0%}' for e in effs)} | {statistics.median(effs):.0%} |")
+            print(f"| {model} | {'DDP as it comes' if side == 'ddp-plain' else side} | {', '.join(f'{e:.0%}' for e in effs)} | {statistics.median(effs):.0%} |")
 
     checks = []
     for model, target in (("T", 2.0), ("M", 1.0), ("L", 1.0)):
