@@ -30,8 +30,8 @@ docs/benchmarks.md); its 1-process figure is the same loop without DDP. The PyTo
 runs with the malloc thresholds libaccel fixes in its workers (MALLOC_MMAP_THRESHOLD_ and
 MALLOC_TRIM_THRESHOLD_, as runtime/heap_tuning.h), so that the targets compare the frameworks,
 not two allocator settings; "DDP as it comes" (glibc's own moving thresholds) is printed beside
-it, not judged: glibc's thresholds can make one process alone fault in its tensors' pages at
-every step, slower than each of two. Where the environment sets malloc's thresholds itself (or
+it, not judged: glibc's moving thresholds can make a process fault in its tensors' pages at every
+step (on one VM, one process 3.3x slower, each of two 1.3x). Where the environment sets malloc's thresholds itself (or
 ACCEL_KEEP_FREED_MEMORY turns libaccel's off), both sides keep them and that column is "-".
 """
 import argparse
