@@ -31,8 +31,9 @@ runs with the malloc thresholds libaccel fixes in its workers (MALLOC_MMAP_THRES
 MALLOC_TRIM_THRESHOLD_, as runtime/heap_tuning.h), so that the targets compare the frameworks,
 not two allocator settings; "DDP as it comes" (glibc's own moving thresholds) is printed beside
 it, not judged: glibc's moving thresholds can make a process fault in its tensors' pages at every
-step (on one VM, one process 3.3x slower, each of two 1.3x). Where the environment sets malloc's thresholds itself (or
-ACCEL_KEEP_FREED_MEMORY turns libaccel's off), both sides keep them and that column is "-".
+step (on one VM, one process 3.3x slower, each of two 1.3x). Where the environment sets malloc's
+thresholds itself (or ACCEL_KEEP_FREED_MEMORY turns libaccel's off), both sides keep them and
+that column is "-".
 """
 import argparse
 import json
@@ -280,7 +281,8 @@ def main():
     print("|---|---|---|---|")
     for (model, side), effs in scaling.items():
         if side in ("accel", "ddp", "ddp-plain"):
-            print(f"| {model} | {'DDP as it comes' if side == 'ddp-plain' else side} | {', '.join(f'{e:.0%}' for e in effs)} | {statistics.median(effs):.0%} |")
+            name = "DDP as it comes" if side == "ddp-plain" else side
+            print(f"| {model} | {name} | {', '.join(f'{e:.0%}' for e in effs)} | {statistics.median(effs):.0%} |")
 
     checks = []
     for model, target in (("T", 2.0), ("M", 1.0), ("L", 1.0)):
