@@ -2,6 +2,8 @@
 #include "runtime/heap_tuning.h"
 
 #include <limits>
+#include <optional>
+#include <string_view>
 
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -10,16 +12,14 @@
 namespace accel::heap_tuning {
 
 std::string users_setting(const env::Lookup& lookup) {
-  if (auto tunables = lookup("GLIBC_TUNABLES");
-      tunables && tunables->find("glibc.malloc.") != std::string::npos) {
-    return "GLIBC_TUNABLES";
-  }
-  // glibc's older names for the same tunables, still read.
-  for (const char* name : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_",
-                           "MALLOC_MMAP_MAX_"}) {
-    if (auto v = lookup(name); v && !v->empty()) return name;
-  }
-  return "";
+  // Why: the launcher gives every worker libaccel's own thresholds through GLIBC_TUNABLES (for
+  // Python workers, which do not load libaccel); fixing the same ones again changes nothing.
+  const auto tunables = lookup(contract::kGlibcTunables);
+  const bool launchers = tunables && contract::is_accels_malloc_setting(*tunables);
+  return contract::malloc_setting_in([&](const char* name) -> std::optional<std::string> {
+    if (launchers && std::string_view(name) == contract::kGlibcTunables) return std::nullopt;
+    return lookup(name);
+  });
 }
 
 namespace {

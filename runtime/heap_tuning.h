@@ -15,16 +15,18 @@
 #include <cstddef>
 #include <string>
 
+#include "contract/malloc_tuning.h"
 #include "runtime/env.h"
 
 namespace accel::heap_tuning {
 
-inline constexpr std::size_t kMmapThreshold = std::size_t{32} << 20;
-inline constexpr std::size_t kTrimThreshold = std::size_t{1} << 30;
+inline constexpr std::size_t kMmapThreshold = contract::kMallocMmapThreshold;
+inline constexpr std::size_t kTrimThreshold = contract::kMallocTrimThreshold;
 
 // The variable through which the user set glibc's allocator already (GLIBC_TUNABLES naming a
 // glibc.malloc tunable, or one of glibc's MALLOC_*_ variables), or "" when none: then libaccel
-// leaves the allocator as the user set it.
+// leaves the allocator as the user set it. GLIBC_TUNABLES with exactly libaccel's two thresholds
+// (contract::kMallocTunables, what accel-launch gives every worker) is not the user's.
 std::string users_setting(const env::Lookup& lookup);
 
 struct Outcome {

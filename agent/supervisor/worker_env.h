@@ -46,6 +46,8 @@ std::optional<std::string> reserved_worker_variable(std::string_view key);
 // `base` (the launcher's own environment) plus the job's settings (each with its HF Accelerate
 // alias) plus the contract's per-worker variables, which always win. Only
 // TORCH_NCCL_ASYNC_ERROR_HANDLING and OMP_NUM_THREADS may come from `base` (torchrun's rules).
+// GLIBC_TUNABLES gets libaccel's malloc thresholds (contract/malloc_tuning.h) unless
+// ACCEL_KEEP_FREED_MEMORY is off or the environment already sets glibc's malloc.
 // `error_file` is where the worker reports a fatal error (ACCEL_ERROR_FILE and
 // TORCHELASTIC_ERROR_FILE); empty leaves both unset. A setting whose value is empty removes the
 // variable inherited from `base`, so a flag that turned it off is not undone.

@@ -769,6 +769,29 @@ TEST(Launcher, APython3WorkersPrintArrivesBeforeItEnds) {
   EXPECT_FALSE(r.timed_out);
 }
 
+// A Python worker does not load libaccel, yet gets its malloc thresholds from accel-launch: a
+// 24 MiB allocation comes from the heap (brk), where glibc's own start (a 128 KiB mmap threshold)
+// maps it afresh; ACCEL_KEEP_FREED_MEMORY=0 leaves glibc's. Asked of glibc itself, through ctypes.
+TEST(Launcher, APythonWorkerGetsLibaccelsMallocThresholdsUnlessTurnedOff) {
+  TempDir dir;
+  const std::string script =
+      "import ctypes\n"
+      "libc = ctypes.CDLL(None)\n"
+      "libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]\n"
+      "libc.sbrk.restype, libc.sbrk.argtypes = ctypes.c_void_p, [ctypes.c_long]\n"
+      "p = libc.malloc(24 << 20)\n"
+      "print('24 MiB from the', 'heap' if p < libc.sbrk(0) else 'mappings')\n";
+  auto launch = [&](const std::map<std::string, std::string>& env) {
+    return run_launcher(dir, {"-n", "1", "--", "/usr/bin/python3", "-c", script}, 60s, env);
+  };
+  auto r = launch({});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("[rank 0] 24 MiB from the heap"), std::string::npos) << r.out;
+  r = launch({{"ACCEL_KEEP_FREED_MEMORY", "0"}});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("[rank 0] 24 MiB from the mappings"), std::string::npos) << r.out;
+}
+
 TEST(Launcher, PythonTorchDistributedAllReduce) {
   TempDir dir;
   auto r = run_launcher(dir, {"-n", "2", std::string(ACCEL_TEST_WORKERS_DIR) + "/allreduce.py"},

@@ -33,12 +33,32 @@ TEST(HeapTuning, TheUsersOwnMallocSettingIsLeftAlone) {
   EXPECT_EQ(setting_of({{"MALLOC_MMAP_THRESHOLD_", "65536"}}), "MALLOC_MMAP_THRESHOLD_");
   EXPECT_EQ(setting_of({{"MALLOC_ARENA_MAX", "2"}}), "");  // not a threshold
   EXPECT_EQ(setting_of({{"MALLOC_TOP_PAD_", ""}}), "");    // empty: unset
+  // What accel-launch gives every worker is libaccel's own setting, in any order, with other
+  // tunables beside; one malloc tunable more or changed is the user's.
+  const std::string ours = contract::kMallocTunables;
+  EXPECT_EQ(setting_of({{"GLIBC_TUNABLES", ours}}), "");
+  EXPECT_EQ(setting_of({{"GLIBC_TUNABLES",
+                         "glibc.malloc.trim_threshold=1073741824:glibc.cpu.x=1:"
+                         "glibc.malloc.mmap_threshold=33554432"}}),
+            "");
+  EXPECT_EQ(setting_of({{"GLIBC_TUNABLES", ours + ":glibc.malloc.arena_max=2"}}), "GLIBC_TUNABLES");
+  EXPECT_EQ(setting_of({{"GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=33554432"}}),
+            "GLIBC_TUNABLES");
+  EXPECT_EQ(setting_of({{"GLIBC_TUNABLES", ours}, {"MALLOC_TOP_PAD_", "1"}}), "MALLOC_TOP_PAD_");
+}
+
+// The tunables' text says the same thresholds as the numbers libaccel gives mallopt.
+TEST(HeapTuning, TheLaunchersTunablesAreLibaccelsThresholds) {
+  EXPECT_EQ(std::string(contract::kMallocTunables),
+            "glibc.malloc.mmap_threshold=" + std::to_string(heap_tuning::kMmapThreshold) +
+                ":glibc.malloc.trim_threshold=" + std::to_string(heap_tuning::kTrimThreshold));
 }
 
 // The probe, run only in a process of its own (below): page faults of 8 "steps" after 2 warm-up
 // ones, each step allocating three 12 MiB tensors (a layer's weight gradient and activations,
 // say), writing and freeing them, so that 36 MiB lie free at the heap's top after every step.
-// ACCEL_TEST_HEAP_PROBE=tuned fixes the thresholds first, as an Accelerator does; =glibc not.
+// ACCEL_TEST_HEAP_PROBE=tuned fixes the thresholds first, as an Accelerator does; =glibc not;
+// =tunables not either, run with the GLIBC_TUNABLES that accel-launch gives a worker.
 void* volatile sink = nullptr;
 
 TEST(HeapTuningProbe, CountsTheFaultsOfEightSteps) {
@@ -73,7 +93,8 @@ TEST(HeapTuningProbe, CountsTheFaultsOfEightSteps) {
 // process-wide and move with what the process freed before, so a process that has run no other
 // test starts from the same state every time. -1 when the probe did not report; `output` gets
 // what it printed.
-long faults_of_steps(const std::string& mode, std::string* output) {
+long faults_of_steps(const std::string& mode, std::string* output,
+                     const std::string& tunables = "") {
   char exe[4096];
   const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
   if (n <= 0) return -1;
@@ -83,8 +104,10 @@ long faults_of_steps(const std::string& mode, std::string* output) {
   const std::string command =
       "env -u GLIBC_TUNABLES -u ACCEL_KEEP_FREED_MEMORY -u MALLOC_MMAP_THRESHOLD_ "
       "-u MALLOC_TRIM_THRESHOLD_ -u MALLOC_TOP_PAD_ -u MALLOC_MMAP_MAX_ -u MALLOC_PERTURB_ "
-      "-u LD_PRELOAD -u GTEST_TOTAL_SHARDS -u GTEST_SHARD_INDEX ACCEL_TEST_HEAP_PROBE=" +
-      mode + " '" + exe + "' --gtest_filter=HeapTuningProbe.CountsTheFaultsOfEightSteps 2>&1";
+      "-u LD_PRELOAD -u GTEST_TOTAL_SHARDS -u GTEST_SHARD_INDEX " +
+      (tunables.empty() ? "" : "GLIBC_TUNABLES=" + tunables + " ") +
+      "ACCEL_TEST_HEAP_PROBE=" + mode + " '" + exe +
+      "' --gtest_filter=HeapTuningProbe.CountsTheFaultsOfEightSteps 2>&1";
   FILE* out = ::popen(command.c_str(), "r");
   if (out == nullptr) return -1;
   long faults = -1;
@@ -107,15 +130,21 @@ TEST(HeapTuning, AStepsLargeTensorsStopFaultingOnceTheThresholdsAreFixed) {
   // the rest in again: about 6,100 faults a step with 4 KiB pages (a C program doing the same
   // from glibc's first state counted 48,896 in 8 steps, and 0 with the thresholds fixed); fewer,
   // but still some every step, where transparent huge pages back the heap.
-  std::string glibc_output, tuned_output;
+  std::string glibc_output, tuned_output, tunables_output;
   const long untuned = faults_of_steps("glibc", &glibc_output);
   const long tuned = faults_of_steps("tuned", &tuned_output);
+  // The same thresholds as accel-launch gives every worker: glibc takes them from its start.
+  const long launched = faults_of_steps("tunables", &tunables_output, contract::kMallocTunables);
   ASSERT_GE(untuned, 0) << "the probe did not report:\n" << glibc_output;
   ASSERT_GE(tuned, 0) << "the probe did not report (were the thresholds applied?):\n"
                       << tuned_output;
   EXPECT_GT(untuned, 20 * (tuned + 1))
       << "glibc's own thresholds: " << untuned << " faults, fixed ones: " << tuned;
   EXPECT_LT(tuned, 200) << "faults with the thresholds fixed: " << tuned;
+  ASSERT_GE(launched, 0) << "the probe did not report:\n" << tunables_output;
+  EXPECT_GT(untuned, 20 * (launched + 1))
+      << "glibc's own thresholds: " << untuned << " faults, accel-launch's tunables: " << launched;
+  EXPECT_LT(launched, 200) << "faults with accel-launch's tunables: " << launched;
 }
 
 }  // namespace

@@ -43,6 +43,9 @@ TEST(WorkerEnv, TorchrunHfAndAccelVariables) {
                      {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"},
                      {"OMP_NUM_THREADS", "1"},
                      {"PYTHONUNBUFFERED", "1"},
+                     {"GLIBC_TUNABLES",
+                      "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold="
+                      "1073741824"},
                      {"ACCELERATE_MIXED_PRECISION", "bf16"},
                      {"ACCELERATE_USE_CPU", "true"},
                      {"ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "4"},
@@ -110,6 +113,44 @@ TEST(WorkerEnv, ASettingCannotReplaceAPerWorkerVariable) {
   EnvMap env = build_worker_env({}, id, job, "");
   EXPECT_EQ(env["RANK"], "1");
   EXPECT_EQ(env["MASTER_PORT"], "29500");
+}
+
+// libaccel's malloc thresholds for every worker (Python ones do not load libaccel), unless the
+// worker's ACCEL_KEEP_FREED_MEMORY says no or the user set glibc's malloc already.
+TEST(WorkerEnv, MallocThresholdsUnlessTheUserSetThemOrSaidNo) {
+  const std::string ours =
+      "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824";
+  WorkerIdentity id;
+  auto tunables = [&](const EnvMap& base, const JobEnv& job = {}) -> std::string {
+    auto env = build_worker_env(base, id, job, "");
+    return env.contains("GLIBC_TUNABLES") ? env.at("GLIBC_TUNABLES") : "(unset)";
+  };
+  EXPECT_EQ(tunables({}), ours);
+  EXPECT_EQ(tunables({{"ACCEL_KEEP_FREED_MEMORY", "True"}}), ours);
+  EXPECT_EQ(tunables({{"ACCEL_KEEP_FREED_MEMORY", ""}}), ours);  // empty: the default
+  // Other tunables are kept, ours after them.
+  EXPECT_EQ(tunables({{"GLIBC_TUNABLES", "glibc.cpu.hwcaps=-AVX512F"}}),
+            "glibc.cpu.hwcaps=-AVX512F:" + ours);
+  EXPECT_EQ(tunables({{"GLIBC_TUNABLES", ""}}), ours);
+  // Off, in any of libaccel's spellings, from the environment or the configuration; or a value
+  // libaccel rejects (it says so at its start).
+  for (const char* off : {"0", "false", "NO", "Off", "sometimes"})
+    EXPECT_EQ(tunables({{"ACCEL_KEEP_FREED_MEMORY", off}}), "(unset)") << off;
+  JobEnv job;
+  job.settings = {{"ACCEL_KEEP_FREED_MEMORY", "0"}};
+  EXPECT_EQ(tunables({}, job), "(unset)");
+  EXPECT_EQ(tunables({{"GLIBC_TUNABLES", "glibc.cpu.x=1"}}, job), "glibc.cpu.x=1");
+  // The user's own malloc setting wins, whole.
+  EXPECT_EQ(tunables({{"GLIBC_TUNABLES", "glibc.malloc.trim_threshold=0"}}),
+            "glibc.malloc.trim_threshold=0");
+  EXPECT_EQ(tunables({{"MALLOC_ARENA_MAX", "2"}}), ours);  // not a threshold
+  for (const char* name : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_",
+                           "MALLOC_MMAP_MAX_"}) {
+    EXPECT_EQ(tunables({{name, "65536"}}), "(unset)") << name;
+    EXPECT_EQ(tunables({{name, ""}}), ours) << name;  // empty: unset, as glibc reads it
+  }
+  // A launch inside a worker (its environment has ours already): not given twice.
+  EXPECT_EQ(tunables({{"GLIBC_TUNABLES", ours}}), ours);
 }
 
 }  // namespace
