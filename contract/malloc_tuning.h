@@ -24,7 +24,7 @@ inline constexpr char kMallocTunables[] =
     "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824";
 
 // Where an environment already sets glibc's malloc (GLIBC_TUNABLES naming a glibc.malloc.
-// tunable, or one of glibc's older MALLOC_*_ names for them, non-empty), the variable's name;
+// tunable, or one of glibc's older MALLOC_*_ names for them, even empty), the variable's name;
 // else "". `lookup(name)` gives a variable's value, or something false when it is unset
 // (std::optional<std::string>, or a const std::string* ).
 template <typename Lookup>
@@ -35,7 +35,8 @@ std::string malloc_setting_in(const Lookup& lookup) {
   }
   for (const char* name : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_",
                            "MALLOC_MMAP_MAX_"}) {
-    if (auto v = lookup(name); v && !std::string_view(*v).empty()) return name;
+    // Why even empty: glibc reads an empty value as 0 (MALLOC_MMAP_MAX_= turns its mmap off).
+    if (lookup(name)) return name;
   }
   return "";
 }
@@ -44,18 +45,23 @@ std::string malloc_setting_in(const Lookup& lookup) {
 // (its glibc.malloc. entries, in any order, are those two and no others): what the launcher gave
 // a worker, not a setting of the user's.
 inline bool is_accels_malloc_setting(std::string_view tunables) {
-  std::string_view ours(kMallocTunables);
+  const std::string_view ours(kMallocTunables);
   const std::string_view mine[] = {ours.substr(0, ours.find(':')), ours.substr(ours.find(':') + 1)};
-  int matched = 0;
+  unsigned seen = 0;  // bit i: mine[i] was there
   while (!tunables.empty()) {
     const std::size_t colon = tunables.find(':');
     const std::string_view entry = tunables.substr(0, colon);
     tunables = colon == std::string_view::npos ? std::string_view() : tunables.substr(colon + 1);
     if (entry.substr(0, 13) != "glibc.malloc.") continue;
-    if (entry != mine[0] && entry != mine[1]) return false;
-    ++matched;
+    if (entry == mine[0] && !(seen & 1u)) {
+      seen |= 1u;
+    } else if (entry == mine[1] && !(seen & 2u)) {
+      seen |= 2u;
+    } else {
+      return false;  // another malloc tunable, another value, or one of ours twice
+    }
   }
-  return matched == 2;
+  return seen == 3u;
 }
 
 }  // namespace accel::contract

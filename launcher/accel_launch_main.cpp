@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/asio/io_context.hpp>
 #include <cerrno>
 #include <csignal>
@@ -18,6 +19,7 @@
 #include "agent/config/config_loader.h"
 #include "agent/config/job_spec_builder.h"
 #include "agent/supervisor/line_sink.h"
+#include "agent/supervisor/worker_env.h"
 #ifndef ACCEL_LAUNCH_CLUSTER
 #define ACCEL_LAUNCH_CLUSTER 0
 #endif
@@ -70,6 +72,14 @@ int main(int argc, char** argv) {
   sources.slurm = cmd.writes_slurm_script() ? accel::config::SlurmUse::kOff : cmd.slurm;
   auto resolved = accel::config::resolve_config(sources);
   if (!resolved) return fail(resolved.message());
+  // Why at the start: a Python worker does not read ACCEL_KEEP_FREED_MEMORY itself (accel-launch
+  // reads it for the worker's malloc), so a mistyped value would otherwise pass unnoticed.
+  for (const auto& [name, value] : sources.env) {
+    const bool replaced = std::any_of(cmd.worker_env.begin(), cmd.worker_env.end(),
+                                      [&](const auto& kv) { return kv.first == name; });
+    if (auto problem = accel::supervisor::worker_value_problem(name, value); problem && !replaced)
+      return fail("environment variable " + name + "=\"" + value + "\": " + *problem);
+  }
   resolved->warnings.insert(resolved->warnings.begin(), cmd.warnings.begin(), cmd.warnings.end());
   if (cmd.print_config) {
     std::cout << accel::config::render_config(*resolved) << std::flush;

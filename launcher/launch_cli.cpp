@@ -250,11 +250,20 @@ ParseOutcome parse_launch_command(const std::vector<std::string>& args) {
       outcome.text = "accel-launch: --env " + key + ": " + *why + "\n";
       return outcome;
     }
+    std::optional<std::string> value;
     if (eq != std::string::npos) {
-      cmd.worker_env.emplace_back(key, kv.substr(eq + 1));
+      value = kv.substr(eq + 1);
     } else if (const char* v = std::getenv(key.c_str())) {
-      cmd.worker_env.emplace_back(key, v);
+      value = v;
     }
+    if (!value) continue;
+    if (auto problem = supervisor::worker_value_problem(key, *value)) {
+      outcome.exit_code = 2;
+      outcome.text_is_error = true;
+      outcome.text = "accel-launch: --env " + key + "=" + *value + ": " + *problem + "\n";
+      return outcome;
+    }
+    cmd.worker_env.emplace_back(key, *value);
   }
   outcome.command = std::move(cmd);
   return outcome;

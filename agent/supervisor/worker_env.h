@@ -43,6 +43,11 @@ struct JobEnv {
 // configuration keys: config::set_by_key.)
 std::optional<std::string> reserved_worker_variable(std::string_view key);
 
+// Why the value `value` of the worker variable `key` would be refused where it is read, or nullopt:
+// ACCEL_KEEP_FREED_MEMORY must be true or false (accel-launch reads it for Python workers too,
+// which would not refuse it themselves).
+std::optional<std::string> worker_value_problem(std::string_view key, const std::string& value);
+
 // `base` (the launcher's own environment) plus the job's settings (each with its HF Accelerate
 // alias) plus the contract's per-worker variables, which always win. Only
 // TORCH_NCCL_ASYNC_ERROR_HANDLING and OMP_NUM_THREADS may come from `base` (torchrun's rules).

@@ -197,7 +197,7 @@ def main():
     # Why: the same for malloc. libaccel leaves glibc's thresholds alone where the user set them
     # (or ACCEL_KEEP_FREED_MEMORY=0), and then so does this side.
     ddp_env = dict(plain_env)
-    users = [v for v in HEAP_USER_VARS if os.environ.get(v)]
+    users = [v for v in HEAP_USER_VARS if v in os.environ]  # glibc reads an empty one as 0
     if "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""):
         users.append("GLIBC_TUNABLES")
     keep = os.environ.get("ACCEL_KEEP_FREED_MEMORY", "").strip().lower()

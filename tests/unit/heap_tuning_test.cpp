@@ -32,7 +32,8 @@ TEST(HeapTuning, TheUsersOwnMallocSettingIsLeftAlone) {
   EXPECT_EQ(setting_of({{"MALLOC_TRIM_THRESHOLD_", "131072"}}), "MALLOC_TRIM_THRESHOLD_");
   EXPECT_EQ(setting_of({{"MALLOC_MMAP_THRESHOLD_", "65536"}}), "MALLOC_MMAP_THRESHOLD_");
   EXPECT_EQ(setting_of({{"MALLOC_ARENA_MAX", "2"}}), "");  // not a threshold
-  EXPECT_EQ(setting_of({{"MALLOC_TOP_PAD_", ""}}), "");    // empty: unset
+  // Empty is set: glibc reads it as 0 (an empty MALLOC_MMAP_MAX_ turns its mmap off).
+  EXPECT_EQ(setting_of({{"MALLOC_TOP_PAD_", ""}}), "MALLOC_TOP_PAD_");
   // What accel-launch gives every worker is libaccel's own setting, in any order, with other
   // tunables beside; one malloc tunable more or changed is the user's.
   const std::string ours = contract::kMallocTunables;
@@ -45,6 +46,12 @@ TEST(HeapTuning, TheUsersOwnMallocSettingIsLeftAlone) {
   EXPECT_EQ(setting_of({{"GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=33554432"}}),
             "GLIBC_TUNABLES");
   EXPECT_EQ(setting_of({{"GLIBC_TUNABLES", ours}, {"MALLOC_TOP_PAD_", "1"}}), "MALLOC_TOP_PAD_");
+  // One of ours twice is a user's setting of that one only, not ours.
+  EXPECT_EQ(
+      setting_of({{"GLIBC_TUNABLES",
+                   "glibc.malloc.mmap_threshold=33554432:glibc.malloc.mmap_threshold=33554432"}}),
+      "GLIBC_TUNABLES");
+  EXPECT_EQ(setting_of({{"GLIBC_TUNABLES", ours + ":"}}), "");  // an empty entry is no tunable
 }
 
 // The tunables' text says the same thresholds as the numbers libaccel gives mallopt.

@@ -94,6 +94,20 @@ TEST(LaunchCli, EnvOfAVariableAccelSetsIsAnErrorThatSaysWhatToUse) {
   EXPECT_EQ(parse_launch_command({"--env", "RANKING=1", "./train"}).exit_code, 0);
 }
 
+// accel-launch reads ACCEL_KEEP_FREED_MEMORY for every worker's malloc (a Python worker never
+// reads it), so a value libaccel would refuse is refused here, before anything starts.
+TEST(LaunchCli, EnvKeepFreedMemoryMustBeTrueOrFalse) {
+  ParseOutcome bad = parse_launch_command({"--env", "ACCEL_KEEP_FREED_MEMORY=ture", "./train"});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.text.find("--env ACCEL_KEEP_FREED_MEMORY=ture: expected true or false (1, true, "
+                          "yes or on; 0, false, no or off)"),
+            std::string::npos)
+      << bad.text;
+  for (const char* ok :
+       {"ACCEL_KEEP_FREED_MEMORY=Off", "ACCEL_KEEP_FREED_MEMORY=1", "ACCEL_KEEP_FREED_MEMORY="})
+    EXPECT_EQ(parse_launch_command({"--env", ok, "./train"}).exit_code, 0) << ok;
+}
+
 TEST(LaunchCli, BooleanFlagsTakeAValue) {
   LaunchCommand off = parse_ok({"--cpu=false", "--debug", "p"});
   EXPECT_EQ(flag_value(off, "use_cpu"), "false");

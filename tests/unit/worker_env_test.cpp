@@ -121,8 +121,8 @@ TEST(WorkerEnv, MallocThresholdsUnlessTheUserSetThemOrSaidNo) {
   const std::string ours =
       "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824";
   WorkerIdentity id;
-  auto tunables = [&](const EnvMap& base, const JobEnv& job = {}) -> std::string {
-    auto env = build_worker_env(base, id, job, "");
+  auto tunables = [&](const EnvMap& base) -> std::string {
+    auto env = build_worker_env(base, id, JobEnv{}, "");
     return env.contains("GLIBC_TUNABLES") ? env.at("GLIBC_TUNABLES") : "(unset)";
   };
   EXPECT_EQ(tunables({}), ours);
@@ -132,14 +132,17 @@ TEST(WorkerEnv, MallocThresholdsUnlessTheUserSetThemOrSaidNo) {
   EXPECT_EQ(tunables({{"GLIBC_TUNABLES", "glibc.cpu.hwcaps=-AVX512F"}}),
             "glibc.cpu.hwcaps=-AVX512F:" + ours);
   EXPECT_EQ(tunables({{"GLIBC_TUNABLES", ""}}), ours);
-  // Off, in any of libaccel's spellings, from the environment or the configuration; or a value
-  // libaccel rejects (it says so at its start).
+  // Off, in any of libaccel's spellings (the launcher's environment and --env both arrive in
+  // `base`); or a value libaccel rejects (accel-launch refuses it at its start, as does libaccel).
   for (const char* off : {"0", "false", "NO", "Off", "sometimes"})
     EXPECT_EQ(tunables({{"ACCEL_KEEP_FREED_MEMORY", off}}), "(unset)") << off;
-  JobEnv job;
-  job.settings = {{"ACCEL_KEEP_FREED_MEMORY", "0"}};
-  EXPECT_EQ(tunables({}, job), "(unset)");
-  EXPECT_EQ(tunables({{"GLIBC_TUNABLES", "glibc.cpu.x=1"}}, job), "glibc.cpu.x=1");
+  EXPECT_EQ(tunables({{"GLIBC_TUNABLES", "glibc.cpu.x=1"}, {"ACCEL_KEEP_FREED_MEMORY", "0"}}),
+            "glibc.cpu.x=1");
+  EXPECT_EQ(worker_value_problem("ACCEL_KEEP_FREED_MEMORY", "sometimes"),
+            "expected true or false (1, true, yes or on; 0, false, no or off)");
+  EXPECT_EQ(worker_value_problem("ACCEL_KEEP_FREED_MEMORY", "YES"), std::nullopt);
+  EXPECT_EQ(worker_value_problem("ACCEL_KEEP_FREED_MEMORY", ""), std::nullopt);
+  EXPECT_EQ(worker_value_problem("OTHER", "sometimes"), std::nullopt);
   // The user's own malloc setting wins, whole.
   EXPECT_EQ(tunables({{"GLIBC_TUNABLES", "glibc.malloc.trim_threshold=0"}}),
             "glibc.malloc.trim_threshold=0");
@@ -147,7 +150,7 @@ TEST(WorkerEnv, MallocThresholdsUnlessTheUserSetThemOrSaidNo) {
   for (const char* name : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_",
                            "MALLOC_MMAP_MAX_"}) {
     EXPECT_EQ(tunables({{name, "65536"}}), "(unset)") << name;
-    EXPECT_EQ(tunables({{name, ""}}), ours) << name;  // empty: unset, as glibc reads it
+    EXPECT_EQ(tunables({{name, ""}}), "(unset)") << name;  // glibc reads empty as 0
   }
   // A launch inside a worker (its environment has ours already): not given twice.
   EXPECT_EQ(tunables({{"GLIBC_TUNABLES", ours}}), ours);
