@@ -34,6 +34,7 @@
 #include "agent/node/metrics_endpoint.h"
 #include "agent/rpc/rpc_security.h"
 #include "agent/supervisor/line_sink.h"
+#include "agent/supervisor/worker_env.h"
 
 namespace {
 
@@ -118,6 +119,12 @@ int main(int argc, char** argv) {
   if (!resolved) return fail(resolved.message());
   accel::config::ClusterConfig cfg = resolved->config;
   accel::supervisor::EnvMap env(sources.env.begin(), sources.env.end());
+  // Why at the start: the workers get this agent's environment, and a Python worker does not read
+  // ACCEL_KEEP_FREED_MEMORY itself (the agent reads it for the worker's malloc).
+  for (const auto& [name, value] : env) {
+    if (auto problem = accel::supervisor::worker_value_problem(name, value))
+      return fail("environment variable " + name + "=\"" + value + "\": " + *problem);
+  }
 
   auto logger = spdlog::stderr_color_mt("accel-agent");
   logger->set_pattern("%^[accel-agent]%$ %v");

@@ -73,8 +73,10 @@ int main(int argc, char** argv) {
   auto resolved = accel::config::resolve_config(sources);
   if (!resolved) return fail(resolved.message());
   // Why at the start: a Python worker does not read ACCEL_KEEP_FREED_MEMORY itself (accel-launch
-  // reads it for the worker's malloc), so a mistyped value would otherwise pass unnoticed.
+  // reads it for the worker's malloc), so a mistyped value would otherwise pass unnoticed. Not
+  // with a standing coordinator: the workers get its agents' environment, which they check.
   for (const auto& [name, value] : sources.env) {
+    if (!resolved->config.coordinator.empty()) break;
     const bool replaced = std::any_of(cmd.worker_env.begin(), cmd.worker_env.end(),
                                       [&](const auto& kv) { return kv.first == name; });
     if (auto problem = accel::supervisor::worker_value_problem(name, value); problem && !replaced)

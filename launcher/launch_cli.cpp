@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cstdlib>
 #include <map>
+#include <set>
 
 #include "accel_version.h"
 #include "agent/config/key_flags.h"
@@ -250,20 +251,24 @@ ParseOutcome parse_launch_command(const std::vector<std::string>& args) {
       outcome.text = "accel-launch: --env " + key + ": " + *why + "\n";
       return outcome;
     }
-    std::optional<std::string> value;
+    std::optional<std::string> value;  // KEY alone: its value here, if any
     if (eq != std::string::npos) {
       value = kv.substr(eq + 1);
     } else if (const char* v = std::getenv(key.c_str())) {
       value = v;
     }
-    if (!value) continue;
-    if (auto problem = supervisor::worker_value_problem(key, *value)) {
+    if (value) cmd.worker_env.emplace_back(key, *value);
+  }
+  // The value each key ends with (the last --env for a key wins) is what a worker reads.
+  std::set<std::string> checked;
+  for (auto it = cmd.worker_env.rbegin(); it != cmd.worker_env.rend(); ++it) {
+    if (!checked.insert(it->first).second) continue;
+    if (auto problem = supervisor::worker_value_problem(it->first, it->second)) {
       outcome.exit_code = 2;
       outcome.text_is_error = true;
-      outcome.text = "accel-launch: --env " + key + "=" + *value + ": " + *problem + "\n";
+      outcome.text = "accel-launch: --env " + it->first + "=" + it->second + ": " + *problem + "\n";
       return outcome;
     }
-    cmd.worker_env.emplace_back(key, *value);
   }
   outcome.command = std::move(cmd);
   return outcome;

@@ -26,7 +26,9 @@ inline constexpr std::size_t kTrimThreshold = contract::kMallocTrimThreshold;
 // The variable through which the user set glibc's allocator already (GLIBC_TUNABLES naming a
 // glibc.malloc tunable, or one of glibc's MALLOC_*_ variables), or "" when none: then libaccel
 // leaves the allocator as the user set it. GLIBC_TUNABLES with exactly libaccel's two thresholds
-// (contract::kMallocTunables, what accel-launch gives every worker) is not the user's.
+// (contract::kMallocTunables, what accel-launch gives every worker) is not the user's. Unlike
+// read_worker_env(), an empty value counts as set (glibc reads an empty MALLOC_*_ as 0), so
+// `lookup` must return it as it is, as env::process_variable does.
 std::string users_setting(const env::Lookup& lookup);
 
 struct Outcome {

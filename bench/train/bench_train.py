@@ -28,7 +28,7 @@ to (printed); where libaccel switches OpenBLAS to newer kernels than it picked b
 (docs/runtime.md), the PyTorch side gets the same OPENBLAS_CORETYPE (printed too). DDP is Debian's python3-torch 1.13 under torchrun (--redirects 9:0 --tee 9:0, see
 docs/benchmarks.md); its 1-process figure is the same loop without DDP. The PyTorch side also
 runs with the malloc thresholds libaccel fixes in its workers (MALLOC_MMAP_THRESHOLD_ and
-MALLOC_TRIM_THRESHOLD_, as runtime/heap_tuning.h), so that the targets compare the frameworks,
+MALLOC_TRIM_THRESHOLD_, as contract/malloc_tuning.h), so that the targets compare the frameworks,
 not two allocator settings; "DDP as it comes" (glibc's own moving thresholds) is printed beside
 it, not judged: glibc's moving thresholds can make a process fault in its tensors' pages at every
 step (on one VM, one process 3.3x slower, each of two 1.3x). Where the environment sets malloc's
@@ -200,7 +200,7 @@ def main():
     users = [v for v in HEAP_USER_VARS if v in os.environ]  # glibc reads an empty one as 0
     if "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""):
         users.append("GLIBC_TUNABLES")
-    keep = os.environ.get("ACCEL_KEEP_FREED_MEMORY", "").strip().lower()
+    keep = os.environ.get("ACCEL_KEEP_FREED_MEMORY", "").lower()
     if keep in ("0", "false", "no", "off"):
         users.append(f"ACCEL_KEEP_FREED_MEMORY={keep}")
     if users:

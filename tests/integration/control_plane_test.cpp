@@ -867,5 +867,22 @@ TEST(ControlPlane, AStateFolderAnotherUserCouldControlIsRefused) {
   EXPECT_FALSE(fine.wait(15s).timed_out);
 }
 
+// A standing agent's workers get its environment, and a Python worker never reads
+// ACCEL_KEEP_FREED_MEMORY itself (the agent reads it for the worker's malloc): a value that is
+// neither true nor false stops the agent at its start, naming the variable.
+TEST(ControlPlane, AnAgentRefusesAKeepFreedMemoryThatIsNeitherTrueNorFalse) {
+  TempDir dir;
+  Launched agent(dir, ACCEL_AGENT_BIN,
+                 {"--coordinator", "127.0.0.1:1", "--node-id", "n0", "--stop-timeout", "1s"},
+                 {{"ACCEL_TOKEN", "t0ken"}, {"ACCEL_KEEP_FREED_MEMORY", "ture"}}, "agent");
+  auto r = agent.wait(15s);
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("environment variable ACCEL_KEEP_FREED_MEMORY=\"ture\": expected true or "
+                       "false (1, true, yes or on; 0, false, no or off)"),
+            std::string::npos)
+      << r.err;
+}
+
 }  // namespace
 }  // namespace accel::testing

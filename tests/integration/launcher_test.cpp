@@ -787,7 +787,7 @@ TEST(Launcher, APythonWorkerGetsLibaccelsMallocThresholdsUnlessTurnedOff) {
   // Why: a malloc setting in the test's own environment would win over accel-launch's. An empty
   // GLIBC_TUNABLES sets nothing; glibc's older variables are read even empty (as 0).
   for (const char* name : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_",
-                           "MALLOC_MMAP_MAX_"}) {
+                           "MALLOC_MMAP_MAX_", "LD_PRELOAD"}) {
     if (std::getenv(name) != nullptr) GTEST_SKIP() << name << " is set in the test's environment";
   }
   std::map<std::string, std::string> env = {{"GLIBC_TUNABLES", ""}};
@@ -811,6 +811,13 @@ TEST(Launcher, APythonWorkerGetsLibaccelsMallocThresholdsUnlessTurnedOff) {
       std::string::npos)
       << r.err;
   EXPECT_EQ(r.out.find("[rank 0]"), std::string::npos) << r.out;
+  // --env replaces the launcher's own value, and is the one checked.
+  r = run_launcher(
+      dir,
+      {"-n", "1", "--env", "ACCEL_KEEP_FREED_MEMORY=off", "--", "/usr/bin/python3", "-c", script},
+      60s, env);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("[rank 0] 24 MiB from the mappings"), std::string::npos) << r.out;
 }
 
 TEST(Launcher, PythonTorchDistributedAllReduce) {

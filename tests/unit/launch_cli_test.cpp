@@ -106,6 +106,15 @@ TEST(LaunchCli, EnvKeepFreedMemoryMustBeTrueOrFalse) {
   for (const char* ok :
        {"ACCEL_KEEP_FREED_MEMORY=Off", "ACCEL_KEEP_FREED_MEMORY=1", "ACCEL_KEEP_FREED_MEMORY="})
     EXPECT_EQ(parse_launch_command({"--env", ok, "./train"}).exit_code, 0) << ok;
+  // The last one for a key wins, and is the one checked.
+  EXPECT_EQ(parse_launch_command({"--env", "ACCEL_KEEP_FREED_MEMORY=ture", "--env",
+                                  "ACCEL_KEEP_FREED_MEMORY=0", "./train"})
+                .exit_code,
+            0);
+  EXPECT_EQ(parse_launch_command({"--env", "ACCEL_KEEP_FREED_MEMORY=0", "--env",
+                                  "ACCEL_KEEP_FREED_MEMORY=ture", "./train"})
+                .exit_code,
+            2);
 }
 
 TEST(LaunchCli, BooleanFlagsTakeAValue) {
