@@ -76,11 +76,11 @@ int main(int argc, char** argv) {
   // reads it for the worker's malloc), so a mistyped value would otherwise pass unnoticed. Not
   // with a standing coordinator: the workers get its agents' environment, which they check.
   for (const auto& [name, value] : sources.env) {
-    if (!resolved->config.coordinator.empty()) break;
+    auto problem = accel::supervisor::worker_value_problem(name, value);
+    if (!problem || !resolved->config.coordinator.empty()) continue;
     const bool replaced = std::any_of(cmd.worker_env.begin(), cmd.worker_env.end(),
                                       [&](const auto& kv) { return kv.first == name; });
-    if (auto problem = accel::supervisor::worker_value_problem(name, value); problem && !replaced)
-      return fail("environment variable " + name + "=\"" + value + "\": " + *problem);
+    if (!replaced) return fail("environment variable " + name + "=\"" + value + "\": " + *problem);
   }
   resolved->warnings.insert(resolved->warnings.begin(), cmd.warnings.begin(), cmd.warnings.end());
   if (cmd.print_config) {

@@ -11,6 +11,7 @@
 #include "accel/error.h"
 #include "contract/duration.h"
 #include "contract/slurm.h"
+#include "contract/switch_value.h"
 #include "contract/worker_contract.h"
 #include "runtime/writer_placement.h"
 
@@ -64,9 +65,7 @@ class Reader {
     std::string name;
     auto value = text(names, &name);
     if (!value) return fallback;
-    std::string v = lower(*value);
-    if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
-    if (v == "0" || v == "false" || v == "no" || v == "off") return false;
+    if (auto on = contract::switch_value(*value)) return *on;
     bad(name, *value, "true or false");
   }
 

@@ -1,11 +1,10 @@
 // Builds one worker's environment.
 #include "agent/supervisor/worker_env.h"
 
-#include <algorithm>
-#include <cctype>
 #include <set>
 
 #include "contract/malloc_tuning.h"
+#include "contract/switch_value.h"
 #include "contract/worker_contract.h"
 
 namespace accel::supervisor {
@@ -18,12 +17,7 @@ namespace {
 // it is neither true nor false.
 std::optional<bool> keeps_freed_memory(const std::string* value) {
   if (value == nullptr || value->empty()) return true;
-  std::string v = *value;
-  std::transform(v.begin(), v.end(), v.begin(),
-                 [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
-  if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
-  if (v == "0" || v == "false" || v == "no" || v == "off") return false;
-  return std::nullopt;
+  return c::switch_value(*value);
 }
 
 // Gives the worker libaccel's malloc thresholds through GLIBC_TUNABLES, unless its
