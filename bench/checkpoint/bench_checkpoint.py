@@ -23,6 +23,11 @@ Prints a Markdown table of medians over --runs runs, everything measured in this
     line judges a background save's stall by this paired cost against the foreground stall;
     each run also once with ACCEL_CHECKPOINT_WRITER_CPUS=any (the writer thread left where the
     scheduler puts it, instead of on the CPUs taking the checkpoint disk's interrupts)
+  the same paired cost with training on every CPU (OMP_NUM_THREADS and OPENBLAS_NUM_THREADS
+    unset, so OpenBLAS runs a thread per CPU, as a program run alone gets it), where a background
+    save borrows a CPU from training's products while it works, against
+    ACCEL_CHECKPOINT_WRITER_CPUS=any (nothing lent: the save takes turns with training's threads);
+    a second target line judges it
   model M (784->2048->2048->10, AdamW, b=64) steps/s under acc.autocast(): bf16 vs no (fp32)
 The model M figures come from bench_train (bench/train/), whose forward pass runs under
 acc.autocast(), at ACCEL_MIXED_PRECISION=no and =bf16, on one process.
@@ -51,9 +56,10 @@ import time
 BLAS_LINK = "/etc/alternatives/libblas.so.3-x86_64-linux-gnu"
 
 
-def run(cmd, env_extra=None):
+def run(cmd, env_extra=None, unset=()):
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    for var in ("ACCEL_CONFIG_FILE", "ACCEL_CHECKPOINT_DIR", "ACCEL_CHECKPOINT_INTERVAL", "ACCEL_MIXED_PRECISION"):
+    for var in ("ACCEL_CONFIG_FILE", "ACCEL_CHECKPOINT_DIR", "ACCEL_CHECKPOINT_INTERVAL", "ACCEL_MIXED_PRECISION",
+                *unset):
         env.pop(var, None)
     env.update(env_extra or {})
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
@@ -228,6 +234,24 @@ def main():
                 if where == "auto" and said:
                     placement = said[-1].removeprefix("accel: ")
 
+        # The same with training on every CPU, as a program run alone gets it (OpenBLAS starts a
+        # thread per CPU without OMP_NUM_THREADS): by default a background save then borrows one
+        # of them while it works; with ACCEL_CHECKPOINT_WRITER_CPUS=any it takes turns with them.
+        every_cpu = {"auto": [], "any": []}
+        loan = "?"
+        for i in range(a.runs):
+            for where in (("auto", "any") if i % 2 == 0 else ("any", "auto")):
+                folder = os.path.join(tmp, "contention")
+                shutil.rmtree(folder, ignore_errors=True)
+                cmd = [f"{a.build}/bin/bench_checkpoint", "contention", "--mb", str(a.mb), "--rounds",
+                       str(a.contention_rounds), "--dir", folder, "--every", str(a.stall_every)]
+                proc = run(cmd, {"ACCEL_CHECKPOINT_WRITER_CPUS": where, "ACCEL_LOG_LEVEL": "debug"},
+                           unset=("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"))
+                every_cpu[where].append(json_lines(proc, cmd)[0])
+                said = [line for line in proc.stderr.splitlines() if "background save: " in line]
+                if where == "auto":
+                    loan = said[-1].removeprefix("accel: ") if said else "nothing lent (training left a CPU)"
+
         amp = {"no": [], "bf16": []}
         dtypes = {}
         for _ in range(a.runs):
@@ -271,6 +295,14 @@ def main():
     any_cost = med([row["save_cost_ms"] for row in unplaced])
     print(f"| the same, the writer left where the scheduler puts it (ACCEL_CHECKPOINT_WRITER_CPUS=any), ms | "
           f"any: {any_cost:.0f} | sync stall: {per_save['sync']:.0f} | {any_cost / per_save['sync']:.2f}x |")
+    ecost = {w: med([row["save_cost_ms"] for row in every_cpu[w]]) for w in every_cpu}
+    estep = med([row["step_alone_ms"] for row in every_cpu["auto"] + every_cpu["any"]])
+    print(f"| the same, training on every CPU (no OMP_NUM_THREADS; step alone {estep:.0f} ms), ms | "
+          f"async: {ecost['auto']:.0f} | sync stall: {per_save['sync']:.0f} | "
+          f"{ecost['auto'] / per_save['sync']:.2f}x |")
+    print(f"| the same, the save not lent a CPU (ACCEL_CHECKPOINT_WRITER_CPUS=any), ms | "
+          f"any: {ecost['any']:.0f} | sync stall: {per_save['sync']:.0f} | "
+          f"{ecost['any'] / per_save['sync']:.2f}x |")
     print(f"| peak resident memory of a run, MB | async: {med(peak['async']):.0f} | "
           f"sync: {med(peak['sync']):.0f} | {med(peak['async']) / med(peak['sync']):.2f}x |")
     print(f"| model M steps/s, bf16 autocast vs fp32 | {med(amp['bf16']):.2f} | fp32 (`no`): {med(amp['no']):.2f} | "
@@ -283,6 +315,8 @@ def main():
                                      ("async-fresh saves", stall["async-fresh"]),
                                      ("paired save cost ms", [row["save_cost_ms"] for row in contention]),
                                      ("the same, writer anywhere", [row["save_cost_ms"] for row in unplaced]),
+                                     ("on every CPU", [row["save_cost_ms"] for row in every_cpu["auto"]]),
+                                     ("on every CPU, not lent", [row["save_cost_ms"] for row in every_cpu["any"]]),
                                      ("copy ms", [row["copy_ms"] for row in contention]),
                                      ("write after the steps ms", [row["write_outlasted_ms"] for row in contention]),
                                      ("save_state call ms", [row["save_call_ms"] for row in contention]))))
@@ -300,6 +334,7 @@ def main():
     paired = cont["save_cost_ms"] / per_save["sync"]
     dd_ratio = med(save) / med(write)
     print(f"\nwriter: {placement}")
+    print(f"training on every CPU: {loan}")
     print(f"\ntargets: save_state >= 0.7x dd write: {dd_ratio:.2f}x ({'met' if dd_ratio >= 0.7 else 'NOT met'}); "
           f"background save stall <= 0.05x of a foreground one, paired in one process: {paired:.3f}x "
           f"({'met' if paired <= 0.05 else 'NOT met'}; "
@@ -308,6 +343,12 @@ def main():
           f"{med([r['save_cost_interval_ms'][0] for r in contention]) / per_save['sync']:.3f}x to "
           f"{med([r['save_cost_interval_ms'][1] for r in contention]) / per_save['sync']:.3f}x; "
           f"from separate runs: {ratio:.2f}x)")
+    every = ecost["auto"] / per_save["sync"]
+    print(f"         the same with training on every CPU (the save borrows one): {every:.3f}x "
+          f"({'met' if every <= 0.05 else 'NOT met'}; each run's 95% interval over its rounds "
+          f"{med([r['save_cost_interval_ms'][0] for r in every_cpu['auto']]) / per_save['sync']:.3f}x to "
+          f"{med([r['save_cost_interval_ms'][1] for r in every_cpu['auto']]) / per_save['sync']:.3f}x; "
+          f"not lent: {ecost['any'] / per_save['sync']:.3f}x)")
 
 
 if __name__ == "__main__":

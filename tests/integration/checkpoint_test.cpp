@@ -1,6 +1,7 @@
 // Fault tolerance end to end: workers SIGKILLed at random moments under the real accel-launch
 // resume from their checkpoints and finish with the weights of a run that was never killed; a
 // process killed at every I/O step of a save leaves the previous checkpoint loadable.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <sched.h>
 
@@ -671,6 +672,52 @@ TEST(Checkpoint, TheBackgroundWriterRunsWhereItIsToldAndSaysSo) {
                          "CPUs such as 1 or 2-3,6"),
               std::string::npos)
         << r.err;
+  }
+}
+
+// A job whose one process runs its products on every CPU (OpenBLAS's threads, as a program run
+// alone gets them) lowers them by one while a background save's thread works, and says so; with
+// ACCEL_CHECKPOINT_WRITER_CPUS=any it leaves them to the scheduler.
+TEST(Checkpoint, TrainingOnEveryCpuLeavesTheBackgroundSaveOneUnlessToldAny) {
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  ASSERT_EQ(::sched_getaffinity(0, sizeof mine, &mine), 0);
+  const int cpus = CPU_COUNT(&mine);
+  void* libblas = ::dlopen("libblas.so.3", RTLD_NOW | RTLD_LOCAL);
+  const bool openblas = libblas && ::dlsym(libblas, "openblas_get_num_threads");
+  if (libblas) ::dlclose(libblas);
+  if (!openblas || cpus < 2) GTEST_SKIP() << "needs OpenBLAS as libblas.so.3 and 2 CPUs";
+  auto run = [cpus](const std::string& setting) {
+    TempDir dir;
+    std::map<std::string, std::string> env{{"OMP_NUM_THREADS", "1"},
+                                           {"OPENBLAS_NUM_THREADS", std::to_string(cpus)},
+                                           {"ACCEL_LOG_LEVEL", "debug"},
+                                           {"OMP_PROC_BIND", "false"}};
+    if (!setting.empty()) env["ACCEL_CHECKPOINT_WRITER_CPUS"] = setting;
+    auto r =
+        run_launcher(dir,
+                     {"-n", "1", "--checkpoint-dir", dir / "ck", "--checkpoint-interval", "3",
+                      "--async-checkpoints", "--", RUNTIME_WORKER_BIN, "usr1_at", "8", "-1", "-1"},
+                     60s, env);
+    EXPECT_TRUE(fs::exists(dir.path() / "ck" / "checkpoints")) << r.err;
+    return r;
+  };
+  const std::string lent = "accel: background save: OpenBLAS's threads " + std::to_string(cpus) +
+                           " -> " + std::to_string(cpus - 1) +
+                           " until its thread ends, so that training (1 process x " +
+                           std::to_string(cpus) + " threads) leaves it one of the " +
+                           std::to_string(cpus) + " CPUs this process may use\n";
+  {
+    auto r = run("");
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_NE(r.err.find(lent), std::string::npos) << r.err;
+    // Said once, not at every save.
+    EXPECT_EQ(r.err.find(lent, r.err.find(lent) + 1), std::string::npos) << r.err;
+  }
+  {
+    auto r = run("any");
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_EQ(r.err.find("accel: background save: OpenBLAS"), std::string::npos) << r.err;
   }
 }
 
