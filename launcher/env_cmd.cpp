@@ -17,6 +17,9 @@
 
 #include "accel_version.h"
 #include "agent/common/hardware.h"
+#include "agent/supervisor/worker_env.h"
+#include "contract/malloc_tuning.h"
+#include "contract/worker_contract.h"
 
 namespace accel::launcher {
 namespace {
@@ -143,14 +146,44 @@ bool secret_name(const std::string& name) {
 
 bool reported_variable(const std::string& name) {
   for (const char* prefix : {"ACCEL_", "ACCELERATE_", "TORCHELASTIC_", "TORCH_", "NCCL_", "GLOO_",
-                             "SLURM_", "OMP_", "MKL_", "OPENBLAS_", "CUDA_", "HF_"}) {
+                             "SLURM_", "OMP_", "MKL_", "OPENBLAS_", "CUDA_", "HF_", "MALLOC_"}) {
     if (name.rfind(prefix, 0) == 0) return true;
   }
-  for (const char* exact : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                            "MASTER_ADDR", "MASTER_PORT", "LD_LIBRARY_PATH", "TMPDIR"}) {
+  for (const char* exact :
+       {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+        "MASTER_PORT", "LD_LIBRARY_PATH", "TMPDIR", "GLIBC_TUNABLES", "LD_PRELOAD"}) {
     if (name == exact) return true;
   }
   return false;
+}
+
+// What glibc's malloc does in a worker accel-launch starts from this environment (a standing
+// agent's workers get the agent's environment instead).
+std::string workers_malloc(const supervisor::EnvMap& env) {
+  supervisor::EnvMap worker = env;
+  supervisor::give_malloc_thresholds(worker);
+  const auto before = env.find(contract::kGlibcTunables);
+  const auto after = worker.find(contract::kGlibcTunables);
+  if (after != worker.end() && (before == env.end() || before->second != after->second)) {
+    return std::string("accel-launch adds ") + contract::kGlibcTunables + "=" +
+           contract::kMallocTunables + " (libaccel's thresholds: allocations below " +
+           std::to_string(contract::kMallocMmapThreshold >> 20) + " MiB from the heap, up to " +
+           std::to_string(contract::kMallocTrimThreshold >> 30) + " GiB free at its top kept; " +
+           contract::kKeepFreedMemory + "=0 leaves glibc's own)";
+  }
+  auto lookup = [&env](const char* name) -> const std::string* {
+    auto it = env.find(name);
+    return it == env.end() ? nullptr : &it->second;
+  };
+  const std::string users = contract::malloc_setting_in(lookup);
+  if (!users.empty()) return "this environment's " + users + ", left as it is";
+  const std::string& keep = env.at(contract::kKeepFreedMemory);  // off or invalid, so set
+  if (auto problem = supervisor::worker_value_problem(contract::kKeepFreedMemory, keep)) {
+    return std::string("accel-launch would refuse to start: ") + contract::kKeepFreedMemory +
+           "=\"" + keep + "\": " + *problem;
+  }
+  return std::string("glibc's own moving thresholds (") + contract::kKeepFreedMemory + "=" + keep +
+         ")";
 }
 
 }  // namespace
@@ -210,7 +243,8 @@ int print_env(const config::ConfigSources& sources) {
     ++shown;
   }
   if (shown == 0) out << "(none of ACCEL_*, torchrun's, NCCL_*, CUDA_*, SLURM_*, OMP_* is set)\n";
-  out << "```\n";
+  out << "```\n\n";
+  out << "- workers' malloc: " << workers_malloc(sources.env) << "\n";
   return 0;
 }
 

@@ -20,6 +20,8 @@ std::optional<bool> keeps_freed_memory(const std::string* value) {
   return c::switch_value(*value);
 }
 
+}  // namespace
+
 // Gives the worker libaccel's malloc thresholds through GLIBC_TUNABLES, unless its
 // ACCEL_KEEP_FREED_MEMORY is off (or invalid: accel-launch refuses that at its start, and
 // libaccel in a C++ worker) or its environment already sets glibc's malloc (the user's setting
@@ -35,8 +37,6 @@ void give_malloc_thresholds(EnvMap& env) {
   tunables =
       tunables.empty() ? std::string(c::kMallocTunables) : tunables + ":" + c::kMallocTunables;
 }
-
-}  // namespace
 
 std::optional<std::string> worker_value_problem(std::string_view key, const std::string& value) {
   if (key == c::kKeepFreedMemory && !keeps_freed_memory(&value)) {

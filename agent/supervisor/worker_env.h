@@ -48,6 +48,11 @@ std::optional<std::string> reserved_worker_variable(std::string_view key);
 // which would not refuse it themselves).
 std::optional<std::string> worker_value_problem(std::string_view key, const std::string& value);
 
+// Adds libaccel's malloc thresholds (contract/malloc_tuning.h) to GLIBC_TUNABLES in a worker's
+// environment `env`, unless its ACCEL_KEEP_FREED_MEMORY is off or invalid, or `env` already sets
+// glibc's malloc (GLIBC_TUNABLES's glibc.malloc.*, or a MALLOC_*_ variable, even empty).
+void give_malloc_thresholds(EnvMap& env);
+
 // `base` (the launcher's own environment) plus the job's settings (each with its HF Accelerate
 // alias) plus the contract's per-worker variables, which always win. Only
 // TORCH_NCCL_ASYNC_ERROR_HANDLING and OMP_NUM_THREADS may come from `base` (torchrun's rules).

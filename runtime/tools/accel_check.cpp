@@ -24,6 +24,7 @@
 #include "accel/accel.h"
 #include "contract/worker_contract.h"
 #include "runtime/blas_kernels.h"
+#include "runtime/cpu_loan.h"
 #include "runtime/cpu_precision.h"
 
 #if __has_include(<ATen/Version.h>)
@@ -126,6 +127,13 @@ int info() {
                 << " kernels to switch to";
     }
     std::cout << "\n";
+  }
+  const auto threads = accel::cpu_loan::current();
+  if (threads.blas > 0) {
+    std::cout << "- OpenBLAS threads: " << threads.blas
+              << " (ATen's intra-op threads: " << threads.aten
+              << "; OMP_NUM_THREADS or OPENBLAS_NUM_THREADS sets them, and accel-launch gives "
+                 "each of several workers on a node 1)\n";
   }
 #ifdef ACCEL_HAVE_SHOW_CONFIG
   std::cout << "\n```\n"

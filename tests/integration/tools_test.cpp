@@ -1,6 +1,7 @@
 // The login-node tools as a person uses them: the `accel config` wizard through a real
 // pseudo-terminal (questions read, answers typed, a wrong answer re-asked), `accel test` and
 // `accel env`.
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
@@ -322,6 +323,48 @@ TEST(AccelEnv, ReportsTheBuildAndHidesSecrets) {
     EXPECT_NE(r.out.find(part), std::string::npos) << part << " in:\n" << r.out;
   }
   EXPECT_EQ(r.out.find("hunter2secret"), std::string::npos) << r.out;
+}
+
+// `accel env` says what glibc's malloc does in the workers accel-launch would start from this
+// environment, shows the variables that set it, and how many threads OpenBLAS runs products on.
+TEST(AccelEnv, SaysWhatMallocWorkersGetAndOpenBlasThreads) {
+  for (const char* name : {"GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
+                           "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_", "ACCEL_KEEP_FREED_MEMORY"}) {
+    if (std::getenv(name) != nullptr) GTEST_SKIP() << "this test's environment sets " << name;
+  }
+  auto env = [](const std::map<std::string, std::string>& extra) {
+    TempDir dir;
+    Launched l(dir, ACCEL_BIN, {"env"}, extra, "accel-env");
+    auto r = l.wait(60s);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return r.out;
+  };
+  // Why 1: OpenBLAS takes no more threads than the machine has CPUs.
+  std::string out = env({{"OMP_NUM_THREADS", "1"}, {"OPENBLAS_NUM_THREADS", "1"}});
+  EXPECT_NE(out.find("- workers' malloc: accel-launch adds GLIBC_TUNABLES=glibc.malloc.mmap_"
+                     "threshold=33554432:glibc.malloc.trim_threshold=1073741824 (libaccel's "
+                     "thresholds: allocations below 32 MiB from the heap, up to 1 GiB free at its "
+                     "top kept; ACCEL_KEEP_FREED_MEMORY=0 leaves glibc's own)\n"),
+            std::string::npos)
+      << out;
+  void* libblas = ::dlopen("libblas.so.3", RTLD_NOW | RTLD_LOCAL);
+  const bool openblas = libblas && ::dlsym(libblas, "openblas_get_num_threads");
+  if (libblas) ::dlclose(libblas);
+  if (openblas) {
+    EXPECT_NE(out.find("- OpenBLAS threads: 1 (ATen's intra-op threads: 1; "), std::string::npos)
+        << out;
+  }
+  out = env({{"ACCEL_KEEP_FREED_MEMORY", "0"}});
+  EXPECT_NE(out.find("- workers' malloc: glibc's own moving thresholds "
+                     "(ACCEL_KEEP_FREED_MEMORY=0)\n"),
+            std::string::npos)
+      << out;
+  out = env({{"MALLOC_TRIM_THRESHOLD_", ""}});
+  EXPECT_NE(out.find("\nMALLOC_TRIM_THRESHOLD_=\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("- workers' malloc: this environment's MALLOC_TRIM_THRESHOLD_, left as it "
+                     "is\n"),
+            std::string::npos)
+      << out;
 }
 
 // A safetensors file of float tensors, written byte by byte as the format says.
