@@ -81,11 +81,11 @@ void PreparedOptimizer::step() {
   check_own_steps(slot, "the optimizer");
   slot.overflow = false;
   slot.skipped = !state_->sync_gradients();
+  if (slot.cpu_loan) slot.cpu_loan->give_back_if_ended();
   if (slot.skipped) return;
   // Why: a background save may still be copying the weights and this optimizer's state (usually
   // done during the forward and backward since the save).
   if (slot.snapshot) slot.snapshot->wait();
-  if (slot.cpu_loan) slot.cpu_loan->give_back_if_ended();
   if (slot.check_membership) {
     slot.check_membership();
     slot.check_membership = nullptr;

@@ -381,15 +381,15 @@ void Accelerator::Impl::start_background_write(std::function<void()> write, cons
   // the loan lowers), and asking for it from a new thread could set up a thread pool there.
   const int local_ranks = std::max(1, env::worker_env().local_world_size);
   const std::string& writer_cpus = env::worker_env().checkpoint_writer_cpus;
-  int training_threads = local_ranks * std::max(1, cpu_loan::current().most());
-  if (writer_cpus.empty() || writer_cpus == "auto") {
-    training_threads =
-        cpu_loan_->lend(local_ranks, static_cast<int>(writer_placement::allowed_cpus().size()));
-    if (!cpu_loan_->said().empty() && cpu_loan_->said() != said_loan_)
-      log::debug(cpu_loan_->said());
-    said_loan_ = cpu_loan_->said();
-  }
   try {
+    int training_threads = local_ranks * std::max(1, cpu_loan::current().most());
+    if (writer_cpus.empty() || writer_cpus == "auto") {
+      training_threads =
+          cpu_loan_->lend(local_ranks, static_cast<int>(writer_placement::allowed_cpus().size()));
+      if (!cpu_loan_->said().empty() && cpu_loan_->said() != said_loan_)
+        log::debug(cpu_loan_->said());
+      said_loan_ = cpu_loan_->said();
+    }
     save_writer_ =
         std::async(std::launch::async, [write = std::move(write), copying = snapshot_, copies_first,
                                         target, training_threads, loan = cpu_loan_] {

@@ -4,8 +4,6 @@
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
 
-#include <exception>
-
 namespace accel::cpu_loan {
 
 namespace {
@@ -26,18 +24,6 @@ const Blas& blas() {
   static const Blas b;
   return b;
 }
-
-// Sets ATen's count on this thread; whether it took (a native thread pool refuses once it ran).
-bool set_aten(int n) {
-  try {
-    at::set_num_threads(n);
-  } catch (const std::exception&) {
-    return false;
-  }
-  return at::get_num_threads() == n;
-}
-
-std::string threads_text(int n) { return std::to_string(n) + (n == 1 ? " thread" : " threads"); }
 
 }  // namespace
 
@@ -61,39 +47,32 @@ int Loan::lend(int local_ranks, int cpus) {
   const Counts now = current();
   const int ranks = local_ranks < 1 ? 1 : local_ranks;
   const int to = lowered_count(ranks, now.most(), cpus);
-  if (to == 0) return ranks * now.most();
-  before_ = now;
-  lowered_ = now;
-  std::string what;
-  if (now.blas > to) {
-    blas().set(to);
-    lowered_.blas = blas().get();
-    if (lowered_.blas != now.blas)
-      what = "OpenBLAS's threads " + std::to_string(now.blas) + " -> " + std::to_string(to);
-  }
-  if (now.aten > to && set_aten(to)) {
-    lowered_.aten = to;
-    what += (what.empty() ? "" : ", ") + std::string("ATen's intra-op threads ") +
-            std::to_string(now.aten) + " -> " + std::to_string(to);
-  }
-  if (what.empty()) return ranks * now.most();
+  // Why only OpenBLAS, and only where ATen's own threads leave the CPU: see cpu_loan.h.
+  if (ranks != 1 || to == 0 || now.blas <= to || now.aten > to) return ranks * now.most();
+  // Why recorded first: the count must come back even if what follows throws.
+  before_ = now.blas;
+  lowered_ = to;
   lent_ = true;
   ended_.store(false, std::memory_order_release);
-  said_ = "background save: " + what + " until its thread ends, so that training (" +
-          std::to_string(ranks) + (ranks == 1 ? " process" : " processes") + " x " +
-          threads_text(now.most()) + ") leaves it one of the " + std::to_string(cpus) +
-          " CPUs this process may use";
-  return (ranks - 1) * now.most() + lowered_.most();
+  blas().set(to);
+  lowered_ = blas().get();
+  if (lowered_ == before_) {  // this OpenBLAS kept its count
+    lent_ = false;
+    return ranks * now.most();
+  }
+  said_ = "background save: OpenBLAS runs on " + std::to_string(lowered_) + " thread" +
+          (lowered_ == 1 ? "" : "s") + " instead of " + std::to_string(before_) +
+          " while the save's thread works (back at the first batch or step after it ends), " +
+          "leaving it one of the " + std::to_string(cpus) +
+          " CPUs this process may use; ACCEL_CHECKPOINT_WRITER_CPUS=any turns this off";
+  return lowered_ > now.aten ? lowered_ : now.aten;
 }
 
 void Loan::give_back() {
   if (!lent_) return;
   lent_ = false;
-  // Why compare first: a program that set a count itself meanwhile keeps it.
-  if (lowered_.blas != before_.blas && blas().get != nullptr && blas().get() == lowered_.blas)
-    blas().set(before_.blas);
-  if (lowered_.aten != before_.aten && at::get_num_threads() == lowered_.aten)
-    set_aten(before_.aten);
+  // Why compare first: a program that set the count itself meanwhile keeps it.
+  if (blas().get != nullptr && blas().get() == lowered_) blas().set(before_);
 }
 
 }  // namespace accel::cpu_loan

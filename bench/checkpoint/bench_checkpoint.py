@@ -25,9 +25,10 @@ Prints a Markdown table of medians over --runs runs, everything measured in this
     scheduler puts it, instead of on the CPUs taking the checkpoint disk's interrupts)
   the same paired cost with training on every CPU (OMP_NUM_THREADS and OPENBLAS_NUM_THREADS
     unset, so OpenBLAS runs a thread per CPU, as a program run alone gets it), where a background
-    save borrows a CPU from training's products while it works, against
-    ACCEL_CHECKPOINT_WRITER_CPUS=any (nothing lent: the save takes turns with training's threads);
-    a second target line judges it
+    save borrows a CPU from training's products while it works, against the writer placed on the
+    CPU auto chose by a CPU list (nothing lent) and ACCEL_CHECKPOINT_WRITER_CPUS=any (neither);
+    printed for comparison, not judged: its quiet steps run on every CPU and the steps after a
+    save on one fewer, so it also holds what that thread gains or loses
   model M (784->2048->2048->10, AdamW, b=64) steps/s under acc.autocast(): bf16 vs no (fp32)
 The model M figures come from bench_train (bench/train/), whose forward pass runs under
 acc.autocast(), at ACCEL_MIXED_PRECISION=no and =bf16, on one process.
@@ -236,11 +237,17 @@ def main():
 
         # The same with training on every CPU, as a program run alone gets it (OpenBLAS starts a
         # thread per CPU without OMP_NUM_THREADS): by default a background save then borrows one
-        # of them while it works; with ACCEL_CHECKPOINT_WRITER_CPUS=any it takes turns with them.
+        # of them while it works; placed by a CPU list (the CPU auto chose above) it is placed but
+        # borrows nothing; with ACCEL_CHECKPOINT_WRITER_CPUS=any it does neither.
+        placed = re.search(r"runs on CPU ([0-9,-]+)", placement)
         every_cpu = {"auto": [], "any": []}
+        sides = ["auto", "any"]
+        if placed:
+            every_cpu[placed.group(1)] = []
+            sides.insert(1, placed.group(1))
         loan = "?"
         for i in range(a.runs):
-            for where in (("auto", "any") if i % 2 == 0 else ("any", "auto")):
+            for where in (sides if i % 2 == 0 else sides[::-1]):
                 folder = os.path.join(tmp, "contention")
                 shutil.rmtree(folder, ignore_errors=True)
                 cmd = [f"{a.build}/bin/bench_checkpoint", "contention", "--mb", str(a.mb), "--rounds",
@@ -250,7 +257,7 @@ def main():
                 every_cpu[where].append(json_lines(proc, cmd)[0])
                 said = [line for line in proc.stderr.splitlines() if "background save: " in line]
                 if where == "auto":
-                    loan = said[-1].removeprefix("accel: ") if said else "nothing lent (training left a CPU)"
+                    loan = said[-1].removeprefix("accel: ") if said else "nothing lent"
 
         amp = {"no": [], "bf16": []}
         dtypes = {}
@@ -300,7 +307,13 @@ def main():
     print(f"| the same, training on every CPU (no OMP_NUM_THREADS; step alone {estep:.0f} ms), ms | "
           f"async: {ecost['auto']:.0f} | sync stall: {per_save['sync']:.0f} | "
           f"{ecost['auto'] / per_save['sync']:.2f}x |")
-    print(f"| the same, the save not lent a CPU (ACCEL_CHECKPOINT_WRITER_CPUS=any), ms | "
+    for where in every_cpu:
+        if where in ("auto", "any"):
+            continue
+        print(f"| the same, the writer placed on CPU {where} and not lent a CPU (ACCEL_CHECKPOINT_WRITER_CPUS={where}), "
+              f"ms | {where}: {ecost[where]:.0f} | sync stall: {per_save['sync']:.0f} | "
+              f"{ecost[where] / per_save['sync']:.2f}x |")
+    print(f"| the same, neither placed nor lent a CPU (ACCEL_CHECKPOINT_WRITER_CPUS=any), ms | "
           f"any: {ecost['any']:.0f} | sync stall: {per_save['sync']:.0f} | "
           f"{ecost['any'] / per_save['sync']:.2f}x |")
     print(f"| peak resident memory of a run, MB | async: {med(peak['async']):.0f} | "
@@ -316,7 +329,8 @@ def main():
                                      ("paired save cost ms", [row["save_cost_ms"] for row in contention]),
                                      ("the same, writer anywhere", [row["save_cost_ms"] for row in unplaced]),
                                      ("on every CPU", [row["save_cost_ms"] for row in every_cpu["auto"]]),
-                                     ("on every CPU, not lent", [row["save_cost_ms"] for row in every_cpu["any"]]),
+                                     *((f"on every CPU, ={w}", [row["save_cost_ms"] for row in every_cpu[w]])
+                                       for w in every_cpu if w != "auto"),
                                      ("copy ms", [row["copy_ms"] for row in contention]),
                                      ("write after the steps ms", [row["write_outlasted_ms"] for row in contention]),
                                      ("save_state call ms", [row["save_call_ms"] for row in contention]))))
@@ -343,12 +357,15 @@ def main():
           f"{med([r['save_cost_interval_ms'][0] for r in contention]) / per_save['sync']:.3f}x to "
           f"{med([r['save_cost_interval_ms'][1] for r in contention]) / per_save['sync']:.3f}x; "
           f"from separate runs: {ratio:.2f}x)")
+    # Why not judged against the target: its quiet steps run on every CPU and the steps after a
+    # save on one fewer, so the figure also holds what that second thread gains or loses.
     every = ecost["auto"] / per_save["sync"]
-    print(f"         the same with training on every CPU (the save borrows one): {every:.3f}x "
-          f"({'met' if every <= 0.05 else 'NOT met'}; each run's 95% interval over its rounds "
+    print(f"         for comparison, not a target: training on every CPU (the save borrows one) {every:.3f}x "
+          f"(95% interval over its rounds "
           f"{med([r['save_cost_interval_ms'][0] for r in every_cpu['auto']]) / per_save['sync']:.3f}x to "
           f"{med([r['save_cost_interval_ms'][1] for r in every_cpu['auto']]) / per_save['sync']:.3f}x; "
-          f"not lent: {ecost['any'] / per_save['sync']:.3f}x)")
+          f"its quiet steps on every CPU take {estep:.0f} ms, against {cont['step_alone_ms']:.0f} ms on one); "
+          + "; ".join(f"={w}: {ecost[w] / per_save['sync']:.3f}x" for w in every_cpu if w != "auto"))
 
 
 if __name__ == "__main__":
