@@ -81,7 +81,6 @@ void PreparedOptimizer::step() {
   check_own_steps(slot, "the optimizer");
   slot.overflow = false;
   slot.skipped = !state_->sync_gradients();
-  if (slot.cpu_loan) slot.cpu_loan->give_back_if_ended();
   if (slot.skipped) return;
   // Why: a background save may still be copying the weights and this optimizer's state (usually
   // done during the forward and backward since the save).
@@ -463,7 +462,6 @@ PreparedOptimizer Accelerator::prepare_optimizer(
   auto slot = std::make_shared<detail::OptimizerSlot>();
   slot->optimizer = std::move(optimizer);
   slot->snapshot = impl_->snapshot_;
-  slot->cpu_loan = impl_->cpu_loan_;
   // Why: libtorch's optimizers step a tensor listed twice twice (tied weights come out of
   // parameters() twice), and ZeRO would give each listing its own slice and state; HF's
   // parameters() lists it once, so it steps once.

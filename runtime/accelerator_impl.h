@@ -16,7 +16,6 @@
 
 #include "accel/accelerator.h"
 #include "runtime/checkpoint_snapshot.h"
-#include "runtime/cpu_loan.h"
 #include "runtime/grad_sync.h"
 #include "runtime/split_step.h"
 #include "runtime/tracking.h"
@@ -45,8 +44,6 @@ struct OptimizerSlot {
   std::function<void()> check_membership;
   // A background save's copies of the parameters and optimizer states: a step waits for them.
   std::shared_ptr<ckpt::SnapshotCopies> snapshot;
-  // The CPU a background save borrowed from training: a step gives it back once the save ended.
-  std::shared_ptr<cpu_loan::Loan> cpu_loan;
 };
 
 struct SchedulerSlot {
@@ -111,10 +108,6 @@ struct Accelerator::Impl {
   // Main process: what a background save copies of the state, and the memory it keeps (laid out
   // as the checkpoint's files).
   std::shared_ptr<ckpt::SnapshotCopies> snapshot_ = std::make_shared<ckpt::SnapshotCopies>();
-  // Main process: the CPU a background save's thread borrows from training (cpu_loan.h), and
-  // the last debug line that said so.
-  std::shared_ptr<cpu_loan::Loan> cpu_loan_ = std::make_shared<cpu_loan::Loan>();
-  std::string said_loan_;
   std::string save_error_;
   // The save in flight is an in-memory snapshot: each node's local main writes one, and its
   // failure turns snapshots off instead of failing the run.

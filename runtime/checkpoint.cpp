@@ -764,7 +764,6 @@ void Accelerator::resume_from_newest(bool forward_done) {
 }
 
 void Accelerator::on_step_boundary() {
-  impl_->cpu_loan_->give_back_if_ended();  // a save's thread that ended gives its CPU back
   if (impl_->stop_on_signal_ && completed_steps() != impl_->last_signal_check_) {
     impl_->last_signal_check_ = completed_steps();
     // Why every rank agrees first: the signal reaches ranks at different moments; a save is a

@@ -26,6 +26,7 @@
 #include <xxhash.h>
 
 #include "accel/error.h"
+#include "runtime/yielding.h"
 
 namespace accel::ckpt {
 
@@ -324,7 +325,9 @@ WrittenFile CheckpointFs::write_stream(const fs::path& path,
   auto sink = [&](std::string_view part) {
     for (std::size_t at = 0; at < part.size(); at += kPiece) {
       auto piece = part.substr(at, kPiece);
-      XXH64_update(&state, piece.data(), piece.size());
+      in_yielding_pieces(piece.size(), [&](std::size_t from, std::size_t len) {
+        XXH64_update(&state, piece.data() + from, len);
+      });
       out.size += piece.size();
       if (writer) {
         writer->append(piece);

@@ -27,11 +27,11 @@
 #include "runtime/checkpoint_manifest.h"
 #include "runtime/checkpoint_snapshot.h"
 #include "runtime/comm.h"
-#include "runtime/cpu_loan.h"
 #include "runtime/env.h"
 #include "runtime/log.h"
 #include "runtime/optimizer_steps.h"
 #include "runtime/optimizer_tensors.h"
+#include "runtime/product_threads.h"
 #include "runtime/progress.h"
 #include "runtime/safetensors.h"
 #include "runtime/stop_request.h"
@@ -377,49 +377,36 @@ void Accelerator::Impl::start_background_write(std::function<void()> write, cons
     snapshot_->hold();
   }
   term_grace::write_started();  // Why here: a SIGTERM before the thread runs waits for it too
-  // Why here, on the training thread: its intra-op thread count is what training uses (and what
-  // the loan lowers), and asking for it from a new thread could set up a thread pool there.
-  const int local_ranks = std::max(1, env::worker_env().local_world_size);
-  const std::string& writer_cpus = env::worker_env().checkpoint_writer_cpus;
+  // Why here, on the training thread: its intra-op thread count is what training uses, and
+  // asking for it from a new thread could set up a thread pool there. OpenBLAS's own threads
+  // count too: they run training's products on every CPU even where ATen's count is 1.
+  const int training_threads = std::max(1, env::worker_env().local_world_size) *
+                               std::max(1, product_threads::current().most());
   try {
-    int training_threads = local_ranks * std::max(1, cpu_loan::current().most());
-    if (writer_cpus.empty() || writer_cpus == "auto") {
-      training_threads =
-          cpu_loan_->lend(local_ranks, static_cast<int>(writer_placement::allowed_cpus().size()));
-      if (!cpu_loan_->said().empty() && cpu_loan_->said() != said_loan_)
-        log::debug(cpu_loan_->said());
-      said_loan_ = cpu_loan_->said();
-    }
-    save_writer_ =
-        std::async(std::launch::async, [write = std::move(write), copying = snapshot_, copies_first,
-                                        target, training_threads, loan = cpu_loan_] {
-          struct Ended {
-            cpu_loan::Loan& loan;
-            ~Ended() {
-              loan.save_ended();
-              term_grace::write_ended();
-            }
-          } ended{*loan};
-          try {
-            if (copies_first) {
-              // Why first: the next optimizer step waits for these copies, not the write.
-              copying->copy();
-              // Why: the write (checksums, the disk) must not take a core from training; raising
-              // this thread's niceness lowers only its own priority (Linux). Not for a write that
-              // the next step waits for (copies_first false).
-              ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kWriterNiceness);
-              place_writer(target, training_threads);
-            }
-            write();
-          } catch (const std::exception& e) {
-            return std::string(*e.what() ? e.what() : "accel: save_state failed");
-          } catch (...) {
-            return std::string("accel: save_state failed (an unknown exception)");
-          }
-          return std::string();
-        });
+    save_writer_ = std::async(std::launch::async, [write = std::move(write), copying = snapshot_,
+                                                   copies_first, target, training_threads] {
+      struct Ended {
+        ~Ended() { term_grace::write_ended(); }
+      } ended;
+      try {
+        if (copies_first) {
+          // Why first: the next optimizer step waits for these copies, not the write.
+          copying->copy();
+          // Why: the write (checksums, the disk) must not take a core from training; raising
+          // this thread's niceness lowers only its own priority (Linux). Not for a write that
+          // the next step waits for (copies_first false).
+          ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kWriterNiceness);
+          place_writer(target, training_threads);
+        }
+        write();
+      } catch (const std::exception& e) {
+        return std::string(*e.what() ? e.what() : "accel: save_state failed");
+      } catch (...) {
+        return std::string("accel: save_state failed (an unknown exception)");
+      }
+      return std::string();
+    });
   } catch (...) {
-    cpu_loan_->give_back();
     term_grace::write_ended();
     snapshot_->abandon();
     throw;
@@ -666,7 +653,6 @@ fs::path Accelerator::save_state(const fs::path& dir, const SaveStateOptions& op
 const std::string& Accelerator::Impl::join_background_save() {
   if (save_writer_.valid()) {
     save_error_ = save_writer_.get();
-    cpu_loan_->give_back();
     if (save_error_.empty()) {
       log::debug(std::string(save_is_snapshot_ ? "saved snapshot " : "saved checkpoint ") +
                  save_target_.string());

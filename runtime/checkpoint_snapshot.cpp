@@ -12,6 +12,7 @@
 #include <system_error>
 
 #include "accel/error.h"
+#include "runtime/yielding.h"
 
 namespace accel::ckpt {
 
@@ -71,7 +72,9 @@ void copy_into(char* to, const torch::Tensor& t) {
   // place is aligned for the dtype (safetensors packs tensors with no padding, so a float after
   // an odd count of bf16 values is not); else through a contiguous CPU copy.
   if (t.device().is_cpu() && t.is_contiguous() && !t.is_conj() && !t.is_neg()) {
-    std::memcpy(to, t.data_ptr(), n);
+    const char* from = static_cast<const char*>(t.data_ptr());
+    in_yielding_pieces(
+        n, [&](std::size_t at, std::size_t len) { std::memcpy(to + at, from + at, len); });
   } else if (reinterpret_cast<std::uintptr_t>(to) % t.element_size() == 0) {
     torch::from_blob(to, t.sizes(), torch::TensorOptions().dtype(t.scalar_type()))
         .copy_(t.detach().resolve_conj().resolve_neg());

@@ -24,8 +24,8 @@
 #include "accel/accel.h"
 #include "contract/worker_contract.h"
 #include "runtime/blas_kernels.h"
-#include "runtime/cpu_loan.h"
 #include "runtime/cpu_precision.h"
+#include "runtime/product_threads.h"
 
 #if __has_include(<ATen/Version.h>)
 #include <ATen/Parallel.h>
@@ -128,7 +128,7 @@ int info() {
     }
     std::cout << "\n";
   }
-  const auto threads = accel::cpu_loan::current();
+  const auto threads = accel::product_threads::current();
   if (threads.blas > 0) {
     std::cout << "- OpenBLAS threads: " << threads.blas
               << " (ATen's intra-op threads: " << threads.aten

@@ -676,9 +676,9 @@ TEST(Checkpoint, TheBackgroundWriterRunsWhereItIsToldAndSaysSo) {
 }
 
 // A job whose one process runs its products on every CPU (OpenBLAS's threads, as a program run
-// alone gets them) lowers them by one while a background save's thread works, and says so; with
-// ACCEL_CHECKPOINT_WRITER_CPUS=any it leaves them to the scheduler.
-TEST(Checkpoint, TrainingOnEveryCpuLeavesTheBackgroundSaveOneUnlessToldAny) {
+// alone gets them, while ATen's count is 1) leaves its background writer where the scheduler
+// puts it, and says why: on the interrupts' CPU it would share that CPU with one of them.
+TEST(Checkpoint, TrainingOnEveryCpuThroughOpenBlasLeavesTheWriterUnplaced) {
   cpu_set_t mine;
   CPU_ZERO(&mine);
   ASSERT_EQ(::sched_getaffinity(0, sizeof mine, &mine), 0);
@@ -687,47 +687,25 @@ TEST(Checkpoint, TrainingOnEveryCpuLeavesTheBackgroundSaveOneUnlessToldAny) {
   const bool openblas = libblas && ::dlsym(libblas, "openblas_get_num_threads");
   if (libblas) ::dlclose(libblas);
   if (!openblas || cpus < 2) GTEST_SKIP() << "needs OpenBLAS as libblas.so.3 and 2 CPUs";
-  auto run = [cpus](const std::string& setting) {
-    TempDir dir;
-    std::map<std::string, std::string> env{{"OMP_NUM_THREADS", "1"},
-                                           {"OPENBLAS_NUM_THREADS", std::to_string(cpus)},
-                                           {"ACCEL_LOG_LEVEL", "debug"},
-                                           {"OMP_PROC_BIND", "false"}};
-    if (!setting.empty()) env["ACCEL_CHECKPOINT_WRITER_CPUS"] = setting;
-    auto r =
-        run_launcher(dir,
-                     {"-n", "1", "--checkpoint-dir", dir / "ck", "--checkpoint-interval", "3",
-                      "--async-checkpoints", "--", RUNTIME_WORKER_BIN, "usr1_at", "8", "-1", "-1"},
-                     60s, env);
-    EXPECT_TRUE(fs::exists(dir.path() / "ck" / "checkpoints")) << r.err;
-    return r;
-  };
-  const std::string lent = "accel: background save: OpenBLAS runs on " + std::to_string(cpus - 1) +
-                           (cpus == 2 ? " thread" : " threads") + " instead of " +
-                           std::to_string(cpus) +
-                           " while the save's thread works (back at the first batch or step "
-                           "after it ends), leaving it one of the " +
-                           std::to_string(cpus) +
-                           " CPUs this process may use; ACCEL_CHECKPOINT_WRITER_CPUS=any turns "
-                           "this off\n";
-  {
-    auto r = run("");
-    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-    EXPECT_NE(r.err.find(lent), std::string::npos) << r.err;
-    // Said once, not at every save.
-    EXPECT_EQ(r.err.find(lent, r.err.find(lent) + 1), std::string::npos) << r.err;
-  }
-  {
-    auto r = run("any");
-    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-    EXPECT_EQ(r.err.find("accel: background save: OpenBLAS"), std::string::npos) << r.err;
-  }
-  {
-    int first = 0;
-    while (!CPU_ISSET(first, &mine)) ++first;
-    auto r = run(std::to_string(first));  // a CPU list: the writer there, training's threads kept
-    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-    EXPECT_EQ(r.err.find("accel: background save: OpenBLAS"), std::string::npos) << r.err;
+  TempDir dir;
+  std::map<std::string, std::string> env{{"OMP_NUM_THREADS", "1"},
+                                         {"OPENBLAS_NUM_THREADS", std::to_string(cpus)},
+                                         {"ACCEL_LOG_LEVEL", "debug"},
+                                         {"OMP_PROC_BIND", "false"}};
+  auto r =
+      run_launcher(dir,
+                   {"-n", "1", "--checkpoint-dir", dir / "ck", "--checkpoint-interval", "3",
+                    "--async-checkpoints", "--", RUNTIME_WORKER_BIN, "usr1_at", "8", "-1", "-1"},
+                   60s, env);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_TRUE(fs::exists(dir.path() / "ck" / "checkpoints")) << r.err;
+  // Unless the disk has no single interrupt to follow, in which case nothing moves anyway.
+  if (r.err.find("accel: background checkpoint writer runs on CPU") != std::string::npos ||
+      r.err.find("training keeps every CPU") != std::string::npos) {
+    EXPECT_NE(r.err.find("but training keeps every CPU this process may use busy (" +
+                         std::to_string(cpus) + " threads, CPU "),
+              std::string::npos)
+        << r.err;
   }
 }
 
