@@ -160,13 +160,19 @@ bool reported_variable(const std::string& name) {
 // What glibc's malloc does in a worker accel-launch starts from this environment (a standing
 // agent's workers get the agent's environment instead).
 std::string workers_malloc(const supervisor::EnvMap& env) {
+  if (auto keep = env.find(contract::kKeepFreedMemory); keep != env.end()) {
+    if (auto problem = supervisor::worker_value_problem(contract::kKeepFreedMemory, keep->second)) {
+      return std::string("none: accel-launch refuses ") + contract::kKeepFreedMemory + "=\"" +
+             keep->second + "\" for its workers: " + *problem;
+    }
+  }
   supervisor::EnvMap worker = env;
   supervisor::give_malloc_thresholds(worker);
   const auto before = env.find(contract::kGlibcTunables);
   const auto after = worker.find(contract::kGlibcTunables);
   if (after != worker.end() && (before == env.end() || before->second != after->second)) {
-    return std::string("accel-launch adds ") + contract::kGlibcTunables + "=" +
-           contract::kMallocTunables + " (libaccel's thresholds: allocations below " +
+    return std::string("accel-launch adds ") + contract::kMallocTunables + " to " +
+           contract::kGlibcTunables + " (libaccel's thresholds: allocations below " +
            std::to_string(contract::kMallocMmapThreshold >> 20) + " MiB from the heap, up to " +
            std::to_string(contract::kMallocTrimThreshold >> 30) + " GiB free at its top kept; " +
            contract::kKeepFreedMemory + "=0 leaves glibc's own)";
@@ -176,14 +182,14 @@ std::string workers_malloc(const supervisor::EnvMap& env) {
     return it == env.end() ? nullptr : &it->second;
   };
   const std::string users = contract::malloc_setting_in(lookup);
-  if (!users.empty()) return "this environment's " + users + ", left as it is";
-  const std::string& keep = env.at(contract::kKeepFreedMemory);  // off or invalid, so set
-  if (auto problem = supervisor::worker_value_problem(contract::kKeepFreedMemory, keep)) {
-    return std::string("accel-launch would refuse to start: ") + contract::kKeepFreedMemory +
-           "=\"" + keep + "\": " + *problem;
+  if (!users.empty()) {
+    if (before != env.end() && users == contract::kGlibcTunables &&
+        contract::is_accels_malloc_setting(before->second))
+      return "libaccel's thresholds, already in this environment's " + users;
+    return "this environment's " + users + ", left as it is";
   }
-  return std::string("glibc's own moving thresholds (") + contract::kKeepFreedMemory + "=" + keep +
-         ")";
+  return std::string("glibc's own moving thresholds (") + contract::kKeepFreedMemory + "=" +
+         env.at(contract::kKeepFreedMemory) + ")";
 }
 
 }  // namespace
@@ -242,7 +248,8 @@ int print_env(const config::ConfigSources& sources) {
     out << name << "=" << (secret_name(name) ? "(set, hidden)" : value) << "\n";
     ++shown;
   }
-  if (shown == 0) out << "(none of ACCEL_*, torchrun's, NCCL_*, CUDA_*, SLURM_*, OMP_* is set)\n";
+  if (shown == 0)
+    out << "(none of ACCEL_*, torchrun's, NCCL_*, CUDA_*, SLURM_*, OMP_*, MALLOC_* is set)\n";
   out << "```\n\n";
   out << "- workers' malloc: " << workers_malloc(sources.env) << "\n";
   return 0;

@@ -38,6 +38,7 @@
 #include "runtime/term_grace.h"
 #include "runtime/tracking.h"
 #include "runtime/writer_placement.h"
+#include "runtime/yielding.h"
 
 namespace accel {
 
@@ -382,30 +383,35 @@ void Accelerator::Impl::start_background_write(std::function<void()> write, cons
   // count too: they run training's products on every CPU even where ATen's count is 1.
   const int training_threads = std::max(1, env::worker_env().local_world_size) *
                                std::max(1, product_threads::current().most());
+  const bool cpus_busy =
+      training_threads >= static_cast<int>(writer_placement::allowed_cpus().size());
   try {
-    save_writer_ = std::async(std::launch::async, [write = std::move(write), copying = snapshot_,
-                                                   copies_first, target, training_threads] {
-      struct Ended {
-        ~Ended() { term_grace::write_ended(); }
-      } ended;
-      try {
-        if (copies_first) {
-          // Why first: the next optimizer step waits for these copies, not the write.
-          copying->copy();
-          // Why: the write (checksums, the disk) must not take a core from training; raising
-          // this thread's niceness lowers only its own priority (Linux). Not for a write that
-          // the next step waits for (copies_first false).
-          ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kWriterNiceness);
-          place_writer(target, training_threads);
-        }
-        write();
-      } catch (const std::exception& e) {
-        return std::string(*e.what() ? e.what() : "accel: save_state failed");
-      } catch (...) {
-        return std::string("accel: save_state failed (an unknown exception)");
-      }
-      return std::string();
-    });
+    save_writer_ =
+        std::async(std::launch::async, [write = std::move(write), copying = snapshot_, copies_first,
+                                        target, training_threads, cpus_busy] {
+          struct Ended {
+            ~Ended() { term_grace::write_ended(); }
+          } ended;
+          // Why: it shares a CPU with training's threads (runtime/yielding.h).
+          ckpt::yields_between_pieces = cpus_busy;
+          try {
+            if (copies_first) {
+              // Why first: the next optimizer step waits for these copies, not the write.
+              copying->copy();
+              // Why: the write (checksums, the disk) must not take a core from training; raising
+              // this thread's niceness lowers only its own priority (Linux). Not for a write that
+              // the next step waits for (copies_first false).
+              ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kWriterNiceness);
+              place_writer(target, training_threads);
+            }
+            write();
+          } catch (const std::exception& e) {
+            return std::string(*e.what() ? e.what() : "accel: save_state failed");
+          } catch (...) {
+            return std::string("accel: save_state failed (an unknown exception)");
+          }
+          return std::string();
+        });
   } catch (...) {
     term_grace::write_ended();
     snapshot_->abandon();

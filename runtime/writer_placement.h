@@ -63,7 +63,8 @@ struct Said {
 
 // Places the calling thread, a background save's writer. `setting`: the value of
 // ACCEL_CHECKPOINT_WRITER_CPUS; `dir`: the checkpoint's folder; `training_threads`: how many
-// threads this machine's training keeps busy (local ranks x intra-op threads). With "auto", the
+// threads this machine's training keeps busy (local ranks x the threads each runs its products
+// on: ATen's intra-op threads or OpenBLAS's own, whichever are more). With "auto", the
 // writer moves only where training leaves a CPU to spare (fewer training threads than CPUs this
 // process may run on): where training needs every CPU, the writer on the interrupts' CPU would
 // slow the rank that trains there, and every rank waits for the slowest.

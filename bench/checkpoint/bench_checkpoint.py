@@ -241,7 +241,8 @@ def main():
             shutil.rmtree(folder, ignore_errors=True)
             cmd = [f"{a.build}/bin/bench_checkpoint", "contention", "--mb", str(a.mb), "--rounds",
                    str(a.contention_rounds), "--dir", folder, "--every", str(a.stall_every)]
-            proc = run(cmd, unset=("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"))
+            proc = run(cmd, {"ACCEL_CHECKPOINT_WRITER_CPUS": "auto"},
+                       unset=("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"))
             every_cpu.append(json_lines(proc, cmd)[0])
 
         amp = {"no": [], "bf16": []}
@@ -335,6 +336,7 @@ def main():
           f"(95% interval over its rounds "
           f"{med([r['save_cost_interval_ms'][0] for r in every_cpu]) / per_save['sync']:.3f}x to "
           f"{med([r['save_cost_interval_ms'][1] for r in every_cpu]) / per_save['sync']:.3f}x)")
+
 
 if __name__ == "__main__":
     main()

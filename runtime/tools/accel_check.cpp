@@ -132,8 +132,8 @@ int info() {
   if (threads.blas > 0) {
     std::cout << "- OpenBLAS threads: " << threads.blas
               << " (ATen's intra-op threads: " << threads.aten
-              << "; OMP_NUM_THREADS or OPENBLAS_NUM_THREADS sets them, and accel-launch gives "
-                 "each of several workers on a node 1)\n";
+              << "; OMP_NUM_THREADS sets both, OPENBLAS_NUM_THREADS OpenBLAS's; accel-launch "
+                 "gives each of several workers on a node OMP_NUM_THREADS=1)\n";
   }
 #ifdef ACCEL_HAVE_SHOW_CONFIG
   std::cout << "\n```\n"

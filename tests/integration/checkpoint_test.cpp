@@ -691,6 +691,7 @@ TEST(Checkpoint, TrainingOnEveryCpuThroughOpenBlasLeavesTheWriterUnplaced) {
   std::map<std::string, std::string> env{{"OMP_NUM_THREADS", "1"},
                                          {"OPENBLAS_NUM_THREADS", std::to_string(cpus)},
                                          {"ACCEL_LOG_LEVEL", "debug"},
+                                         {"ACCEL_CHECKPOINT_WRITER_CPUS", "auto"},
                                          {"OMP_PROC_BIND", "false"}};
   auto r =
       run_launcher(dir,
@@ -702,8 +703,8 @@ TEST(Checkpoint, TrainingOnEveryCpuThroughOpenBlasLeavesTheWriterUnplaced) {
   // Unless the disk has no single interrupt to follow, in which case nothing moves anyway.
   if (r.err.find("accel: background checkpoint writer runs on CPU") != std::string::npos ||
       r.err.find("training keeps every CPU") != std::string::npos) {
-    EXPECT_NE(r.err.find("but training keeps every CPU this process may use busy (" +
-                         std::to_string(cpus) + " threads, CPU "),
+    // Why not the count: OpenBLAS takes no more threads than it was built for.
+    EXPECT_NE(r.err.find("but training keeps every CPU this process may use busy ("),
               std::string::npos)
         << r.err;
   }

@@ -341,8 +341,8 @@ TEST(AccelEnv, SaysWhatMallocWorkersGetAndOpenBlasThreads) {
   };
   // Why 1: OpenBLAS takes no more threads than the machine has CPUs.
   std::string out = env({{"OMP_NUM_THREADS", "1"}, {"OPENBLAS_NUM_THREADS", "1"}});
-  EXPECT_NE(out.find("- workers' malloc: accel-launch adds GLIBC_TUNABLES=glibc.malloc.mmap_"
-                     "threshold=33554432:glibc.malloc.trim_threshold=1073741824 (libaccel's "
+  EXPECT_NE(out.find("- workers' malloc: accel-launch adds glibc.malloc.mmap_threshold=33554432:"
+                     "glibc.malloc.trim_threshold=1073741824 to GLIBC_TUNABLES (libaccel's "
                      "thresholds: allocations below 32 MiB from the heap, up to 1 GiB free at its "
                      "top kept; ACCEL_KEEP_FREED_MEMORY=0 leaves glibc's own)\n"),
             std::string::npos)
@@ -359,6 +359,12 @@ TEST(AccelEnv, SaysWhatMallocWorkersGetAndOpenBlasThreads) {
                      "(ACCEL_KEEP_FREED_MEMORY=0)\n"),
             std::string::npos)
       << out;
+  out = env({{"ACCEL_KEEP_FREED_MEMORY", "ture"}, {"MALLOC_ARENA_MAX", "2"}});
+  EXPECT_NE(out.find("- workers' malloc: none: accel-launch refuses ACCEL_KEEP_FREED_MEMORY=\"ture\" "
+                     "for its workers: expected true or false"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("\nMALLOC_ARENA_MAX=2\n"), std::string::npos) << out;
   out = env({{"MALLOC_TRIM_THRESHOLD_", ""}});
   EXPECT_NE(out.find("\nMALLOC_TRIM_THRESHOLD_=\n"), std::string::npos) << out;
   EXPECT_NE(out.find("- workers' malloc: this environment's MALLOC_TRIM_THRESHOLD_, left as it "
