@@ -360,9 +360,10 @@ TEST(AccelEnv, SaysWhatMallocWorkersGetAndOpenBlasThreads) {
             std::string::npos)
       << out;
   out = env({{"ACCEL_KEEP_FREED_MEMORY", "ture"}, {"MALLOC_ARENA_MAX", "2"}});
-  EXPECT_NE(out.find("- workers' malloc: none: accel-launch refuses ACCEL_KEEP_FREED_MEMORY=\"ture\" "
-                     "for its workers: expected true or false"),
-            std::string::npos)
+  EXPECT_NE(
+      out.find("- workers' malloc: none: accel-launch refuses ACCEL_KEEP_FREED_MEMORY=\"ture\" "
+               "for its workers: expected true or false"),
+      std::string::npos)
       << out;
   EXPECT_NE(out.find("\nMALLOC_ARENA_MAX=2\n"), std::string::npos) << out;
   out = env({{"MALLOC_TRIM_THRESHOLD_", ""}});
