@@ -17,6 +17,8 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/yielding.h"
+
 namespace accel::ckpt {
 namespace {
 
@@ -295,6 +297,30 @@ TEST(SnapshotCopies, ACopyThatThrowsStillReleasesTheStep) {
   copies.wait();
   writer.join();
   set_copy_hook_for_testing(nullptr);
+}
+
+// A background save's thread where training fills the CPUs works in pieces of kYieldBytes that
+// cover the range once, in order; any other thread (a save training waits for) in one piece.
+TEST(YieldingPieces, CoverTheRangeInOrderAndOnlyASavesThreadSplitsIt) {
+  auto pieces = [](std::size_t n) {
+    std::vector<std::pair<std::size_t, std::size_t>> seen;
+    in_yielding_pieces(n, [&](std::size_t at, std::size_t len) { seen.emplace_back(at, len); });
+    return seen;
+  };
+  const std::size_t n = 3 * kYieldBytes + 5;
+  EXPECT_EQ(pieces(n), (std::vector<std::pair<std::size_t, std::size_t>>{{0, n}}));
+  EXPECT_TRUE(pieces(0).empty());
+  std::vector<std::pair<std::size_t, std::size_t>> on_save_thread;
+  std::thread([&] {
+    yields_between_pieces = true;
+    on_save_thread = pieces(n);
+  }).join();
+  EXPECT_EQ(on_save_thread,
+            (std::vector<std::pair<std::size_t, std::size_t>>{{0, kYieldBytes},
+                                                              {kYieldBytes, kYieldBytes},
+                                                              {2 * kYieldBytes, kYieldBytes},
+                                                              {3 * kYieldBytes, 5}}));
+  EXPECT_FALSE(yields_between_pieces);  // the switch is the thread's own
 }
 
 }  // namespace
