@@ -392,8 +392,9 @@ void Accelerator::Impl::start_background_write(std::function<void()> write, cons
           struct Ended {
             ~Ended() { term_grace::write_ended(); }
           } ended;
-          // Why: it shares a CPU with training's threads (runtime/yielding.h).
-          ckpt::yields_between_pieces = cpus_busy;
+          // Why: it shares a CPU with training's threads (runtime/yielding.h). Not a write the
+          // next step waits for (an in-memory snapshot's, copies_first false).
+          ckpt::yields_between_pieces = cpus_busy && copies_first;
           try {
             if (copies_first) {
               // Why first: the next optimizer step waits for these copies, not the write.
