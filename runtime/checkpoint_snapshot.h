@@ -58,9 +58,9 @@ class SnapshotCopies {
   // After begin() and the defer_file() calls a save would make, instead of start(): keeps the
   // blocks and forgets the copies, then maps every page of the blocks on a thread of its own,
   // so that the first background save copies into memory already mapped (on a VM a page fault
-  // every 4 KiB made most of that copy's time). copy() (with copies queued) and release() wait
-  // for that thread to end; it keeps the memory it maps alive by itself, and writes nothing into
-  // it.
+  // every 4 KiB made most of that copy's time). copy() runs beside that thread, from the other
+  // end; release() waits for it to end. It keeps the memory it maps alive by itself, and changes
+  // no byte of it.
   void prefault();
   // Whether blocks are kept (a background save ran, or prefault()).
   bool has_blocks() const { return !kept_.empty(); }
@@ -90,5 +90,8 @@ class SnapshotCopies {
 // Tests: runs on the writer thread at the start of each copy() (empty: nothing). Set it only while
 // no background save is in flight.
 void set_copy_hook_for_testing(std::function<void()> hook);
+// Tests: runs on prefault()'s thread before it touches a page (empty: nothing). Set it only while
+// no prefault() thread runs.
+void set_touch_hook_for_testing(std::function<void()> hook);
 
 }  // namespace accel::ckpt
