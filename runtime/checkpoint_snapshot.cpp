@@ -30,6 +30,20 @@ std::function<void()>& touch_hook() {
   return hook;
 }
 
+// Maps the page of `p` for writing, as a store from the program does, without changing its byte.
+// Why an atomic "or 0", not a plain store: the program may write into the same page meanwhile (a
+// save's header in defer_file(), the tensors it copies at once there, copy() on a writer thread),
+// and a zero stored here could overwrite what it wrote; a locked "or" never loses a concurrent
+// store. Why the instruction itself on x86: a compiler may turn an "or 0" whose result is unused
+// into a plain load (clang does), which maps the page for reading only.
+inline void touch_for_writing(char* p) {
+#if defined(__x86_64__) || defined(__i386__)
+  asm volatile("lock orb $0, %0" : "+m"(*p));
+#else
+  (void)__atomic_fetch_or(reinterpret_cast<volatile char*>(p), char{0}, __ATOMIC_RELAXED);
+#endif
+}
+
 std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 
 }  // namespace
@@ -170,11 +184,12 @@ void SnapshotCopies::copy() {
     ~Done() { self.abandon(); }
   } done{*this};
   if (copy_hook()) copy_hook()();
-  // Why not after prefault()'s thread, and from the last tensor back: a save soon after
+  // Why not after prefault()'s thread, and the queued tensors last first: a save soon after
   // prefault() would wait for all of its touching (about 0.9 s for 300 MB on a VM whose
-  // hypervisor shadows the guest's page tables); this way the two meet in the middle, each
-  // mapping the pages the other has not reached, while the step that waits leaves its CPU to
-  // them. A page both reach is mapped once, and the touching never changes a byte.
+  // hypervisor shadows the guest's page tables), which goes through the blocks from their
+  // start; this way the two meet in the middle, each mapping the pages the other has not
+  // reached, while the step that waits leaves its CPU to them. A page both reach is mapped
+  // once, and the touching never changes a byte (touch_for_writing).
   for (auto it = queued_.rbegin(); it != queued_.rend(); ++it)
     copy_into(static_cast<char*>(it->file.data_ptr()) + it->offset, it->live);
   queued_.clear();  // the live tensors are the program's again
@@ -211,11 +226,7 @@ void SnapshotCopies::prefault() {
         // user space to each page still trapping; 300 MB populated in about 50 ms were then
         // copied in 0.9 s instead of 20 ms, all of it while the step waited. A store here pays
         // that trap on this thread (about 0.9 s for 300 MB there; a page fault a page elsewhere).
-        // Why an atomic "or 0", not a plain store: a save may already be writing its header into
-        // the block (in defer_file, on the program's thread), which a zero stored here could
-        // overwrite; the "or" never loses a concurrent store.
-        for (std::size_t at = 0; at < b->capacity; at += kPage)
-          (void)__atomic_fetch_or(b->data + at, char{0}, __ATOMIC_RELAXED);
+        for (std::size_t at = 0; at < b->capacity; at += kPage) touch_for_writing(b->data + at);
       }
     });
   } catch (const std::system_error&) {

@@ -90,8 +90,8 @@ class SnapshotCopies {
 // Tests: runs on the writer thread at the start of each copy() (empty: nothing). Set it only while
 // no background save is in flight.
 void set_copy_hook_for_testing(std::function<void()> hook);
-// Tests: runs on prefault()'s thread before it touches a page (empty: nothing). Set it only while
-// no prefault() thread runs.
+// Tests: runs on the thread of each later prefault() before it touches a page (empty: nothing).
+// Set it only while no prefault() call runs.
 void set_touch_hook_for_testing(std::function<void()> hook);
 
 }  // namespace accel::ckpt

@@ -284,14 +284,22 @@ TEST(SnapshotCopies, ASaveDoesNotWaitForPrefaultsTouching) {
   copies.begin();
   (void)copies.defer_file({{"a", a}, {"b", b}}, {true, true}, {}, "test");
   std::promise<void> go;
-  set_touch_hook_for_testing([touch = go.get_future().share()] { touch.wait(); });
-  copies.prefault();
-  set_touch_hook_for_testing(nullptr);
+  {
+    set_touch_hook_for_testing([touch = go.get_future().share()] { touch.wait(); });
+    struct Unset {
+      ~Unset() { set_touch_hook_for_testing(nullptr); }
+    } unset;
+    copies.prefault();
+  }
   std::future<void> copying;  // Why before release_touching: a failing copy ends once it is let go
   struct Go {
-    std::promise<void>& go;
-    ~Go() { go.set_value(); }  // also when an assertion returns early
-  } release_touching{go};
+    std::promise<void>* go;
+    void now() {
+      if (go) go->set_value();
+      go = nullptr;
+    }
+    ~Go() { now(); }  // also when an assertion returns early
+  } release_touching{&go};
   copies.begin();
   auto file = copies.defer_file({{"a", a}, {"b", b}}, {true, true}, {}, "test");
   copies.start();
@@ -301,6 +309,13 @@ TEST(SnapshotCopies, ASaveDoesNotWaitForPrefaultsTouching) {
   copying.get();
   copies.wait();
   auto decoded = read_back(file);
+  ASSERT_EQ(decoded.tensors.size(), 2u);
+  EXPECT_TRUE(torch::equal(decoded.tensors[0].second, a));
+  EXPECT_TRUE(torch::equal(decoded.tensors[1].second, b));
+  // The touching then goes over every page the copy wrote, and changes none of it.
+  release_touching.now();
+  copies.release();  // waits for the touching; `file` keeps its block
+  decoded = read_back(file);
   ASSERT_EQ(decoded.tensors.size(), 2u);
   EXPECT_TRUE(torch::equal(decoded.tensors[0].second, a));
   EXPECT_TRUE(torch::equal(decoded.tensors[1].second, b));
