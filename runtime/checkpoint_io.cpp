@@ -472,7 +472,7 @@ MappedFile CheckpointFs::map_file(const fs::path& path) {
   // Why no MAP_POPULATE: a read of a file's page cache faults 64 KiB of pages in at a time
   // (the kernel's fault-around), and on a VM whose hypervisor shadows the guest's page tables a
   // populated page still traps at the program's first read: 300 MB read through a mapping in
-  // 83-159 ms from a cold cache, 520-620 ms populated first. MADV_WILLNEED starts reading the
+  // 83-159 ms from a cold cache, 533-619 ms populated first. MADV_WILLNEED starts reading the
   // whole file ahead instead (advice: a failure changes nothing but the speed).
   void* data =
       ::mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ, MAP_PRIVATE, f.fd, 0);

@@ -58,8 +58,8 @@ class SnapshotCopies {
   // After begin() and the defer_file() calls a save would make, instead of start(): keeps the
   // blocks and forgets the copies, then maps every page of the blocks on a thread of its own,
   // so that the first background save copies into memory already mapped (on a VM a page fault
-  // every 4 KiB made most of that copy's time). copy() runs beside that thread, from the other
-  // end; release() waits for it to end. It keeps the memory it maps alive by itself, and changes
+  // every 4 KiB made most of that copy's time). copy() runs beside that thread, its tensors last
+  // first; release() waits for it to end. It keeps the memory it maps alive by itself, and changes
   // no byte of it.
   void prefault();
   // Whether blocks are kept (a background save ran, or prefault()).

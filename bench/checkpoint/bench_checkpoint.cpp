@@ -352,7 +352,7 @@ int run_memory(int argc, char** argv) {
     auto t = Clock::now();
     char* to = map();
     for (std::size_t at = 0; at < n; at += 4096) {
-#if defined(__x86_64__)
+#if defined(__x86_64__) || defined(__i386__)
       asm volatile("lock orb $0, %0" : "+m"(to[at]));
 #else
       (void)__atomic_fetch_or(reinterpret_cast<volatile char*>(to + at), char{0}, __ATOMIC_RELAXED);
