@@ -333,24 +333,28 @@ int run_memory(int argc, char** argv) {
     add("new_ms", ms(t));
     ::munmap(to, n);
   }
-  {
+  // New memory made one way first (`make` on the mapping), then copied into: the making, the
+  // copy alone, and both.
+  auto made_then_copied = [&](const char* made, const char* copied, const char* both, auto make) {
     map_source_again();
     auto t = Clock::now();
     char* to = map();
-    (void)::madvise(to, n, MADV_POPULATE_WRITE);  // Linux 5.14; without it the copy faults
-    add("populate_ms", ms(t));
+    make(to);
+    add(made, ms(t));
     auto copy = Clock::now();
     std::memcpy(to, from.data(), n);
-    add("copy_after_populate_ms", ms(copy));
-    add("populated_then_copy_ms", ms(t));
+    add(copied, ms(copy));
+    add(both, ms(t));
     ::munmap(to, n);
-  }
-  {
-    // As libaccel makes the memory of background saves (async_checkpoints): a locked "or 0" into
-    // every page from the program, which changes no byte.
-    map_source_again();
-    auto t = Clock::now();
-    char* to = map();
+  };
+  made_then_copied("populate_ms", "copy_after_populate_ms", "populated_then_copy_ms",
+                   [n](char* to) {
+                     // Linux 5.14; without it the copy faults
+                     (void)::madvise(to, n, MADV_POPULATE_WRITE);
+                   });
+  // As libaccel makes the memory of background saves (async_checkpoints): a locked "or 0" into
+  // every page from the program, which changes no byte.
+  made_then_copied("store_ms", "copy_after_store_ms", "stored_then_copy_ms", [n](char* to) {
     for (std::size_t at = 0; at < n; at += 4096) {
 #if defined(__x86_64__) || defined(__i386__)
       asm volatile("lock orb $0, %0" : "+m"(to[at]));
@@ -358,13 +362,7 @@ int run_memory(int argc, char** argv) {
       (void)__atomic_fetch_or(reinterpret_cast<volatile char*>(to + at), char{0}, __ATOMIC_RELAXED);
 #endif
     }
-    add("store_ms", ms(t));
-    auto copy = Clock::now();
-    std::memcpy(to, from.data(), n);
-    add("copy_after_store_ms", ms(copy));
-    add("stored_then_copy_ms", ms(t));
-    ::munmap(to, n);
-  }
+  });
   for (const char* key : {"huge_pages_first_ms", "huge_pages_again_ms"}) {
     map_source_again();
     auto t = Clock::now();
