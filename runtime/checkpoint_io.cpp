@@ -471,9 +471,9 @@ MappedFile CheckpointFs::map_file(const fs::path& path) {
   if (st.st_size == 0) return {};
   // Why no MAP_POPULATE: a read of a file's page cache faults 64 KiB of pages in at a time
   // (the kernel's fault-around), and on a VM whose hypervisor shadows the guest's page tables a
-  // populated page still traps at the program's first read: 300 MB read through a mapping in
-  // 83-159 ms from a cold cache, 533-619 ms populated first. MADV_WILLNEED starts reading the
-  // whole file ahead instead (advice: a failure changes nothing but the speed).
+  // populated page still traps at the program's first read: 300 MB in the page cache read
+  // through a mapping in 26 ms, 178-600 ms populated first (bench_checkpoint memory). MADV_WILLNEED
+  // starts reading the whole file ahead instead (advice: a failure changes nothing but the speed).
   void* data =
       ::mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ, MAP_PRIVATE, f.fd, 0);
   if (data == MAP_FAILED) fail(path, "cannot map", errno);

@@ -12,6 +12,7 @@
 #include <system_error>
 
 #include "accel/error.h"
+#include "runtime/page_touch.h"
 #include "runtime/yielding.h"
 
 namespace accel::ckpt {
@@ -28,20 +29,6 @@ std::function<void()>& copy_hook() {
 std::function<void()>& touch_hook() {
   static std::function<void()> hook;
   return hook;
-}
-
-// Maps the page of `p` for writing, as a store from the program does, without changing its byte.
-// Why an atomic "or 0", not a plain store: the program may write into the same page meanwhile (a
-// save's header in defer_file(), the tensors it copies at once there, copy() on a writer thread),
-// and a zero stored here could overwrite what it wrote; a locked "or" never loses a concurrent
-// store. Why the instruction itself on x86: a compiler may turn an "or 0" whose result is unused
-// into a plain load (clang does), which maps the page for reading only.
-inline void touch_for_writing(char* p) {
-#if defined(__x86_64__) || defined(__i386__)
-  asm volatile("lock orb $0, %0" : "+m"(*p));
-#else
-  (void)__atomic_fetch_or(reinterpret_cast<volatile char*>(p), char{0}, __ATOMIC_RELAXED);
-#endif
 }
 
 std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
@@ -65,8 +52,8 @@ struct SnapshotCopies::Block {
   static std::shared_ptr<Block> make(std::size_t bytes, const std::string& where) {
     // Why no huge pages (MADV_HUGEPAGE): on a VM, the first touch of huge pages the hypervisor
     // had not backed yet took about 0.9 s for 300 MB, and a first save's step waited 1.0-1.2 s;
-    // on another, whose hypervisor shadows the guest's page tables, copies into huge pages
-    // already touched ran 1.4-1.9x slower than into small ones.
+    // on another, whose hypervisor shadows the guest's page tables, 0.1-0.8 s the first time
+    // (bench_checkpoint memory).
     const std::size_t capacity = round_up(std::max<std::size_t>(bytes, 1), kPage);
     void* p = ::mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
@@ -225,8 +212,11 @@ void SnapshotCopies::prefault() {
         // Why a store from this thread, not MADV_POPULATE_WRITE: on a VM whose hypervisor
         // shadows the guest's page tables, the kernel's populating leaves the first store from
         // user space to each page still trapping; 300 MB populated in about 40 ms were then
-        // copied in 0.4-1.1 s instead of 20 ms, while the step waited. A store here pays
+        // copied in 0.4-1.0 s instead of 20 ms, while the step waited. A store here pays
         // that trap on this thread (about 0.9 s for 300 MB there; a page fault a page elsewhere).
+        // The program may write into these pages meanwhile (a save's header and the tensors it
+        // copies at once in defer_file(), copy() on a writer thread): touch_for_writing changes
+        // no byte and loses none of theirs.
         for (std::size_t at = 0; at < b->capacity; at += kPage) touch_for_writing(b->data + at);
       }
     });

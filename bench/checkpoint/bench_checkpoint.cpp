@@ -1,6 +1,7 @@
 // bench_checkpoint: times Accelerator::save_state / load_state on a model of --mb MB with AdamW
 // state (io, driven by bench_checkpoint.py), and loads such a checkpoint and prints the error if
 // any (load, for trying damaged checkpoints by hand). Each prints one JSON line per result.
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -21,6 +22,7 @@
 #include "accel/accel.h"
 #include "examples/common/args.h"
 #include "runtime/optimizer_steps.h"
+#include "runtime/page_touch.h"
 
 namespace {
 
@@ -355,13 +357,7 @@ int run_memory(int argc, char** argv) {
   // As libaccel makes the memory of background saves (async_checkpoints): a locked "or 0" into
   // every page from the program, which changes no byte.
   made_then_copied("store_ms", "copy_after_store_ms", "stored_then_copy_ms", [n](char* to) {
-    for (std::size_t at = 0; at < n; at += 4096) {
-#if defined(__x86_64__) || defined(__i386__)
-      asm volatile("lock orb $0, %0" : "+m"(to[at]));
-#else
-      (void)__atomic_fetch_or(reinterpret_cast<volatile char*>(to + at), char{0}, __ATOMIC_RELAXED);
-#endif
-    }
+    for (std::size_t at = 0; at < n; at += 4096) accel::ckpt::touch_for_writing(to + at);
   });
   for (const char* key : {"huge_pages_first_ms", "huge_pages_again_ms"}) {
     map_source_again();
@@ -370,6 +366,50 @@ int run_memory(int argc, char** argv) {
     (void)::madvise(to, n, MADV_HUGEPAGE);
     std::memcpy(to, from.data(), n);
     add(key, ms(t));
+    ::munmap(to, n);
+  }
+  // Into memory touched before, the copy just after an munmap of 64 MiB elsewhere (on a VM that
+  // shadows page tables, it drops every mapping of the process); and checkpoint-like reads: the
+  // bytes written to a file (in the page cache), then read through a mapping as load_state
+  // does, populated by the kernel first (MAP_POPULATE) or not (MADV_WILLNEED, as libaccel).
+  {
+    char* to = map();
+    std::memcpy(to, from.data(), n);
+    auto touch_again = [&] {
+      map_source_again();
+      for (std::size_t at = 0; at < n; at += 4096) accel::ckpt::touch_for_writing(to + at);
+    };
+    touch_again();
+    const std::size_t other = std::size_t{64} << 20;
+    char* elsewhere = static_cast<char*>(
+        ::mmap(nullptr, other, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    if (elsewhere == MAP_FAILED) throw std::runtime_error("mmap failed");
+    std::memset(elsewhere, 1, other);
+    ::munmap(elsewhere, other);
+    auto t = Clock::now();
+    std::memcpy(to, from.data(), n);
+    add("copy_after_munmap_64mib_ms", ms(t));
+    const fs::path file =
+        fs::temp_directory_path() / ("bench_checkpoint_memory." + std::to_string(::getpid()));
+    {
+      std::ofstream f(file, std::ios::binary);
+      f.write(from.data(), static_cast<std::streamsize>(n));
+      if (!f) throw std::runtime_error("cannot write " + file.string());
+    }
+    for (const bool populate : {true, false}) {
+      const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) throw std::runtime_error("cannot open " + file.string());
+      touch_again();
+      auto r = Clock::now();
+      void* p = ::mmap(nullptr, n, PROT_READ, MAP_PRIVATE | (populate ? MAP_POPULATE : 0), fd, 0);
+      ::close(fd);
+      if (p == MAP_FAILED) throw std::runtime_error("cannot map " + file.string());
+      if (!populate) (void)::madvise(p, n, MADV_WILLNEED);
+      std::memcpy(to, p, n);
+      add(populate ? "read_mapped_populated_ms" : "read_mapped_ms", ms(r));
+      ::munmap(p, n);
+    }
+    fs::remove(file);
     ::munmap(to, n);
   }
   std::printf("{\"mb\": %lld, %s}\n", static_cast<long long>(args.integer("mb")), out.c_str());
