@@ -19,6 +19,7 @@
 #include "agent/common/hardware.h"
 #include "agent/supervisor/worker_env.h"
 #include "contract/malloc_tuning.h"
+#include "contract/switch_value.h"
 #include "contract/worker_contract.h"
 
 namespace accel::launcher {
@@ -159,6 +160,24 @@ bool reported_variable(const std::string& name) {
 
 // What glibc's malloc does in a worker accel-launch starts from this environment (a standing
 // agent's workers get the agent's environment instead).
+// What libaccel does with a worker's CPU tensors of 32 MiB and more (runtime/large_blocks.h), which
+// glibc maps afresh whatever its thresholds. Nothing when ACCEL_KEEP_FREED_MEMORY is invalid: the
+// malloc line says accel-launch refuses it.
+std::string workers_large_tensors(const supervisor::EnvMap& env) {
+  const std::string size = std::to_string(contract::kMallocMmapThreshold >> 20) + " MiB";
+  if (auto keep = env.find(contract::kKeepFreedMemory);
+      keep != env.end() && !keep->second.empty()) {
+    if (supervisor::worker_value_problem(contract::kKeepFreedMemory, keep->second)) return "";
+    if (contract::switch_value(keep->second) == false) {
+      return "each tensor of " + size + " or more mapped afresh and unmapped when freed (" +
+             contract::kKeepFreedMemory + "=" + keep->second + ")";
+    }
+  }
+  return "libaccel's workers reuse the blocks of freed CPU tensors of " + size +
+         " or more (one unused for 10 s goes back; " + contract::kKeepFreedMemory +
+         "=0 maps each afresh); Python workers' are mapped afresh, as glibc does";
+}
+
 std::string workers_malloc(const supervisor::EnvMap& env) {
   if (auto keep = env.find(contract::kKeepFreedMemory); keep != env.end()) {
     if (auto problem = supervisor::worker_value_problem(contract::kKeepFreedMemory, keep->second)) {
@@ -252,6 +271,8 @@ int print_env(const config::ConfigSources& sources) {
     out << "(none of ACCEL_*, torchrun's, NCCL_*, CUDA_*, SLURM_*, OMP_*, MALLOC_* is set)\n";
   out << "```\n\n";
   out << "- workers' malloc: " << workers_malloc(sources.env) << "\n";
+  if (auto large = workers_large_tensors(sources.env); !large.empty())
+    out << "- workers' large CPU tensors: " << large << "\n";
   return 0;
 }
 

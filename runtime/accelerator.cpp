@@ -20,6 +20,7 @@
 #include "runtime/fused_optimizer.h"
 #include "runtime/grad_sync.h"
 #include "runtime/heap_tuning.h"
+#include "runtime/large_blocks.h"
 #include "runtime/log.h"
 #include "runtime/optimizer_steps.h"
 #include "runtime/progress.h"
@@ -218,6 +219,7 @@ Accelerator::Accelerator(AcceleratorOptions options)
   // Why first, before the process group: its threads allocate and free too, and a free racing
   // the change could set glibc's moving thresholds back over it.
   const auto& heap = heap_tuning::keep_freed_memory();
+  const auto& blocks = large_blocks::keep_large_blocks();
   state_ = State::shared({options_.cpu, options_.collective_timeout});
   const env::WorkerEnv& e = env::worker_env();
   std::string which = "option mixed_precision";
@@ -232,7 +234,10 @@ Accelerator::Accelerator(AcceleratorOptions options)
     // Why debug: nothing is left for the user to do; said once, by the main process.
     static std::once_flag said_heap;
     if (is_main_process()) {
-      std::call_once(said_heap, [&] { log::debug(heap_tuning::describe(heap)); });
+      std::call_once(said_heap, [&] {
+        log::debug(heap_tuning::describe(heap));
+        log::debug(large_blocks::describe(blocks));
+      });
     }
   }
   if (device().is_cpu()) {

@@ -6,6 +6,7 @@ loss under torch.autocast, as bench_train does under ACCEL_MIXED_PRECISION=bf16.
 import argparse
 import json
 import os
+import resource
 import time
 
 import torch
@@ -15,6 +16,7 @@ import torch.nn.functional as F
 
 
 VOCAB, BLOCK = 64, 64
+WORDS, WIDTH, TOKENS = 32000, 256, 512  # model V: bench_train --model V
 
 
 class TinyLm(nn.Module):
@@ -38,7 +40,7 @@ class TinyLm(nn.Module):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--model", default="T", choices=["T", "M", "L"])
+    p.add_argument("--model", default="T", choices=["T", "M", "L", "V"])
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -49,8 +51,11 @@ def main():
     device = torch.device(a.device)
     torch.manual_seed(0)
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    big, lm = a.model == "M", a.model == "L"
-    if lm:
+    big, lm, head = a.model == "M", a.model == "L", a.model == "V"
+    if head:
+        model = nn.Sequential(nn.Embedding(WORDS, WIDTH), nn.Linear(WIDTH, WIDTH), nn.ReLU(), nn.Linear(WIDTH, WORDS))
+        batch = TOKENS
+    elif lm:
         model = TinyLm()
         batch = 16
     elif big:
@@ -66,6 +71,9 @@ def main():
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, **({"foreach": False} if a.optimizer == "for-loop" else {}))
     batches = []
     for _ in range(16):
+        if head:
+            batches.append((torch.randint(WORDS, (batch,)).to(device), torch.randint(WORDS, (batch,)).to(device)))
+            continue
         if lm:
             batches.append((torch.randint(VOCAB, (batch, BLOCK)).to(device),
                             torch.randint(VOCAB, (batch, BLOCK)).to(device)))
@@ -87,7 +95,7 @@ def main():
             if lm:
                 loss = F.cross_entropy(pred.reshape(-1, VOCAB), y.reshape(-1))
             else:
-                loss = F.cross_entropy(pred, y) if big else F.mse_loss(pred, y)
+                loss = F.cross_entropy(pred, y) if big or head else F.mse_loss(pred, y)
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -105,7 +113,8 @@ def main():
         print(json.dumps({"steps_per_s": round(sps, 2), "samples_per_s": round(sps * batch * world, 1),
                           "tokens_per_s": round(sps * batch * BLOCK * world) if lm else 0,
                           "device": str(device), "mixed_precision": a.mixed_precision,
-                          "processes": world}), flush=True)
+                          "processes": world,
+                          "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}), flush=True)
     if world > 1:
         dist.destroy_process_group()
 

@@ -347,6 +347,12 @@ TEST(AccelEnv, SaysWhatMallocWorkersGetAndOpenBlasThreads) {
                      "top kept; ACCEL_KEEP_FREED_MEMORY=0 leaves glibc's own)\n"),
             std::string::npos)
       << out;
+  EXPECT_NE(out.find("- workers' large CPU tensors: libaccel's workers reuse the blocks of freed "
+                     "CPU tensors of 32 MiB or more (one unused for 10 s goes back; "
+                     "ACCEL_KEEP_FREED_MEMORY=0 maps each afresh); Python workers' are mapped "
+                     "afresh, as glibc does\n"),
+            std::string::npos)
+      << out;
   void* libblas = ::dlopen("libblas.so.3", RTLD_NOW | RTLD_LOCAL);
   const bool openblas = libblas && ::dlsym(libblas, "openblas_get_num_threads");
   if (libblas) ::dlclose(libblas);
@@ -359,12 +365,17 @@ TEST(AccelEnv, SaysWhatMallocWorkersGetAndOpenBlasThreads) {
                      "(ACCEL_KEEP_FREED_MEMORY=0)\n"),
             std::string::npos)
       << out;
+  EXPECT_NE(out.find("- workers' large CPU tensors: each tensor of 32 MiB or more mapped afresh "
+                     "and unmapped when freed (ACCEL_KEEP_FREED_MEMORY=0)\n"),
+            std::string::npos)
+      << out;
   out = env({{"ACCEL_KEEP_FREED_MEMORY", "ture"}, {"MALLOC_ARENA_MAX", "2"}});
   EXPECT_NE(
       out.find("- workers' malloc: none: accel-launch refuses ACCEL_KEEP_FREED_MEMORY=\"ture\" "
                "for its workers: expected true or false"),
       std::string::npos)
       << out;
+  EXPECT_EQ(out.find("- workers' large CPU tensors:"), std::string::npos) << out;
   EXPECT_NE(out.find("\nMALLOC_ARENA_MAX=2\n"), std::string::npos) << out;
   out = env({{"MALLOC_TRIM_THRESHOLD_", ""}});
   EXPECT_NE(out.find("\nMALLOC_TRIM_THRESHOLD_=\n"), std::string::npos) << out;
