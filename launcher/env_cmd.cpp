@@ -158,11 +158,9 @@ bool reported_variable(const std::string& name) {
   return false;
 }
 
-// What glibc's malloc does in a worker accel-launch starts from this environment (a standing
-// agent's workers get the agent's environment instead).
 // What libaccel does with a worker's CPU tensors of 32 MiB and more (runtime/large_blocks.h), which
-// glibc maps afresh whatever its thresholds. Nothing when ACCEL_KEEP_FREED_MEMORY is invalid: the
-// malloc line says accel-launch refuses it.
+// glibc maps afresh when freed memory of its heap cannot hold them, whatever its thresholds.
+// Nothing when ACCEL_KEEP_FREED_MEMORY is invalid: the malloc line says accel-launch refuses it.
 std::string workers_large_tensors(const supervisor::EnvMap& env) {
   const std::string size = std::to_string(contract::kMallocMmapThreshold >> 20) + " MiB";
   if (auto keep = env.find(contract::kKeepFreedMemory);
@@ -174,10 +172,13 @@ std::string workers_large_tensors(const supervisor::EnvMap& env) {
     }
   }
   return "libaccel's workers reuse the blocks of freed CPU tensors of " + size +
-         " or more (one unused for 10 s goes back; " + contract::kKeepFreedMemory +
+         " or more (kept ones go back once a worker has made none for 60 s; " +
+         contract::kKeepFreedMemory +
          "=0 maps each afresh); Python workers' are mapped afresh, as glibc does";
 }
 
+// What glibc's malloc does in a worker accel-launch starts from this environment (a standing
+// agent's workers get the agent's environment instead).
 std::string workers_malloc(const supervisor::EnvMap& env) {
   if (auto keep = env.find(contract::kKeepFreedMemory); keep != env.end()) {
     if (auto problem = supervisor::worker_value_problem(contract::kKeepFreedMemory, keep->second)) {

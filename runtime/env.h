@@ -57,8 +57,8 @@ struct WorkerEnv {
   // ACCEL_SPLIT_OPTIMIZER_STEP: "auto", "1" or "0": whether a machine's ranks split the fused
   // optimizer step (split_step.h).
   std::string split_optimizer_step = "auto";
-  // ACCEL_KEEP_FREED_MEMORY: fix glibc's malloc thresholds at the first Accelerator
-  // (heap_tuning.h).
+  // ACCEL_KEEP_FREED_MEMORY: fix glibc's malloc thresholds (heap_tuning.h) and keep CPU
+  // tensors' large blocks (large_blocks.h) at the first Accelerator.
   bool keep_freed_memory = true;
   // ACCEL_CHECKPOINT_WRITER_CPUS as given ("" when unset: auto); checked to be auto, any or a
   // CPU list (writer_placement::valid_setting).

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstring>
 #include <new>
+#include <thread>
 #include <type_traits>
 
 #include "runtime/env.h"
@@ -33,20 +34,9 @@ std::size_t rounded(std::size_t bytes) { return (bytes + kGranule - 1) / kGranul
 }  // namespace
 
 Pages& system_pages() {
-  static SystemPages pages;
-  return pages;
-}
-
-void Cache::drop_idle(Clock::time_point now, std::vector<Kept>* out) {
-  // Oldest first: the idle ones are a prefix.
-  auto idle = std::find_if(kept_.begin(), kept_.end(),
-                           [&](const Kept& k) { return now - k.freed < kIdleLimit; });
-  for (auto it = kept_.begin(); it != idle; ++it) {
-    out->push_back(*it);
-    stats_.kept_bytes -= it->size;
-    ++stats_.handed_back;
-  }
-  kept_.erase(kept_.begin(), idle);
+  // Why never destroyed: the installed cache uses it, and tensors may be freed during exit.
+  static auto* pages = new SystemPages;
+  return *pages;
 }
 
 void Cache::unmap_all(const std::vector<Kept>& blocks) {
@@ -57,7 +47,7 @@ void* Cache::take(std::size_t bytes, std::size_t* size) {
   const std::size_t need = rounded(std::max<std::size_t>(bytes, 1));
   std::vector<Kept> dropped;
   std::unique_lock<std::mutex> lock(m_);
-  drop_idle(pages_.now(), &dropped);
+  last_take_ = pages_.now();
   // The smallest that fits, the most recently freed among equals (searched newest first).
   auto best = kept_.rend();
   for (auto it = kept_.rbegin(); it != kept_.rend(); ++it) {
@@ -69,19 +59,18 @@ void* Cache::take(std::size_t bytes, std::size_t* size) {
   if (best != kept_.rend()) {
     *size = best->size;
     void* data = best->data;
-    live_.emplace(data, *size);
+    live_.emplace(data, *size);  // first: if it throws, nothing has changed
     kept_.erase(std::next(best).base());
     stats_.kept_bytes -= *size;
     stats_.live_bytes += *size;
     ++stats_.reused;
-    lock.unlock();
-    unmap_all(dropped);
     return data;
   }
   // None fits: make room under the bound, then a new block (counted as live while it is made,
   // so that a concurrent take sees it).
   const std::size_t live_after = stats_.live_bytes + need;
   const std::size_t bound = std::max(stats_.peak_live_bytes, live_after);
+  dropped.reserve(kept_.size());
   while (!kept_.empty() && live_after + stats_.kept_bytes > bound) {
     dropped.push_back(kept_.front());
     stats_.kept_bytes -= kept_.front().size;
@@ -89,6 +78,7 @@ void* Cache::take(std::size_t bytes, std::size_t* size) {
     kept_.erase(kept_.begin());
   }
   stats_.live_bytes = live_after;
+  stats_.peak_live_bytes = bound;
   lock.unlock();
   unmap_all(dropped);
   void* data = pages_.map(need);
@@ -104,33 +94,57 @@ void* Cache::take(std::size_t bytes, std::size_t* size) {
     data = pages_.map(need);
   }
   lock.lock();
+  if (data != nullptr) {
+    try {
+      live_.emplace(data, need);
+    } catch (...) {
+      pages_.unmap(data, need);
+      data = nullptr;
+    }
+  }
   if (data == nullptr) {
     stats_.live_bytes -= need;
     return nullptr;
   }
-  live_.emplace(data, need);
   ++stats_.made;
-  stats_.peak_live_bytes = std::max(stats_.peak_live_bytes, stats_.live_bytes);
   *size = need;
   return data;
 }
 
-bool Cache::give_back(void* data) {
+bool Cache::give_back(void* data) noexcept {
+  std::unique_lock<std::mutex> lock(m_);
+  auto it = live_.find(data);
+  if (it == live_.end()) return false;
+  const std::size_t size = it->second;
+  live_.erase(it);
+  stats_.live_bytes -= size;
+  try {
+    kept_.push_back({data, size, pages_.now()});
+    stats_.kept_bytes += size;
+  } catch (...) {
+    // Why: this runs in a tensor's deleter, which must not throw; the block goes back instead.
+    ++stats_.handed_back;
+    lock.unlock();
+    pages_.unmap(data, size);
+  }
+  return true;
+}
+
+void Cache::release_idle() {
   std::vector<Kept> dropped;
   {
     std::lock_guard<std::mutex> lock(m_);
-    auto it = live_.find(data);
-    if (it == live_.end()) return false;
-    const std::size_t size = it->second;
-    live_.erase(it);
     const auto now = pages_.now();
-    drop_idle(now, &dropped);
-    stats_.live_bytes -= size;
-    kept_.push_back({data, size, now});
-    stats_.kept_bytes += size;
+    if (kept_.empty() || now - last_take_ < kIdleLimit) return;
+    // Oldest first: those freed kIdleLimit ago or more are a prefix.
+    auto idle = std::find_if(kept_.begin(), kept_.end(),
+                             [&](const Kept& k) { return now - k.freed < kIdleLimit; });
+    dropped.assign(kept_.begin(), idle);
+    for (const auto& k : dropped) stats_.kept_bytes -= k.size;
+    stats_.handed_back += dropped.size();
+    kept_.erase(kept_.begin(), idle);
   }
   unmap_all(dropped);
-  return true;
 }
 
 Stats Cache::stats() const {
@@ -222,6 +236,15 @@ Outcome install() {
   g_small_deleter.store(current->raw_deleter());
   auto* cache = new Cache(system_pages());
   g_installed.store(cache);
+  // Why a thread: a process that stops making large tensors would otherwise keep their blocks for
+  // good. Never joined; it holds nothing that exit destroys. Not in a forked child.
+  std::thread([cache] {
+    ::pthread_setname_np(::pthread_self(), "accel-blocks");
+    for (;;) {
+      std::this_thread::sleep_for(kIdleLimit / 4);
+      cache->release_idle();
+    }
+  }).detach();
   ::pthread_atfork([] { g_installed.load()->lock_for_fork(); },
                    [] { g_installed.load()->unlock_after_fork(); },
                    [] { g_installed.load()->unlock_after_fork(); });

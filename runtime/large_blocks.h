@@ -1,18 +1,20 @@
-// Keeping the large blocks of CPU tensors for the next step. glibc's malloc maps every allocation
-// of 32 MiB or more afresh and unmaps it when it is freed, whatever its thresholds (heap_tuning.h
-// fixes them below that size; glibc accepts none higher). A training step allocates and frees the
-// same large tensors every time: a vocabulary's logits and their gradient, a large layer's weight
-// gradient when zero_grad sets it to none, wide activations. Each new mapping is faulted in again,
-// a page at a time, and zeroed by the kernel; where a hypervisor shadows the guest's page tables,
-// an unmap can also drop the mappings of the whole process. bench/train/bench_vocab.py's model V
-// (a 32,000-word head over 512 tokens, 65.5 MB of logits) on a 2-vCPU VM whose hypervisor shadows
-// the guest's page tables: 0.75 steps/s with libtorch's allocator, 2.87 with the blocks kept.
+// Keeping the large blocks of CPU tensors for the next step. glibc's malloc serves an allocation
+// of 32 MiB or more with a mapping of its own (unless its heap happens to have that much free) and
+// unmaps it when it is freed; no threshold glibc accepts changes that (heap_tuning.h fixes them
+// below that size). A training step allocates and frees the same large tensors every time: a
+// vocabulary's logits and their gradients, a large layer's weight gradient when zero_grad sets it
+// to none, wide activations. Each new mapping is zeroed and faulted in again, a page at a time;
+// where a hypervisor shadows the guest's page tables, an unmap can also drop the mappings of the
+// whole process. bench/train/bench_vocab.py's model V (a 32,000-word head over 512 tokens, four
+// tensors of 65.5 MB a step) on a 2-vCPU VM whose hypervisor shadows the guest's page tables:
+// 0.75 steps/s with libtorch's allocator, 2.87 with the blocks kept.
 //
 // libaccel installs a CPU allocator for libtorch when an Accelerator is made that serves blocks
 // of 32 MiB and more from those freed before, and passes every smaller one to the allocator it
-// found (libtorch's). What it keeps is bounded: a freed block unused for 10 s is handed back to
-// the kernel, and the blocks it keeps and the live ones together never pass the most that was
-// live at once, so a process holds no more large-block memory than at its own peak.
+// found (libtorch's). What it keeps is bounded: the blocks it keeps and the live ones together
+// never pass the most that was live at once, so a process holds no more large-block memory than
+// at its own peak; and once the process has made no large block for 60 s, the blocks kept that
+// long go back to the kernel.
 #pragma once
 
 #include <chrono>
@@ -31,8 +33,9 @@ namespace accel::large_blocks {
 inline constexpr std::size_t kLargeBlock = contract::kMallocMmapThreshold;
 // Blocks are made in multiples of this, so that tensors of nearly one size share blocks.
 inline constexpr std::size_t kGranule = std::size_t{2} << 20;
-// A kept block unused for this long goes back to the kernel at the next large allocation or free.
-inline constexpr std::chrono::seconds kIdleLimit{10};
+// Once the process has made no block for this long, the blocks kept that long go back to the
+// kernel (checked every quarter of it, on a thread of its own).
+inline constexpr std::chrono::seconds kIdleLimit{60};
 
 using Clock = std::chrono::steady_clock;
 
@@ -73,8 +76,10 @@ class Cache {
   // for a new one (even after every kept block was handed back).
   void* take(std::size_t bytes, std::size_t* size);
   // A block take() gave (its address), freed: kept for later. False, doing nothing, when `data`
-  // is not a live block of this cache.
-  bool give_back(void* data);
+  // is not a live block of this cache. Never throws (a tensor's deleter calls it).
+  bool give_back(void* data) noexcept;
+  // When no block was made or reused for kIdleLimit: hands back the blocks kept that long.
+  void release_idle();
   Stats stats() const;
 
   // Around fork(): the child gets the lock free, whatever another thread was doing when the
@@ -88,14 +93,13 @@ class Cache {
     std::size_t size;
     Clock::time_point freed;
   };
-  // Removes the kept blocks unused for kIdleLimit into *out (to unmap without the lock).
-  void drop_idle(Clock::time_point now, std::vector<Kept>* out);
   void unmap_all(const std::vector<Kept>& blocks);
 
   Pages& pages_;
   mutable std::mutex m_;
   std::vector<Kept> kept_;                       // oldest freed first
   std::unordered_map<void*, std::size_t> live_;  // blocks in use, by address
+  Clock::time_point last_take_{};                // the last take()
   Stats stats_;
 };
 
@@ -103,7 +107,7 @@ class Cache {
 struct Outcome {
   bool applied = false;
   // When not applied: "ACCEL_KEEP_FREED_MEMORY is off", "a CPU allocator other than libtorch's
-  // is set".
+  // is set", "libtorch's CPU allocator has no raw deleter", "libtorch kept its CPU allocator".
   std::string why_not;
 };
 

@@ -28,8 +28,9 @@ using shm::reduce;
 
 namespace {
 
-// Why: a large result tensor is usually fresh memory (reduce()'s output, gather()'s), which
-// glibc maps anew for every allocation above 32 MiB; writing it then takes one page fault per
+// Why: a large result tensor is often fresh memory (reduce()'s output, gather()'s): glibc maps
+// anew for every allocation above 32 MiB, and so does libaccel for a CPU tensor that size when it
+// has kept no block that fits (large_blocks.h); writing it then takes one page fault per
 // 4 KiB page, which cost more than the collective itself (64 MiB: ~16k faults, half of the
 // call's time here). Transparent huge pages cut that to one fault per 2 MiB; the kernel honours
 // the advice only where it is set to "madvise" or "always", and ignores it otherwise.
