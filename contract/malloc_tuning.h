@@ -17,6 +17,9 @@ namespace accel::contract {
 inline constexpr std::size_t kMallocMmapThreshold = std::size_t{32} << 20;
 // Up to this much free at the heap's top stays mapped.
 inline constexpr std::size_t kMallocTrimThreshold = std::size_t{1} << 30;
+// libaccel's workers keep the blocks of freed CPU tensors of kMallocMmapThreshold bytes or more
+// (runtime/large_blocks.h); one kept this long without being reused goes back to the kernel.
+inline constexpr int kKeptBlockIdleSeconds = 60;
 
 inline constexpr char kGlibcTunables[] = "GLIBC_TUNABLES";
 // The same two thresholds as glibc tunables (GLIBC_TUNABLES's syntax: name=value, ':' between).

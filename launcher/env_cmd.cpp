@@ -172,8 +172,8 @@ std::string workers_large_tensors(const supervisor::EnvMap& env) {
     }
   }
   return "libaccel's workers reuse the blocks of freed CPU tensors of " + size +
-         " or more (kept ones go back once a worker has made none for 60 s; " +
-         contract::kKeepFreedMemory +
+         " or more (a block kept for " + std::to_string(contract::kKeptBlockIdleSeconds) +
+         " s without reuse goes back; " + contract::kKeepFreedMemory +
          "=0 maps each afresh); Python workers' are mapped afresh, as glibc does";
 }
 

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstring>
 #include <new>
+#include <system_error>
 #include <thread>
 #include <type_traits>
 
@@ -47,7 +48,6 @@ void* Cache::take(std::size_t bytes, std::size_t* size) {
   const std::size_t need = rounded(std::max<std::size_t>(bytes, 1));
   std::vector<Kept> dropped;
   std::unique_lock<std::mutex> lock(m_);
-  last_take_ = pages_.now();
   // The smallest that fits, the most recently freed among equals (searched newest first).
   auto best = kept_.rend();
   for (auto it = kept_.rbegin(); it != kept_.rend(); ++it) {
@@ -78,15 +78,14 @@ void* Cache::take(std::size_t bytes, std::size_t* size) {
     kept_.erase(kept_.begin());
   }
   stats_.live_bytes = live_after;
-  stats_.peak_live_bytes = bound;
   lock.unlock();
   unmap_all(dropped);
   void* data = pages_.map(need);
   if (data == nullptr) {
     // Why: memory kept for reuse must not make an allocation fail.
     lock.lock();
-    dropped.assign(kept_.begin(), kept_.end());
-    kept_.clear();
+    dropped.clear();
+    dropped.swap(kept_);  // Why a swap: it allocates nothing, where memory is short
     stats_.kept_bytes = 0;
     stats_.handed_back += dropped.size();
     lock.unlock();
@@ -99,6 +98,8 @@ void* Cache::take(std::size_t bytes, std::size_t* size) {
       live_.emplace(data, need);
     } catch (...) {
       pages_.unmap(data, need);
+      ++stats_.made;
+      ++stats_.handed_back;
       data = nullptr;
     }
   }
@@ -107,6 +108,9 @@ void* Cache::take(std::size_t bytes, std::size_t* size) {
     return nullptr;
   }
   ++stats_.made;
+  // Why the live bytes with this block as they were when it was counted: another thread may have
+  // freed blocks since, and the peak is the most live at once.
+  stats_.peak_live_bytes = std::max(stats_.peak_live_bytes, live_after);
   *size = need;
   return data;
 }
@@ -130,19 +134,20 @@ bool Cache::give_back(void* data) noexcept {
   return true;
 }
 
-void Cache::release_idle() {
+void Cache::release_idle() noexcept {
   std::vector<Kept> dropped;
-  {
+  try {
     std::lock_guard<std::mutex> lock(m_);
     const auto now = pages_.now();
-    if (kept_.empty() || now - last_take_ < kIdleLimit) return;
-    // Oldest first: those freed kIdleLimit ago or more are a prefix.
+    // Oldest first: those kept kIdleLimit or more are a prefix.
     auto idle = std::find_if(kept_.begin(), kept_.end(),
                              [&](const Kept& k) { return now - k.freed < kIdleLimit; });
-    dropped.assign(kept_.begin(), idle);
+    dropped.assign(kept_.begin(), idle);  // first: if it throws, nothing has changed
     for (const auto& k : dropped) stats_.kept_bytes -= k.size;
     stats_.handed_back += dropped.size();
     kept_.erase(kept_.begin(), idle);
+  } catch (...) {
+    return;  // no memory for the list: the next round tries again
   }
   unmap_all(dropped);
 }
@@ -235,16 +240,20 @@ Outcome install() {
   // Why before the switch: from then on a tensor of the new allocator may be freed on any thread.
   g_small_deleter.store(current->raw_deleter());
   auto* cache = new Cache(system_pages());
+  // Why a thread: blocks that no later tensor fits would otherwise stay kept (within the bound),
+  // and for good in a process that stops making large tensors. Never joined; it holds nothing
+  // that exit destroys. Not in a forked child. Where no thread can start, the blocks stay kept.
+  try {
+    std::thread([cache] {
+      ::pthread_setname_np(::pthread_self(), "accel-blocks");
+      for (;;) {
+        std::this_thread::sleep_for(kIdleLimit / 4);
+        cache->release_idle();
+      }
+    }).detach();
+  } catch (const std::system_error&) {
+  }
   g_installed.store(cache);
-  // Why a thread: a process that stops making large tensors would otherwise keep their blocks for
-  // good. Never joined; it holds nothing that exit destroys. Not in a forked child.
-  std::thread([cache] {
-    ::pthread_setname_np(::pthread_self(), "accel-blocks");
-    for (;;) {
-      std::this_thread::sleep_for(kIdleLimit / 4);
-      cache->release_idle();
-    }
-  }).detach();
   ::pthread_atfork([] { g_installed.load()->lock_for_fork(); },
                    [] { g_installed.load()->unlock_after_fork(); },
                    [] { g_installed.load()->unlock_after_fork(); });

@@ -13,8 +13,7 @@
 // of 32 MiB and more from those freed before, and passes every smaller one to the allocator it
 // found (libtorch's). What it keeps is bounded: the blocks it keeps and the live ones together
 // never pass the most that was live at once, so a process holds no more large-block memory than
-// at its own peak; and once the process has made no large block for 60 s, the blocks kept that
-// long go back to the kernel.
+// at its own peak; and a block kept for 60 s without being reused goes back to the kernel.
 #pragma once
 
 #include <chrono>
@@ -29,13 +28,14 @@
 
 namespace accel::large_blocks {
 
-// Tensors of this many bytes and more get kept blocks: the size from which glibc maps each one.
+// Tensors of this many bytes and more get kept blocks: the size from which glibc maps each one
+// that its heap's free memory cannot hold.
 inline constexpr std::size_t kLargeBlock = contract::kMallocMmapThreshold;
 // Blocks are made in multiples of this, so that tensors of nearly one size share blocks.
 inline constexpr std::size_t kGranule = std::size_t{2} << 20;
-// Once the process has made no block for this long, the blocks kept that long go back to the
-// kernel (checked every quarter of it, on a thread of its own).
-inline constexpr std::chrono::seconds kIdleLimit{60};
+// A block kept this long without being reused goes back to the kernel (checked every quarter of
+// it, on a thread of its own).
+inline constexpr std::chrono::seconds kIdleLimit{contract::kKeptBlockIdleSeconds};
 
 using Clock = std::chrono::steady_clock;
 
@@ -58,7 +58,7 @@ struct Stats {
   std::size_t peak_live_bytes = 0;  // the most in use at once
   std::uint64_t reused = 0;         // allocations served from a kept block
   std::uint64_t made = 0;           // allocations that made a new block
-  std::uint64_t handed_back = 0;    // kept blocks given back to the kernel
+  std::uint64_t handed_back = 0;    // blocks given back to the kernel
 };
 
 // The blocks, thread-safe. Which kept block serves an allocation of n bytes (n rounded up to
@@ -73,13 +73,14 @@ class Cache {
   Cache& operator=(const Cache&) = delete;
 
   // A block of at least `bytes`, and its size in *size; nullptr when the system has no memory
-  // for a new one (even after every kept block was handed back).
+  // for a new one (even after every kept block was handed back). Throws std::bad_alloc only when
+  // its own bookkeeping cannot grow.
   void* take(std::size_t bytes, std::size_t* size);
   // A block take() gave (its address), freed: kept for later. False, doing nothing, when `data`
   // is not a live block of this cache. Never throws (a tensor's deleter calls it).
   bool give_back(void* data) noexcept;
-  // When no block was made or reused for kIdleLimit: hands back the blocks kept that long.
-  void release_idle();
+  // Hands back the blocks kept for kIdleLimit or more. Never throws.
+  void release_idle() noexcept;
   Stats stats() const;
 
   // Around fork(): the child gets the lock free, whatever another thread was doing when the
@@ -99,7 +100,6 @@ class Cache {
   mutable std::mutex m_;
   std::vector<Kept> kept_;                       // oldest freed first
   std::unordered_map<void*, std::size_t> live_;  // blocks in use, by address
-  Clock::time_point last_take_{};                // the last take()
   Stats stats_;
 };
 

@@ -3,9 +3,10 @@
 
 Model V (bench_train --model V, ddp_bench.py --model V): 512 tokens through an embedding of 32,000
 words by 256, a 256x256 layer and a linear head back to 32,000 words, cross-entropy, AdamW, one
-process, OMP_NUM_THREADS=1. Its logits, their log-softmax and their gradient are 65.5 MB each,
-allocated and freed at every step: glibc's malloc maps every allocation of 32 MiB or more afresh
-and unmaps it when freed, so without a cache each step faults those pages in again.
+process, OMP_NUM_THREADS=1. Its logits, their log-softmax and the gradients of both are 65.5 MB
+each, allocated and freed at every step: glibc's malloc maps such an allocation afresh (its heap
+has no free memory that large) and unmaps it when freed, so without a cache each step faults
+those pages in again.
 
 Each run times, in turns (their order rotating from run to run):
   accel                     bench_train under accel-launch -n 1: libaccel's CPU allocator, which

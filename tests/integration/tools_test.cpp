@@ -348,9 +348,9 @@ TEST(AccelEnv, SaysWhatMallocWorkersGetAndOpenBlasThreads) {
             std::string::npos)
       << out;
   EXPECT_NE(out.find("- workers' large CPU tensors: libaccel's workers reuse the blocks of freed "
-                     "CPU tensors of 32 MiB or more (kept ones go back once a worker has made "
-                     "none for 60 s; ACCEL_KEEP_FREED_MEMORY=0 maps each afresh); Python workers' "
-                     "are mapped afresh, as glibc does\n"),
+                     "CPU tensors of 32 MiB or more (a block kept for 60 s without reuse goes "
+                     "back; ACCEL_KEEP_FREED_MEMORY=0 maps each afresh); Python workers' are "
+                     "mapped afresh, as glibc does\n"),
             std::string::npos)
       << out;
   void* libblas = ::dlopen("libblas.so.3", RTLD_NOW | RTLD_LOCAL);
