@@ -20,6 +20,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace accel {
@@ -79,6 +80,15 @@ Taken take(Cache& cache, std::size_t bytes) {
   return t;
 }
 
+// Two blocks of `bytes` taken, then freed, the first first: both kept.
+std::pair<Taken, Taken> two_kept(Cache& cache, std::size_t bytes) {
+  auto a = take(cache, bytes);
+  auto b = take(cache, bytes);
+  EXPECT_TRUE(cache.give_back(a.data));
+  EXPECT_TRUE(cache.give_back(b.data));
+  return {a, b};
+}
+
 TEST(LargeBlocks, AFreedBlockServesTheNextAllocationOfItsSize) {
   FakePages pages;
   Cache cache(pages);
@@ -136,10 +146,7 @@ TEST(LargeBlocks, SizesRoundUpAndAKeptBlockServesOnlyWhatWastesAQuarterAtMost) {
 TEST(LargeBlocks, OfEqualBlocksTheMostRecentlyFreedServes) {
   FakePages pages;
   Cache cache(pages);
-  auto a = take(cache, 48 * kMiB);
-  auto b = take(cache, 48 * kMiB);
-  EXPECT_TRUE(cache.give_back(a.data));
-  EXPECT_TRUE(cache.give_back(b.data));
+  auto [a, b] = two_kept(cache, 48 * kMiB);
   EXPECT_EQ(take(cache, 48 * kMiB).data, b.data);
   EXPECT_EQ(take(cache, 48 * kMiB).data, a.data);
 }
@@ -212,10 +219,7 @@ TEST(LargeBlocks, ABlockKeptForTheIdleLimitWithoutReuseGoesBack) {
 TEST(LargeBlocks, WhenMemoryIsShortKeptBlocksGoBackBeforeTheAllocationFails) {
   FakePages pages;
   Cache cache(pages);
-  auto a = take(cache, 64 * kMiB);
-  auto b = take(cache, 64 * kMiB);
-  EXPECT_TRUE(cache.give_back(a.data));
-  EXPECT_TRUE(cache.give_back(b.data));
+  (void)two_kept(cache, 64 * kMiB);
   // The bound hands a back (36 + 128 > 128); the first map fails, so b goes back too, and the
   // second map gives the block.
   pages.fail_maps = 1;
