@@ -19,7 +19,6 @@
 #include "agent/common/hardware.h"
 #include "agent/supervisor/worker_env.h"
 #include "contract/malloc_tuning.h"
-#include "contract/switch_value.h"
 #include "contract/worker_contract.h"
 
 namespace accel::launcher {
@@ -163,13 +162,13 @@ bool reported_variable(const std::string& name) {
 // Nothing when ACCEL_KEEP_FREED_MEMORY is invalid: the malloc line says accel-launch refuses it.
 std::string workers_large_tensors(const supervisor::EnvMap& env) {
   const std::string size = std::to_string(contract::kMallocMmapThreshold >> 20) + " MiB";
-  if (auto keep = env.find(contract::kKeepFreedMemory);
-      keep != env.end() && !keep->second.empty()) {
-    if (supervisor::worker_value_problem(contract::kKeepFreedMemory, keep->second)) return "";
-    if (contract::switch_value(keep->second) == false) {
-      return "each tensor of " + size + " or more mapped afresh and unmapped when freed (" +
-             contract::kKeepFreedMemory + "=" + keep->second + ")";
-    }
+  const auto keep = env.find(contract::kKeepFreedMemory);
+  const std::string* value = keep == env.end() ? nullptr : &keep->second;
+  const auto keeps = supervisor::keeps_freed_memory(value);
+  if (!keeps) return "";
+  if (!*keeps) {
+    return "each tensor of " + size + " or more mapped afresh and unmapped when freed (" +
+           contract::kKeepFreedMemory + "=" + *value + ")";
   }
   return "libaccel's workers reuse the blocks of freed CPU tensors of " + size +
          " or more (a block kept for " + std::to_string(contract::kKeptBlockIdleSeconds) +

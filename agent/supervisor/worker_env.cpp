@@ -11,16 +11,10 @@ namespace accel::supervisor {
 
 namespace c = contract;
 
-namespace {
-
-// ACCEL_KEEP_FREED_MEMORY's value as libaccel reads it: true when unset or empty; nullopt when
-// it is neither true nor false.
 std::optional<bool> keeps_freed_memory(const std::string* value) {
   if (value == nullptr || value->empty()) return true;
   return c::switch_value(*value);
 }
-
-}  // namespace
 
 // Gives the worker libaccel's malloc thresholds through GLIBC_TUNABLES, unless its
 // ACCEL_KEEP_FREED_MEMORY is off (or invalid: accel-launch refuses that at its start, and

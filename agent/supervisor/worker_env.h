@@ -43,6 +43,10 @@ struct JobEnv {
 // configuration keys: config::set_by_key.)
 std::optional<std::string> reserved_worker_variable(std::string_view key);
 
+// ACCEL_KEEP_FREED_MEMORY's value `value` (null: unset) as libaccel reads it: true when unset or
+// empty; nullopt when it is neither true nor false.
+std::optional<bool> keeps_freed_memory(const std::string* value);
+
 // Why the value `value` of the worker variable `key` would be refused where it is read, or nullopt:
 // ACCEL_KEEP_FREED_MEMORY must be true or false (accel-launch reads it for Python workers too,
 // which would not refuse it themselves).

@@ -25,33 +25,16 @@ Usage, from the repo root after scripts/build.sh:
     python3 bench/train/bench_vocab.py [--runs 3] [--build build] [--steps 12] [--warmup 3]
 """
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 
-PYTHON = "/usr/bin/python3"
+from bench_train import HEAP_ENV, PYTHON, run_json
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-# libaccel's malloc thresholds (runtime/heap_tuning.h) as glibc's variables, for the PyTorch side.
-HEAP_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
+# What would change either side's allocator; both run without it, as from a bare shell.
 USER_VARS = ("ACCEL_CONFIG_FILE", "ACCEL_KEEP_FREED_MEMORY", "GLIBC_TUNABLES", "LD_PRELOAD", *HEAP_ENV,
              "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
-
-
-def run_json(cmd, env_extra=None):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    for var in USER_VARS:
-        env.pop(var, None)
-    env.update(env_extra or {})
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-    if proc.returncode != 0:
-        sys.exit(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-    for line in proc.stdout.splitlines():
-        start = line.find("{")
-        if start >= 0:
-            return json.loads(line[start:])
-    sys.exit(f"no result from: {' '.join(cmd)}\n{proc.stdout[-2000:]}")
 
 
 def main():
@@ -63,6 +46,8 @@ def main():
     a = p.parse_args()
     if a.runs < 1 or a.steps < 1 or a.warmup < 0:
         sys.exit("bench_vocab: --runs and --steps must be at least 1, --warmup at least 0")
+    for var in USER_VARS:
+        os.environ.pop(var, None)
     counts = ["--steps", str(a.steps), "--warmup", str(a.warmup)]
     accel = [f"{a.build}/bin/accel-launch", "-n", "1", "--", f"{a.build}/bin/bench_train", "--model", "V", *counts]
     torch = [PYTHON, os.path.join(HERE, "ddp_bench.py"), "--model", "V", *counts]
