@@ -2,6 +2,7 @@
 #include "runtime/zero.h"
 
 #include <c10/util/Type.h>
+#include <sys/mman.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
@@ -9,6 +10,7 @@
 #include <torch/utils.h>
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <typeinfo>
 
@@ -27,6 +29,8 @@ namespace o = torch::optim;
 // all-gather 4 MiB (a gloo call costs about a millisecond).
 constexpr int64_t kSharedPieceElements = int64_t{1} << 18;
 constexpr int64_t kPieceElements = int64_t{1} << 20;
+
+std::atomic<int64_t> mapped_state_bytes{0};  // reserve_state()'s blocks, in all optimizers
 
 std::string describe(const torch::Tensor& t) {
   std::string shape;
@@ -105,6 +109,47 @@ ZeroOptimizer::ZeroOptimizer(torch::optim::Optimizer& optimizer, std::shared_ptr
   if (!optimizer.state().empty()) {
     check_loaded("the state " + name + " held when it was prepared");
     adopt_state();
+  } else {
+    reserve_state();
+  }
+}
+
+// Why now, in one block: made at the first step instead, among the freed temporaries of the
+// first forward and backward, the slices left holes that the next steps' temporaries did not fit,
+// and glibc's heap grew past the unsharded run's, so that sharding saved nothing in resident
+// memory. Made before training, next to the parameters, they stay out of the temporaries' way.
+void ZeroOptimizer::reserve_state() {
+  const int parts = kind_ == Kind::kSgd ? 1 : 2;
+  // SGD keeps a momentum buffer only where its group has momentum.
+  auto keeps_state = [&](const Param& z) {
+    if (!z.param.requires_grad()) return false;
+    if (kind_ != Kind::kSgd) return true;
+    return static_cast<const o::SGDOptions&>(optimizer_.param_groups()[z.group].options())
+               .momentum() != 0;
+  };
+  int64_t per_part = 0;
+  for (const auto& z : params_)
+    if (keeps_state(z)) per_part += z.end - z.begin;
+  if (per_part == 0) return;
+  const int64_t elements = parts * per_part;
+  const std::size_t bytes = static_cast<std::size_t>(elements) * options_.dtype().itemsize();
+  void* mapped = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mapped == MAP_FAILED) return;  // each slice gets memory of its own at its first step
+  mapped_state_bytes += static_cast<int64_t>(bytes);
+  auto block = torch::from_blob(
+      mapped, {elements},
+      [bytes](void* p) {
+        ::munmap(p, bytes);
+        mapped_state_bytes -= static_cast<int64_t>(bytes);
+      },
+      options_);
+  int64_t at = 0;
+  for (auto& z : params_) {
+    if (!keeps_state(z)) continue;
+    const int64_t n = z.end - z.begin;
+    z.first = block.narrow(0, at, n);
+    if (parts == 2) z.second = block.narrow(0, per_part + at, n);
+    at += n;
   }
 }
 
@@ -160,8 +205,8 @@ void ZeroOptimizer::step() {
       const SgdRule rule = sgd_rule(groups[z.group]);
       bool fresh = false;
       if (rule.momentum != 0 && !z.has_state) {
-        z.first = torch::empty({n}, options_);
-        z.has_state = fresh = true;
+        if (!z.first.defined()) z.first = torch::empty({n}, options_);
+        z.has_state = fresh = true;  // fresh: the update writes every element of z.first
       }
       if (n > 0) {
         fused_sgd_update(slice(z.param, z), slice(grad.contiguous(), z),
@@ -170,8 +215,12 @@ void ZeroOptimizer::step() {
     } else {
       const AdamRule rule = adam_rule(groups[z.group], kind_ == Kind::kAdamW);
       if (!z.has_state) {
-        z.first = torch::zeros({n}, options_);
-        z.second = torch::zeros({n}, options_);
+        for (auto* t : {&z.first, &z.second}) {
+          if (t->defined())
+            t->zero_();
+          else
+            *t = torch::zeros({n}, options_);
+        }
         z.has_state = true;
       }
       ++z.step;
@@ -344,18 +393,28 @@ void ZeroOptimizer::check_loaded(const std::string& where) const {
   }
 }
 
+// This rank's slice of `full` into `mine`: into the memory it already has (reserve_state()'s,
+// or a loaded slice's), else a copy of its own.
+void ZeroOptimizer::keep_slice(torch::Tensor& mine, const torch::Tensor& full,
+                               const Param& z) const {
+  auto part = slice(full.contiguous(), z);
+  if (mine.defined() && mine.numel() == part.numel())
+    mine.copy_(part);
+  else
+    mine = part.clone();
+}
+
 void ZeroOptimizer::adopt_state() {
   torch::NoGradGuard no_grad;
   for (auto& z : params_) {
     z.has_state = false;
     z.step = 0;
-    z.first = z.second = torch::Tensor();
     auto it = optimizer_.state().find(state_key(z.param));
     if (it == optimizer_.state().end()) continue;
     if (kind_ == Kind::kSgd) {
       const auto& s = static_cast<const o::SGDParamState&>(*it->second);
       if (!s.momentum_buffer().defined()) continue;
-      z.first = slice(s.momentum_buffer().contiguous(), z).clone();
+      keep_slice(z.first, s.momentum_buffer(), z);
     } else {
       const torch::Tensor* m = nullptr;
       const torch::Tensor* v = nullptr;
@@ -370,8 +429,8 @@ void ZeroOptimizer::adopt_state() {
         m = &s.exp_avg();
         v = &s.exp_avg_sq();
       }
-      z.first = slice(m->contiguous(), z).clone();
-      z.second = slice(v->contiguous(), z).clone();
+      keep_slice(z.first, *m, z);
+      keep_slice(z.second, *v, z);
     }
     z.has_state = true;
   }
@@ -385,6 +444,8 @@ std::string ZeroOptimizer::describe_shard() const {
          std::to_string(total_) +
          (exchange_.defined() ? "; parameters exchanged through shared memory" : "");
 }
+
+int64_t ZeroOptimizer::mapped_bytes() { return mapped_state_bytes.load(); }
 
 int64_t ZeroOptimizer::state_bytes() const {
   int64_t bytes = 0;

@@ -55,6 +55,9 @@ class ZeroOptimizer {
 
   // Bytes of optimizer state this rank holds.
   int64_t state_bytes() const;
+  // Bytes of the blocks reserve_state() mapped that are still held, all optimizers of this
+  // process together: memory malloc's statistics do not see (bench_train adds it to them).
+  static int64_t mapped_bytes();
   // "elements [a, b) of N", for messages.
   std::string describe_shard() const;
 
@@ -73,6 +76,12 @@ class ZeroOptimizer {
   };
 
   torch::Tensor slice(const torch::Tensor& full, const Param& p) const;
+  // At prepare(), with no state loaded: this rank's slices of the state of every parameter that
+  // requires a gradient, made in one block (views of it in first/second), zeroed at their first
+  // step. has_state stays false until then, so a slice that never steps is neither saved nor
+  // counted as state; its memory is held, as DeepSpeed holds its partitions from the start.
+  void reserve_state();
+  void keep_slice(torch::Tensor& mine, const torch::Tensor& full, const Param& z) const;
   void check_unchanged() const;
   Comm& comm() const { return state_->comm(); }
   // Copies elements [from, from + count) of the sequence between `buffer` (count elements) and

@@ -22,6 +22,7 @@
 #include "accel/accel.h"
 #include "examples/common/args.h"
 #include "runtime/large_blocks.h"
+#include "runtime/zero.h"
 
 namespace {
 
@@ -184,11 +185,13 @@ int main(int argc, char** argv) {
   // This process's peak resident memory (VmHWM), in bytes; ranks' peaks differ little. And, at
   // the end, its private (RssAnon) and shared-memory (RssShmem: the gradient buckets' block,
   // this rank's part and the parts of others it touched) resident memory.
-  // And the bytes malloc holds for live allocations (mallinfo2: in-use heap + mmapped chunks),
-  // which leaves out what the allocator keeps resident after a free.
+  // And the bytes of live allocations: malloc's (mallinfo2: in-use heap + mmapped chunks), which
+  // leaves out what the allocator keeps resident after a free, and ZeRO's state block, which
+  // libaccel maps itself.
   const struct mallinfo2 heap = ::mallinfo2();
   const accel::large_blocks::Stats blocks = accel::large_blocks::installed_stats();
   const long heap_in_use = static_cast<long>(heap.uordblks + heap.hblkhd);
+  const long zero_state = static_cast<long>(accel::detail::ZeroOptimizer::mapped_bytes());
   long peak_kb = 0, anon_kb = 0, shmem_kb = 0;
   {
     std::ifstream status("/proc/self/status");
@@ -208,7 +211,8 @@ int main(int argc, char** argv) {
         "\"forward_dtype\": \"%s\", \"optimizer_step\": \"%s\", \"zero_stage\": %ld, "
         "\"zero_grad\": \"%s\", "
         "\"peak_rss_bytes\": %ld, \"rss_anon_bytes\": %ld, \"rss_shmem_bytes\": %ld, "
-        "\"heap_in_use_bytes\": %ld, \"phase_ms\": {\"forward\": %.2f, \"backward\": %.2f, "
+        "\"heap_in_use_bytes\": %ld, \"zero_state_mapped_bytes\": %ld, \"phase_ms\": {\"forward\": "
+        "%.2f, \"backward\": %.2f, "
         "\"step\": %.2f, \"zero_grad\": %.2f}, \"large_blocks\": {\"made\": %llu, \"reused\": "
         "%llu, \"peak_live_bytes\": %zu}}\n",
         sps, sps * static_cast<double>(batch) * acc.num_processes(),
@@ -216,7 +220,7 @@ int main(int argc, char** argv) {
         acc.device().str().c_str(), acc.num_processes(), acc.mixed_precision().c_str(),
         c10::toString(forward_dtype), args.str("optimizer-step").c_str(),
         args.integer("zero-stage"), zero_grad.c_str(), peak_kb * 1024, anon_kb * 1024,
-        shmem_kb * 1024, heap_in_use, 1e3 * phase_s[0] / per, 1e3 * phase_s[1] / per,
+        shmem_kb * 1024, heap_in_use, zero_state, 1e3 * phase_s[0] / per, 1e3 * phase_s[1] / per,
         1e3 * phase_s[2] / per, 1e3 * phase_s[3] / per,
         static_cast<unsigned long long>(blocks.made),
         static_cast<unsigned long long>(blocks.reused), blocks.peak_live_bytes);

@@ -5,6 +5,7 @@
 #include "runtime/zero.h"
 
 #include <gtest/gtest.h>
+#include <malloc.h>
 #include <torch/torch.h>
 
 #include <functional>
@@ -176,6 +177,56 @@ TEST(Zero, AChangedOptimizerIsRefusedAtTheStepBeforeAnythingMoves) {
   opt->state().clear();
   opt->add_param_group(o::OptimizerParamGroup({torch::randn({3}).requires_grad_(true)}));
   expect_refused("the optimizer has 5 parameters now, 4 when it was prepared");
+}
+
+// The state is made when the optimizer is prepared, for the parameters that require a gradient
+// only, in memory of its own: the steps and a load take nothing from malloc's heap for it, where
+// slices made at the first step among the step's freed temporaries grew the heap past the
+// unsharded run's.
+TEST(Zero, TheStateIsMadeAtPrepareOutsideTheHeapForTrainableParametersOnly) {
+  torch::manual_seed(3);
+  std::vector<torch::Tensor> params = {torch::randn({1100, 1000}).requires_grad_(true),
+                                       torch::randn({300, 1000}),  // frozen
+                                       torch::randn({30}).requires_grad_(true)};
+  auto heap_in_use = [] {
+    const struct mallinfo2 m = mallinfo2();
+    return static_cast<int64_t>(m.uordblks + m.hblkhd);
+  };
+  const int64_t trainable_bytes = (1100 * 1000 + 30) * 4;
+  auto grads = [&](int step) {
+    torch::manual_seed(900 + step);
+    params[0].mutable_grad() = torch::randn(params[0].sizes());
+    params[2].mutable_grad() = torch::randn(params[2].sizes());
+  };
+  grads(0);  // made before the baseline: only the optimizer's own memory is measured
+  auto opt = std::make_shared<o::AdamW>(params, o::AdamWOptions(1e-2));
+  detail::ZeroOptimizer zero(*opt, State::shared({}));
+  EXPECT_EQ(zero.state_bytes(), 2 * trainable_bytes) << "exp_avg and exp_avg_sq, before any step";
+  const int64_t before = heap_in_use();  // with the all-gather's buffers, made at prepare too
+  for (int step = 0; step < 3; ++step) {
+    grads(step);
+    zero.step();
+  }
+  EXPECT_EQ(zero.state_bytes(), 2 * trainable_bytes);
+  EXPECT_LT(heap_in_use() - before, trainable_bytes / 4) << "the state came from malloc";
+
+  // A loaded state goes into the same memory.
+  zero.gather_state(true);
+  std::ostringstream saved;
+  torch::save(*opt, saved);
+  zero.clear_installed();
+  std::istringstream in(saved.str());
+  torch::load(*opt, in);
+  const int64_t loaded = heap_in_use();
+  zero.check_loaded("test");
+  zero.adopt_state();
+  EXPECT_EQ(zero.state_bytes(), 2 * trainable_bytes);
+  EXPECT_LT(heap_in_use() - loaded, trainable_bytes / 4) << "adopt_state copied into new memory";
+
+  // SGD without momentum keeps no state at all.
+  auto sgd = std::make_shared<o::SGD>(params, o::SGDOptions(0.1));
+  detail::ZeroOptimizer plain(*sgd, State::shared({}));
+  EXPECT_EQ(plain.state_bytes(), 0);
 }
 
 }  // namespace
