@@ -30,7 +30,7 @@ namespace o = torch::optim;
 constexpr int64_t kSharedPieceElements = int64_t{1} << 18;
 constexpr int64_t kPieceElements = int64_t{1} << 20;
 
-std::atomic<int64_t> mapped_state_bytes{0};  // reserve_state()'s blocks, in all optimizers
+std::atomic<int64_t> mapped_state_bytes{0};  // map_state()'s blocks, in all optimizers
 
 std::string describe(const torch::Tensor& t) {
   std::string shape;
@@ -105,36 +105,36 @@ ZeroOptimizer::ZeroOptimizer(torch::optim::Optimizer& optimizer, std::shared_ptr
     send_ = torch::zeros({piece}, options_);
     gathered_ = torch::empty({piece * world}, options_);
   }
-  // A state loaded into the optimizer before prepare() (torch::load) is kept, sliced.
-  if (!optimizer.state().empty()) {
-    check_loaded("the state " + name + " held when it was prepared");
-    adopt_state();
-  } else {
-    reserve_state();
-  }
+  // A state loaded into the optimizer before prepare() (torch::load) is kept, sliced, in the
+  // block made for the state.
+  const bool loaded = !optimizer.state().empty();
+  if (loaded) check_loaded("the state " + name + " held when it was prepared");
+  map_state([&](const Param& z) { return z.param.requires_grad() && keeps_state(z); });
+  if (loaded) adopt_state();
 }
 
-// Why now, in one block: made at the first step instead, among the freed temporaries of the
-// first forward and backward, the slices left holes that the next steps' temporaries did not fit,
-// and glibc's heap grew past the unsharded run's, so that sharding saved nothing in resident
-// memory. Made before training, next to the parameters, they stay out of the temporaries' way.
-void ZeroOptimizer::reserve_state() {
+bool ZeroOptimizer::keeps_state(const Param& z) const {
+  if (kind_ != Kind::kSgd) return true;
+  return static_cast<const o::SGDOptions&>(optimizer_.param_groups()[z.group].options())
+             .momentum() != 0;
+}
+
+// Why in a block of its own, made at prepare(): made at the first step instead, among the freed
+// temporaries of the first forward and backward, the slices left holes that the next steps'
+// temporaries did not fit, and glibc's heap grew past the unsharded run's, so that sharding
+// saved nothing in resident memory. Made before training, apart from the heap, they stay out
+// of the temporaries' way.
+bool ZeroOptimizer::map_state(const std::function<bool(const Param&)>& needs) {
   const int parts = kind_ == Kind::kSgd ? 1 : 2;
-  // SGD keeps a momentum buffer only where its group has momentum.
-  auto keeps_state = [&](const Param& z) {
-    if (!z.param.requires_grad()) return false;
-    if (kind_ != Kind::kSgd) return true;
-    return static_cast<const o::SGDOptions&>(optimizer_.param_groups()[z.group].options())
-               .momentum() != 0;
-  };
+  auto wanted = [&](const Param& z) { return !z.first.defined() && needs(z); };
   int64_t per_part = 0;
   for (const auto& z : params_)
-    if (keeps_state(z)) per_part += z.end - z.begin;
-  if (per_part == 0) return;
+    if (wanted(z)) per_part += z.end - z.begin;
+  if (per_part == 0) return true;
   const int64_t elements = parts * per_part;
   const std::size_t bytes = static_cast<std::size_t>(elements) * options_.dtype().itemsize();
   void* mapped = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (mapped == MAP_FAILED) return;  // each slice gets memory of its own at its first step
+  if (mapped == MAP_FAILED) return false;
   mapped_state_bytes += static_cast<int64_t>(bytes);
   auto block = torch::from_blob(
       mapped, {elements},
@@ -145,12 +145,14 @@ void ZeroOptimizer::reserve_state() {
       options_);
   int64_t at = 0;
   for (auto& z : params_) {
-    if (!keeps_state(z)) continue;
+    if (!wanted(z)) continue;
     const int64_t n = z.end - z.begin;
     z.first = block.narrow(0, at, n);
     if (parts == 2) z.second = block.narrow(0, per_part + at, n);
+    z.in_block = true;
     at += n;
   }
+  return true;
 }
 
 torch::Tensor ZeroOptimizer::slice(const torch::Tensor& full, const Param& z) const {
@@ -196,6 +198,10 @@ void ZeroOptimizer::step() {
   check_unchanged();
   torch::NoGradGuard no_grad;
   const auto& groups = optimizer_.param_groups();
+  // Parameters that had no state memory at prepare() (frozen then, or an SGD group's momentum
+  // set since) and step now get theirs in one block too; if it cannot be mapped, each slice gets
+  // libtorch's memory below.
+  map_state([&](const Param& z) { return z.param.grad().defined() && keeps_state(z); });
   for (std::size_t i = 0; i < params_.size(); ++i) {
     auto& z = params_[i];
     const auto& grad = z.param.grad();
@@ -393,13 +399,11 @@ void ZeroOptimizer::check_loaded(const std::string& where) const {
   }
 }
 
-// This rank's slice of `full` into `mine`: into the memory it already has (reserve_state()'s,
-// or a loaded slice's), else a copy of its own.
 void ZeroOptimizer::keep_slice(torch::Tensor& mine, const torch::Tensor& full,
                                const Param& z) const {
   auto part = slice(full.contiguous(), z);
-  if (mine.defined() && mine.numel() == part.numel())
-    mine.copy_(part);
+  if (mine.defined())
+    mine.copy_(part);  // check_loaded() made sure the sizes agree
   else
     mine = part.clone();
 }
@@ -409,6 +413,9 @@ void ZeroOptimizer::adopt_state() {
   for (auto& z : params_) {
     z.has_state = false;
     z.step = 0;
+    // Why only outside a block: a block's views are its parameter's for good (zeroed or
+    // overwritten at its first step); a slice of its own would only hold stale memory.
+    if (!z.in_block) z.first = z.second = torch::Tensor();
     auto it = optimizer_.state().find(state_key(z.param));
     if (it == optimizer_.state().end()) continue;
     if (kind_ == Kind::kSgd) {

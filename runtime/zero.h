@@ -18,6 +18,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -53,9 +54,9 @@ class ZeroOptimizer {
   // this rank's slices of it and empties the optimizer's state().
   void adopt_state();
 
-  // Bytes of optimizer state this rank holds.
+  // Bytes of optimizer state memory this rank holds, its slices' whether stepped yet or not.
   int64_t state_bytes() const;
-  // Bytes of the blocks reserve_state() mapped that are still held, all optimizers of this
+  // Bytes of the blocks map_state() mapped that are still held, all optimizers of this
   // process together: memory malloc's statistics do not see (bench_train adds it to them).
   static int64_t mapped_bytes();
   // "elements [a, b) of N", for messages.
@@ -73,14 +74,22 @@ class ZeroOptimizer {
     int64_t step = 0;             // Adam/AdamW: steps taken (every rank counts, owner or not)
     bool has_state = false;       // it has stepped (SGD: it has a momentum buffer)
     torch::Tensor first, second;  // this rank's slices: exp_avg, exp_avg_sq (SGD: momentum)
+    bool in_block = false;        // first and second are views of a block map_state() made
   };
 
   torch::Tensor slice(const torch::Tensor& full, const Param& p) const;
-  // At prepare(), with no state loaded: this rank's slices of the state of every parameter that
-  // requires a gradient, made in one block (views of it in first/second), zeroed at their first
-  // step. has_state stays false until then, so a slice that never steps is neither saved nor
-  // counted as state; its memory is held, as DeepSpeed holds its partitions from the start.
-  void reserve_state();
+  // Whether `z` has state: Adam and AdamW always, SGD where its group has momentum.
+  bool keeps_state(const Param& z) const;
+  // Gives every parameter for which `needs` holds and which has no state memory yet its slices
+  // (first, and second for Adam) in one new block mapped apart from malloc's heap: at prepare(),
+  // those that require a gradient, as DeepSpeed makes its partitions when it starts; at a step,
+  // any that steps without memory. has_state stays false until a slice's first step, which
+  // zeroes it (SGD: overwrites it with the first update), so a slice that never steps is not
+  // saved; its memory is held all the same (state_bytes() counts it). False, changing nothing,
+  // when the block cannot be mapped.
+  bool map_state(const std::function<bool(const Param&)>& needs);
+  // This rank's slice of `full` into `mine`: into the memory it has (a block's view, or a
+  // slice loaded before), else a copy of its own.
   void keep_slice(torch::Tensor& mine, const torch::Tensor& full, const Param& z) const;
   void check_unchanged() const;
   Comm& comm() const { return state_->comm(); }

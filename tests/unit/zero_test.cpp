@@ -180,9 +180,9 @@ TEST(Zero, AChangedOptimizerIsRefusedAtTheStepBeforeAnythingMoves) {
 }
 
 // The state is made when the optimizer is prepared, for the parameters that require a gradient
-// only, in memory of its own: the steps and a load take nothing from malloc's heap for it, where
-// slices made at the first step among the step's freed temporaries grew the heap past the
-// unsharded run's.
+// only, in a block mapped apart from malloc's heap: the steps and a load take nothing from the
+// heap for it, where slices made at the first step among the step's freed temporaries grew the
+// heap past the unsharded run's. A parameter unfrozen later gets a block at its first step.
 TEST(Zero, TheStateIsMadeAtPrepareOutsideTheHeapForTrainableParametersOnly) {
   torch::manual_seed(3);
   std::vector<torch::Tensor> params = {torch::randn({1100, 1000}).requires_grad_(true),
@@ -192,40 +192,59 @@ TEST(Zero, TheStateIsMadeAtPrepareOutsideTheHeapForTrainableParametersOnly) {
     const struct mallinfo2 m = mallinfo2();
     return static_cast<int64_t>(m.uordblks + m.hblkhd);
   };
-  const int64_t trainable_bytes = (1100 * 1000 + 30) * 4;
+  const int64_t trainable_bytes = (1100 * 1000 + 30) * 4, frozen_bytes = 300 * 1000 * 4;
   auto grads = [&](int step) {
     torch::manual_seed(900 + step);
-    params[0].mutable_grad() = torch::randn(params[0].sizes());
-    params[2].mutable_grad() = torch::randn(params[2].sizes());
+    for (auto& p : params)
+      if (p.requires_grad()) p.mutable_grad() = torch::randn(p.sizes());
   };
-  grads(0);  // made before the baseline: only the optimizer's own memory is measured
-  auto opt = std::make_shared<o::AdamW>(params, o::AdamWOptions(1e-2));
-  detail::ZeroOptimizer zero(*opt, State::shared({}));
-  EXPECT_EQ(zero.state_bytes(), 2 * trainable_bytes) << "exp_avg and exp_avg_sq, before any step";
-  const int64_t before = heap_in_use();  // with the all-gather's buffers, made at prepare too
-  for (int step = 0; step < 3; ++step) {
-    grads(step);
+  grads(0);  // made before the baselines: only the optimizer's own memory is measured
+  const int64_t mapped_at_start = detail::ZeroOptimizer::mapped_bytes();
+  {
+    auto opt = std::make_shared<o::AdamW>(params, o::AdamWOptions(1e-2));
+    detail::ZeroOptimizer zero(*opt, State::shared({}));
+    EXPECT_EQ(zero.state_bytes(), 2 * trainable_bytes) << "exp_avg and exp_avg_sq, before a step";
+    EXPECT_EQ(detail::ZeroOptimizer::mapped_bytes() - mapped_at_start, 2 * trainable_bytes);
+    const int64_t before = heap_in_use();  // with the all-gather's buffers, made at prepare too
+    for (int step = 0; step < 3; ++step) {
+      grads(step);
+      zero.step();
+    }
+    EXPECT_EQ(zero.state_bytes(), 2 * trainable_bytes);
+    EXPECT_LT(heap_in_use() - before, trainable_bytes / 4) << "the steps made state on the heap";
+
+    // A loaded state goes into the same block.
+    zero.gather_state(true);
+    std::ostringstream saved;
+    torch::save(*opt, saved);
+    zero.clear_installed();
+    std::istringstream in(saved.str());
+    const int64_t unloaded = heap_in_use();
+    torch::load(*opt, in);  // the whole state, on the heap until adopt_state() lets it go
+    zero.check_loaded("test");
+    zero.adopt_state();
+    EXPECT_EQ(zero.state_bytes(), 2 * trainable_bytes);
+    EXPECT_LT(heap_in_use() - unloaded, trainable_bytes / 4) << "the load was kept on the heap";
+    EXPECT_EQ(detail::ZeroOptimizer::mapped_bytes() - mapped_at_start, 2 * trainable_bytes);
+
+    // Unfrozen after prepare(): its state gets a block of its own at its first step.
+    params[1].requires_grad_(true);
+    grads(3);
     zero.step();
+    EXPECT_EQ(zero.state_bytes(), 2 * (trainable_bytes + frozen_bytes));
+    EXPECT_EQ(detail::ZeroOptimizer::mapped_bytes() - mapped_at_start,
+              2 * (trainable_bytes + frozen_bytes));
+    params[1].requires_grad_(false);
+    params[1].mutable_grad() = torch::Tensor();
   }
-  EXPECT_EQ(zero.state_bytes(), 2 * trainable_bytes);
-  EXPECT_LT(heap_in_use() - before, trainable_bytes / 4) << "the state came from malloc";
+  EXPECT_EQ(detail::ZeroOptimizer::mapped_bytes(), mapped_at_start) << "blocks left mapped";
 
-  // A loaded state goes into the same memory.
-  zero.gather_state(true);
-  std::ostringstream saved;
-  torch::save(*opt, saved);
-  zero.clear_installed();
-  std::istringstream in(saved.str());
-  torch::load(*opt, in);
-  const int64_t loaded = heap_in_use();
-  zero.check_loaded("test");
-  zero.adopt_state();
-  EXPECT_EQ(zero.state_bytes(), 2 * trainable_bytes);
-  EXPECT_LT(heap_in_use() - loaded, trainable_bytes / 4) << "adopt_state copied into new memory";
-
-  // SGD without momentum keeps no state at all.
-  auto sgd = std::make_shared<o::SGD>(params, o::SGDOptions(0.1));
-  detail::ZeroOptimizer plain(*sgd, State::shared({}));
+  // SGD: one part, and only where the group has momentum.
+  auto sgd = std::make_shared<o::SGD>(params, o::SGDOptions(0.1).momentum(0.9));
+  detail::ZeroOptimizer with_momentum(*sgd, State::shared({}));
+  EXPECT_EQ(with_momentum.state_bytes(), trainable_bytes);
+  auto plain_sgd = std::make_shared<o::SGD>(params, o::SGDOptions(0.1));
+  detail::ZeroOptimizer plain(*plain_sgd, State::shared({}));
   EXPECT_EQ(plain.state_bytes(), 0);
 }
 
