@@ -241,8 +241,12 @@ TEST(WorkerGroup, StartRemovesOldSharedMemoryNamesOfProcessesThatAreGone) {
     } else {
       accel::testing::write_file(m.path, "x");
     }
-    if (m.path == d + "given" && ::geteuid() == 0) ASSERT_EQ(::chown(m.path.c_str(), 65534, -1), 0);
-    if (m.old) ASSERT_EQ(::utimensat(AT_FDCWD, m.path.c_str(), old, AT_SYMLINK_NOFOLLOW), 0);
+    if (m.path == d + "given" && ::geteuid() == 0) {
+      ASSERT_EQ(::chown(m.path.c_str(), 65534, -1), 0);
+    }
+    if (m.old) {
+      ASSERT_EQ(::utimensat(AT_FDCWD, m.path.c_str(), old, AT_SYMLINK_NOFOLLOW), 0);
+    }
   }
   boost::asio::io_context io;
   WorkerGroup group(io, {});
