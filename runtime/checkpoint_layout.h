@@ -1,5 +1,6 @@
 // A checkpoint folder's names and layout, shared by the save and the load halves of
-// Accelerator's checkpoints (runtime/checkpoint_save.cpp, runtime/checkpoint.cpp).
+// Accelerator's checkpoints (runtime/checkpoint_save.cpp, runtime/checkpoint.cpp,
+// runtime/checkpoint_resume.cpp).
 #pragma once
 
 #include <torch/nn/module.h>

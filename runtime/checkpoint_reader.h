@@ -1,6 +1,6 @@
 // CheckpointReader: a checkpoint folder's manifest, checked, and its files' bytes on demand,
 // checked against the manifest's sizes and xxh64 sums (runtime/checkpoint.cpp's loads and
-// automatic resume).
+// runtime/checkpoint_resume.cpp's automatic resume).
 #pragma once
 
 #include <filesystem>

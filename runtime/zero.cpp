@@ -105,8 +105,8 @@ ZeroOptimizer::ZeroOptimizer(torch::optim::Optimizer& optimizer, std::shared_ptr
     send_ = torch::zeros({piece}, options_);
     gathered_ = torch::empty({piece * world}, options_);
   }
-  // A state loaded into the optimizer before prepare() (torch::load) is kept, sliced, in the
-  // block made for the state.
+  // A state loaded into the optimizer before prepare() (torch::load) is kept, sliced: in the
+  // block for the parameters that have one, in copies for the others.
   const bool loaded = !optimizer.state().empty();
   if (loaded) check_loaded("the state " + name + " held when it was prepared");
   map_state([&](const Param& z) { return z.param.requires_grad() && keeps_state(z); });
@@ -135,6 +135,8 @@ bool ZeroOptimizer::map_state(const std::function<bool(const Param&)>& needs) {
   const std::size_t bytes = static_cast<std::size_t>(elements) * options_.dtype().itemsize();
   void* mapped = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (mapped == MAP_FAILED) return false;
+  // Counted before from_blob, whose deleter takes it off again; from_blob failing before it
+  // owns the deleter (bad_alloc of its own few bytes) would leave the block mapped and counted.
   mapped_state_bytes += static_cast<int64_t>(bytes);
   auto block = torch::from_blob(
       mapped, {elements},
@@ -198,9 +200,9 @@ void ZeroOptimizer::step() {
   check_unchanged();
   torch::NoGradGuard no_grad;
   const auto& groups = optimizer_.param_groups();
-  // Parameters that had no state memory at prepare() (frozen then, or an SGD group's momentum
-  // set since) and step now get theirs in one block too; if it cannot be mapped, each slice gets
-  // libtorch's memory below.
+  // Parameters with no state memory that step now (frozen at prepare(), an SGD group's momentum
+  // set since, slices a load dropped, or a block that could not be mapped then) get theirs in
+  // one block too; if it cannot be mapped, each slice gets libtorch's memory below.
   map_state([&](const Param& z) { return z.param.grad().defined() && keeps_state(z); });
   for (std::size_t i = 0; i < params_.size(); ++i) {
     auto& z = params_[i];
@@ -403,7 +405,7 @@ void ZeroOptimizer::keep_slice(torch::Tensor& mine, const torch::Tensor& full,
                                const Param& z) const {
   auto part = slice(full.contiguous(), z);
   if (mine.defined())
-    mine.copy_(part);  // check_loaded() made sure the sizes agree
+    mine.copy_(part);  // a view of the block: the slice's own n elements, as `part`
   else
     mine = part.clone();
 }

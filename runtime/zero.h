@@ -88,8 +88,8 @@ class ZeroOptimizer {
   // saved; its memory is held all the same (state_bytes() counts it). False, changing nothing,
   // when the block cannot be mapped.
   bool map_state(const std::function<bool(const Param&)>& needs);
-  // This rank's slice of `full` into `mine`: into the memory it has (a block's view, or a
-  // slice loaded before), else a copy of its own.
+  // This rank's slice of `full` into `mine`: into its block's view when it has one, else a copy
+  // of its own.
   void keep_slice(torch::Tensor& mine, const torch::Tensor& full, const Param& z) const;
   void check_unchanged() const;
   Comm& comm() const { return state_->comm(); }
