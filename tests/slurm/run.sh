@@ -163,6 +163,17 @@ job=$(sbatch --parsable -N 2 --output="$W/job3.out" \
 wait_line job3.out 120 "^.*epoch 2 "
 victim=$(ours train_classifier | tail -n 1)
 [[ -n "$victim" ]] || fail "no worker to kill"
+# Why stopped first: a process that has begun to exit can no longer stop, so a worker seen
+# stopped ("T") is one whose SIGKILL its launcher counts as a failure; the other ranks wait for
+# it meanwhile. A run too short to be caught mid-way then fails here, saying so.
+kill -STOP "$victim" 2>/dev/null || fail "worker $victim ended before it could be killed"
+state=""
+for _ in $(seq 1 40); do
+  state=$(sed -E 's/^.*\) (.).*/\1/' "/proc/$victim/stat" 2>/dev/null || true)
+  [[ "$state" == T ]] && break
+  sleep 0.05
+done
+[[ "$state" == T ]] || fail "worker $victim was exiting (state '${state:-gone}'), not training"
 kill -9 "$victim"
 echo "killed worker pid $victim"
 wait_state "$job" 300 COMPLETED FAILED CANCELLED TIMEOUT NODE_FAIL
@@ -183,10 +194,11 @@ grep -q "received SIGTERM" job4.out || fail "job4.out does not show the launcher
 echo "cancelled: $(grep -c 'received SIGTERM' job4.out) launcher(s) stopped on SIGTERM"
 
 step "5. SIGUSR1: checkpoint, requeue, resume"
-# No periodic saves: the only checkpoint is the one SIGUSR1 asks for.
+# No periodic saves: the only checkpoint is the one SIGUSR1 asks for. Why 150 epochs: the signal
+# goes through slurmctld and slurmd and acts at a step boundary, so the run must outlast that.
 job=$(sbatch --parsable -N 2 --output="$W/job5.out" \
   --export=ALL,CHECKPOINT_DIR="$W/ck5",CHECKPOINT_INTERVAL=0 \
-  "$root/configs/slurm/train.sbatch" --epochs 30 --train-samples 2000 --seed 3)
+  "$root/configs/slurm/train.sbatch" --epochs 150 --train-samples 2000 --seed 3)
 wait_line job5.out 120 "^.*epoch 1 "
 scancel --signal=USR1 "$job"
 restarts() { scontrol show job -o "$job" 2>/dev/null | sed -n 's/.*Restarts=\([0-9]*\).*/\1/p'; }
@@ -202,7 +214,7 @@ echo "requeued after SIGUSR1; the checkpoint it saved is at step $saved"
 wait_line job5.out 120 "resumed from .*checkpoint_0 at step $saved "
 wait_state "$job" 300 COMPLETED FAILED CANCELLED TIMEOUT
 [[ $(job_state "$job") == COMPLETED ]] || fail "the requeued job ended $(job_state "$job")"
-grep -q "epoch 29 " job5.out || fail "the requeued job did not finish its epochs"
+grep -q "epoch 149 " job5.out || fail "the requeued job did not finish its epochs"
 no_process_left
 
 step "6. SIGUSR1 to the batch script alone (--signal=B:USR1): passed on, checkpoint, requeue"
