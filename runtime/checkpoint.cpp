@@ -1,7 +1,7 @@
-// Accelerator checkpoints: load_state, and the project's checkpoint settings (automatic naming,
-// the folder). The save half (save_state, the background save, save_model) is in
-// checkpoint_save.cpp; automatic resume and periodic saves in checkpoint_resume.cpp; the
-// folder's layout in checkpoint_layout.h.
+// Accelerator checkpoints: load_state, the project's checkpoint settings (automatic naming, the
+// folder, latest_checkpoint), get_state_dict and the save/load state hooks. The save half
+// (save_state, the background save, save_model) is in checkpoint_save.cpp; automatic resume and
+// periodic saves in checkpoint_resume.cpp; the folder's layout in checkpoint_layout.h.
 #include <torch/torch.h>
 #include <unistd.h>
 

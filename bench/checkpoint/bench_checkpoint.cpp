@@ -416,6 +416,26 @@ int run_memory(int argc, char** argv) {
   return 0;
 }
 
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// A 95% interval of the median of `v` that assumes nothing of its distribution: the order
+// statistics of ranks floor(n/2 - 0.98 sqrt(n)) and ceil(1 + n/2 + 0.98 sqrt(n)), counted from
+// 1 (the normal approximation of the binomial). Below 6 values that is the whole range, which
+// covers the median less often than 95% (94% with 5, 50% with 2).
+std::pair<double, double> median_interval(std::vector<double> v) {
+  if (v.empty()) return {0.0, 0.0};
+  std::sort(v.begin(), v.end());
+  const double n = static_cast<double>(v.size()), half = 0.98 * std::sqrt(n);
+  const double lo = std::max(1.0, std::floor(n / 2 - half));
+  const double hi = std::min(n, std::ceil(1 + n / 2 + half));
+  return {v[static_cast<std::size_t>(lo) - 1], v[static_cast<std::size_t>(hi) - 1]};
+}
+
 // What a background save costs training, in one process so that the machine's drift cancels.
 // First its copy alone: the weights and the optimizer's state (a checkpoint's bytes) copied into
 // memory touched before, on another thread while a training step runs, as the writer thread
@@ -523,24 +543,6 @@ int run_contention(int argc, char** argv) {
       outlasted.push_back(seconds_since(began));
     }
   }
-  auto median = [](std::vector<double> v) {
-    if (v.empty()) return 0.0;
-    std::sort(v.begin(), v.end());
-    const std::size_t n = v.size();
-    return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-  };
-  // A 95% interval of the median of `v` that assumes nothing of its distribution: the order
-  // statistics of ranks floor(n/2 - 0.98 sqrt(n)) and ceil(1 + n/2 + 0.98 sqrt(n)), counted from
-  // 1 (the normal approximation of the binomial). Below 6 values that is the whole range, which
-  // covers the median less often than 95% (94% with 5, 50% with 2).
-  auto median_interval = [](std::vector<double> v) {
-    if (v.empty()) return std::pair{0.0, 0.0};
-    std::sort(v.begin(), v.end());
-    const double n = static_cast<double>(v.size()), half = 0.98 * std::sqrt(n);
-    const double lo = std::max(1.0, std::floor(n / 2 - half));
-    const double hi = std::min(n, std::ceil(1 + n / 2 + half));
-    return std::pair{v[static_cast<std::size_t>(lo) - 1], v[static_cast<std::size_t>(hi) - 1]};
-  };
   std::string saves;
   if (!dir.empty()) {
     std::vector<double> cost;
@@ -575,16 +577,81 @@ int run_contention(int argc, char** argv) {
   return 0;
 }
 
+// The cost to a training step of waking the other CPU: each round times one step alone and one
+// during which a thread, started with the step, works on another CPU for --spin-ms (0: starts
+// and ends at once), both after --idle-steps steps with no thread, and the same again with none
+// between (the other CPU woken a step before). On bare metal both costs are about nothing. Where
+// a hypervisor parks an idle virtual CPU on the physical core of another, waking it costs the
+// busy one time it cannot see (no steal time is counted): every background save pays that, at
+// least, whatever it does.
+int run_wake(int argc, char** argv) {
+  accel::examples::Args args("bench_checkpoint wake",
+                             "Times a training step of a --mb MB model alone and while a short "
+                             "thread runs on another CPU, after idle steps and without.");
+  args.flag("mb", "100", "model size in MB (10^6 bytes) of float32 parameters")
+      .flag("rounds", "12", "pairs of steps for each of the two cases")
+      .flag("idle-steps", "12", "steps with no thread before each timed step, in the first case")
+      .flag("spin-ms", "0", "how long the thread works, in milliseconds (0: it only starts)");
+  args.parse(argc, argv);
+  if (args.integer("rounds") < 1 || args.integer("idle-steps") < 0 || args.integer("spin-ms") < 0) {
+    std::fprintf(stderr,
+                 "bench_checkpoint wake: --rounds must be at least 1, --idle-steps and --spin-ms "
+                 "at least 0\n");
+    return 2;
+  }
+  accel::Accelerator acc(io_options(0));
+  auto io = prepare_io(acc, args.integer("mb"));
+  for (int i = 0; i < 3; ++i) train_one_step(acc, io);
+  const auto spin = std::chrono::milliseconds(args.integer("spin-ms"));
+  // Each case's cost: the median of the rounds' differences, with the interval of that median.
+  auto cost = [&](long idle_steps) {
+    std::vector<double> differences;
+    for (long round = 0; round < args.integer("rounds"); ++round) {
+      double alone = 0, with_thread = 0;
+      // Why both orders by turns: neither side always comes first.
+      for (int side = 0; side < 2; ++side) {
+        for (long i = 0; i < idle_steps; ++i) train_one_step(acc, io);
+        const auto began = Clock::now();
+        if ((side == 0) == (round % 2 == 0)) {
+          train_one_step(acc, io);
+          alone = seconds_since(began);
+          continue;
+        }
+        std::jthread other([&] {
+          volatile uint64_t spins = 0;
+          while (Clock::now() - began < spin) spins = spins + 1;
+        });
+        train_one_step(acc, io, [&other] { other.join(); });
+        with_thread = seconds_since(began);
+      }
+      differences.push_back((with_thread - alone) * 1000);
+    }
+    return std::pair{median(differences), median_interval(differences)};
+  };
+  const auto [idle_cost, idle_interval] = cost(args.integer("idle-steps"));
+  const auto [busy_cost, busy_interval] = cost(0);
+  std::printf(
+      "{\"mb\": %lld, \"rounds\": %lld, \"idle_steps\": %lld, \"spin_ms\": %lld, "
+      "\"cost_after_idle_ms\": %.2f, \"cost_after_idle_interval_ms\": [%.2f, %.2f], "
+      "\"cost_without_idle_ms\": %.2f, \"cost_without_idle_interval_ms\": [%.2f, %.2f]}\n",
+      static_cast<long long>(args.integer("mb")), static_cast<long long>(args.integer("rounds")),
+      static_cast<long long>(args.integer("idle-steps")),
+      static_cast<long long>(args.integer("spin-ms")), idle_cost, idle_interval.first,
+      idle_interval.second, busy_cost, busy_interval.first, busy_interval.second);
+  return 0;
+}
+
 void usage(std::FILE* out) {
   std::fprintf(
       out,
-      "usage: bench_checkpoint io|stall|load|memory|contention [flags]\n"
+      "usage: bench_checkpoint io|stall|load|memory|contention|wake [flags]\n"
       "  (bench_checkpoint MODE --help for the flags)\n"
       "  io    time save_state/load_state of a --mb MB model with AdamW state\n"
       "  stall time training with a checkpoint every few steps: sync, async, async-fresh or none\n"
       "  load  load a checkpoint written by io and print the error, if any\n"
       "  memory time a copy into memory touched before, new, populated, or in huge pages\n"
-      "  contention time training steps alone and alongside a copy of the weights and state\n");
+      "  contention time training steps alone and alongside a copy of the weights and state\n"
+      "  wake  time a training step alone and while a short thread runs on another CPU\n");
 }
 
 }  // namespace
@@ -601,6 +668,7 @@ int main(int argc, char** argv) {
   if (mode == "stall") return run_stall(argc - 1, argv + 1);
   if (mode == "memory") return run_memory(argc - 1, argv + 1);
   if (mode == "contention") return run_contention(argc - 1, argv + 1);
+  if (mode == "wake") return run_wake(argc - 1, argv + 1);
   usage(mode == "--help" || mode == "-h" ? stdout : stderr);
   return mode == "--help" || mode == "-h" ? 0 : 2;
 }
