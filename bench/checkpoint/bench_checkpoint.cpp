@@ -1,7 +1,10 @@
 // bench_checkpoint: times Accelerator::save_state / load_state on a model of --mb MB with AdamW
 // state (io, driven by bench_checkpoint.py), and loads such a checkpoint and prints the error if
-// any (load, for trying damaged checkpoints by hand). Each prints one JSON line per result.
+// any (load, for trying damaged checkpoints by hand); also training with saves (stall,
+// contention), copies into memory of each kind (memory) and the cost of waking another CPU
+// (wake). Each prints one JSON line per result; `bench_checkpoint` alone lists the modes.
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -577,21 +580,27 @@ int run_contention(int argc, char** argv) {
   return 0;
 }
 
-// The cost to a training step of waking the other CPU: each round times one step alone and one
-// during which a thread, started with the step, works on another CPU for --spin-ms (0: starts
-// and ends at once), both after --idle-steps steps with no thread, and the same again with none
-// between (the other CPU woken a step before). On bare metal both costs are about nothing. Where
-// a hypervisor parks an idle virtual CPU on the physical core of another, waking it costs the
-// busy one time it cannot see (no steal time is counted): every background save pays that, at
-// least, whatever it does.
+// The cost to a training step of waking another CPU. Each side of a round begins with an untimed
+// step during which a thread runs on another CPU (the wake), then --idle-steps steps with no
+// thread, then the timed step: alone on one side, with a thread on another CPU for --spin-ms
+// (counted from when the thread runs; 0: it starts and ends at once) on the other. The same
+// again with no idle steps (the other CPU woken a step before). Expected near zero either way
+// where a CPU that wakes takes nothing from one that runs. Measured on a 2-vCPU VM (a nested
+// guest whose kernel boots with sched_vcpu_pack=15) where, after the other vCPU had idled, it was
+// not: presumably the host runs a vCPU that wakes on the core of the busy one for a while, which
+// the guest does not count as steal time. A background save on a CPU that training leaves idle
+// pays that, whatever it does. Meaningful only where training leaves a CPU idle
+// (OMP_NUM_THREADS=1, or OpenBLAS's threads keep the other CPU busy).
 int run_wake(int argc, char** argv) {
-  accel::examples::Args args("bench_checkpoint wake",
-                             "Times a training step of a --mb MB model alone and while a short "
-                             "thread runs on another CPU, after idle steps and without.");
+  accel::examples::Args args(
+      "bench_checkpoint wake",
+      "Times a training step of a --mb MB model alone and while a short "
+      "thread runs on another CPU, after idle steps and without (run it with "
+      "OMP_NUM_THREADS=1, so that training leaves a CPU idle).");
   args.flag("mb", "100", "model size in MB (10^6 bytes) of float32 parameters")
-      .flag("rounds", "12", "pairs of steps for each of the two cases")
+      .flag("rounds", "12", "pairs of timed steps for each of the two cases")
       .flag("idle-steps", "12", "steps with no thread before each timed step, in the first case")
-      .flag("spin-ms", "0", "how long the thread works, in milliseconds (0: it only starts)");
+      .flag("spin-ms", "0", "how long the thread works once it runs, in milliseconds (0: no work)");
   args.parse(argc, argv);
   if (args.integer("rounds") < 1 || args.integer("idle-steps") < 0 || args.integer("spin-ms") < 0) {
     std::fprintf(stderr,
@@ -599,10 +608,39 @@ int run_wake(int argc, char** argv) {
                  "at least 0\n");
     return 2;
   }
+  // The CPUs other than the training thread's: the thread runs there, as a background save's
+  // writer does where training leaves a CPU idle.
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (::sched_getaffinity(0, sizeof allowed, &allowed) != 0) {
+    std::perror("bench_checkpoint wake: sched_getaffinity");
+    return 1;
+  }
+  CPU_CLR(::sched_getcpu(), &allowed);
+  if (CPU_COUNT(&allowed) == 0) {
+    std::fprintf(stderr, "bench_checkpoint wake: this process may run on one CPU only\n");
+    return 2;
+  }
   accel::Accelerator acc(io_options(0));
   auto io = prepare_io(acc, args.integer("mb"));
   for (int i = 0; i < 3; ++i) train_one_step(acc, io);
+  // Why pinned here, after prepare: the training thread stays where it is (the kernel moves a
+  // busy thread seldom), and the other thread never shares its CPU.
+  cpu_set_t training_cpu;
+  CPU_ZERO(&training_cpu);
+  CPU_SET(::sched_getcpu(), &training_cpu);
+  ::sched_setaffinity(0, sizeof training_cpu, &training_cpu);
   const auto spin = std::chrono::milliseconds(args.integer("spin-ms"));
+  // A step with a thread on another CPU, joined before its optimizer step (as a save's copy is).
+  auto step_with_thread = [&](std::chrono::milliseconds work) {
+    std::jthread other([&allowed, work] {
+      ::sched_setaffinity(0, sizeof allowed, &allowed);
+      const auto from = Clock::now();
+      volatile uint64_t spins = 0;
+      while (Clock::now() - from < work) spins = spins + 1;
+    });
+    train_one_step(acc, io, [&other] { other.join(); });
+  };
   // Each case's cost: the median of the rounds' differences, with the interval of that median.
   auto cost = [&](long idle_steps) {
     std::vector<double> differences;
@@ -610,19 +648,16 @@ int run_wake(int argc, char** argv) {
       double alone = 0, with_thread = 0;
       // Why both orders by turns: neither side always comes first.
       for (int side = 0; side < 2; ++side) {
+        step_with_thread(std::chrono::milliseconds(0));  // the wake
         for (long i = 0; i < idle_steps; ++i) train_one_step(acc, io);
         const auto began = Clock::now();
         if ((side == 0) == (round % 2 == 0)) {
           train_one_step(acc, io);
           alone = seconds_since(began);
-          continue;
+        } else {
+          step_with_thread(spin);
+          with_thread = seconds_since(began);
         }
-        std::jthread other([&] {
-          volatile uint64_t spins = 0;
-          while (Clock::now() - began < spin) spins = spins + 1;
-        });
-        train_one_step(acc, io, [&other] { other.join(); });
-        with_thread = seconds_since(began);
       }
       differences.push_back((with_thread - alone) * 1000);
     }
