@@ -581,22 +581,22 @@ int run_contention(int argc, char** argv) {
 }
 
 // The cost to a training step of waking another CPU. Each side of a round begins with an untimed
-// step during which a thread runs on another CPU (the wake), then --idle-steps steps with no
-// thread, then the timed step: alone on one side, with a thread on another CPU for --spin-ms
-// (counted from when the thread runs; 0: it starts and ends at once) on the other. The same
-// again with no idle steps (the other CPU woken a step before). Expected near zero either way
-// where a CPU that wakes takes nothing from one that runs. Measured on a 2-vCPU VM (a nested
-// guest whose kernel boots with sched_vcpu_pack=15) where, after the other vCPU had idled, it was
-// not: presumably the host runs a vCPU that wakes on the core of the busy one for a while, which
-// the guest does not count as steal time. A background save on a CPU that training leaves idle
-// pays that, whatever it does. Meaningful only where training leaves a CPU idle
-// (OMP_NUM_THREADS=1, or OpenBLAS's threads keep the other CPU busy).
+// step during which a thread runs (the wake), then --idle-steps steps with no thread, then the
+// timed step: alone on one side, on the other with a thread that works --spin-ms once it runs (0:
+// it starts and ends at once). The same again with no idle steps (a thread a step before). Why
+// the threads as a background save starts its writer (a new thread, placed by the scheduler) and
+// no pinning: that is the cost a save pays; each thread notes whether it ran on a CPU other than
+// the training thread's, and the mode prints how many did. Expected near zero where a CPU that
+// wakes takes nothing from one that runs. Measured on a 2-vCPU VM (a nested guest whose kernel
+// boots with sched_vcpu_pack=15) where, after the other vCPU had idled, it was not: presumably
+// the host runs a vCPU that wakes on the core of the busy one for a while, which the guest does
+// not count as steal time. Meaningful only where training leaves a CPU idle (OMP_NUM_THREADS=1;
+// without it OpenBLAS's threads keep the other CPU busy).
 int run_wake(int argc, char** argv) {
-  accel::examples::Args args(
-      "bench_checkpoint wake",
-      "Times a training step of a --mb MB model alone and while a short "
-      "thread runs on another CPU, after idle steps and without (run it with "
-      "OMP_NUM_THREADS=1, so that training leaves a CPU idle).");
+  accel::examples::Args args("bench_checkpoint wake",
+                             "Times a training step of a --mb MB model alone and while a short "
+                             "thread runs, after idle steps and without (run it with "
+                             "OMP_NUM_THREADS=1, so that training leaves a CPU idle).");
   args.flag("mb", "100", "model size in MB (10^6 bytes) of float32 parameters")
       .flag("rounds", "12", "pairs of timed steps for each of the two cases")
       .flag("idle-steps", "12", "steps with no thread before each timed step, in the first case")
@@ -608,38 +608,24 @@ int run_wake(int argc, char** argv) {
                  "at least 0\n");
     return 2;
   }
-  // The CPUs other than the training thread's: the thread runs there, as a background save's
-  // writer does where training leaves a CPU idle.
-  cpu_set_t allowed;
-  CPU_ZERO(&allowed);
-  if (::sched_getaffinity(0, sizeof allowed, &allowed) != 0) {
-    std::perror("bench_checkpoint wake: sched_getaffinity");
-    return 1;
-  }
-  CPU_CLR(::sched_getcpu(), &allowed);
-  if (CPU_COUNT(&allowed) == 0) {
-    std::fprintf(stderr, "bench_checkpoint wake: this process may run on one CPU only\n");
-    return 2;
-  }
   accel::Accelerator acc(io_options(0));
   auto io = prepare_io(acc, args.integer("mb"));
   for (int i = 0; i < 3; ++i) train_one_step(acc, io);
-  // Why pinned here, after prepare: the training thread stays where it is (the kernel moves a
-  // busy thread seldom), and the other thread never shares its CPU.
-  cpu_set_t training_cpu;
-  CPU_ZERO(&training_cpu);
-  CPU_SET(::sched_getcpu(), &training_cpu);
-  ::sched_setaffinity(0, sizeof training_cpu, &training_cpu);
   const auto spin = std::chrono::milliseconds(args.integer("spin-ms"));
-  // A step with a thread on another CPU, joined before its optimizer step (as a save's copy is).
+  long timed_threads = 0, elsewhere = 0;  // timed threads, and those that ran on another CPU
+  // A step with a thread, joined before its optimizer step (as a save's copy is). True when the
+  // thread ran on a CPU other than the one the training thread was on when it started it.
   auto step_with_thread = [&](std::chrono::milliseconds work) {
-    std::jthread other([&allowed, work] {
-      ::sched_setaffinity(0, sizeof allowed, &allowed);
+    const int training_cpu = ::sched_getcpu();
+    int its_cpu = -1;
+    std::jthread other([&its_cpu, work] {
+      its_cpu = ::sched_getcpu();
       const auto from = Clock::now();
       volatile uint64_t spins = 0;
       while (Clock::now() - from < work) spins = spins + 1;
     });
     train_one_step(acc, io, [&other] { other.join(); });
+    return its_cpu >= 0 && its_cpu != training_cpu;
   };
   // Each case's cost: the median of the rounds' differences, with the interval of that median.
   auto cost = [&](long idle_steps) {
@@ -655,7 +641,8 @@ int run_wake(int argc, char** argv) {
           train_one_step(acc, io);
           alone = seconds_since(began);
         } else {
-          step_with_thread(spin);
+          ++timed_threads;
+          if (step_with_thread(spin)) ++elsewhere;
           with_thread = seconds_since(began);
         }
       }
@@ -668,11 +655,13 @@ int run_wake(int argc, char** argv) {
   std::printf(
       "{\"mb\": %lld, \"rounds\": %lld, \"idle_steps\": %lld, \"spin_ms\": %lld, "
       "\"cost_after_idle_ms\": %.2f, \"cost_after_idle_interval_ms\": [%.2f, %.2f], "
-      "\"cost_without_idle_ms\": %.2f, \"cost_without_idle_interval_ms\": [%.2f, %.2f]}\n",
+      "\"cost_without_idle_ms\": %.2f, \"cost_without_idle_interval_ms\": [%.2f, %.2f], "
+      "\"timed_threads\": %ld, \"on_another_cpu\": %ld}\n",
       static_cast<long long>(args.integer("mb")), static_cast<long long>(args.integer("rounds")),
       static_cast<long long>(args.integer("idle-steps")),
       static_cast<long long>(args.integer("spin-ms")), idle_cost, idle_interval.first,
-      idle_interval.second, busy_cost, busy_interval.first, busy_interval.second);
+      idle_interval.second, busy_cost, busy_interval.first, busy_interval.second, timed_threads,
+      elsewhere);
   return 0;
 }
 
