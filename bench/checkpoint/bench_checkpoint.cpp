@@ -583,15 +583,15 @@ int run_contention(int argc, char** argv) {
 // The cost to a training step of waking another CPU. Each side of a round begins with an untimed
 // step during which a thread runs (the wake), then --idle-steps steps with no thread, then the
 // timed step: alone on one side, on the other with a thread that works --spin-ms once it runs (0:
-// it starts and ends at once). The same again with no idle steps (a thread a step before). Why
-// the threads as a background save starts its writer (a new thread, placed by the scheduler) and
-// no pinning: that is the cost a save pays; each thread notes whether it ran on a CPU other than
-// the training thread's, and the mode prints how many did. Expected near zero where a CPU that
-// wakes takes nothing from one that runs. Measured on a 2-vCPU VM (a nested guest whose kernel
-// boots with sched_vcpu_pack=15) where, after the other vCPU had idled, it was not: presumably
-// the host runs a vCPU that wakes on the core of the busy one for a while, which the guest does
-// not count as steal time. Meaningful only where training leaves a CPU idle (OMP_NUM_THREADS=1;
-// without it OpenBLAS's threads keep the other CPU busy).
+// it starts and ends at once). The same again with no idle steps (a thread a step before). The
+// threads are started as a background save starts its writer: new threads, placed by the
+// scheduler, not pinned, since that is what a save pays. Each notes whether it ran on a CPU other
+// than the training thread's, and the mode prints how many did, per case. Expected near zero
+// where a CPU that wakes takes nothing from one that runs. Measured on a 2-vCPU VM (a nested
+// guest whose kernel boots with sched_vcpu_pack=15) where, after the other vCPU had idled, it was
+// not: presumably the host runs a vCPU that wakes on the core of the busy one for a while, which
+// the guest does not count as steal time. Meaningful only where training leaves a CPU idle
+// (OMP_NUM_THREADS=1; without it OpenBLAS's threads keep the other CPU busy).
 int run_wake(int argc, char** argv) {
   accel::examples::Args args("bench_checkpoint wake",
                              "Times a training step of a --mb MB model alone and while a short "
@@ -612,7 +612,6 @@ int run_wake(int argc, char** argv) {
   auto io = prepare_io(acc, args.integer("mb"));
   for (int i = 0; i < 3; ++i) train_one_step(acc, io);
   const auto spin = std::chrono::milliseconds(args.integer("spin-ms"));
-  long timed_threads = 0, elsewhere = 0;  // timed threads, and those that ran on another CPU
   // A step with a thread, joined before its optimizer step (as a save's copy is). True when the
   // thread ran on a CPU other than the one the training thread was on when it started it.
   auto step_with_thread = [&](std::chrono::milliseconds work) {
@@ -624,44 +623,60 @@ int run_wake(int argc, char** argv) {
       volatile uint64_t spins = 0;
       while (Clock::now() - from < work) spins = spins + 1;
     });
-    train_one_step(acc, io, [&other] { other.join(); });
+    train_one_step(acc, io, [&other] {
+      if (other.joinable()) other.join();
+    });
+    if (other.joinable()) other.join();  // a loader that yielded no batch
     return its_cpu >= 0 && its_cpu != training_cpu;
   };
-  // Each case's cost: the median of the rounds' differences, with the interval of that median.
-  auto cost = [&](long idle_steps) {
+  // One case: the median of the rounds' differences and its interval, and how many of the
+  // threads (the wakes and the timed ones) ran on another CPU.
+  struct Case {
+    double cost_ms = 0;
+    std::pair<double, double> interval;
+    long threads = 0, elsewhere = 0;
+  };
+  auto measure = [&](long idle_steps) {
+    Case out;
     std::vector<double> differences;
+    auto count = [&out](bool elsewhere) {
+      ++out.threads;
+      if (elsewhere) ++out.elsewhere;
+    };
     for (long round = 0; round < args.integer("rounds"); ++round) {
       double alone = 0, with_thread = 0;
       // Why both orders by turns: neither side always comes first.
       for (int side = 0; side < 2; ++side) {
-        step_with_thread(std::chrono::milliseconds(0));  // the wake
+        count(step_with_thread(std::chrono::milliseconds(0)));  // the wake
         for (long i = 0; i < idle_steps; ++i) train_one_step(acc, io);
         const auto began = Clock::now();
         if ((side == 0) == (round % 2 == 0)) {
           train_one_step(acc, io);
           alone = seconds_since(began);
         } else {
-          ++timed_threads;
-          if (step_with_thread(spin)) ++elsewhere;
+          count(step_with_thread(spin));
           with_thread = seconds_since(began);
         }
       }
       differences.push_back((with_thread - alone) * 1000);
     }
-    return std::pair{median(differences), median_interval(differences)};
+    out.cost_ms = median(differences);
+    out.interval = median_interval(differences);
+    return out;
   };
-  const auto [idle_cost, idle_interval] = cost(args.integer("idle-steps"));
-  const auto [busy_cost, busy_interval] = cost(0);
+  const Case idle = measure(args.integer("idle-steps"));
+  const Case busy = measure(0);
   std::printf(
       "{\"mb\": %lld, \"rounds\": %lld, \"idle_steps\": %lld, \"spin_ms\": %lld, "
       "\"cost_after_idle_ms\": %.2f, \"cost_after_idle_interval_ms\": [%.2f, %.2f], "
+      "\"threads_after_idle\": %ld, \"on_another_cpu_after_idle\": %ld, "
       "\"cost_without_idle_ms\": %.2f, \"cost_without_idle_interval_ms\": [%.2f, %.2f], "
-      "\"timed_threads\": %ld, \"on_another_cpu\": %ld}\n",
+      "\"threads_without_idle\": %ld, \"on_another_cpu_without_idle\": %ld}\n",
       static_cast<long long>(args.integer("mb")), static_cast<long long>(args.integer("rounds")),
       static_cast<long long>(args.integer("idle-steps")),
-      static_cast<long long>(args.integer("spin-ms")), idle_cost, idle_interval.first,
-      idle_interval.second, busy_cost, busy_interval.first, busy_interval.second, timed_threads,
-      elsewhere);
+      static_cast<long long>(args.integer("spin-ms")), idle.cost_ms, idle.interval.first,
+      idle.interval.second, idle.threads, idle.elsewhere, busy.cost_ms, busy.interval.first,
+      busy.interval.second, busy.threads, busy.elsewhere);
   return 0;
 }
 
@@ -675,7 +690,7 @@ void usage(std::FILE* out) {
       "  load  load a checkpoint written by io and print the error, if any\n"
       "  memory time a copy into memory touched before, new, populated, or in huge pages\n"
       "  contention time training steps alone and alongside a copy of the weights and state\n"
-      "  wake  time a training step alone and while a short thread runs on another CPU\n");
+      "  wake  time a training step alone and while a new thread runs, after idle steps or not\n");
 }
 
 }  // namespace
