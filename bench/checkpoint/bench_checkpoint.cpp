@@ -439,6 +439,10 @@ std::pair<double, double> median_interval(std::vector<double> v) {
   return {v[static_cast<std::size_t>(lo) - 1], v[static_cast<std::size_t>(hi) - 1]};
 }
 
+// Whether `side` (0 or 1) of a paired round is the quiet one (no copy, no save, no thread): the
+// first in even rounds, the second in odd ones, so that neither side always runs first.
+bool quiet_side(long round, int side) { return (side == 0) == (round % 2 == 0); }
+
 // What a background save costs training, in one process so that the machine's drift cancels.
 // First its copy alone: the weights and the optimizer's state (a checkpoint's bytes) copied into
 // memory touched before, on another thread while a training step runs, as the writer thread
@@ -486,13 +490,10 @@ int run_contention(int argc, char** argv) {
   };
   copy();
   train_one_step(acc, io);
-  // Each round runs its two sides in both orders by turns, so that neither always runs first:
-  // the quiet side (no copy, no save in flight) first in even rounds, second in odd ones.
-  auto quiet = [](long round, int side) { return (side == 0) == (round % 2 == 0); };
   std::vector<double> alone, alongside, copies;
   for (long round = 0; round < args.integer("rounds"); ++round) {
     for (int side = 0; side < 2; ++side) {
-      if (quiet(round, side)) {
+      if (quiet_side(round, side)) {
         auto began = Clock::now();
         train_one_step(acc, io);
         alone.push_back(seconds_since(began));
@@ -524,7 +525,7 @@ int run_contention(int argc, char** argv) {
   for (long round = 0; !dir.empty() && round < args.integer("rounds"); ++round) {
     for (int side = 0; side < 2; ++side) {
       auto began = Clock::now();
-      if (quiet(round, side)) {
+      if (quiet_side(round, side)) {
         for (long i = 0; i < every; ++i) {
           auto t = Clock::now();
           train_one_step(acc, io);
@@ -645,12 +646,11 @@ int run_wake(int argc, char** argv) {
     };
     for (long round = 0; round < args.integer("rounds"); ++round) {
       double alone = 0, with_thread = 0;
-      // Why both orders by turns: neither side always comes first.
       for (int side = 0; side < 2; ++side) {
         count(step_with_thread(std::chrono::milliseconds(0)));  // the wake
         for (long i = 0; i < idle_steps; ++i) train_one_step(acc, io);
         const auto began = Clock::now();
-        if ((side == 0) == (round % 2 == 0)) {
+        if (quiet_side(round, side)) {
           train_one_step(acc, io);
           alone = seconds_since(began);
         } else {

@@ -155,6 +155,15 @@ def mbps(num_bytes, seconds):
     return num_bytes / seconds / 1e6
 
 
+def interval(rows, key, scale):
+    """The 95% interval of a paired median over its rounds (rows[i][key], ms), divided by scale:
+    one run's, or with several the median of each end."""
+    lo = statistics.median(r[key][0] for r in rows) / scale
+    hi = statistics.median(r[key][1] for r in rows) / scale
+    return (f"{'the median' if len(rows) == 1 else 'each run'}'s 95% interval over its rounds"
+            f"{'' if len(rows) == 1 else ', median of their ends,'} {lo:.3f}x to {hi:.3f}x")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=3)
@@ -347,26 +356,16 @@ def main():
     print(f"\ntargets: save_state >= 0.7x dd write: {dd_ratio:.2f}x ({'met' if dd_ratio >= 0.7 else 'NOT met'}); "
           f"background save stall <= 0.05x of a foreground one, paired in one process: {paired:.3f}x "
           f"({'met' if paired <= 0.05 else 'NOT met'}; "
-          f"{'the median' if len(contention) == 1 else 'each run'}'s 95% interval over its rounds"
-          f"{'' if len(contention) == 1 else ', median of their ends,'} "
-          f"{med([r['save_cost_interval_ms'][0] for r in contention]) / per_save['sync']:.3f}x to "
-          f"{med([r['save_cost_interval_ms'][1] for r in contention]) / per_save['sync']:.3f}x; "
-          f"from separate runs: {ratio:.2f}x)")
-    # Why not judged: the target is the configuration above, which leaves the save a CPU.
-    every = ecost / per_save["sync"]
+          f"{interval(contention, 'save_cost_interval_ms', per_save['sync'])}; from separate runs: {ratio:.2f}x)")
     # Why printed with the target: a background save that wakes the idle CPU can pay about this,
     # whatever it does (docs/benchmarks.md, "Waking the other CPU").
     if wake:
         print(f"         for comparison, not a target: waking the idle CPU alone {wake_idle / per_save['sync']:.3f}x "
-              f"({'the median' if len(wake) == 1 else 'each run'}'s 95% interval over its rounds"
-              f"{'' if len(wake) == 1 else ', median of their ends,'} "
-              f"{med([r['cost_after_idle_interval_ms'][0] for r in wake]) / per_save['sync']:.3f}x to "
-              f"{med([r['cost_after_idle_interval_ms'][1] for r in wake]) / per_save['sync']:.3f}x)")
+              f"({interval(wake, 'cost_after_idle_interval_ms', per_save['sync'])})")
+    # Why not judged: the target is the configuration above, which leaves the save a CPU.
+    every = ecost / per_save["sync"]
     print(f"         for comparison, not a target: training on every CPU {every:.3f}x "
-          f"({'the median' if len(every_cpu) == 1 else 'each run'}'s 95% interval over its rounds"
-          f"{'' if len(every_cpu) == 1 else ', median of their ends,'} "
-          f"{med([r['save_cost_interval_ms'][0] for r in every_cpu]) / per_save['sync']:.3f}x to "
-          f"{med([r['save_cost_interval_ms'][1] for r in every_cpu]) / per_save['sync']:.3f}x)")
+          f"({interval(every_cpu, 'save_cost_interval_ms', per_save['sync'])})")
 
 
 if __name__ == "__main__":
